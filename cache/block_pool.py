@@ -1,0 +1,166 @@
+"""The physical KV block pool: reference counts, the free queue and the prefix index.
+
+Semantics follow vLLM v1's ``BlockPool`` (``vllm/v1/core/block_pool.py``):
+
+- blocks ``0..N-1`` start free, in ascending order;
+- new blocks are taken from the head of the free queue; a reused block loses its old hash;
+- freeing a block whose count drops to 0 puts it at the *head* of the queue when it has no hash
+  (reused first, for locality) and at the *tail* when it has one (kept as long as possible, so
+  the free queue is an LRU list of cached blocks);
+- a cached block with count 0 stays findable by hash until it is reused.
+
+The free queue is an ``OrderedDict`` used as a doubly linked list: popping the head, pushing at
+either end and removing from the middle are all O(1), whatever the pool size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable
+
+
+class PrefixIndex:
+    """Hash -> blocks holding that content. Identical blocks are not merged (block tables are
+    append-only), so one hash may name several blocks; the oldest is returned first."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self) -> None:
+        self._map: dict[int, int | dict[int, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, block_hash: int) -> int | None:
+        found = self._map.get(block_hash)
+        if found is None or isinstance(found, int):
+            return found
+        return next(iter(found))
+
+    def insert(self, block_hash: int, block_id: int) -> None:
+        found = self._map.get(block_hash)
+        if found is None:
+            self._map[block_hash] = block_id
+        elif isinstance(found, int):
+            self._map[block_hash] = {found: None, block_id: None}
+        else:
+            found[block_id] = None
+
+    def remove(self, block_hash: int, block_id: int) -> None:
+        found = self._map[block_hash]
+        if isinstance(found, int):
+            del self._map[block_hash]
+            return
+        del found[block_id]
+        if not found:
+            del self._map[block_hash]
+
+    def clear(self) -> None:
+        self._map.clear()
+
+
+class BlockPool:
+    """``num_blocks`` KV blocks with reference counts, a free queue and a prefix index."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.ref_counts: list[int] = [0] * num_blocks
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.index = PrefixIndex()
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_cached_free_blocks = 0
+        self.num_evictions = 0
+
+    # --- queries -------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def free_queue(self) -> list[int]:
+        """Free block ids, head (next to be reused) first."""
+        return list(self._free)
+
+    def cached_block(self, block_hash: int) -> int | None:
+        return self.index.get(block_hash)
+
+    def is_cached(self, block_id: int) -> bool:
+        return self.block_hashes[block_id] is not None
+
+    # --- actions -------------------------------------------------------------------------
+
+    def can_get_new_blocks(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the head of the free queue, evicting their cached content."""
+        if n > len(self._free):
+            raise ValueError(f"cannot get {n} free blocks: only {len(self._free)} are free")
+        popitem, hashes, refs = self._free.popitem, self.block_hashes, self.ref_counts
+        taken = []
+        for _ in range(n):
+            block_id = popitem(last=False)[0]
+            if hashes[block_id] is not None:
+                self._evict(block_id)
+            refs[block_id] = 1
+            taken.append(block_id)
+        return taken
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Take another reference on each block, pulling free (cached) ones out of the queue."""
+        refs = self.ref_counts
+        for block_id in block_ids:
+            if refs[block_id] == 0:
+                del self._free[block_id]
+                self.num_cached_free_blocks -= 1
+            refs[block_id] += 1
+
+    def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block, given in eviction order (first evicted first)."""
+        refs, hashes = self.ref_counts, self.block_hashes
+        first, last = [], []
+        for block_id in ordered_block_ids:
+            refs[block_id] -= 1
+            if refs[block_id] == 0:
+                (last if hashes[block_id] is not None else first).append(block_id)
+        self._prepend(first)
+        self._free.update(dict.fromkeys(last))
+        self.num_cached_free_blocks += len(last)
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        """Register a full, held block under ``block_hash``."""
+        self.block_hashes[block_id] = block_hash
+        self.index.insert(block_hash, block_id)
+
+    def can_reset(self) -> bool:
+        return len(self._free) == self.num_blocks
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is held."""
+        if not self.can_reset():
+            return False
+        self.index.clear()
+        self.block_hashes = [None] * self.num_blocks
+        self.num_cached_free_blocks = 0
+        return True
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _prepend(self, block_ids: list[int]) -> None:
+        free = self._free
+        for block_id in reversed(block_ids):
+            free[block_id] = None
+            free.move_to_end(block_id, last=False)
+
+    def _evict(self, block_id: int) -> None:
+        self.index.remove(self.block_hashes[block_id], block_id)
+        self.block_hashes[block_id] = None
+        self.num_cached_free_blocks -= 1
+        self.num_evictions += 1

@@ -1,0 +1,239 @@
+"""Per-request KV block bookkeeping on top of a :class:`BlockPool`, as vLLM v1's
+``KVCacheManager`` does it for one full-attention cache group.
+
+A request's prompt is given either as token ids (hashed here, per full block, chained) or as a
+:class:`BlockHashSource` that already knows its block ids (traces carry per-block prefix ids,
+never per-token lists). Both give the same semantics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+from kvsim.workloads.hashing import ROOT_HASH, hash_token_blocks
+
+from .block_pool import BlockPool
+
+
+@runtime_checkable
+class BlockHashSource(Protocol):
+    """A token sequence known by its block ids rather than its tokens."""
+
+    def __len__(self) -> int:
+        """Number of tokens the sequence has now."""
+
+    def block_hashes(self, start: int, end: int) -> Sequence[int]:
+        """Ids of full blocks ``start..end-1`` (all within ``len(self)``)."""
+
+
+@dataclass(slots=True)
+class CacheHit:
+    """Result of :meth:`KVCacheManager.lookup`: cached blocks from the start of a prompt."""
+
+    block_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prompt tokens looked up and found, counted once per admission."""
+
+    num_queries_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queries_tokens if self.num_queries_tokens else 0.0
+
+
+class _RequestBlocks:
+    """One request's block table and how much of it is hashed."""
+
+    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes")
+
+    def __init__(self) -> None:
+        self.block_ids: list[int] = []
+        self.num_slots = 0        # tokens the request has KV slots for
+        self.num_cached = 0       # leading blocks registered in the prefix index
+        self.hashes: list[int] = []  # hashes computed so far (token-id input only)
+
+
+class KVCacheManager:
+    """Allocate, share, look up and free KV blocks for requests.
+
+    >>> m = KVCacheManager(num_blocks=8, block_size=4)
+    >>> m.allocate("a", list(range(10)), 10)
+    [0, 1, 2]
+    >>> hit = m.lookup(list(range(9)))
+    >>> hit.block_ids, hit.num_tokens
+    ([0, 1], 8)
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None):
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.prefix_stats = PrefixCacheStats()
+        self._requests: dict[object, _RequestBlocks] = {}
+
+    # --- queries -------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def free_queue(self) -> list[int]:
+        return self.pool.free_queue()
+
+    def ref_count(self, block_id: int) -> int:
+        return self.pool.ref_counts[block_id]
+
+    def is_cached(self, block_id: int) -> bool:
+        return self.pool.is_cached(block_id)
+
+    def block_ids(self, request_id) -> list[int]:
+        entry = self._requests.get(request_id)
+        return list(entry.block_ids) if entry else []
+
+    def block_ids_ref(self, request_id) -> list[int]:
+        """The live block table of ``request_id`` (not a copy: read it, never change it)."""
+        entry = self._requests.get(request_id)
+        return entry.block_ids if entry else []
+
+    def num_slots(self, request_id) -> int:
+        """Tokens ``request_id`` holds KV slots for (0 when it holds no blocks)."""
+        entry = self._requests.get(request_id)
+        return entry.num_slots if entry else 0
+
+    def has_request(self, request_id) -> bool:
+        return request_id in self._requests
+
+    # --- lookup --------------------------------------------------------------------------
+
+    def lookup(self, tokens) -> CacheHit:
+        """Cached whole blocks from the start of ``tokens``, never covering the last token.
+
+        Side-effect free. Stops at the first miss; at most ``(len(tokens) - 1) // block_size``
+        blocks, so a block-aligned fully cached prompt still recomputes its last block.
+        """
+        max_blocks = (len(tokens) - 1) // self.block_size
+        if not self.enable_prefix_caching or max_blocks <= 0:
+            return CacheHit()
+        found = []
+        get = self.pool.index.get
+        for block_hash in _hashes(tokens, self.block_size, 0, max_blocks):
+            block_id = get(block_hash)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return CacheHit(found, len(found) * self.block_size)
+
+    def record_query(self, num_tokens: int, hit: CacheHit) -> None:
+        """Count one admission's prefix lookup in :attr:`prefix_stats`."""
+        self.prefix_stats.num_queries_tokens += num_tokens
+        self.prefix_stats.num_hit_tokens += hit.num_tokens
+
+    # --- allocation ----------------------------------------------------------------------
+
+    def num_blocks_needed(self, request_id, num_new_tokens: int,
+                          hit: CacheHit | None = None) -> int:
+        """Free blocks :meth:`allocate` would consume: new ones plus free hit blocks."""
+        entry = self._requests.get(request_id)
+        held = len(entry.block_ids) if entry else 0
+        slots = entry.num_slots if entry else 0
+        hit_blocks = hit.block_ids if hit else ()
+        wanted = slots + len(hit_blocks) * self.block_size + num_new_tokens
+        if self.max_model_len is not None:
+            wanted = min(wanted, self.max_model_len)
+        new = max(-(-wanted // self.block_size) - held - len(hit_blocks), 0)
+        refs = self.pool.ref_counts
+        return new + sum(1 for b in hit_blocks if refs[b] == 0)
+
+    def can_allocate(self, request_id, num_new_tokens: int, hit: CacheHit | None = None,
+                     reserve: int = 0) -> bool:
+        needed = self.num_blocks_needed(request_id, num_new_tokens, hit)
+        return needed + reserve <= self.pool.num_free_blocks
+
+    def allocate(self, request_id, tokens, num_new_tokens: int, hit: CacheHit | None = None,
+                 num_computed_tokens: int | None = None) -> list[int] | None:
+        """Give ``request_id`` slots for ``num_new_tokens`` more tokens; return the NEW blocks.
+
+        ``hit`` (from :meth:`lookup`, first allocation only) is adopted first. The new tokens
+        follow the request's slots so far, or ``num_computed_tokens`` when given (as vLLM's
+        ``request.num_computed_tokens``). Atomic: returns None and changes nothing when the new
+        blocks plus the free hit blocks exceed the free blocks. Then every block full within
+        ``min(slots, len(tokens))`` tokens is registered.
+        """
+        entry = self._requests.get(request_id)
+        if num_computed_tokens is not None and entry is not None:
+            num_new_tokens += num_computed_tokens - entry.num_slots
+        if not self.can_allocate(request_id, num_new_tokens, hit):
+            return None
+        if entry is None:
+            entry = self._requests[request_id] = _RequestBlocks()
+        if hit is not None and hit.block_ids:
+            self._adopt(entry, hit)
+        entry.num_slots += num_new_tokens
+        if self.max_model_len is not None:
+            entry.num_slots = min(entry.num_slots, self.max_model_len)
+        num_new = -(-entry.num_slots // self.block_size) - len(entry.block_ids)
+        new_blocks = self.pool.get_new_blocks(num_new) if num_new > 0 else []
+        entry.block_ids.extend(new_blocks)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(entry, tokens, min(entry.num_slots, len(tokens)))
+        return new_blocks
+
+    def free(self, request_id) -> None:
+        """Release a request's blocks, tail first (so a chain is evicted deepest first)."""
+        entry = self._requests.pop(request_id, None)
+        if entry is not None:
+            self.pool.free_blocks(reversed(entry.block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached content; only possible while no block is in use."""
+        return self.pool.reset_prefix_cache()
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _adopt(self, entry: _RequestBlocks, hit: CacheHit) -> None:
+        if entry.block_ids:
+            raise ValueError("a prefix hit can only be adopted by a request holding no blocks")
+        self.pool.touch(hit.block_ids)
+        entry.block_ids.extend(hit.block_ids)
+        entry.num_slots = hit.num_tokens
+        entry.num_cached = len(hit.block_ids)
+
+    def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        if num_full <= entry.num_cached:
+            return
+        if hasattr(tokens, "block_hashes"):
+            new_hashes = tokens.block_hashes(entry.num_cached, num_full)
+        else:
+            new_hashes = self._token_hashes(entry, tokens, num_full)
+        cache_block, ids = self.pool.cache_block, entry.block_ids
+        for i, block_hash in enumerate(new_hashes, start=entry.num_cached):
+            cache_block(ids[i], block_hash)
+        entry.num_cached = num_full
+
+    def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:
+        if len(entry.hashes) < num_full:
+            entry.hashes = list(_hashes(tokens, self.block_size, 0, num_full))
+        return entry.hashes[entry.num_cached:num_full]
+
+
+def _hashes(tokens, block_size: int, start: int, end: int) -> Sequence[int]:
+    """Ids of blocks ``start..end-1`` of ``tokens`` (token ids or a :class:`BlockHashSource`)."""
+    if hasattr(tokens, "block_hashes"):
+        return tokens.block_hashes(start, end)
+    ids = hash_token_blocks(list(tokens[:end * block_size]), block_size, ROOT_HASH)
+    return ids[start:end].tolist()

@@ -1,0 +1,262 @@
+"""Continuous batching with vLLM v1's decisions (``vllm/v1/core/sched/scheduler.py``).
+
+Each :meth:`Scheduler.schedule` call plans one engine step:
+
+1. running requests, in queue order, each get the tokens they still need (1 when decoding; a
+   prefill chunk otherwise), capped by the token budget and ``long_prefill_token_threshold``;
+   when one cannot get a block, the scheduler preempts (by recompute) the last running request
+   (FCFS) or the worst by (priority, arrival) (priority policy) until it fits or is itself the
+   victim;
+2. only if nobody was preempted, waiting requests are admitted in queue order while the budget,
+   ``max_num_seqs`` and the KV pool allow: a prefix lookup, a check that the whole sequence fits
+   (vLLM's ``scheduler_reserve_full_isl``), then allocation; the first one that does not fit
+   stops admission.
+
+:meth:`Scheduler.update_from_output` then commits the step: requests that reached the end of
+their tokens emit one output token; those done are freed, in scheduling order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .kv_cache_manager import CacheHit, KVCacheManager
+from .request_queue import make_queue
+from .sequence import Sequence, SequenceStatus
+from .step_plan import ScheduledRequest, StepPlan
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduling knobs, named as vLLM's."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    enable_chunked_prefill: bool = True
+    reserve_full_sequence: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        make_queue(self.policy)
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What committing a step produced."""
+
+    first_tokens: list[Sequence]
+    finished: list[Sequence]
+    num_output_tokens: int
+
+
+class Scheduler:
+    """Decides every step which requests run, with how many tokens, and who is preempted."""
+
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None):
+        self.kv = kv
+        self.config = config or SchedulerConfig()
+        self.waiting = make_queue(self.config.policy)
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_resumed_queries_tokens = 0
+        self.num_resumed_hit_tokens = 0
+        self._last: dict[Sequence, int] = {}
+
+    # --- queries -------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # --- actions -------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.add(seq)
+
+    def schedule(self) -> StepPlan:
+        """Plan one step; the scheduled tokens count as computed from here on."""
+        scheduled: dict[Sequence, int] = {}
+        preempted: list[Sequence] = []
+        budget = self._schedule_running(scheduled, preempted, self._prefill_threshold())
+        admitted: list[Sequence] = []
+        if not preempted:
+            self._schedule_waiting(scheduled, admitted, budget, self._prefill_threshold())
+        plan = StepPlan(preempted=[s.request_id for s in preempted],
+                        admitted=[s.request_id for s in admitted],
+                        block_table=self.kv.block_ids_ref)
+        add = plan.scheduled.append
+        for seq, n in scheduled.items():
+            add(ScheduledRequest(seq.request_id, n, seq.num_computed_tokens))
+            seq.num_computed_tokens += n
+        self._last = scheduled
+        return plan
+
+    def update_from_output(self) -> StepOutcome:
+        """Commit the last planned step: emit tokens, finish and free completed requests."""
+        first, finished, emitted = [], [], 0
+        running = SequenceStatus.RUNNING
+        for seq in self._last:
+            if (seq.status is not running
+                    or seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens):
+                continue
+            seq.num_output_tokens += 1
+            emitted += 1
+            if seq.num_output_tokens == 1:
+                first.append(seq)
+            if self._is_done(seq):
+                self._finish(seq)
+                finished.append(seq)
+        if finished:
+            done = set(finished)
+            self.running = [s for s in self.running if s not in done]
+        self._last = {}
+        return StepOutcome(first, finished, emitted)
+
+    # --- running requests ----------------------------------------------------------------
+
+    def _prefill_threshold(self) -> int:
+        eligible = len(self.running) + len(self.waiting)
+        return self.config.long_prefill_token_threshold if eligible > 1 else 0
+
+    def _schedule_running(self, scheduled, preempted, threshold) -> int:
+        budget, i = self.config.max_num_batched_tokens, 0
+        bs, max_len = self.kv.block_size, self.config.max_model_len
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            computed = seq.num_computed_tokens
+            n = self._num_new_tokens(seq, computed, threshold, budget)
+            n = min(n, max_len - computed - 1)
+            if n <= 0:
+                i += 1
+                continue
+            if n > 1 or computed % bs == 0 or (computed + 1) % bs == 0:
+                # (a decode step inside a block neither opens nor fills one: nothing to do)
+                fits, i, budget = self._allocate_or_preempt(seq, n, i, budget, scheduled,
+                                                            preempted)
+                if not fits:
+                    break
+            scheduled[seq] = n
+            budget -= n
+            i += 1
+        return budget
+
+    def _allocate_or_preempt(self, seq, n, i, budget, scheduled, preempted):
+        """Allocate ``n`` slots for ``seq``, preempting victims until it fits or is one."""
+        while self.kv.allocate(seq.request_id, seq, n,
+                               num_computed_tokens=seq.num_computed_tokens) is None:
+            victim = self._pick_victim()
+            j = len(self.running) - 1
+            if victim is not self.running[j]:
+                j = self.running.index(victim)
+            del self.running[j]
+            if j < i:
+                i -= 1
+            if victim in scheduled:
+                budget += scheduled.pop(victim)
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False, i, budget
+        return True, i, budget
+
+    def _pick_victim(self) -> Sequence:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda s: (s.priority, s.arrival_s, s.request_id))
+        return self.running[-1]
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq.request_id)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(seq)
+
+    # --- waiting requests ----------------------------------------------------------------
+
+    def _schedule_waiting(self, scheduled, admitted, budget, threshold) -> None:
+        while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting.peek()
+            hit = self.kv.lookup(seq) if self.kv.enable_prefix_caching else CacheHit()
+            n = len(seq) - hit.num_tokens
+            if not self.config.enable_chunked_prefill and n > budget:
+                break
+            n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
+            if not self._can_admit(seq, hit) or self.kv.allocate(
+                    seq.request_id, seq, n, hit) is None:
+                break
+            self._admit(seq, hit)
+            admitted.append(seq)
+            scheduled[seq] = n
+            budget -= n
+
+    def _can_admit(self, seq: Sequence, hit: CacheHit) -> bool:
+        if not self.config.reserve_full_sequence:
+            return True
+        full = min(len(seq), self.config.max_model_len)
+        return self.kv.can_allocate(seq.request_id, full - hit.num_tokens, hit)
+
+    def _admit(self, seq: Sequence, hit: CacheHit) -> None:
+        self.waiting.pop()
+        if seq.num_preemptions == 0:
+            self.kv.record_query(len(seq), hit)
+        else:
+            self.num_resumed_queries_tokens += len(seq)
+            self.num_resumed_hit_tokens += hit.num_tokens
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = hit.num_tokens
+        seq.num_computed_tokens = hit.num_tokens
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    @staticmethod
+    def _num_new_tokens(seq: Sequence, computed: int, threshold: int, budget: int) -> int:
+        n = seq.num_prompt_tokens + seq.num_output_tokens - computed
+        if 0 < threshold < n:
+            n = threshold
+        return min(n, budget)
+
+    # --- finishing -----------------------------------------------------------------------
+
+    def _is_done(self, seq: Sequence) -> bool:
+        return (seq.num_output_tokens >= seq.max_tokens
+                or len(seq) >= self.config.max_model_len)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.kv.free(seq.request_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.release_hashes()
+
+
+def admission_blocked(scheduler: Scheduler, decode_budget_left: int) -> bool:
+    """True when no waiting request could be admitted this step, and none can be while the
+    running requests only decode (free blocks only shrink then, and hits only shrink)."""
+    if not scheduler.waiting:
+        return True
+    if len(scheduler.running) >= scheduler.config.max_num_seqs or decode_budget_left <= 0:
+        return True
+    seq = scheduler.waiting.peek()
+    kv = scheduler.kv
+    hit = kv.lookup(seq) if kv.enable_prefix_caching else CacheHit()
+    if not scheduler.config.enable_chunked_prefill and len(seq) - hit.num_tokens > \
+            decode_budget_left:
+        return True
+    n = scheduler._num_new_tokens(seq, hit.num_tokens, scheduler._prefill_threshold(),
+                                  decode_budget_left)
+    if not scheduler._can_admit(seq, hit):
+        return True
+    return not kv.can_allocate(seq.request_id, n, hit)

@@ -1,0 +1,28 @@
+"""Errors a user can act on. The CLI prints them as one line and exits with status 2."""
+
+
+class KvsimError(Exception):
+    """A problem with the user's input or settings, worded for the user.
+
+    ``location`` names where it was found (``file:line`` or ``file:row``) and ``field`` what was
+    wrong there; both are optional.
+    """
+
+    def __init__(self, message: str, *, location: str | None = None, field: str | None = None):
+        self.message = message
+        self.location = location
+        self.field = field
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = [p for p in (self.location, self.field and f"field '{self.field}'") if p]
+        prefix = ": ".join(parts)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class TraceError(KvsimError):
+    """A trace file that cannot be read as requested."""
+
+
+class ConfigError(KvsimError):
+    """Settings that cannot produce a run (a model that does not fit, an unknown GPU, ...)."""

@@ -1,0 +1,61 @@
+"""Every setting of a simulated run, named as vLLM names them where it has a name."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of one ``kvsim run`` (all of them end up in ``summary.json``'s ``config``)."""
+
+    trace: str = "sample:azure-conv"
+    model: str = "llama-2-7b"
+    gpu: str = "a100-80gb"
+    tp: int = 1
+    replicas: int = 1
+    router: str = "round-robin"
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    dtype: str = "bf16"
+    profile: str | None = None
+    seed: int = 0
+    skip_ahead: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "config") -> "RunConfig":
+        """Build from a mapping (a TOML file, CLI options); unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key.replace("-", "_") not in known:
+                raise ConfigError(f"unknown setting; known: {', '.join(sorted(known))}",
+                                  location=source, field=key)
+        return cls(**{k.replace("-", "_"): v for k, v in values.items()})
+
+    def validate(self) -> None:
+        positive = ("tp", "replicas", "block_size", "max_num_seqs", "max_num_batched_tokens")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", field=name)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"must be in (0, 1], got {self.gpu_memory_utilization}",
+                              field="gpu_memory_utilization")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(f"expected 'fcfs' or 'priority', got {self.scheduling_policy!r}",
+                              field="scheduling_policy")
+        if self.profile is not None and not Path(self.profile).is_file():
+            raise ConfigError("no such profile file", location=str(self.profile),
+                              field="profile")

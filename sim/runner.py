@@ -1,0 +1,122 @@
+"""Build a simulated deployment from a :class:`RunConfig` and replay requests through it."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import simpy
+
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.scheduler import Scheduler, SchedulerConfig
+from kvsim.cache.sequence import Sequence
+from kvsim.errors import ConfigError
+from kvsim.workloads.request import Request
+
+from .config import RunConfig
+from .cost_model import CostModel
+from .memory import kv_pool
+from .models import resolve_model
+from .recorder import RequestLog, StepLog
+from .replica import Replica
+from .router import make_router
+
+
+@dataclass
+class Deployment:
+    """What a config resolves to: the pool per replica and the limits derived from it."""
+
+    num_gpu_blocks: int
+    max_model_len: int
+    pool_explanation: str
+
+
+@dataclass
+class RunResult:
+    """Everything a finished simulation hands to :mod:`kvsim.sim.results`."""
+
+    config: RunConfig
+    deployment: Deployment
+    steps: StepLog
+    requests: RequestLog
+    replicas: list
+    duration_s: float
+    wall_time_s: float
+
+
+def resolve_deployment(config: RunConfig) -> Deployment:
+    """Size the KV pool (or take ``num_gpu_blocks``) and check ``max_model_len`` against it."""
+    model = resolve_model(config.model)
+    if config.num_gpu_blocks is not None:
+        blocks, text = config.num_gpu_blocks, f"{config.num_gpu_blocks} blocks (given)"
+    else:
+        pool = kv_pool(model, config.gpu, config.tp, config.block_size,
+                       config.gpu_memory_utilization, config.dtype,
+                       max_num_batched_tokens=config.max_num_batched_tokens,
+                       max_num_seqs=config.max_num_seqs)
+        blocks, text = pool.num_gpu_blocks, pool.explanation
+    slots = blocks * config.block_size
+    max_len = config.max_model_len or min(model.max_model_len, slots)
+    if max_len > slots:
+        raise ConfigError(
+            f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
+            f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
+            field="max_model_len")
+    return Deployment(blocks, max_len, text)
+
+
+def default_executor(config: RunConfig) -> CostModel:
+    return CostModel(config.model, config.gpu, config.tp, config.block_size,
+                     profile=config.profile, dtype=config.dtype)
+
+
+def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
+             progress: Callable[[float, int], None] | None = None) -> RunResult:
+    """Replay ``requests`` (in arrival order) and return the logs of the run."""
+    config.validate()
+    deployment = resolve_deployment(config)
+    executor = executor or default_executor(config)
+    env = simpy.Environment()
+    steps, log = StepLog(), RequestLog()
+    replicas = [Replica(env, i, _scheduler(config, deployment), executor, steps, log,
+                        config.skip_ahead) for i in range(config.replicas)]
+    env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
+                          config.block_size, deployment.max_model_len))
+    start = time.perf_counter()
+    _run(env, replicas, progress)
+    return RunResult(config, deployment, steps, log, replicas, env.now,
+                     time.perf_counter() - start)
+
+
+def _scheduler(config: RunConfig, deployment: Deployment) -> Scheduler:
+    kv = KVCacheManager(deployment.num_gpu_blocks, config.block_size,
+                        config.enable_prefix_caching, deployment.max_model_len)
+    return Scheduler(kv, SchedulerConfig(
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=deployment.max_model_len,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        policy=config.scheduling_policy))
+
+
+def _arrivals(env, requests, replicas, router, log: RequestLog, block_size, max_model_len):
+    for request in requests:
+        if request.arrival_s > env.now:
+            yield env.timeout(request.arrival_s - env.now)
+        seq = Sequence(request, block_size)
+        index = router.choose(replicas, seq)
+        log.on_arrival(request, index)
+        if request.prompt_tokens >= max_model_len:
+            log.on_rejected(request.request_id)
+            continue
+        replicas[index].submit(seq)
+
+
+def _run(env: simpy.Environment, replicas, progress) -> None:
+    if progress is None:
+        env.run()
+        return
+    while env.peek() != math.inf:
+        env.run(until=env.now + 1.0)
+        progress(env.now, sum(r.num_finished for r in replicas))
