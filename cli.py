@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -153,6 +154,89 @@ def report_command(
     from .reports.rerender import rerender_report
     emit(rerender_report(run_dir, out), as_json,
          lambda r: typer.echo(f"wrote {r['report']}"))
+
+
+# --- kvsim run (issue 4) ---
+
+
+def _opt(help_text: str, *names: str):
+    return typer.Option(None, *names, help=help_text)
+
+
+@app.command("run")
+def run_command(
+    trace: Optional[str] = typer.Argument(
+        None, metavar="[TRACE]", help="Trace file (default: the bundled Mooncake sample; "
+        "'sample:azure-conv' names the other one)."),
+    config_file: Optional[str] = _opt("TOML file holding any of these settings.", "--config"),
+    model: Optional[str] = _opt("Catalog name, Hugging Face id, or path to a config.json.",
+                                "--model"),
+    gpu: Optional[str] = _opt("GPU: a100-40gb, a100-80gb, h100-80gb, h200, l4, l40s.", "--gpu"),
+    tp: Optional[int] = _opt("Tensor-parallel GPUs per replica.", "--tp"),
+    replicas: Optional[int] = _opt("Replicas behind the router.", "--replicas"),
+    router: Optional[str] = _opt("round-robin, least-outstanding-tokens, prefix-affinity.",
+                                 "--router"),
+    block_size: Optional[int] = _opt("Tokens per KV block.", "--block-size"),
+    num_gpu_blocks: Optional[int] = _opt("KV blocks per replica (overrides sizing).",
+                                         "--num-gpu-blocks"),
+    gpu_memory_utilization: Optional[float] = _opt("Share of GPU memory vLLM may use.",
+                                                   "--gpu-memory-utilization"),
+    max_num_seqs: Optional[int] = _opt("Most requests in a batch.", "--max-num-seqs"),
+    max_num_batched_tokens: Optional[int] = _opt("Token budget per step.",
+                                                 "--max-num-batched-tokens"),
+    max_model_len: Optional[int] = _opt("Longest sequence (default: the model's, capped by the "
+                                        "pool).", "--max-model-len"),
+    long_prefill_token_threshold: Optional[int] = _opt(
+        "Longest prefill chunk when several requests compete (0: none).",
+        "--long-prefill-token-threshold"),
+    enable_prefix_caching: Optional[bool] = typer.Option(
+        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching."),
+    scheduling_policy: Optional[str] = _opt("fcfs or priority.", "--scheduling-policy"),
+    profile: Optional[str] = _opt("Calibration profile JSON for the cost model.", "--profile"),
+    seed: Optional[int] = _opt("Seed of every random choice.", "--seed"),
+    skip_ahead: Optional[bool] = typer.Option(
+        None, "--skip-ahead/--no-skip-ahead", help="Skip ahead over decode-only steps "
+        "(identical results, faster)."),
+    out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
+    slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s), drawn in the report.",
+                                         "--slo-ttft-p99"),
+    slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s), drawn in the report.",
+                                         "--slo-tpot-p99"),
+    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
+    rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
+    trace_model: Optional[str] = typer.Option(None, "--trace-model",
+                                              help="BurstGPT only: keep this model's rows."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Replay a trace through a simulated vLLM deployment and write summary.json,
+    requests.csv, timeline.csv and report.html into --out."""
+    from . import pipeline
+    from .sim.config import RunConfig
+    given = {k: v for k, v in locals().items() if k in RunConfig.__dataclass_fields__
+             and v is not None}
+    settings = pipeline.read_config_file(config_file) if config_file else {}
+    path, label = pipeline.resolve_trace(trace or settings.pop("trace", None))
+    settings.pop("trace", None)
+    config = RunConfig.from_dict({**settings, **given, "trace": label},
+                                 source=config_file or "options")
+    slo = {k: v for k, v in (("ttft_p99_s", slo_ttft_p99), ("tpot_p99_s", slo_tpot_p99)) if v}
+    job = pipeline.RunJob(config, path, trace_options(
+        fmt, limit, start, end, rate_scale, sort, config.seed, trace_model), Path(out),
+        slo or None)
+    summary = pipeline.run_job(job, quiet=quiet or as_json)
+    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out))
+
+
+def _show_run(summary: dict, out: str) -> None:
+    from .reports.terminal import print_summary
+    print_summary(summary)
+    if summary["num_rejected"]:
+        typer.echo(f"warning: {summary['num_rejected']} requests were rejected: their prompt "
+                   f"is not shorter than max_model_len {summary['config']['max_model_len']:,}",
+                   err=True)
+    typer.echo(f"wrote {out}/summary.json, requests.csv, timeline.csv, report.html")
 
 
 def main() -> None:

@@ -148,9 +148,17 @@ class KVCacheManager:
                           hit: CacheHit | None = None) -> int:
         """Free blocks :meth:`allocate` would consume: new ones plus free hit blocks."""
         entry = self._requests.get(request_id)
-        held = len(entry.block_ids) if entry else 0
-        slots = entry.num_slots if entry else 0
-        hit_blocks = hit.block_ids if hit else ()
+        held, slots = (len(entry.block_ids), entry.num_slots) if entry else (0, 0)
+        return self._num_needed(held, slots, num_new_tokens, hit)
+
+    def _num_needed(self, held: int, slots: int, num_new_tokens: int, hit) -> int:
+        if hit is None or not hit.block_ids:
+            wanted = slots + num_new_tokens
+            if self.max_model_len is not None and wanted > self.max_model_len:
+                wanted = self.max_model_len
+            new = -(-wanted // self.block_size) - held
+            return new if new > 0 else 0
+        hit_blocks = hit.block_ids
         wanted = slots + len(hit_blocks) * self.block_size + num_new_tokens
         if self.max_model_len is not None:
             wanted = min(wanted, self.max_model_len)
@@ -174,22 +182,24 @@ class KVCacheManager:
         ``min(slots, len(tokens))`` tokens is registered.
         """
         entry = self._requests.get(request_id)
+        held, slots = (len(entry.block_ids), entry.num_slots) if entry else (0, 0)
         if num_computed_tokens is not None and entry is not None:
-            num_new_tokens += num_computed_tokens - entry.num_slots
-        if not self.can_allocate(request_id, num_new_tokens, hit):
+            num_new_tokens += num_computed_tokens - slots
+        if self._num_needed(held, slots, num_new_tokens, hit) > self.pool.num_free_blocks:
             return None
         if entry is None:
             entry = self._requests[request_id] = _RequestBlocks()
         if hit is not None and hit.block_ids:
             self._adopt(entry, hit)
         entry.num_slots += num_new_tokens
-        if self.max_model_len is not None:
-            entry.num_slots = min(entry.num_slots, self.max_model_len)
+        if self.max_model_len is not None and entry.num_slots > self.max_model_len:
+            entry.num_slots = self.max_model_len
         num_new = -(-entry.num_slots // self.block_size) - len(entry.block_ids)
         new_blocks = self.pool.get_new_blocks(num_new) if num_new > 0 else []
         entry.block_ids.extend(new_blocks)
         if self.enable_prefix_caching:
-            self._cache_full_blocks(entry, tokens, min(entry.num_slots, len(tokens)))
+            n = len(tokens)
+            self._cache_full_blocks(entry, tokens, entry.num_slots if entry.num_slots < n else n)
         return new_blocks
 
     def free(self, request_id) -> None:

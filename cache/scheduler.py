@@ -108,7 +108,7 @@ class Scheduler:
     def update_from_output(self) -> StepOutcome:
         """Commit the last planned step: emit tokens, finish and free completed requests."""
         first, finished, emitted = [], [], 0
-        running = SequenceStatus.RUNNING
+        running, max_len = SequenceStatus.RUNNING, self.config.max_model_len
         for seq in self._last:
             if (seq.status is not running
                     or seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens):
@@ -117,7 +117,8 @@ class Scheduler:
             emitted += 1
             if seq.num_output_tokens == 1:
                 first.append(seq)
-            if self._is_done(seq):
+            if (seq.num_output_tokens >= seq.max_tokens
+                    or seq.num_prompt_tokens + seq.num_output_tokens >= max_len):
                 self._finish(seq)
                 finished.append(seq)
         if finished:
@@ -135,11 +136,17 @@ class Scheduler:
     def _schedule_running(self, scheduled, preempted, threshold) -> int:
         budget, i = self.config.max_num_batched_tokens, 0
         bs, max_len = self.kv.block_size, self.config.max_model_len
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        running = self.running
+        while i < len(running) and budget > 0:
+            seq = running[i]
             computed = seq.num_computed_tokens
-            n = self._num_new_tokens(seq, computed, threshold, budget)
-            n = min(n, max_len - computed - 1)
+            n = seq.num_prompt_tokens + seq.num_output_tokens - computed
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if n > max_len - computed - 1:
+                n = max_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
@@ -231,10 +238,6 @@ class Scheduler:
         return min(n, budget)
 
     # --- finishing -----------------------------------------------------------------------
-
-    def _is_done(self, seq: Sequence) -> bool:
-        return (seq.num_output_tokens >= seq.max_tokens
-                or len(seq) >= self.config.max_model_len)
 
     def _finish(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id)

@@ -12,8 +12,8 @@ from kvsim.errors import ConfigError
 class RunConfig:
     """Settings of one ``kvsim run`` (all of them end up in ``summary.json``'s ``config``)."""
 
-    trace: str = "sample:azure-conv"
-    model: str = "llama-2-7b"
+    trace: str = "sample:mooncake"
+    model: str = "llama-3.1-8b"
     gpu: str = "a100-80gb"
     tp: int = 1
     replicas: int = 1

@@ -41,6 +41,7 @@ class Replica:
         self._wakeup = env.event()
         self._idle = False
         self._decode_only = False   # the last step only decoded: worth trying to skip ahead
+        self.num_skipped_steps = 0  # steps taken on the lazy decode path
         self.process = env.process(self._run())
 
     # --- arrivals ------------------------------------------------------------------------
@@ -156,6 +157,7 @@ class Replica:
             self._lazy_block_events(running, c0, o0, j, bs)
             yield from self._lazy_step(j, running, c0, float(durations[j]))
             done += 1
+        self.num_skipped_steps += done
         self._sync(running, c0, o0, done)
         self._decode_only = False
 

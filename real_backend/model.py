@@ -1,0 +1,266 @@
+"""A Llama-architecture decoder with random weights, run over a packed token stream.
+
+RMSNorm, rotary position embeddings (RoPE, the HF ``rotate_half`` convention), grouped-query
+attention through the paged KV store, a SwiGLU MLP, token embedding and LM head. Like vLLM, every
+request's new tokens are packed into one ``[total_tokens, hidden]`` stream for the linear layers;
+only attention splits the stream per request (see :mod:`kvsim.real_backend.attention`).
+
+Weights are drawn from a seeded generator on the CPU in fp32 and then cast and moved, so a given
+seed gives the same model on every device and dtype. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMetadata, paged_attention
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map ``"fp32" | "bf16" | "fp16"`` (or their long names, or a torch dtype) to a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a Llama-architecture decoder (what determines compute and KV size)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    max_position: int = 4096
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads sharing one KV head (1 = multi-head attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: str | torch.dtype = "fp32") -> int:
+        """Bytes of K and V one token occupies across all layers."""
+        itemsize = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+        return 2 * self.num_layers * self.kv_size * itemsize
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        """Build from a Hugging Face ``config.json`` dict (``LlamaForCausalLM`` keys).
+
+        ``rope_scaling`` is ignored: it changes position frequencies, not cost or KV shape.
+        """
+        heads = int(d["num_attention_heads"])
+        return cls(
+            num_layers=int(d["num_hidden_layers"]),
+            hidden_size=int(d["hidden_size"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
+            intermediate_size=int(d["intermediate_size"]),
+            vocab_size=int(d["vocab_size"]),
+            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rms_eps=float(d.get("rms_norm_eps", 1e-5)),
+            max_position=int(d.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "LlamaConfig":
+        """Read a Hugging Face ``config.json`` file."""
+        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm; the statistics are taken in fp32 as in HF Llama."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and hasattr(F, "rms_norm"):   # fused, torch >= 2.4
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE over the two halves of each head (HF ``rotate_half``).
+
+    The cos/sin tables are plain fp32 tensors (not buffers, so casting the model to bf16 leaves
+    them exact); they are rebuilt on the positions' device and grown on demand.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
+        super().__init__()
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        self.inv_freq = (1.0 / theta ** exponents).float()
+        self.max_position = max_position
+        self.cos = self.sin = torch.empty(0)
+
+    def _tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[positions, head_dim/2]`` (fp32), rebuilt when too short or elsewhere."""
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        if needed > self.cos.shape[0] or self.cos.device != positions.device:
+            length = max(needed, self.max_position, 2 * self.cos.shape[0])
+            pos = torch.arange(length, dtype=torch.float32, device=positions.device)
+            freqs = torch.outer(pos, self.inv_freq.to(positions.device))
+            self.cos, self.sin = freqs.cos(), freqs.sin()
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> "RopeAngles":
+        """The rotation for each token of the stream, in ``dtype``."""
+        cos, sin = self._tables(positions)
+        return cos.to(dtype), sin.to(dtype)
+
+
+RopeAngles = tuple[torch.Tensor, torch.Tensor]
+
+
+def apply_rope(x: torch.Tensor, rope: RopeAngles) -> torch.Tensor:
+    """Rotate ``x`` of shape ``[tokens, heads, head_dim]`` by each token's position."""
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Fused QKV projection, RoPE, paged grouped-query attention, output projection."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=False)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def forward(self, x: torch.Tensor, rope: RopeAngles,
+                kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        cfg = self.cfg
+        qk, v = self.qkv_proj(x).split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
+        # Query and key heads are adjacent in the fused output: rotate them in one pass.
+        qk = apply_rope(qk.reshape(-1, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), rope)
+        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(-1, cfg.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope: RopeAngles,
+                kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Embedding, decoder layers, final norm and LM head over a packed token stream."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Logits ``[len(logits_indices), vocab]`` (fp32) at the chosen stream positions."""
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, rope, kv_cache, meta)
+        x = self.norm(x.index_select(0, logits_indices))
+        return self.lm_head(x).float()
+
+
+@torch.no_grad()
+def init_random_weights(model: nn.Module, seed: int) -> None:
+    """Fill every weight from ``torch.Generator(seed)``: matrices ~ N(0, 1/fan_in), embeddings
+    ~ N(0, 1), norm gains ~ N(1, 0.1). Activations stay O(1), so attention is not uniform."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+        elif "embed_tokens" in name:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+
+
+def build_model(cfg: LlamaConfig, *, seed: int = 0, dtype: str | torch.dtype = "fp32",
+                device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    """A randomly initialised, inference-only model in ``dtype`` on ``device``."""
+    model = LlamaForCausalLM(cfg)
+    init_random_weights(model, seed)
+    model.requires_grad_(False).eval()
+    return model.to(device=device, dtype=resolve_dtype(dtype))

@@ -1,0 +1,202 @@
+"""Interactive HTML reports (plotly) that open offline.
+
+- :func:`render_run_report`: one run (``report.html`` of ``kvsim run`` / ``kvsim report``);
+- :func:`render_compare_report`: several runs overlaid (``kvsim compare``);
+- :func:`render_hitrate_report`: miss-ratio curves per policy (``kvsim hitrate``).
+
+Each writes the page atomically and returns its path. Timelines are downsampled to
+``max_points`` rows first so that large runs stay light.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from . import compare as cmp
+from . import figures as figs
+from .io import DEFAULT_MAX_POINTS, downsample
+from .page import cards, card, esc, figure_div, panel, render_page, settings_block
+from .style import fmt_num, fmt_pct, fmt_seconds, get, is_number
+
+#: div ids of the figures in a run report, in page order.
+RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-throughput-queue", "fig-kv-pool", "fig-frag-time",
+                  "fig-frag-bar", "fig-prefix-hit-rate", "fig-events")
+#: div ids of the figures in a compare report, in page order.
+COMPARE_FIGURE_IDS = ("fig-tradeoff", "fig-latency-cdf", "fig-throughput-queue", "fig-kv-usage",
+                      "fig-frag-bar", "fig-prefix-hit-rate", "fig-events")
+#: div ids of the figures in a hit-rate report.
+HITRATE_FIGURE_IDS = ("fig-miss-ratio",)
+
+
+def _slo_status(summary: dict, metric: str, slo: dict | None) -> str | None:
+    """'good'/'bad' for a latency card when an SLO target exists for ``metric``."""
+    for m, pct, target in figs.parse_slo(slo):
+        if m == metric:
+            value = get(summary, metric, f"p{pct:g}")
+            return "good" if is_number(value) and float(value) <= target else "bad"
+    return None
+
+
+def summary_cards(summary: dict, slo: dict | None = None) -> str:
+    """The grid of headline numbers for one run."""
+    def lat(metric: str, name: str) -> str:
+        return card(f"{name} p50 / p99",
+                    f"{fmt_seconds(get(summary, metric, 'p50'))} / "
+                    f"{fmt_seconds(get(summary, metric, 'p99'))}",
+                    f"mean {fmt_seconds(get(summary, metric, 'mean'))}",
+                    _slo_status(summary, metric, slo))
+    hits, queries = get(summary, "prefix_cache", "hit_tokens"), get(summary, "prefix_cache",
+                                                                     "queries_tokens")
+    return cards([
+        card("Output throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} "
+             "tok/s", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s"),
+        card("Completed", f"{fmt_num(get(summary, 'num_completed'))} / "
+             f"{fmt_num(get(summary, 'num_requests'))}",
+             f"in {fmt_seconds(get(summary, 'duration_s'))} simulated, "
+             f"{fmt_num(get(summary, 'num_steps'))} steps"),
+        lat("ttft_s", "TTFT"), lat("tpot_s", "TPOT"), lat("e2e_s", "E2E"),
+        card("Prefix hit rate", fmt_pct(get(summary, "prefix_cache", "hit_rate")),
+             f"{fmt_num(hits)} of {fmt_num(queries)} tokens"),
+        card("Preemptions", fmt_num(get(summary, "preemptions")),
+             f"swapped out {fmt_num(get(summary, 'swapped_out_blocks'))} / in "
+             f"{fmt_num(get(summary, 'swapped_in_blocks'))} blocks"),
+        card("Peak KV usage", fmt_pct(get(summary, "kv", "peak_usage")),
+             f"mean {fmt_pct(get(summary, 'kv', 'mean_usage'))} of "
+             f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+    ])
+
+
+def _subtitle(summary: dict, config: dict) -> str:
+    """``Trace X · model Y · GPU × TP × replicas · block size · eviction``, present parts only."""
+    parts = []
+    if config.get("trace") is not None:
+        parts.append(("Trace", Path(str(config["trace"])).name))
+    if config.get("model") is not None:
+        parts.append(("model", config["model"]))
+    if config.get("gpu") is not None:
+        tp, replicas = config.get("tp"), config.get("replicas")
+        hw = str(config["gpu"]) + (f" × TP{tp}" if tp not in (None, 1) else "")
+        parts.append(("", hw + (f" × {replicas} replicas" if replicas not in (None, 1) else "")))
+    block = config.get("block_size", get(summary, "kv", "block_size"))
+    if block is not None:
+        parts.append(("block size", block))
+    for key in ("eviction", "layout"):
+        if config.get(key) is not None:
+            parts.append((key, config[key]))
+    return " · ".join(f"{esc(k)} <b>{esc(v)}</b>".strip() for k, v in parts)
+
+
+def run_header(summary: dict, slo: dict | None) -> str:
+    """Title, the trace/model/GPU line, summary cards and every setting."""
+    config = get(summary, "config", default={}) or {}
+    targets = figs.parse_slo(slo)
+    slo_note = ""
+    if targets:
+        slo_note = ('<p class="note">SLO targets: ' + ", ".join(
+            f"{esc(m.replace('_s', '').upper())} p{p:g} ≤ {esc(fmt_seconds(t))}"
+            for m, p, t in targets) + "</p>")
+    return (f"<h1>kvsim run report</h1><p class=\"subtitle\">{_subtitle(summary, config)}</p>"
+            f"{summary_cards(summary, slo)}{slo_note}{settings_block(config, open_=True)}")
+
+
+def _downsample_note(before: int, after: int) -> str:
+    if before == after:
+        return ""
+    return (f'<p class="note">Timeline shown at {after:,} points (downsampled from '
+            f"{before:,} intervals).</p>")
+
+
+def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFrame,
+                      path: str | os.PathLike, slo: dict | None = None, *,
+                      plotlyjs: str = "inline", max_points: int = DEFAULT_MAX_POINTS) -> Path:
+    """Write the interactive report of one run to ``path``; returns the path.
+
+    ``slo`` (e.g. ``{"ttft_p99_s": 0.5}``) defaults to ``summary["slo"]``; ``plotlyjs`` is
+    ``"inline"`` (self-contained page) or ``"sibling"`` (``plotly.min.js`` beside the page).
+    """
+    slo = summary.get("slo") if slo is None else slo
+    tl = downsample(timeline, max_points)
+    runs_tl = [("run", tl)]
+    body = [
+        panel("Latency", figure_div(figs.latency_cdf_figure([("run", requests)], slo),
+                                    RUN_FIGURE_IDS[0]),
+              "Cumulative distribution over completed requests; dashed lines mark SLO targets."),
+        panel("Throughput and queue", figure_div(figs.throughput_queue_figure(runs_tl),
+                                                 RUN_FIGURE_IDS[1])),
+        panel("KV cache pool", figure_div(figs.kv_pool_figure(
+            tl, get(summary, "kv", "num_gpu_blocks")), RUN_FIGURE_IDS[2]),
+              "Blocks used by running requests, cached but idle (reusable prefixes), and free."),
+        panel("Fragmentation", '<div class="grid-3-1">'
+              + figure_div(figs.fragmentation_time_figure(tl), RUN_FIGURE_IDS[3])
+              + figure_div(figs.fragmentation_bar_figure(
+                  [("this run", get(summary, "fragmentation", default={}))]), RUN_FIGURE_IDS[4])
+              + "</div>",
+              "Shares of the GPU KV pool: slots holding tokens, reserved for tokens still to "
+              "come, lost inside blocks (internal), unusable free space (external), free."),
+        panel("Prefix cache", figure_div(figs.hit_rate_figure(runs_tl), RUN_FIGURE_IDS[5])),
+        panel("Preemptions and transfers", figure_div(figs.events_figure(tl), RUN_FIGURE_IDS[6])),
+        _downsample_note(len(timeline), len(tl)),
+    ]
+    title = f"kvsim · {Path(str(get(summary, 'config', 'trace', default='run'))).name}"
+    return render_page(path, title=title, header=run_header(summary, slo), body="".join(body),
+                       plotlyjs=plotlyjs)
+
+
+def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame, pd.DataFrame]],
+                          path: str | os.PathLike, slo: dict | None = None, *,
+                          plotlyjs: str = "inline",
+                          max_points: int = DEFAULT_MAX_POINTS) -> Path:
+    """Write a report overlaying several runs, given as ``(label, summary, requests,
+    timeline)``; returns the path. Runs are ranked (SLO met first, then throughput); ``slo``
+    defaults to the first run's ``summary["slo"]`` and applies to every run."""
+    runs = [(str(label), s, r, downsample(t, max_points)) for label, s, r, t in runs]
+    slo = cmp.common_slo(runs, slo)
+    tls = [(label, t) for label, _, _, t in runs]
+    facts = cmp.describe_runs(runs)
+    header = (f"<h1>kvsim comparison</h1><p class=\"subtitle\"><b>{facts['count']}</b> "
+              f"configurations · trace <b>{esc(', '.join(facts['traces']))}</b> · model "
+              f"<b>{esc(', '.join(facts['models']))}</b></p>")
+    body = [
+        panel("Ranking", cmp.ranked_table(runs, slo),
+              "Best first: runs meeting their SLO targets, then by output throughput. "
+              "Setting columns show what differs between runs."),
+        panel("Throughput vs tail latency", figure_div(cmp.tradeoff_scatter(runs),
+                                                       COMPARE_FIGURE_IDS[0])),
+        panel("Latency", figure_div(figs.latency_cdf_figure(
+            [(label, r) for label, _, r, _ in runs], slo), COMPARE_FIGURE_IDS[1])),
+        panel("Throughput and queue", figure_div(figs.throughput_queue_figure(tls),
+                                                 COMPARE_FIGURE_IDS[2])),
+        panel("KV usage", figure_div(cmp.kv_usage_overlay(tls), COMPARE_FIGURE_IDS[3])),
+        panel("Fragmentation", figure_div(figs.fragmentation_bar_figure(
+            [(label, get(s, "fragmentation", default={})) for label, s, _, _ in runs]),
+            COMPARE_FIGURE_IDS[4])),
+        panel("Prefix cache", figure_div(figs.hit_rate_figure(tls), COMPARE_FIGURE_IDS[5])),
+        panel("Preemptions and transfers", figure_div(cmp.events_overlay(tls),
+                                                      COMPARE_FIGURE_IDS[6])),
+        panel("Settings", "".join(settings_block(get(s, "config", default={}), f"{label}")
+                                  for label, s, _, _ in runs)),
+    ]
+    return render_page(path, title="kvsim comparison", header=header, body="".join(body),
+                       plotlyjs=plotlyjs)
+
+
+def render_hitrate_report(curves: pd.DataFrame, path: str | os.PathLike, *,
+                          title: str = "kvsim hit-rate curves", config: dict | None = None,
+                          plotlyjs: str = "inline") -> Path:
+    """Write miss-ratio curves (``curves``: columns policy, capacity_blocks, hit_rate)."""
+    policies = sorted(curves["policy"].astype(str).unique()) if "policy" in curves else []
+    header = (f"<h1>{esc(title)}</h1><p class=\"subtitle\"><b>{len(policies)}</b> policies · "
+              f"<b>{esc(', '.join(policies)) or 'none'}</b></p>"
+              + (settings_block(config) if config else ""))
+    body = [
+        panel("Miss-ratio curves", figure_div(cmp.miss_ratio_figure(curves),
+                                              HITRATE_FIGURE_IDS[0]),
+              "Fraction of looked-up prompt tokens not found in the cache, by cache capacity "
+              "(lower is better)."),
+        panel("Hit rate by capacity", cmp.hitrate_table(curves)),
+    ]
+    return render_page(path, title=title, header=header, body="".join(body), plotlyjs=plotlyjs)

@@ -1,0 +1,266 @@
+"""Reading and writing a run's result files, atomically.
+
+Every writer goes through a temporary file in the target's own directory, then ``os.replace``,
+so a reader sees either the previous complete file or the new complete file, never a partial
+one. :func:`write_run_outputs` writes ``summary.json`` last and removes a stale one first: a
+directory holding ``summary.json`` holds a complete run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from ..errors import KvsimError
+
+SUMMARY_FILE = "summary.json"
+REQUESTS_FILE = "requests.csv"
+TIMELINE_FILE = "timeline.csv"
+REPORT_FILE = "report.html"
+
+#: Columns of requests.csv (docs/frames.md).
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority", "replica",
+    "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
+    "cached_tokens", "num_preemptions", "completed",
+)
+#: Columns of timeline.csv (docs/frames.md).
+TIMELINE_COLUMNS = (
+    "time_s", "interval_s", "num_steps", "num_running", "num_waiting", "batch_size",
+    "output_tokens", "throughput_tokens_per_s", "kv_used_blocks", "kv_cached_idle_blocks",
+    "kv_free_blocks", "kv_usage", "host_used_blocks", "frag_token_states", "frag_reservation",
+    "frag_internal", "frag_external", "frag_free", "prefix_queries_tokens", "prefix_hit_tokens",
+    "prefix_hit_rate", "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks",
+    "promote_blocks", "compact_blocks",
+)
+#: Timeline columns that count events within an interval: downsampling sums them.
+TIMELINE_SUM_COLUMNS = frozenset({
+    "interval_s", "num_steps", "output_tokens", "prefix_queries_tokens", "prefix_hit_tokens",
+    "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
+    "compact_blocks",
+})
+DEFAULT_MAX_POINTS = 2000
+
+
+# --- atomic writers ----------------------------------------------------------------------------
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, binary: bool) -> Path:
+    """Create ``path`` by calling ``write(fileobj)`` on a sibling temp file, then renaming it.
+
+    On any exception the temp file is removed and the target is left untouched.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
+    try:
+        mode = "wb" if binary else "w"
+        kwargs = {} if binary else {"encoding": "utf-8", "newline": ""}
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; returns the path."""
+    return _atomic_write(path, lambda fh: fh.write(text), binary=False)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; returns the path."""
+    return _atomic_write(path, lambda fh: fh.write(data), binary=True)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Turn numpy scalars/arrays, tuples and paths into JSON types; NaN and ±inf become None."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [to_jsonable(v) for v in value.tolist()]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if value is None or isinstance(value, str):
+        return value
+    if value is pd.NA or value is pd.NaT:
+        return None
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def dumps_json(obj: Any) -> str:
+    """Serialise ``obj`` deterministically: sorted keys, 2-space indent, shortest round-trip
+    float repr (``repr``), non-finite numbers as ``null``, trailing newline."""
+    return json.dumps(to_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as JSON (see :func:`dumps_json`) to ``path`` atomically."""
+    text = dumps_json(obj)  # serialise before touching the disk: a bad value writes nothing
+    return write_text_atomic(path, text)
+
+
+def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame, *,
+                     float_format: str | None = None) -> Path:
+    """Write ``df`` as CSV (no index column) to ``path`` atomically."""
+    return _atomic_write(
+        path, lambda fh: df.to_csv(fh, index=False, float_format=float_format, lineterminator="\n"),
+        binary=False)
+
+
+# --- a run's output directory --------------------------------------------------------------------
+
+def write_run_outputs(out_dir: str | os.PathLike, summary: dict, requests_df: pd.DataFrame,
+                      timeline_df: pd.DataFrame, html: bool = True, *,
+                      plotlyjs: str = "inline") -> dict[str, Path]:
+    """Write a run's result files into ``out_dir``; returns ``{name: path}``.
+
+    Order: a stale ``summary.json`` is removed, then requests.csv, timeline.csv, report.html
+    (when ``html``), and ``summary.json`` last, each atomically. A run interrupted part-way thus
+    leaves no ``summary.json``, the marker of a complete run.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUMMARY_FILE).unlink(missing_ok=True)
+    written = {
+        "requests": write_csv_atomic(out / REQUESTS_FILE, requests_df),
+        "timeline": write_csv_atomic(out / TIMELINE_FILE, timeline_df),
+    }
+    if html:
+        from .html import render_run_report  # late: html imports this module
+        written["report"] = render_run_report(
+            summary, requests_df, timeline_df, out / REPORT_FILE,
+            slo=summary.get("slo"), plotlyjs=plotlyjs)
+    written["summary"] = write_json_atomic(out / SUMMARY_FILE, summary)
+    return written
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    if not path.is_file():
+        raise KvsimError(f"missing {path.name}; is this a kvsim run directory?",
+                         location=str(path))
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise KvsimError("empty file, expected a CSV header", location=str(path)) from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise KvsimError(f"not a readable CSV ({e})".replace("\n", " "),
+                         location=str(path)) from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise KvsimError(f"missing columns: {', '.join(missing)}", location=str(path))
+    return df
+
+
+def read_summary(path: str | os.PathLike) -> dict:
+    """Read a ``summary.json``; a missing, unparsable or non-object file is a KvsimError."""
+    p = Path(path)
+    if not p.is_file():
+        raise KvsimError(f"missing {p.name}; the run is incomplete or this is not a kvsim run "
+                         "directory", location=str(p))
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise KvsimError(f"not valid JSON ({e})", location=str(p)) from None
+    if not isinstance(data, dict):
+        raise KvsimError("expected a JSON object", location=str(p))
+    return data
+
+
+def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """Read ``(summary, requests, timeline)`` back from a run directory.
+
+    Raises :class:`KvsimError` naming the file that is missing or unreadable, or the columns
+    that a CSV lacks.
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise KvsimError("no such run directory", location=str(out))
+    summary = read_summary(out / SUMMARY_FILE)
+    requests = _read_csv(out / REQUESTS_FILE, REQUEST_COLUMNS)
+    timeline = _read_csv(out / TIMELINE_FILE, TIMELINE_COLUMNS)
+    return summary, requests, timeline
+
+
+# --- downsampling ------------------------------------------------------------------------------
+
+def downsample(df: pd.DataFrame, max_points: int = DEFAULT_MAX_POINTS, *,
+               sum_columns=TIMELINE_SUM_COLUMNS) -> pd.DataFrame:
+    """Merge runs of consecutive rows so that at most ``max_points`` rows remain.
+
+    Meant for timeline frames: ``time_s`` keeps each group's first value, ``sum_columns``
+    (event counts, ``interval_s``) are summed, other numeric columns are averaged weighted by
+    ``interval_s`` when present, and the rates ``throughput_tokens_per_s`` and
+    ``prefix_hit_rate`` are recomputed from the summed counts. A frame already small enough is
+    returned unchanged.
+    """
+    if max_points < 1:
+        raise ValueError("max_points must be >= 1")
+    n = len(df)
+    if n <= max_points:
+        return df
+    group_size = math.ceil(n / max_points)
+    groups = np.arange(n) // group_size
+    numeric = df.select_dtypes(include="number")
+    weights = (df["interval_s"].to_numpy(dtype=float) if "interval_s" in df
+               else np.ones(n))
+    weights = np.where(np.isfinite(weights) & (weights > 0), weights, 0.0)
+    out = {}
+    for col in df.columns:
+        if col == "time_s" or col not in numeric:
+            out[col] = df[col].groupby(groups).first().to_numpy()
+        elif col in sum_columns:
+            out[col] = numeric[col].groupby(groups).sum(min_count=1).to_numpy()
+        else:
+            out[col] = _weighted_mean(numeric[col].to_numpy(dtype=float), weights, groups)
+    result = pd.DataFrame(out, columns=list(df.columns))
+    _recompute_rates(result)
+    return result
+
+
+def _weighted_mean(values: np.ndarray, weights: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per-group weighted mean ignoring NaN values; groups with no weight fall back to mean."""
+    ok = np.isfinite(values)
+    w = np.where(ok, weights, 0.0)
+    v = np.where(ok, values, 0.0)
+    num = np.bincount(groups, weights=v * w)
+    den = np.bincount(groups, weights=w)
+    cnt = np.bincount(groups, weights=ok.astype(float))
+    plain = np.bincount(groups, weights=v)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.where(cnt > 0, plain / cnt, np.nan))
+
+
+def _recompute_rates(df: pd.DataFrame) -> None:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if {"throughput_tokens_per_s", "output_tokens", "interval_s"} <= set(df.columns):
+            iv = df["interval_s"].to_numpy(dtype=float)
+            tok = df["output_tokens"].to_numpy(dtype=float)
+            df["throughput_tokens_per_s"] = np.where(iv > 0, tok / iv, np.nan)
+        if {"prefix_hit_rate", "prefix_hit_tokens", "prefix_queries_tokens"} <= set(df.columns):
+            q = df["prefix_queries_tokens"].to_numpy(dtype=float)
+            h = df["prefix_hit_tokens"].to_numpy(dtype=float)
+            df["prefix_hit_rate"] = np.where(q > 0, h / q, np.nan)

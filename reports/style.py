@@ -1,0 +1,105 @@
+"""Shared look of every report figure, and number formatting for people."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
+#: One colour per run in comparison views (colour-blind friendly, Okabe-Ito-like).
+SERIES = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+          "#000000", "#7F7F7F", "#8C564B"]
+KV_COLORS = {"used": "#2563eb", "cached_idle": "#f59e0b", "free": "#d1d5db", "host": "#7c3aed"}
+FRAG_COLORS = {"token_states": "#2563eb", "reservation": "#60a5fa", "internal": "#f97316",
+               "external": "#dc2626", "free": "#d1d5db"}
+FRAG_LABELS = {"token_states": "Token states", "reservation": "Reservation",
+               "internal": "Internal frag.", "external": "External frag.", "free": "Free"}
+FRAG_KEYS = tuple(FRAG_LABELS)
+
+
+def series_color(i: int) -> str:
+    """Colour of the ``i``-th run in a comparison."""
+    return SERIES[i % len(SERIES)]
+
+
+LEGENDS = {
+    "right": dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.01),
+    "bottom": dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+}
+
+
+def style_figure(fig: go.Figure, title: str | None = None, height: int = 380,
+                 hovermode: str = "x unified", legend: str = "right") -> go.Figure:
+    """Apply the report look (white template, readable font, legend beside or below the
+    plot so it never covers subplot titles) in place."""
+    fig.update_layout(
+        template="plotly_white", height=height, hovermode=hovermode,
+        font=dict(family=FONT, size=13, color="#1f2937"),
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=16)) if title else None,
+        margin=dict(l=60, r=24, t=70 if title else 36, b=50),
+        legend=dict(LEGENDS[legend], font=dict(size=12)),
+        paper_bgcolor="white", plot_bgcolor="white",
+    )
+    fig.update_xaxes(showline=True, linecolor="#d1d5db", gridcolor="#f1f5f9", zeroline=False)
+    fig.update_yaxes(showline=True, linecolor="#d1d5db", gridcolor="#f1f5f9", zeroline=False)
+    return fig
+
+
+def empty_figure(title: str, message: str, height: int = 240) -> go.Figure:
+    """A figure with no traces and ``message`` in the middle (for runs without data)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
+                       yref="paper", font=dict(size=15, color="#6b7280"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return style_figure(fig, title, height=height, hovermode="closest")
+
+
+def is_number(value: Any) -> bool:
+    """True for a finite int/float (numpy included), False for None, NaN, strings."""
+    try:
+        return value is not None and not isinstance(value, bool) and math.isfinite(value)
+    except TypeError:
+        return False
+
+
+def fmt_seconds(value: Any) -> str:
+    """``0.0123`` → ``12.3 ms``; ``4.5`` → ``4.50 s``; ``None``/NaN → ``—``."""
+    if not is_number(value):
+        return "—"
+    v = float(value)
+    if abs(v) < 1e-3 and v != 0:
+        return f"{v * 1e6:.0f} µs"
+    if abs(v) < 1:
+        return f"{v * 1e3:.1f} ms"
+    if abs(v) < 120:
+        return f"{v:.2f} s"
+    if abs(v) < 7200:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.2f} h"
+
+
+def fmt_pct(value: Any, digits: int = 1) -> str:
+    """``0.1234`` → ``12.3%``."""
+    return f"{float(value) * 100:.{digits}f}%" if is_number(value) else "—"
+
+
+def fmt_num(value: Any, digits: int = 1) -> str:
+    """Thousands separators, ``digits`` decimals for non-integers; ``—`` when missing."""
+    if not is_number(value):
+        return "—"
+    v = float(value)
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.{digits}f}"
+
+
+def get(d: Any, *keys: str, default: Any = None) -> Any:
+    """Nested ``dict`` lookup that tolerates missing levels: ``get(s, 'ttft_s', 'p99')``."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return d

@@ -1,0 +1,150 @@
+"""Terminal output: a compact summary table and a progress bar for long runs (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from rich import box
+from rich.console import Console
+from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+from .style import FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get
+
+
+def _latency_row(summary: dict, metric: str) -> str:
+    return " / ".join(fmt_seconds(get(summary, metric, p)) for p in ("p50", "p90", "p99"))
+
+
+_SHORT_FRAG = {"token_states": "tokens", "reservation": "reserved", "internal": "internal",
+               "external": "external", "free": "free"}
+
+
+def _frag_text(frag: dict) -> str:
+    if not frag:
+        return "—"
+    return " · ".join(f"{_SHORT_FRAG[k]} {fmt_pct(frag.get(k))}" for k in FRAG_KEYS)
+
+
+def summary_table(summary: dict) -> Table:
+    """A two-column rich table of a run's headline numbers (see :func:`print_summary`)."""
+    table = Table(box=box.SIMPLE_HEAD, show_header=True, header_style="bold", pad_edge=False,
+                  title="kvsim run summary", title_justify="left", title_style="bold")
+    table.add_column("metric", style="dim", no_wrap=True)
+    table.add_column("value", no_wrap=False)
+    frag = get(summary, "fragmentation", default={}) or {}
+    rows = [
+        ("throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} output tok/s"),
+        ("request rate", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s  "
+                         f"({fmt_num(get(summary, 'num_completed'))} of "
+                         f"{fmt_num(get(summary, 'num_requests'))} completed)"),
+        ("TTFT p50/p90/p99", _latency_row(summary, "ttft_s")),
+        ("TPOT p50/p90/p99", _latency_row(summary, "tpot_s")),
+        ("E2E p50/p90/p99", _latency_row(summary, "e2e_s")),
+        ("prefix hit rate", f"{fmt_pct(get(summary, 'prefix_cache', 'hit_rate'))}  "
+                            f"({fmt_num(get(summary, 'prefix_cache', 'hit_tokens'))} of "
+                            f"{fmt_num(get(summary, 'prefix_cache', 'queries_tokens'))} tokens)"),
+        ("preemptions", f"{fmt_num(get(summary, 'preemptions'))}  (swapped out "
+                        f"{fmt_num(get(summary, 'swapped_out_blocks'))} / in "
+                        f"{fmt_num(get(summary, 'swapped_in_blocks'))} blocks)"),
+        ("KV usage mean/peak", f"{fmt_pct(get(summary, 'kv', 'mean_usage'))} / "
+                               f"{fmt_pct(get(summary, 'kv', 'peak_usage'))} of "
+                               f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+        ("KV pool shares", _frag_text(frag)),
+        ("steps", fmt_num(get(summary, "num_steps"))),
+        ("simulated time", fmt_seconds(get(summary, "duration_s"))),
+        ("wall time", fmt_seconds(get(summary, "wall_time_s"))),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def print_summary(summary: dict, console: Optional[Console] = None) -> None:
+    """Print the compact summary table of a run to ``console`` (stdout by default)."""
+    (console or Console()).print(summary_table(summary))
+
+
+class RunProgress:
+    """Progress bar for a simulation: simulated time against the trace end, requests done, ETA.
+
+    ``with RunProgress(total_sim_s, total_requests, enabled) as p: p.update(sim_s, done)``.
+    ``enabled``: ``None`` shows it only when the console is a terminal, ``True`` forces it,
+    ``False`` (or ``quiet``) never shows it. Nothing appears before ``delay_s`` of wall time,
+    so short runs print nothing. ``update`` is cheap enough to call every engine step: it
+    redraws at most every ``refresh_s``.
+    """
+
+    def __init__(self, total_sim_s: float, total_requests: int, enabled: Optional[bool] = None,
+                 *, quiet: bool = False, console: Optional[Console] = None,
+                 delay_s: float = 1.0, refresh_s: float = 0.1,
+                 description: str = "simulating") -> None:
+        self.total_sim_s = max(float(total_sim_s or 0.0), 1e-9)
+        self.total_requests = int(total_requests or 0)
+        self.console = console or Console(stderr=False)
+        self.active = (not quiet) and (enabled if enabled is not None
+                                       else self.console.is_terminal)
+        self.delay_s = delay_s
+        self.refresh_s = refresh_s
+        self.description = description
+        self._progress: Optional[Progress] = None
+        self._task = None
+        self._start = 0.0
+        self._next_draw = 0.0
+        self.sim_time_s = 0.0
+        self.requests_done = 0
+
+    def __enter__(self) -> "RunProgress":
+        self._start = time.monotonic()
+        self._next_draw = self._start + self.delay_s
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._progress is not None:
+            if exc_type is None:
+                self._draw(final=True)
+            self._progress.stop()
+            self._progress = None
+
+    @property
+    def shown(self) -> bool:
+        """Whether the bar has been put on screen."""
+        return self._progress is not None
+
+    def update(self, sim_time_s: float, requests_done: int) -> None:
+        """Record progress; draws only when enabled, past the delay, and not too often."""
+        self.sim_time_s = float(sim_time_s)
+        self.requests_done = int(requests_done)
+        if not self.active:
+            return
+        now = time.monotonic()
+        if now < self._next_draw:
+            return
+        self._next_draw = now + self.refresh_s
+        if self._progress is None:
+            self._open()
+        self._draw()
+
+    def _open(self) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+            TextColumn("sim {task.fields[sim]}"), TextColumn("· {task.fields[reqs]} requests"),
+            TextColumn("· elapsed"), TimeElapsedColumn(), TextColumn("· ETA"),
+            TimeRemainingColumn(), console=self.console, transient=False,
+            refresh_per_second=10)
+        self._progress.start()
+        self._task = self._progress.add_task(self.description, total=self.total_sim_s,
+                                             **self._fields())
+
+    def _draw(self, final: bool = False) -> None:
+        sim = min(self.sim_time_s, self.total_sim_s)
+        if final:
+            sim = max(sim, self.total_sim_s) if self.requests_done >= self.total_requests else sim
+        self._progress.update(self._task, completed=sim, **self._fields())
+
+    def _fields(self) -> dict:
+        total_req = fmt_num(self.total_requests) if self.total_requests else "?"
+        return {"sim": f"{fmt_seconds(self.sim_time_s)} / {fmt_seconds(self.total_sim_s)}",
+                "reqs": f"{fmt_num(self.requests_done)} / {total_req}"}

@@ -1,0 +1,148 @@
+"""Compare the cost model's per-operator predictions with Vidur's measured operator timings.
+
+Data: Vidur (Agrawal et al., "Vidur: A Large-Scale Simulation Framework for LLM Inference",
+MLSys 2024; github.com/microsoft/vidur, MIT license, commit 7d47513, ``data/profiling/``), copied to
+``shared/calibration/vidur``. Each ``mlp.csv`` row is one (token count, TP degree) with the median
+time in ms of every non-attention operator of one layer on one TP worker.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvsim.sim.cost_model import elementwise_bytes, gemm_params
+from kvsim.sim.gpus import GpuSpec, resolve_gpu
+from kvsim.sim.models import ModelSpec, resolve_model
+from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
+
+GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+# (Vidur GPU folder, catalog GPU, Vidur model folder, catalog model)
+DATASETS = (("a100", "a100-80gb", "Llama-2-7b-hf", "llama-2-7b"),
+            ("a100", "a100-80gb", "Meta-Llama-3-8B", "llama-3-8b"),
+            ("h100", "h100-80gb", "Llama-2-7b-hf", "llama-2-7b"))
+
+
+def calibration_dir() -> Path | None:
+    """``$KVSIM_CALIBRATION_DIR``, else ``shared/calibration`` inside or beside the checkout."""
+    env = os.environ.get("KVSIM_CALIBRATION_DIR")
+    here = Path(__file__).resolve().parents[1]
+    for cand in ([Path(env)] if env else []) + [here / "shared" / "calibration",
+                                                here.parent / "shared" / "calibration"]:
+        if (cand / "vidur").is_dir():
+            return cand
+    return None
+
+
+def load_mlp(root: Path, gpu_dir: str, model_dir: str) -> pd.DataFrame:
+    """Columns ``num_tokens, tp`` and one column per operator: median seconds per layer."""
+    raw = pd.read_csv(root / "vidur" / "compute" / gpu_dir / model_dir / "mlp.csv")
+    out = pd.DataFrame({"num_tokens": raw["num_tokens"], "tp": raw["num_tensor_parallel_workers"]})
+    for op in GEMM_OPS + ELEMENTWISE_OPS:
+        out[op] = raw[f"time_stats.{op}.median"] / 1e3
+    return out.drop_duplicates(["num_tokens", "tp"]).sort_values(["tp", "num_tokens"])
+
+
+def predict_gemm(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, n, tp) -> np.ndarray:
+    """Seconds of one GEMM of one layer for ``n`` tokens on one of ``tp`` GPUs (bf16)."""
+    w = gemm_params(model)[op] / np.asarray(tp, dtype=float)
+    flops = 2.0 * np.asarray(n, dtype=float) * w / (gpu.dense_bf16_flops * prof.gemm.compute_efficiency)
+    mem = 2.0 * w / (gpu.hbm_bandwidth_bytes_per_s * prof.gemm.memory_efficiency)
+    return prof.gemm.latency_s + np.maximum(flops, mem)
+
+
+def predict_elementwise(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, n, tp) -> np.ndarray:
+    """Seconds of one memory-bound kernel of one layer for ``n`` tokens on one of ``tp`` GPUs."""
+    tp = np.asarray(tp, dtype=float)
+    per_token = elementwise_bytes(model, 1, "bf16")[op]
+    if op in ("attn_rope", "mlp_act"):
+        per_token = per_token / tp
+    e = prof.elementwise[op]
+    t = np.asarray(n, dtype=float) * per_token / (gpu.hbm_bandwidth_bytes_per_s * e.memory_efficiency)
+    return np.maximum(e.min_time_s, t)
+
+
+def predict_op(model, gpu, prof, op, n, tp) -> np.ndarray:
+    fn = predict_gemm if op in GEMM_OPS else predict_elementwise
+    return fn(model, gpu, prof, op, n, tp)
+
+
+def relative_errors(df: pd.DataFrame, model, gpu, prof, ops) -> np.ndarray:
+    """``|predicted - measured| / measured`` of the summed time of ``ops`` per row."""
+    measured = df[list(ops)].sum(axis=1).to_numpy()
+    pred = sum(predict_op(model, gpu, prof, op, df["num_tokens"], df["tp"]) for op in ops)
+    return np.abs(pred - measured) / measured
+
+
+def error_table(root: Path, min_tokens: int = 1, profile=None) -> pd.DataFrame:
+    """Median and p90 relative error per operator (and per group) for every dataset."""
+    rows = []
+    groups = [(op, (op,)) for op in GEMM_OPS + ELEMENTWISE_OPS]
+    groups += [("linear (sum)", GEMM_OPS), ("elementwise (sum)", ELEMENTWISE_OPS),
+               ("layer (sum)", GEMM_OPS + ELEMENTWISE_OPS)]
+    for gpu_dir, gpu_name, model_dir, model_name in DATASETS:
+        df = load_mlp(root, gpu_dir, model_dir)
+        df = df[df["num_tokens"] >= min_tokens]
+        gpu, model = resolve_gpu(gpu_name), resolve_model(model_name)
+        prof = load_profile(gpu_name, profile)
+        for name, ops in groups:
+            err = relative_errors(df, model, gpu, prof, ops)
+            rows.append({"operator": name, "gpu": gpu_dir, "model": model_dir,
+                         "median_rel_err": float(np.median(err)),
+                         "p90_rel_err": float(np.quantile(err, 0.9)), "rows": len(err)})
+    return pd.DataFrame(rows)
+
+
+# --- attention sample ----------------------------------------------------------------------------
+def load_attention_rows(root: Path) -> pd.DataFrame:
+    """The 28 hand-copied Llama-3-8B A100 attention rows (times converted to seconds)."""
+    path = root / "vidur" / "compute" / "a100" / "Meta-Llama-3-8B" / "attention_rows.csv"
+    df = pd.read_csv(path, comment="#")
+    df["measured_s"] = np.where(df["is_prefill"], df["time_stats.attn_prefill.median"],
+                                df["time_stats.attn_decode.median"]) / 1e3
+    return df
+
+
+def predict_attention_rows(df: pd.DataFrame, prof: Profile | None = None) -> np.ndarray:
+    """Seconds per layer the cost model gives each attention row (kernel only, no KV save).
+
+    Prefill rows: ``batch_size`` requests of ``prefill_chunk_size`` new tokens on ``kv_cache_size``
+    cached ones; decode rows: ``batch_size`` requests of one new token on ``kv_cache_size``. Same
+    roofline as the cost model: max(causal FLOPs, KV bytes read).
+    """
+    model, gpu = resolve_model("llama-3-8b"), resolve_gpu("a100-80gb")
+    prof = prof or load_profile("a100-80gb")
+    tp, q, c = (df[k].to_numpy(dtype=float) for k in
+                ("num_tensor_parallel_workers", "prefill_chunk_size", "kv_cache_size"))
+    heads = model.num_heads / tp
+    batch = df["batch_size"].to_numpy(dtype=float)
+    q = np.where(df["is_prefill"], q, 1.0)
+    flops = batch * 4.0 * heads * model.head_dim * q * (c + (q + 1) / 2)
+    kv_heads = np.maximum(1.0, np.ceil(model.num_kv_heads / tp))
+    kv_bytes = batch * (c + q) * 2 * kv_heads * model.head_dim * 2
+    compute = flops / (gpu.dense_bf16_flops * prof.attn_prefill_compute_efficiency)
+    memory = kv_bytes / (gpu.hbm_bandwidth_bytes_per_s * prof.attn_decode_memory_efficiency)
+    return prof.attn_latency_s + np.maximum(compute, memory)
+
+
+# --- all-reduce ------------------------------------------------------------------------------------
+def load_all_reduce(root: Path, folder: str = "a100_dgx") -> pd.DataFrame:
+    """Single-node all-reduce medians: columns ``tp, size_bytes, seconds``."""
+    raw = pd.read_csv(root / "vidur" / "network" / folder / "all_reduce.csv")
+    raw = raw[raw["num_workers"] == raw["devices_per_node"]]
+    out = raw.groupby(["num_workers", "size"])["time_stats.all_reduce.median"].median()
+    out = out.reset_index().rename(columns={"num_workers": "tp", "size": "size_bytes"})
+    out["seconds"] = out.pop("time_stats.all_reduce.median") / 1e3
+    return out
+
+
+def predict_all_reduce(prof: Profile, tp, size_bytes, link_bandwidth: float) -> np.ndarray:
+    """``latency + size * 2(tp-1)/tp / bus_bw`` per row."""
+    out = []
+    for t, s in zip(np.asarray(tp), np.asarray(size_bytes, dtype=float)):
+        lat, bus = prof.all_reduce_params(int(t), link_bandwidth)
+        out.append(lat + s * 2 * (t - 1) / t / bus)
+    return np.asarray(out)

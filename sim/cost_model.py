@@ -1,0 +1,170 @@
+"""Roofline cost model: how long one engine step (a :class:`StepPlan`) takes on a TP group.
+
+Per step, on each of ``tp`` GPUs (weights, heads and KV split ``tp`` ways)::
+
+    step_overhead + per_seq_overhead * seqs
+    + layers * (4 * gemm_latency + max(linear FLOPs / (peak * eff_c), weight bytes / (bw * eff_m)))
+    + LM head (a GEMM of ``seqs`` rows, same roofline)
+    + layers * sum_op max(min_time_op, tokens * bytes_op / (bw * eff_op))   # norms, rope, act, add
+    + layers * (attn_latency + max(attn FLOPs / (peak * eff_p), KV bytes read / (bw * eff_d)))
+    + layers * 2 * (ar_latency + tokens * hidden * bytes * 2(tp-1)/tp / bus_bw)   # tp > 1
+    + block transfers: host<->device bytes / (pcie * eff), compaction 2 * bytes / (bw * eff)
+
+Attention of a request with ``q`` new tokens on ``c`` cached ones costs
+``4 * heads * head_dim * q * (c + (q + 1) / 2)`` FLOPs per layer (causal) and reads ``c + q``
+tokens of KV per layer; the step's attention is a roofline over the batch (one varlen kernel):
+prefill-heavy steps are bound by FLOPs, decode steps by KV bytes read. A step depends on requests
+only through four sums (tokens, requests, KV tokens ``c + q``, attention units
+``q * (2c + q + 1)``), which is what lets :meth:`CostModel.decode_durations` reproduce
+:meth:`CostModel.step_duration` bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepPlan
+from kvsim.sim.gpus import GpuSpec, resolve_gpu
+from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model
+from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
+
+
+def gemm_params(model: ModelSpec) -> dict[str, int]:
+    """Weights of each GEMM of one layer, keyed by Vidur's operator names."""
+    h, i = model.hidden_size, model.intermediate_size
+    return {"attn_pre_proj": h * (model.q_size + 2 * model.kv_size),
+            "attn_post_proj": model.q_size * h,
+            "mlp_up_proj": h * i * (2 if model.gated_mlp else 1),
+            "mlp_down_proj": i * h}
+
+
+def elementwise_bytes(model: ModelSpec, tp: int, dtype: str = "bf16") -> dict[str, float]:
+    """Bytes read + written per token per layer on one GPU by each memory-bound kernel."""
+    b, h = dtype_bytes(dtype), model.hidden_size
+    act_in = (2 if model.gated_mlp else 1) * model.intermediate_size
+    return {"input_layernorm": 2.0 * h * b, "post_attention_layernorm": 2.0 * h * b,
+            "attn_rope": 2.0 * (model.q_size + model.kv_size) * b / tp,
+            "mlp_act": (act_in + model.intermediate_size) * b / tp,
+            "add": 3.0 * h * b}
+
+
+@dataclass(frozen=True)
+class _Coeffs:
+    """Per-step constants (seconds, or seconds per unit), all already summed over layers."""
+
+    fixed_s: float
+    per_seq_s: float
+    gemm_flop_s: float      # per token
+    gemm_byte_s: float      # per step (weights read once)
+    head_flop_s: float      # per sequence
+    head_byte_s: float
+    elem_min_s: tuple[float, ...]
+    elem_tok_s: tuple[float, ...]
+    attn_flop_s: float      # per unit of q * (2c + q + 1)
+    attn_byte_s: float      # per KV token read (c + q)
+    ar_tok_s: float         # per token
+
+
+def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units):
+    """The forward-pass time; one expression for python/numpy scalars and numpy arrays alike."""
+    t = c.fixed_s + seqs * c.per_seq_s
+    t = t + np.maximum(tokens * c.gemm_flop_s, c.gemm_byte_s)
+    t = t + np.maximum(seqs * c.head_flop_s, c.head_byte_s)
+    for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
+        t = t + np.maximum(floor, tokens * per_token)
+    t = t + tokens * c.ar_tok_s
+    return t + np.maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
+
+
+class CostModel:
+    """Predicts step durations for ``model`` on a group of ``tp`` ``gpu``\\ s."""
+
+    def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
+                 block_size: int = 16, profile: None | str | Path | dict = None,
+                 dtype: str = "bf16", kv_dtype: str | None = None):
+        self.model = model if isinstance(model, ModelSpec) else resolve_model(model)
+        self.gpu = resolve_gpu(gpu)
+        self.tp, self.block_size, self.dtype = tp, block_size, dtype
+        self.profile: Profile = load_profile(self.gpu.name, profile)
+        kv_token = self.model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
+        self.block_bytes = block_size * kv_token
+        self._c = self._coefficients(kv_token)
+
+    # --- public --------------------------------------------------------------------------------
+    def step_duration(self, plan: StepPlan) -> float:
+        """Seconds the step takes: forward pass (if any tokens) plus its block transfers."""
+        t = 0.0
+        if plan.scheduled:
+            t = float(_compute_time(self._c, *self.step_sums(plan)))
+        elif plan.transfers:
+            t = self.profile.step_overhead_s
+        if plan.transfers:
+            t = t + self.transfer_time(plan)
+        return t
+
+    def decode_durations(self, num_seqs: int, total_context_tokens: int,
+                         num_steps: int) -> np.ndarray:
+        """Durations of ``num_steps`` decode-only steps of ``num_seqs`` requests whose summed
+        computed tokens start at ``total_context_tokens`` and grow by ``num_seqs`` per step;
+        equal (``==``) to :meth:`step_duration` of the corresponding plans."""
+        if num_seqs < 1 or num_steps < 0:
+            raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
+        steps = np.arange(num_steps, dtype=np.int64)
+        kv = total_context_tokens + num_seqs + steps * num_seqs
+        n = np.float64(num_seqs)
+        out = _compute_time(self._c, n, n, kv.astype(np.float64), (2 * kv).astype(np.float64))
+        return np.asarray(out, dtype=np.float64)
+
+    @staticmethod
+    def step_sums(plan: StepPlan) -> tuple[np.float64, np.float64, np.float64, np.float64]:
+        """(tokens, requests, KV tokens read ``sum c+q``, attention units ``sum q*(2c+q+1)``)."""
+        tokens = kv = units = 0
+        for s in plan.scheduled:
+            q, c = s.num_new_tokens, s.num_computed_tokens
+            tokens += q
+            kv += c + q
+            units += q * (2 * c + q + 1)
+        f = np.float64
+        return f(tokens), f(len(plan.scheduled)), f(kv), f(units)
+
+    def transfer_time(self, plan: StepPlan) -> float:
+        """Seconds of the plan's block copies: host<->device by PCIe, compaction by HBM."""
+        host = sum(plan.num_transfer_blocks(k) for k in HOST_TO_DEVICE + DEVICE_TO_HOST)
+        moved = plan.num_transfer_blocks(COMPACT)
+        pcie = self.gpu.pcie_host_bandwidth_bytes_per_s * self.profile.pcie_efficiency
+        hbm = self.gpu.hbm_bandwidth_bytes_per_s * self.profile.copy_memory_efficiency
+        return host * self.block_bytes / pcie + moved * 2 * self.block_bytes / hbm
+
+    # --- constants -----------------------------------------------------------------------------
+    def _coefficients(self, kv_token: int) -> _Coeffs:
+        m, g, p, tp, L = self.model, self.gpu, self.profile, self.tp, self.model.num_layers
+        peak, bw, b = g.dense_bf16_flops, g.hbm_bandwidth_bytes_per_s, dtype_bytes(self.dtype)
+        pc, pm = peak * p.gemm.compute_efficiency, bw * p.gemm.memory_efficiency
+        layer_w = m.linear_params_per_layer / tp
+        head_w = m.lm_head_params / tp
+        ar_lat, ar_bytes = self._all_reduce_terms()
+        elem = elementwise_bytes(m, tp, self.dtype)
+        ops = [p.elementwise[op] for op in ELEMENTWISE_OPS]
+        fixed = (p.step_overhead_s + L * (4 * p.gemm.latency_s + p.attn_latency_s + ar_lat)
+                 + p.gemm.latency_s)
+        return _Coeffs(
+            fixed_s=fixed, per_seq_s=p.per_seq_overhead_s,
+            gemm_flop_s=L * 2 * layer_w / pc, gemm_byte_s=L * layer_w * b / pm,
+            head_flop_s=2 * head_w / pc, head_byte_s=head_w * b / pm,
+            elem_min_s=tuple(L * e.min_time_s for e in ops),
+            elem_tok_s=tuple(L * elem[op] / (bw * e.memory_efficiency)
+                             for op, e in zip(ELEMENTWISE_OPS, ops)),
+            attn_flop_s=L * 2 * m.num_heads * m.head_dim / tp / (peak * p.attn_prefill_compute_efficiency),
+            attn_byte_s=kv_token / (bw * p.attn_decode_memory_efficiency),
+            ar_tok_s=ar_bytes * L * m.hidden_size * b)
+
+    def _all_reduce_terms(self) -> tuple[float, float]:
+        """(latency per layer, seconds per all-reduced byte per layer) for two all-reduces."""
+        if self.tp == 1:
+            return 0.0, 0.0
+        lat, bus = self.profile.all_reduce_params(self.tp, self.gpu.interconnect_bandwidth_bytes_per_s)
+        ring = 2 * (self.tp - 1) / self.tp
+        return 2 * lat, 2 * ring / bus

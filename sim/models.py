@@ -1,0 +1,193 @@
+"""Model architectures: the catalog in ``catalog/models.json`` and Hugging Face ``config.json`` files.
+
+A :class:`ModelSpec` holds the published architecture numbers and derives what the cost model and
+the KV pool sizing need: parameter count, weight bytes, KV bytes per token, linear FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+from kvsim.sim._catalog import close_matches, load_catalog
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
+               "half": 2, "fp8": 1, "int8": 1}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``)."""
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown dtype '{dtype}'; known: {', '.join(sorted(DTYPE_BYTES))}") from None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's architecture (one model, not sharded)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_model_len: int
+    gated_mlp: bool = True
+    family: str = "llama"
+    qkv_bias: bool = False
+    linear_bias: bool = False
+    norm: str = "rmsnorm"
+    learned_positions: int = 0
+    tied_embeddings: bool = False
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+
+    # --- per layer ----------------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Weights of the four GEMMs of one layer: QKV, output projection, MLP up(+gate), down."""
+        h, i = self.hidden_size, self.intermediate_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        return attn + (3 if self.gated_mlp else 2) * h * i
+
+    @property
+    def bias_params_per_layer(self) -> int:
+        """Bias and norm parameters of one layer (small; counted for weight bytes)."""
+        h, i = self.hidden_size, self.intermediate_size
+        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
+        biases = self.q_size + 2 * self.kv_size if self.qkv_bias else 0
+        if self.linear_bias:
+            biases = self.q_size + 2 * self.kv_size + h + i + h
+        return norms + biases
+
+    # --- whole model --------------------------------------------------------------------------
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding, LM head (unless tied), learned positions and the final norm."""
+        emb = self.vocab_size * self.hidden_size
+        head = 0 if self.tied_embeddings else emb
+        final_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        return emb + head + self.learned_positions * self.hidden_size + final_norm
+
+    @property
+    def num_params(self) -> int:
+        """Total parameter count."""
+        per_layer = self.linear_params_per_layer + self.bias_params_per_layer
+        return self.num_layers * per_layer + self.embedding_params
+
+    def weight_bytes(self, dtype: str = "bf16") -> int:
+        """Bytes of all weights stored in ``dtype``."""
+        return self.num_params * dtype_bytes(dtype)
+
+    def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
+        """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes."""
+        return 2 * self.num_layers * self.kv_size * dtype_bytes(dtype)
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        """KV heads each of ``tp`` GPUs holds (replicated when tp exceeds the KV head count)."""
+        return max(1, -(-self.num_kv_heads // tp))
+
+    def kv_bytes_per_token_per_gpu(self, tp: int, dtype: str = "bf16") -> int:
+        """KV cache bytes of one token on one of ``tp`` tensor-parallel GPUs, all layers."""
+        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes(dtype)
+
+    @property
+    def linear_flops_per_token(self) -> int:
+        """FLOPs of the linear layers for one token: 2 * linear weights (all layers, LM head excluded)."""
+        return 2 * self.num_layers * self.linear_params_per_layer
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+
+def _from_entry(name: str, entry: dict) -> ModelSpec:
+    fields = {k: v for k, v in entry.items() if k != "aliases"}
+    return ModelSpec(name=name, aliases=tuple(entry.get("aliases", ())), **fields)
+
+
+def list_models() -> list[str]:
+    """Catalog names, sorted."""
+    return sorted(load_catalog("models.json")["models"])
+
+
+def resolve_model(name_or_path: str | Path) -> ModelSpec:
+    """A catalog name (``llama-2-7b``), a Hugging Face id (``meta-llama/Llama-2-7b-hf``, case
+    ignored) or a path to a Hugging Face ``config.json`` (or a folder holding one)."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.suffix == ".json" or (path / "config.json").is_file():
+        return model_from_hf_config(path / "config.json" if path.is_dir() else path)
+    models = load_catalog("models.json")["models"]
+    index = {k.lower(): k for k in models}
+    for key, entry in models.items():
+        index.update({a.lower(): key for a in entry.get("aliases", ())})
+    key = index.get(text.lower())
+    if key is None:
+        hint = close_matches(text.lower(), index)
+        raise ConfigError(f"unknown model '{text}'{hint}; known: {', '.join(sorted(models))}, "
+                          "or a path to a Hugging Face config.json", field="model")
+    return _from_entry(key, models[key])
+
+
+# --- Hugging Face config.json -------------------------------------------------------------------
+_HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "opt": "opt"}
+
+
+def model_from_hf_config(path: Path) -> ModelSpec:
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` of a llama, mistral, qwen2
+    or opt model."""
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read model config '{path}': {exc}", field="model") from None
+    family = _HF_FAMILIES.get(str(cfg.get("model_type", "")).lower())
+    if family is None:
+        raise ConfigError(f"model_type '{cfg.get('model_type')}' is not supported "
+                          f"(supported: {', '.join(_HF_FAMILIES)})", location=str(path))
+    build = _opt_fields if family == "opt" else _llama_fields
+    return ModelSpec(name=str(cfg.get("_name_or_path") or Path(path).parent.name or "custom"),
+                     family=family, **build(cfg, path))
+
+
+def _need(cfg: dict, key: str, path: Path):
+    if key not in cfg:
+        raise ConfigError(f"config is missing '{key}'", location=str(path), field=key)
+    return cfg[key]
+
+
+def _llama_fields(cfg: dict, path: Path) -> dict:
+    hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
+    return dict(num_layers=_need(cfg, "num_hidden_layers", path), hidden_size=hidden,
+                num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+                head_dim=cfg.get("head_dim") or hidden // heads,
+                intermediate_size=_need(cfg, "intermediate_size", path),
+                vocab_size=_need(cfg, "vocab_size", path),
+                max_model_len=_need(cfg, "max_position_embeddings", path), gated_mlp=True,
+                qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias")),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+
+
+def _opt_fields(cfg: dict, path: Path) -> dict:
+    hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
+    max_len = _need(cfg, "max_position_embeddings", path)
+    return dict(num_layers=_need(cfg, "num_hidden_layers", path), hidden_size=hidden,
+                num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+                intermediate_size=_need(cfg, "ffn_dim", path),
+                vocab_size=_need(cfg, "vocab_size", path), max_model_len=max_len,
+                gated_mlp=False, linear_bias=True, norm="layernorm",
+                learned_positions=max_len + 2,
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", True)))

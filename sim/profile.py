@@ -1,0 +1,111 @@
+"""Calibration profiles: the efficiency factors and overheads the cost model multiplies specs by.
+
+A profile is a JSON object (see ``profiles/a100-80gb.json``); keys missing from a user's profile
+take the values of the GPU's default profile, so a file may override a single number.
+``CostModel(profile=None)`` loads ``profiles/<gpu>.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+from kvsim.sim._catalog import profile_path
+
+ELEMENTWISE_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """``time = latency_s + max(flops / (peak * compute_eff), bytes / (bw * memory_eff))``."""
+
+    compute_efficiency: float
+    memory_efficiency: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """``time = max(min_time_s, bytes / (bw * memory_efficiency))`` for one memory-bound kernel."""
+
+    memory_efficiency: float
+    min_time_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Efficiencies (fractions of datasheet peaks) and fixed costs (seconds) for one GPU."""
+
+    gemm: Roofline
+    elementwise: dict[str, Elementwise]
+    attn_prefill_compute_efficiency: float
+    attn_decode_memory_efficiency: float
+    attn_latency_s: float
+    all_reduce: dict[int, tuple[float, float]]   # tp -> (latency_s, bus bandwidth bytes/s)
+    all_reduce_link_efficiency: float            # for tp not measured: bus bw = eff * link bw
+    all_reduce_default_latency_s: float
+    pcie_efficiency: float
+    copy_memory_efficiency: float
+    step_overhead_s: float
+    per_seq_overhead_s: float
+    raw: dict
+
+    def all_reduce_params(self, tp: int, link_bandwidth: float) -> tuple[float, float]:
+        """(latency_s, bus bandwidth) for ``tp`` GPUs: measured if listed, else the fallback."""
+        if tp in self.all_reduce:
+            return self.all_reduce[tp]
+        return self.all_reduce_default_latency_s, self.all_reduce_link_efficiency * link_bandwidth
+
+
+def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Profile:
+    """The default profile of ``gpu_name`` overlaid with ``profile`` (a path or a dict)."""
+    path = profile_path(gpu_name)
+    if not path.exists():
+        path = profile_path("a100-80gb")
+    data = json.loads(path.read_text())
+    if profile is not None:
+        _overlay(data, profile if isinstance(profile, dict) else _read(Path(profile)))
+    try:
+        return _build(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"calibration profile is missing or has a bad value: {exc}",
+                          field="profile") from None
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read calibration profile '{path}': {exc}",
+                          field="profile") from None
+
+
+def _overlay(base: dict, override: dict) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _overlay(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
+def _build(d: dict) -> Profile:
+    g, a, ar, t, o = d["gemm"], d["attention"], d["all_reduce"], d["transfers"], d["overhead"]
+    measured = {int(k): (float(v["latency_s"]), float(v["bus_bandwidth_bytes_per_s"]))
+                for k, v in ar.get("measured", {}).items()}
+    return Profile(
+        gemm=Roofline(float(g["compute_efficiency"]), float(g["memory_efficiency"]),
+                      float(g["latency_s"])),
+        elementwise={op: Elementwise(float(d["elementwise"][op]["memory_efficiency"]),
+                                     float(d["elementwise"][op]["min_time_s"]))
+                     for op in ELEMENTWISE_OPS},
+        attn_prefill_compute_efficiency=float(a["prefill_compute_efficiency"]),
+        attn_decode_memory_efficiency=float(a["decode_memory_efficiency"]),
+        attn_latency_s=float(a["latency_s"]), all_reduce=measured,
+        all_reduce_link_efficiency=float(ar["link_efficiency"]),
+        all_reduce_default_latency_s=float(ar["latency_s"]),
+        pcie_efficiency=float(t["pcie_efficiency"]),
+        copy_memory_efficiency=float(t["copy_memory_efficiency"]),
+        step_overhead_s=float(o["step_s"]), per_seq_overhead_s=float(o["per_seq_s"]), raw=d)

@@ -1,0 +1,88 @@
+"""`kvsim run` end to end, on the bundled slices of real traces."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+CONTRACT_KEYS = {
+    "num_requests", "num_completed", "num_steps", "duration_s", "wall_time_s",
+    "throughput_output_tokens_per_s", "request_throughput_per_s", "ttft_s", "tpot_s", "e2e_s",
+    "prefix_cache", "preemptions", "swapped_out_blocks", "swapped_in_blocks", "kv",
+    "fragmentation", "config"}
+OUTPUTS = {"summary.json", "requests.csv", "timeline.csv", "report.html"}
+
+
+def kvsim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_run_without_a_trace_runs_the_bundled_sample(tmp_path):
+    done = kvsim("run", "--limit", "60", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in (tmp_path / "out").iterdir()} == OUTPUTS
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert CONTRACT_KEYS <= set(summary)
+    assert summary["config"]["trace"] == "sample:mooncake"
+    assert summary["num_requests"] == 60 and summary["num_completed"] == 60
+    assert "throughput" in done.stdout
+
+
+def test_json_prints_only_the_summary(tmp_path):
+    done = kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "50",
+                 "--out", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["config"]["model"] == "llama-2-7b"
+    assert set(summary["fragmentation"]) == {"token_states", "reservation", "internal",
+                                             "external", "free"}
+    assert sum(summary["fragmentation"].values()) == pytest.approx(1.0)
+
+
+def test_same_inputs_and_seed_give_the_same_summary(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        done = kvsim("run", "--limit", "80", "--replicas", "2", "--router", "prefix-affinity",
+                     "--out", str(tmp_path / name), "--quiet")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        summary.pop("wall_time_s")
+        runs.append(summary)
+    assert runs[0] == runs[1]
+    assert (tmp_path / "a" / "requests.csv").read_bytes() == \
+        (tmp_path / "b" / "requests.csv").read_bytes()
+
+
+def test_a_config_file_sets_options_and_flags_override_it(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('model = "llama-2-7b"\nblock_size = 32\nmax_num_seqs = 8\n')
+    done = kvsim("run", "sample:azure-conv", "--config", str(config), "--max-num-seqs", "4",
+                 "--limit", "20", "--out", str(tmp_path / "o"), "--json")
+    assert done.returncode == 0, done.stderr
+    cfg = json.loads(done.stdout)["config"]
+    assert (cfg["model"], cfg["block_size"], cfg["max_num_seqs"]) == ("llama-2-7b", 32, 4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no-such-model"], "field 'model': unknown model 'no-such-model'"),
+    (["--max-model-len", "100000000"], "exceeds the KV pool"),
+    (["--scheduling-policy", "random"], "field 'scheduling_policy'"),
+])
+def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
+    done = kvsim("run", *args, "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_trace_line_writes_nothing(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    good = '{"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5}\n'
+    trace.write_text(good * 3 + '{"arrival_s": 1.0, "prompt_tokens": -4, "output_tokens": 5}\n')
+    done = kvsim("run", str(trace), "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert f"{trace}:4" in done.stderr and "prompt_tokens" in done.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()

@@ -1,0 +1,203 @@
+"""Structure of the HTML reports (kvsim.reports.html): offline, expected figures, empty runs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from plotly.offline import get_plotlyjs
+
+from kvsim.reports import render_compare_report, render_hitrate_report, render_run_report
+from kvsim.reports.figures import cdf_points, latency_cdf_figure, parse_slo
+from kvsim.reports.html import COMPARE_FIGURE_IDS, HITRATE_FIGURE_IDS, RUN_FIGURE_IDS
+from kvsim.reports.synthetic import empty_run, synthetic_run
+
+PLOTLY_JS = get_plotlyjs()
+
+
+@pytest.fixture(scope="module")
+def run():
+    return synthetic_run(num_requests=300, timeline_rows=500, seed=0)
+
+
+@pytest.fixture(scope="module")
+def run_html(run, tmp_path_factory):
+    path = tmp_path_factory.mktemp("run") / "report.html"
+    render_run_report(*run, path)
+    return path.read_text(encoding="utf-8")
+
+
+def assert_offline(html: str) -> None:
+    """No network: no CDN, no remote script/link/img; plotly.js present exactly once."""
+    page = html.replace(PLOTLY_JS, "")  # the bundle itself mentions URLs in its own defaults
+    assert "cdn.plot.ly" not in page
+    assert not re.search(r"""<(script|link|img|iframe)[^>]+(src|href)\s*=\s*["']?(https?:)?//""",
+                         page, re.I)
+
+
+def figure_ids(html: str) -> list[str]:
+    return re.findall(r'<div id="([^"]+)" class="plotly-graph-div"', html)
+
+
+def figure_data(html: str, div_id: str) -> list[dict]:
+    """The traces passed to Plotly.newPlot for ``div_id``."""
+    m = re.search(r'Plotly\.newPlot\(\s*"' + re.escape(div_id) + r'",\s*(\[.*?\]),\s*\{', html,
+                  re.S)
+    assert m, div_id
+    return json.loads(m.group(1))
+
+
+def test_run_report_is_self_contained(run_html):
+    assert run_html.count(PLOTLY_JS) == 1
+    assert_offline(run_html)
+    assert run_html.startswith("<!DOCTYPE html>")
+
+
+def test_run_report_has_every_figure_in_order(run_html):
+    assert figure_ids(run_html) == list(RUN_FIGURE_IDS)
+    for div_id in RUN_FIGURE_IDS:
+        traces = figure_data(run_html, div_id)
+        assert traces, div_id
+
+
+def test_run_report_header_lists_settings_and_cards(run, run_html):
+    summary = run[0]
+    for key in ("trace", "model", "gpu", "eviction", "scheduler.max_num_seqs",
+                "scheduler.chunked_prefill", "cpu_offload_gb"):
+        assert f'<span class="k">{key}</span>' in run_html
+    for label in ("Output throughput", "TTFT p50 / p99", "TPOT p50 / p99", "E2E p50 / p99",
+                  "Prefix hit rate", "Preemptions", "Peak KV usage"):
+        assert label in run_html
+    assert "synthetic.jsonl" in run_html and "llama-3-8b" in run_html
+    assert f"{summary['num_completed']} / {summary['num_requests']}" in run_html
+
+
+def test_slo_lines_drawn_when_targets_given(run, tmp_path):
+    path = render_run_report(*run, tmp_path / "r.html", slo={"ttft_p99_s": 0.5})
+    html = path.read_text()
+    assert "SLO p99 ≤ 500.0 ms" in html
+    assert "TPOT p99" not in html.split("SLO targets:")[1][:200]
+    no_slo = run[0] | {"slo": None}
+    html2 = render_run_report(no_slo, run[1], run[2], tmp_path / "n.html").read_text()
+    assert "SLO p99" not in html2
+
+
+def test_host_tier_shown_only_when_used(run, tmp_path):
+    summary, requests, timeline = run
+    html = render_run_report(summary, requests, timeline, tmp_path / "a.html").read_text()
+    assert "host tier used" in html
+    no_host = timeline.assign(host_used_blocks=0)
+    html = render_run_report(summary, requests, no_host, tmp_path / "b.html").read_text()
+    assert "host tier used" not in html
+
+
+def test_large_timeline_is_downsampled(run, tmp_path):
+    summary, requests, _ = run
+    _, _, big = synthetic_run(num_requests=20, timeline_rows=20_000, seed=2)
+    html = render_run_report(summary, requests, big, tmp_path / "big.html",
+                             max_points=1000).read_text()
+    assert "downsampled from 20,000 intervals" in html
+    assert len(html) < len(PLOTLY_JS) + 3_000_000
+
+
+def test_sibling_plotlyjs_mode(run, tmp_path):
+    path = render_run_report(*run, tmp_path / "report.html", plotlyjs="sibling")
+    html = path.read_text()
+    assert PLOTLY_JS not in html
+    assert '<script type="text/javascript" src="plotly.min.js"></script>' in html
+    assert (tmp_path / "plotly.min.js").read_text() == PLOTLY_JS
+    assert "cdn.plot.ly" not in html
+    with pytest.raises(ValueError):
+        render_run_report(*run, tmp_path / "x.html", plotlyjs="cdn")
+
+
+def test_empty_run_renders(tmp_path):
+    summary, requests, timeline = empty_run()
+    html = render_run_report(summary, requests, timeline, tmp_path / "e.html").read_text()
+    assert figure_ids(html) == list(RUN_FIGURE_IDS)
+    assert "no completed requests" in html and "no timeline data" in html
+    assert_offline(html)
+
+
+def test_run_with_no_completed_requests_but_a_timeline(run, tmp_path):
+    summary, requests, timeline = run
+    none_done = requests.assign(completed=0, ttft_s=np.nan, tpot_s=np.nan, e2e_s=np.nan)
+    summary = summary | {"num_completed": 0, "ttft_s": {}, "tpot_s": None}
+    html = render_run_report(summary, none_done, timeline, tmp_path / "z.html").read_text()
+    assert "no completed requests" in html
+    assert figure_data(html, "fig-kv-pool")
+
+
+def test_text_from_config_is_escaped(run, tmp_path):
+    summary = run[0] | {"config": run[0]["config"] | {"trace": "<script>alert(1)</script>"}}
+    html = render_run_report(summary, run[1], run[2], tmp_path / "x.html").read_text()
+    assert "<script>alert(1)</script>" not in html.replace(PLOTLY_JS, "")
+
+
+def test_compare_report(tmp_path):
+    runs = []
+    for i, eviction in enumerate(["lru", "s3fifo", "arc"]):
+        s, r, t = synthetic_run(num_requests=120, timeline_rows=200, seed=10 + i)
+        s["config"]["eviction"] = eviction
+        runs.append((f"cfg-{eviction}", s, r, t))
+    empty = empty_run()
+    runs.append(("empty", *empty))
+    html = render_compare_report(runs, tmp_path / "c.html").read_text()
+    assert_offline(html)
+    assert figure_ids(html) == list(COMPARE_FIGURE_IDS)
+    table = html[html.index('id="ranked-table"'):html.index("</table>")]
+    assert table.count("<tr") == 1 + len(runs)
+    assert "<th class=\"label\">eviction</th>" in table  # the varying setting is a column
+    best = max(runs[:3], key=lambda x: x[1]["throughput_output_tokens_per_s"])[0]
+    first_row = table.split("<tbody>")[1].split("</tr>")[0]
+    assert best in first_row
+    scatter = figure_data(html, "fig-tradeoff")
+    assert {t["name"] for t in scatter} == {r[0] for r in runs[:3]}
+    cdf = figure_data(html, "fig-latency-cdf")
+    assert {t["name"] for t in cdf} == {r[0] for r in runs[:3]}
+
+
+def test_hitrate_report(tmp_path):
+    rows = [(p, c, 1 - np.exp(-c / (1500 * (k + 1))))
+            for k, p in enumerate(["lru", "lfu", "s3fifo"]) for c in (64, 256, 1024, 4096)]
+    curves = pd.DataFrame(rows, columns=["policy", "capacity_blocks", "hit_rate"])
+    html = render_hitrate_report(curves, tmp_path / "h.html").read_text()
+    assert_offline(html)
+    assert figure_ids(html) == list(HITRATE_FIGURE_IDS)
+    traces = figure_data(html, "fig-miss-ratio")
+    assert sorted(t["name"] for t in traces) == ["lfu", "lru", "s3fifo"]
+    assert 'id="hitrate-table"' in html
+    empty = render_hitrate_report(curves.iloc[:0], tmp_path / "e.html").read_text()
+    assert "no hit-rate data" in empty.lower()
+
+
+def test_cdf_points_and_slo_parsing():
+    x, y = cdf_points(np.array([3.0, 1.0, 2.0]))
+    assert list(x) == [1.0, 2.0, 3.0] and list(y) == pytest.approx([1 / 3, 2 / 3, 1.0])
+    x, y = cdf_points(np.random.default_rng(0).random(100_000), max_points=500)
+    assert len(x) == 500 and y[-1] == 1.0 and np.all(np.diff(x) >= 0)
+    assert parse_slo({"ttft_p99_s": 0.5, "tpot_p90_s": 0.05, "other": 1, "e2e_p99_s": None}) \
+        == [("ttft_s", 99.0, 0.5), ("tpot_s", 90.0, 0.05)]
+    assert parse_slo(None) == []
+
+
+def test_latency_figure_all_empty_is_a_placeholder():
+    fig = latency_cdf_figure([("a", pd.DataFrame({"ttft_s": [np.nan]}))])
+    assert len(fig.data) == 0
+    assert "no completed requests" in fig.layout.annotations[0].text
+
+
+def test_ranking_puts_slo_meeting_runs_first():
+    from kvsim.reports.compare import rank_runs
+
+    def fake(label, tput, ttft_p99):
+        summary = {"throughput_output_tokens_per_s": tput, "ttft_s": {"p99": ttft_p99}}
+        return (label, summary, pd.DataFrame(), pd.DataFrame())
+
+    runs = [fake("fast-but-slow-tail", 2000, 2.0), fake("ok", 1000, 0.4),
+            fake("better", 1500, 0.45), fake("nothing", None, None)]
+    assert rank_runs(runs, {"ttft_p99_s": 0.5}) == [2, 1, 0, 3]
+    assert rank_runs(runs) == [0, 2, 1, 3]  # no SLO anywhere: throughput only

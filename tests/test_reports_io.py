@@ -1,0 +1,216 @@
+"""Atomic writers, run output files and downsampling (kvsim.reports.io)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim.errors import KvsimError
+from kvsim.reports import io as rio
+from kvsim.reports.synthetic import synthetic_run
+
+
+@pytest.fixture(scope="module")
+def run():
+    return synthetic_run(num_requests=300, timeline_rows=500, seed=1)
+
+
+def _leftovers(d):
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+
+
+# --- atomic writers ----------------------------------------------------------------------------
+
+def test_write_text_atomic_creates_and_replaces(tmp_path):
+    target = tmp_path / "sub" / "a.txt"
+    rio.write_text_atomic(target, "one")
+    rio.write_text_atomic(target, "two")
+    assert target.read_text() == "two"
+    assert _leftovers(target.parent) == []
+
+
+def test_exception_while_writing_leaves_no_target_and_no_temp(tmp_path):
+    target = tmp_path / "out.txt"
+
+    def boom(fh):
+        fh.write("half of it")
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        rio._atomic_write(target, boom, binary=False)
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_exception_keeps_previous_complete_file(tmp_path, monkeypatch):
+    target = tmp_path / "data.csv"
+    rio.write_csv_atomic(target, pd.DataFrame({"a": [1, 2]}))
+    before = target.read_text()
+
+    def failing_to_csv(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", failing_to_csv)
+    with pytest.raises(OSError):
+        rio.write_csv_atomic(target, pd.DataFrame({"a": [3]}))
+    assert target.read_text() == before
+    assert _leftovers(tmp_path) == []
+
+
+def test_failed_rename_removes_temp(tmp_path, monkeypatch):
+    def no_replace(src, dst):
+        raise OSError("rename failed")
+
+    monkeypatch.setattr(rio.os, "replace", no_replace)
+    with pytest.raises(OSError):
+        rio.write_text_atomic(tmp_path / "x.txt", "data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_written_file_mode_honours_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = rio.write_text_atomic(tmp_path / "m.txt", "x")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_json_is_sorted_stable_and_nan_free(tmp_path):
+    obj = {"b": np.float64(0.1) + np.float64(0.2), "a": {"z": np.int64(3), "y": float("nan")},
+           "c": np.array([1.5, np.inf]), "d": (True, None)}
+    path = rio.write_json_atomic(tmp_path / "s.json", obj)
+    text = path.read_text()
+    assert text == rio.dumps_json(obj)
+    assert text.index('"a"') < text.index('"b"') < text.index('"c"')
+    assert "NaN" not in text and "Infinity" not in text
+    data = json.loads(text)
+    assert data == {"a": {"y": None, "z": 3}, "b": 0.30000000000000004, "c": [1.5, None],
+                    "d": [True, None]}
+
+
+def test_unserialisable_json_writes_nothing(tmp_path):
+    with pytest.raises(TypeError):
+        rio.write_json_atomic(tmp_path / "s.json", {"x": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- run outputs ---------------------------------------------------------------------------------
+
+def test_write_and_read_run_outputs_round_trip(tmp_path, run):
+    summary, requests, timeline = run
+    written = rio.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
+    assert set(written) == {"summary", "requests", "timeline"}
+    s2, r2, t2 = rio.read_run_outputs(tmp_path)
+    assert s2["num_requests"] == summary["num_requests"]
+    assert s2["config"] == summary["config"]
+    assert list(r2.columns) == list(rio.REQUEST_COLUMNS)
+    assert list(t2.columns) == list(rio.TIMELINE_COLUMNS)
+    assert len(r2) == 300 and len(t2) == 500
+    np.testing.assert_allclose(r2["ttft_s"], requests["ttft_s"], equal_nan=True)
+    assert _leftovers(tmp_path) == []
+
+
+def test_summary_is_written_last_and_stale_one_removed(tmp_path, run, monkeypatch):
+    summary, requests, timeline = run
+    (tmp_path / "summary.json").write_text('{"old": true}')
+    order = []
+    real = rio._atomic_write
+
+    def spy(path, write, *, binary):
+        order.append(os.path.basename(path))
+        if os.path.basename(path) == "timeline.csv":
+            raise KeyboardInterrupt  # the run is interrupted mid-way
+        return real(path, write, binary=binary)
+
+    monkeypatch.setattr(rio, "_atomic_write", spy)
+    with pytest.raises(KeyboardInterrupt):
+        rio.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
+    assert not (tmp_path / "summary.json").exists()  # no stale marker of completeness
+    assert order == ["requests.csv", "timeline.csv"]
+    monkeypatch.setattr(rio, "_atomic_write", real)
+    order.clear()
+    rio.write_run_outputs(tmp_path, summary, requests, timeline, html=True)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["report.html", "requests.csv", "summary.json", "timeline.csv"]
+
+
+@pytest.mark.parametrize("missing", ["summary.json", "requests.csv", "timeline.csv"])
+def test_read_names_the_missing_file(tmp_path, run, missing):
+    rio.write_run_outputs(tmp_path, *run, html=False)
+    (tmp_path / missing).unlink()
+    with pytest.raises(KvsimError, match=missing.replace(".", r"\.")):
+        rio.read_run_outputs(tmp_path)
+
+
+def test_read_reports_bad_files(tmp_path, run):
+    rio.write_run_outputs(tmp_path, *run, html=False)
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(KvsimError, match="summary.json.*not valid JSON"):
+        rio.read_run_outputs(tmp_path)
+    (tmp_path / "summary.json").write_text("[1, 2]")
+    with pytest.raises(KvsimError, match="JSON object"):
+        rio.read_run_outputs(tmp_path)
+    rio.write_json_atomic(tmp_path / "summary.json", run[0])
+    (tmp_path / "timeline.csv").write_text("")
+    with pytest.raises(KvsimError, match="timeline.csv.*empty"):
+        rio.read_run_outputs(tmp_path)
+    (tmp_path / "timeline.csv").write_text("time_s,kv_usage\n0,0.5\n")
+    with pytest.raises(KvsimError, match="timeline.csv.*missing columns: interval_s"):
+        rio.read_run_outputs(tmp_path)
+    with pytest.raises(KvsimError, match="no such run directory"):
+        rio.read_run_outputs(tmp_path / "nope")
+
+
+# --- downsampling --------------------------------------------------------------------------------
+
+def test_downsample_keeps_small_frames(run):
+    timeline = run[2]
+    assert rio.downsample(timeline, 1000) is timeline
+
+
+def test_downsample_preserves_totals_and_recomputes_rates():
+    _, _, timeline = synthetic_run(num_requests=50, timeline_rows=10_001, seed=3)
+    small = rio.downsample(timeline, 2000)
+    assert len(small) <= 2000
+    assert list(small.columns) == list(timeline.columns)
+    for col in ("output_tokens", "preemptions", "swap_out_blocks", "num_steps",
+                "prefix_hit_tokens", "prefix_queries_tokens"):
+        assert small[col].sum() == pytest.approx(timeline[col].sum())
+    assert small["interval_s"].sum() == pytest.approx(timeline["interval_s"].sum())
+    assert small["time_s"].iloc[0] == timeline["time_s"].iloc[0]
+    assert small["time_s"].is_monotonic_increasing
+    np.testing.assert_allclose(small["throughput_tokens_per_s"],
+                               small["output_tokens"] / small["interval_s"])
+    # shares stay shares: time-weighted means of rows summing to 1 still sum to 1
+    frag = small[[c for c in small.columns if c.startswith("frag_")]].sum(axis=1)
+    np.testing.assert_allclose(frag, 1.0, rtol=1e-9)
+    assert small["kv_usage"].max() <= timeline["kv_usage"].max() + 1e-12
+    hit = small["prefix_hit_rate"].dropna()
+    assert ((hit >= 0) & (hit <= 1)).all()
+
+
+def test_downsample_handles_nan_and_rejects_bad_max():
+    df = pd.DataFrame({"time_s": np.arange(10.0), "interval_s": 1.0,
+                       "kv_usage": [np.nan] * 5 + [0.5] * 5, "preemptions": 1})
+    small = rio.downsample(df, 2)
+    assert len(small) == 2
+    assert np.isnan(small["kv_usage"].iloc[0]) and small["kv_usage"].iloc[1] == 0.5
+    assert list(small["preemptions"]) == [5, 5]
+    with pytest.raises(ValueError):
+        rio.downsample(df, 0)
+
+
+def test_empty_run_round_trips_and_renders(tmp_path):
+    from kvsim.reports.rerender import rerender_report
+    from kvsim.reports.synthetic import empty_run
+
+    rio.write_run_outputs(tmp_path, *empty_run(), html=True)
+    summary, requests, timeline = rio.read_run_outputs(tmp_path)
+    assert len(requests) == 0 and len(timeline) == 0 and summary["num_completed"] == 0
+    result = rerender_report(tmp_path, tmp_path / "again.html")
+    assert result["num_requests"] == 0 and (tmp_path / "again.html").stat().st_size > 0

@@ -1,0 +1,69 @@
+"""Terminal output (kvsim.reports.terminal): the summary table and the progress bar."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from kvsim.reports import RunProgress, print_summary
+from kvsim.reports.synthetic import empty_run, synthetic_run
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=terminal, width=120, color_system=None), buf
+
+
+def test_print_summary_shows_the_headline_numbers():
+    summary, _, _ = synthetic_run(num_requests=100, timeline_rows=50)
+    console, buf = _console(False)
+    print_summary(summary, console=console)
+    text = buf.getvalue()
+    for label in ("throughput", "request rate", "TTFT p50/p90/p99", "TPOT p50/p90/p99",
+                  "E2E p50/p90/p99", "prefix hit rate", "preemptions", "KV usage mean/peak",
+                  "KV pool shares", "steps", "simulated time", "wall time"):
+        assert label in text, label
+    assert "output tok/s" in text and "tokens 4" in text and "external 0.0%" in text
+    assert f"{summary['num_completed']} of {summary['num_requests']} completed" in text
+
+
+def test_print_summary_of_an_empty_run_uses_dashes():
+    console, buf = _console(False)
+    print_summary(empty_run()[0], console=console)
+    assert "— / — / —" in buf.getvalue()
+    console, buf = _console(False)
+    print_summary({}, console=console)  # a summary missing everything still prints
+    assert "throughput" in buf.getvalue()
+
+
+def test_progress_hidden_for_short_runs_and_when_disabled():
+    console, buf = _console(True)
+    with RunProgress(10.0, 5, True, console=console, delay_s=60) as p:
+        p.update(5.0, 2)
+    assert buf.getvalue() == "" and not p.shown
+    for kwargs in ({"enabled": False}, {"enabled": True, "quiet": True}):
+        console, buf = _console(True)
+        with RunProgress(10.0, 5, console=console, delay_s=0, **kwargs) as p:
+            p.update(5.0, 2)
+        assert buf.getvalue() == "" and not p.shown
+
+
+def test_progress_auto_mode_needs_a_terminal():
+    console, buf = _console(False)
+    with RunProgress(10.0, 5, None, console=console, delay_s=0) as p:
+        p.update(5.0, 2)
+    assert not p.shown and buf.getvalue() == ""
+
+
+def test_progress_shows_sim_time_requests_and_eta():
+    console, buf = _console(True)
+    with RunProgress(100.0, 40, True, console=console, delay_s=0, refresh_s=0) as p:
+        for i in range(1, 11):
+            p.update(i * 10.0, i * 4)
+            time.sleep(0.002)
+    assert p.shown is False  # stopped on exit
+    text = buf.getvalue()
+    assert "100.00 s / 100.00 s" in text and "40 / 40 requests" in text
+    assert "ETA" in text and "100%" in text

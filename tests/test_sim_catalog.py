@@ -1,0 +1,136 @@
+"""Catalog lookups and KV pool sizing, with the expected numbers worked out by hand."""
+
+import json
+
+import pytest
+
+from kvsim.errors import ConfigError, KvsimError
+from kvsim.sim.gpus import list_gpus, resolve_gpu
+from kvsim.sim.memory import cpu_offload_blocks, estimate_activation_bytes, kv_pool
+from kvsim.sim.models import list_models, resolve_model
+
+GIB = 1 << 30
+
+
+def test_catalog_lists_every_required_name():
+    assert set(list_gpus()) == {"a100-40gb", "a100-80gb", "h100-80gb", "h200", "l4", "l40s"}
+    assert set(list_models()) >= {
+        "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3.1-8b", "llama-3-70b",
+        "llama-3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b", "opt-13b", "opt-66b"}
+
+
+def test_hf_ids_and_names_resolve_to_the_same_spec():
+    assert resolve_model("meta-llama/Llama-2-7b-hf") == resolve_model("llama-2-7b")
+    assert resolve_model("META-LLAMA/LLAMA-2-7B-HF").name == "llama-2-7b"
+    assert resolve_model("Qwen/Qwen2.5-72B-Instruct").name == "qwen2.5-72b"
+    assert resolve_model("facebook/opt-13b").name == "opt-13b"
+    assert resolve_gpu("H100").name == "h100-80gb"
+    assert resolve_gpu("A100-SXM4-80GB").name == "a100-80gb"
+
+
+@pytest.mark.parametrize("name, billions", [
+    ("llama-2-7b", 6.738), ("llama-2-13b", 13.016), ("llama-2-70b", 68.977),
+    ("llama-3-8b", 8.030), ("llama-3-70b", 70.554), ("mistral-7b", 7.242),
+    ("qwen2.5-7b", 7.616), ("qwen2.5-72b", 72.706), ("opt-13b", 12.853), ("opt-66b", 65.720)])
+def test_parameter_counts_match_the_published_sizes(name, billions):
+    assert resolve_model(name).num_params / 1e9 == pytest.approx(billions, abs=0.001)
+
+
+def test_llama_2_7b_derived_quantities():
+    m = resolve_model("llama-2-7b")
+    assert m.num_params == 6_738_415_616                    # the HF checkpoint's count
+    assert m.weight_bytes("bf16") == 13_476_831_232
+    assert m.kv_bytes_per_token("bf16") == 2 * 32 * 32 * 128 * 2 == 524_288
+    # 4 GEMMs per layer: 4 * 4096^2 (attention) + 3 * 4096 * 11008 (SwiGLU) = 202,375,168
+    assert m.linear_flops_per_token == 2 * 32 * 202_375_168
+    assert resolve_model("llama-3-70b").kv_bytes_per_token_per_gpu(tp=4) == 2 * 80 * 2 * 128 * 2
+
+
+def test_unknown_names_suggest_close_matches():
+    with pytest.raises(ConfigError, match=r"did you mean 'llama-3-8b'"):
+        resolve_model("llama3-8")
+    with pytest.raises(KvsimError, match=r"unknown GPU 'a100-80'.*did you mean.*'a100-80gb'"):
+        resolve_gpu("a100-80")
+
+
+def test_hf_config_json_path_resolves(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 16,
+           "num_key_value_heads": 4, "num_hidden_layers": 12, "intermediate_size": 5632,
+           "vocab_size": 32000, "max_position_embeddings": 2048}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = resolve_model(str(path))
+    assert (m.num_layers, m.head_dim, m.num_kv_heads, m.gated_mlp) == (12, 128, 4, True)
+    assert m.kv_bytes_per_token() == 2 * 12 * 4 * 128 * 2
+    assert resolve_model(tmp_path).num_layers == 12              # the folder works too
+
+
+def test_opt_config_json_matches_the_catalog(tmp_path):
+    cfg = {"model_type": "opt", "hidden_size": 5120, "num_attention_heads": 40,
+           "num_hidden_layers": 40, "ffn_dim": 20480, "vocab_size": 50272,
+           "max_position_embeddings": 2048, "_name_or_path": "facebook/opt-13b"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert resolve_model(tmp_path / "config.json").num_params == resolve_model("opt-13b").num_params
+
+
+def test_config_json_missing_a_field_names_it(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "mistral", "hidden_size": 4096}))
+    with pytest.raises(ConfigError, match="num_attention_heads") as err:
+        resolve_model(path)
+    assert err.value.location == str(path)
+    path.write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ConfigError, match="'gpt2' is not supported"):
+        resolve_model(path)
+
+
+def test_kv_pool_llama_2_7b_on_a100_80gb():
+    # 0.9 * 80 GiB = 77,309,411,328 usable; weights 13,476,831,232; activations 2 GiB
+    # -> 61,685,096,448 for KV; a block is 16 * 524,288 = 8,388,608 bytes -> 7353.4 -> 7353 blocks.
+    pool = kv_pool("llama-2-7b", "a100-80gb", tp=1, block_size=16, activation_reserve=2 * GIB)
+    assert pool.usable_bytes == 77_309_411_328
+    assert pool.kv_bytes == 61_685_096_448
+    assert pool.num_gpu_blocks == 7353
+    assert "7,353 blocks" in pool.explanation and "a100-80gb" in pool.explanation
+
+
+def test_kv_pool_opt_13b_on_a100_40gb_is_the_vllm_paper_setup():
+    # vLLM paper (Kwon et al. 2023, Fig. 1): OPT-13B on A100-40GB keeps ~26 GB of weights and
+    # ~12 GB of KV at 800 KB/token -> ~15.7K token slots (12 GiB / 800 KiB = 15,728).
+    # Here: 0.9 * 40 GiB = 38,654,705,664; weights 12,853,473,280 * 2 = 25,706,946,560;
+    # activations for 2048 batched tokens: 2048 * (2*20480 + 4*5120) * 2 = 251,658,240 plus
+    # fp32 logits 256 * 50272 * 4 = 51,478,528 -> 303,136,768. KV: 12,644,622,336 bytes
+    # (11.78 GiB); block = 16 * 819,200 = 13,107,200 -> 964 blocks = 15,424 slots (-1.9%).
+    pool = kv_pool("opt-13b", "a100-40gb", block_size=16, max_num_batched_tokens=2048,
+                   max_num_seqs=256)
+    assert pool.activation_reserve_bytes == 303_136_768
+    assert pool.kv_bytes == 12_644_622_336
+    assert pool.num_gpu_blocks == 964
+    assert pool.num_token_slots == pytest.approx(15_728, rel=0.03)
+
+
+def test_kv_pool_splits_weights_and_kv_heads_over_tp():
+    # llama-2-70b tp4: weights 137,953,296,384 / 4 = 34,488,324,096 per GPU; 8 KV heads / 4 = 2
+    # per GPU -> 2*80*2*128*2 = 81,920 B/token, block 1,310,720. (77,309,411,328 - 34,488,324,096
+    # - 1 GiB) / 1,310,720 = 31,850.6 -> 31,850.
+    pool = kv_pool("llama-2-70b", "a100-80gb", tp=4, activation_reserve=GIB)
+    assert pool.weight_bytes == 34_488_324_096
+    assert pool.num_gpu_blocks == 31_850
+
+
+def test_model_too_big_explains_with_numbers():
+    with pytest.raises(ConfigError) as err:
+        kv_pool("llama-2-70b", "a100-80gb", tp=1, activation_reserve=GIB)
+    text = str(err.value)
+    assert "llama-2-70b does not fit on a100-80gb with tp=1" in text
+    assert "72.00 GiB usable" in text and "weights need 128.48 GiB" in text
+    assert "raise --tp" in text
+
+
+def test_activation_estimate_and_cpu_offload_blocks():
+    m = resolve_model("llama-2-7b")
+    # 8192 * (3*11008 + 4*4096) * 2 + 256 * 32000 * 4
+    assert estimate_activation_bytes(m) == 8192 * (33024 + 16384) * 2 + 32_768_000
+    assert cpu_offload_blocks("llama-2-7b", 4) == 4 * GIB // 8_388_608 == 512
+    with pytest.raises(ConfigError):
+        cpu_offload_blocks("llama-2-7b", -1)

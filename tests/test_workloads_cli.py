@@ -1,0 +1,60 @@
+"""`kvsim trace-stats` and `kvsim gen` as a user runs them: exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvsim.workloads import sample_path
+
+
+def kvsim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_trace_stats_json_on_the_bundled_sample():
+    result = kvsim("trace-stats", sample_path("mooncake"), "--limit", "100", "--rate-scale",
+                   "2", "--block-size", "512", "--json")
+    assert result.returncode == 0 and result.stderr == ""
+    stats = json.loads(result.stdout)
+    assert (stats["num_requests"], stats["time_span_s"], stats["block_size"]) == (100, 16.5, 512)
+
+
+BAD_TRACES = {
+    "empty": (b"", "", "empty trace"),
+    "truncated": (b'{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n'
+                  b'{"timestamp": 1, "input_len', ":2", "truncated line"),
+    "backwards": (b'{"arrival_s": 5, "prompt_tokens": 5, "output_tokens": 1}\n'
+                  b'{"arrival_s": 4, "prompt_tokens": 5, "output_tokens": 1}\n',
+                  ":2: field 'arrival_s'", "backwards"),
+    "undecodable": (b'{"arrival_s": 5, "prompt_tokens": 5, "output_tokens": 1}\n\xff\xfe\n',
+                    ":2", "not UTF-8"),
+    "absurd": (b'{"arrival_s": 5, "prompt_tokens": 50000000, "output_tokens": 1}\n',
+               ":1: field 'prompt_tokens'", "absurd"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRACES))
+def test_bad_trace_is_one_line_on_stderr_and_exit_2(tmp_path, case):
+    content, where, words = BAD_TRACES[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    result = kvsim("trace-stats", path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"kvsim: error: {path}{where}")
+    assert words in result.stderr and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_gen_writes_the_same_file_twice_and_nothing_on_error(tmp_path):
+    args = ["gen", "customer-service", "-n", "40", "--seed", "3", "--json"]
+    first = kvsim(*args, "--out", tmp_path / "a.jsonl")
+    second = kvsim(*args, "--out", tmp_path / "b.jsonl")
+    assert first.returncode == 0 and json.loads(first.stdout)["num_requests"] == 40
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    failed = kvsim("gen", "chat", "--out", tmp_path / "c.jsonl", "--input-len", "uniform:9:1")
+    assert failed.returncode == 2 and failed.stderr.count("\n") == 1
+    assert "cannot read length distribution" in failed.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]

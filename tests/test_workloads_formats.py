@@ -1,0 +1,163 @@
+"""Reading traces: every format, the shared transforms, streaming and speed."""
+
+import inspect
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from kvsim.workloads import TraceOptions, load_trace, read_trace, sample_path
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+
+def write(tmp_path, name, text, encoding="utf-8"):
+    path = tmp_path / name
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return path
+
+
+def jsonl(*records):
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def test_mooncake_lines_become_requests_with_512_token_prefix_hashes(tmp_path):
+    path = write(tmp_path, "m.jsonl", jsonl(
+        {"timestamp": 1000, "input_length": 600, "output_length": 7, "hash_ids": [4, 9]},
+        {"timestamp": 1500, "input_length": 512, "output_length": 3, "hash_ids": [4]}))
+    first, second = read_trace(path)
+    assert (first.request_id, first.arrival_s, first.prompt_tokens, first.output_tokens) == \
+        (0, 0.0, 600, 7)
+    assert first.prefix_hashes.tolist() == [4, 9] and first.hash_block_size == 512
+    assert (second.request_id, second.arrival_s) == (1, 0.5)
+    # at block size 16 both share the first 512 tokens: 32 equal block ids
+    a, b = first.block_hashes(16), second.block_hashes(16)
+    assert len(a) == 37 and len(b) == 32 and (a[:32] == b).all()
+
+
+def test_native_lines_with_block_hashes_share_prefixes_like_mooncake(tmp_path):
+    path = write(tmp_path, "n.jsonl", jsonl(
+        {"arrival_s": 2.0, "prompt_tokens": 40, "output_tokens": 5,
+         "block_hashes": [1, 2, 3], "hash_block_size": 16, "priority": 1,
+         "session_id": "s1", "template_id": 7},
+        {"arrival_s": 2.5, "prompt_tokens": 20, "output_tokens": 5,
+         "block_hashes": [1, 8], "hash_block_size": 16}))
+    first, second = read_trace(path)
+    assert (first.arrival_s, first.priority, first.session_id, first.template_id) == \
+        (0.0, 1, "s1", "7")
+    assert second.arrival_s == 0.5 and second.priority == 0 and second.session_id is None
+    assert first.block_hashes(16)[0] == second.block_hashes(16)[0]
+    assert first.block_hashes(16)[1] != second.block_hashes(8)[1]
+
+
+def test_vllm_oracle_lines_load_with_prompt_tokens_taken_from_the_ids(tmp_path):
+    path = write(tmp_path, "o.jsonl", jsonl(
+        {"prompt_token_ids": [5, 6, 7, 8], "output_tokens": 3},
+        {"prompt_token_ids": [5, 6, 7, 8, 9], "output_tokens": 2, "arrival_s": 0.25,
+         "priority": 2}))
+    first, second = read_trace(path)
+    assert first.prompt_tokens == 4 and first.prompt_token_ids.tolist() == [5, 6, 7, 8]
+    assert (second.prompt_tokens, second.arrival_s, second.priority) == (5, 0.25, 2)
+    assert (first.block_hashes(2) == second.block_hashes(2)).all()
+
+
+def test_native_lines_without_prefix_information_share_nothing(tmp_path):
+    path = write(tmp_path, "u.jsonl", jsonl(
+        {"arrival_s": 0, "prompt_tokens": 32, "output_tokens": 1},
+        {"arrival_s": 0, "prompt_tokens": 32, "output_tokens": 1}))
+    first, second = read_trace(path)
+    assert first.prefix_hashes is None and first.prompt_token_ids is None
+    assert not set(first.block_hashes(16)) & set(second.block_hashes(16))
+
+
+def test_azure_csv_wallclock_times_become_seconds_from_the_first_row(tmp_path):
+    path = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+                 "2023-11-16 23:59:59.5000000,374,44\r\n"
+                 "2023-11-17 00:00:01.2500000,396,109\r\n")
+    first, second = read_trace(path)
+    assert (first.prompt_tokens, first.output_tokens, first.arrival_s) == (374, 44, 0.0)
+    assert second.arrival_s == pytest.approx(1.75, abs=1e-9)
+    assert second.prefix_hashes is None
+
+
+def test_burstgpt_drops_failed_rows_and_filters_by_model(tmp_path):
+    header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    path = write(tmp_path, "b.csv", header + "5,ChatGPT,100,20,120,Conversation log\n"
+                 "6,GPT-4,50,0,50,Conversation log\n"          # failed: dropped
+                 "7.5,GPT-4,30,10,40,API log\n"
+                 "9,ChatGPT,80,8,88,API log\n")
+    assert [(r.arrival_s, r.prompt_tokens) for r in read_trace(path)] == \
+        [(0.0, 100), (2.5, 30), (4.0, 80)]
+    gpt4 = read_trace(path, TraceOptions(model_filter="gpt-4"))
+    assert [(r.request_id, r.arrival_s, r.output_tokens) for r in gpt4] == [(0, 0.0, 10)]
+
+
+def test_bom_crlf_and_blank_lines_are_accepted(tmp_path):
+    text = '\n\r\n{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\r\n' \
+           '   \r\n{"timestamp": 4, "input_length": 10, "output_length": 1, "hash_ids": [0]}\r\n'
+    path = write(tmp_path, "bom.jsonl", b"\xef\xbb\xbf" + text.encode())
+    assert [r.arrival_s for r in read_trace(path)] == [0.0, 0.004]
+
+
+def test_format_can_be_forced(tmp_path):
+    path = write(tmp_path, "f.jsonl", jsonl(
+        {"timestamp": 0, "prompt_tokens": 3, "output_tokens": 1, "arrival_s": 1}))
+    assert read_trace(path)[0].prompt_tokens == 3                       # detected as native
+    assert read_trace(path, TraceOptions(fmt="kvsim"))[0].prompt_tokens == 3
+
+
+def arrivals_file(tmp_path, times):
+    return write(tmp_path, "t.jsonl", jsonl(*(
+        {"arrival_s": t, "prompt_tokens": 10 + i, "output_tokens": 1} for i, t in enumerate(times))))
+
+
+def test_window_keeps_start_inclusive_end_exclusive_relative_to_the_first_request(tmp_path):
+    path = arrivals_file(tmp_path, [100, 101, 102, 103, 104])
+    kept = read_trace(path, TraceOptions(start_s=1, end_s=3))
+    assert [(r.request_id, r.arrival_s, r.prompt_tokens) for r in kept] == \
+        [(0, 0.0, 11), (1, 1.0, 12)]
+
+
+def test_limit_and_rate_scale(tmp_path):
+    path = arrivals_file(tmp_path, [0, 1, 3, 6])
+    assert [r.arrival_s for r in read_trace(path, TraceOptions(rate_scale=2))] == \
+        [0.0, 0.5, 1.5, 3.0]
+    assert [r.arrival_s for r in read_trace(path, TraceOptions(rate_scale=0.5, limit=2))] == \
+        [0.0, 2.0]
+
+
+def test_sort_orders_an_unsorted_trace_stably(tmp_path):
+    path = arrivals_file(tmp_path, [5, 3, 5, 4])
+    kept = read_trace(path, TraceOptions(sort=True))
+    assert [(r.arrival_s, r.prompt_tokens) for r in kept] == \
+        [(0.0, 11), (1.0, 13), (2.0, 10), (2.0, 12)]
+
+
+def test_load_trace_is_a_lazy_stream_that_stops_at_the_limit(tmp_path):
+    good = jsonl({"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1})
+    path = write(tmp_path, "lazy.jsonl", good * 3 + "not json\n")
+    stream = load_trace(path, TraceOptions(limit=3))
+    assert inspect.isgenerator(stream)
+    assert len(list(stream)) == 3          # the bad 4th line is never read
+
+
+def test_bundled_samples_load():
+    mooncake = read_trace(sample_path("mooncake"))
+    azure = read_trace(sample_path("azure-conv"))
+    assert len(mooncake) == 300 and len(azure) == 300
+    assert mooncake[-1].arrival_s == 102.0
+    assert azure[0].prompt_tokens == 374 and azure[0].output_tokens == 44
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared traces not present")
+def test_full_mooncake_trace_loads_in_well_under_a_few_seconds():
+    start = time.perf_counter()
+    count = prompt = 0
+    for request in load_trace(MOONCAKE):
+        count += 1
+        prompt += request.prompt_tokens
+    assert time.perf_counter() - start < 2.0
+    assert count == 12031 and prompt / count == pytest.approx(12035.1, abs=0.05)
+

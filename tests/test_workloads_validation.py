@@ -1,0 +1,192 @@
+"""Bad traces: each problem is one TraceError naming file, line and field."""
+
+import json
+
+import pytest
+
+from kvsim.errors import TraceError
+from kvsim.workloads import TraceOptions, read_trace
+
+MOON = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+NATIVE = {"arrival_s": 0, "prompt_tokens": 20, "output_tokens": 5}
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZURE_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
+
+
+def trace_error(tmp_path, content, opts=None, name="t.jsonl") -> TraceError:
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(TraceError) as info:
+        read_trace(path, opts)
+    err = info.value
+    assert "\n" not in str(err)
+    return err
+
+
+def lines(*records):
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
+
+
+def second_line_error(tmp_path, base, **changes):
+    bad = {**base, **changes}
+    for key in [k for k, v in changes.items() if v is ...]:
+        del bad[key]
+    return trace_error(tmp_path, lines(base, bad))
+
+
+def test_empty_file(tmp_path):
+    err = trace_error(tmp_path, "")
+    assert err.location.endswith("t.jsonl") and "empty" in err.message
+
+
+def test_file_of_blank_lines_is_empty(tmp_path):
+    assert "empty" in trace_error(tmp_path, "\n \r\n\n").message
+
+
+def test_header_only_csv_has_no_requests(tmp_path):
+    err = trace_error(tmp_path, AZURE_HEADER, name="a.csv")
+    assert "no requests" in err.message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        read_trace(tmp_path / "nope.jsonl")
+
+
+def test_truncated_line(tmp_path):
+    err = trace_error(tmp_path, lines(MOON) + '{"timestamp": 5, "input_len')
+    assert err.location.endswith("t.jsonl:2") and "truncated" in err.message
+
+
+def test_non_json_line(tmp_path):
+    err = trace_error(tmp_path, lines(MOON, "hello"))
+    assert err.location.endswith(":2") and "not valid JSON" in err.message
+
+
+def test_json_line_that_is_not_an_object(tmp_path):
+    err = trace_error(tmp_path, lines(MOON, "[1, 2]"))
+    assert err.location.endswith(":2") and "JSON object" in err.message
+
+
+def test_undecodable_bytes(tmp_path):
+    err = trace_error(tmp_path, lines(MOON).encode() + b'{"timestamp": 1\xff}\n')
+    assert err.location.endswith(":2") and "UTF-8" in err.message and "0xff" in err.message
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("input_length", "600", "expected an integer"),
+    ("input_length", 600.5, "expected an integer"),
+    ("input_length", True, "expected an integer"),
+    ("output_length", None, "missing"),
+    ("timestamp", "soon", "expected a number"),
+    ("hash_ids", "1,2", "expected a list"),
+    ("hash_ids", [1, "2"], "64-bit integers"),
+    ("hash_ids", [1, 2.5], "64-bit integers"),
+])
+def test_wrong_types_in_mooncake_lines(tmp_path, field, value, words):
+    err = second_line_error(tmp_path, MOON, **{field: value})
+    assert (err.location.split(":")[-1], err.field) == ("2", field)
+    assert words in err.message
+
+
+@pytest.mark.parametrize("field", ["timestamp", "input_length", "output_length", "hash_ids"])
+def test_missing_mooncake_fields(tmp_path, field):
+    err = second_line_error(tmp_path, MOON, **{field: ...})
+    assert (err.field, err.message) == (field, "missing required field")
+
+
+@pytest.mark.parametrize("field", ["prompt_tokens", "output_tokens"])
+def test_missing_native_fields(tmp_path, field):
+    err = second_line_error(tmp_path, NATIVE, **{field: ...})
+    assert (err.field, err.message) == (field, "missing required field")
+
+
+@pytest.mark.parametrize("value, words", [
+    (-3, "positive"), (0, "positive"), (float("nan"), "expected an integer"),
+    (10_000_001, "absurd"),
+])
+def test_bad_lengths(tmp_path, value, words):
+    err = second_line_error(tmp_path, NATIVE, output_tokens=value)
+    assert err.field == "output_tokens" and words in err.message
+
+
+def test_nan_timestamp(tmp_path):
+    err = second_line_error(tmp_path, NATIVE, arrival_s=float("nan"))
+    assert err.field == "arrival_s" and "finite" in err.message
+
+
+def test_hash_ids_count_must_be_ceil_of_input_over_512(tmp_path):
+    err = second_line_error(tmp_path, MOON, input_length=1025)
+    assert err.field == "hash_ids" and "expected ceil(1025/512) = 3" in err.message
+
+
+def test_native_block_hashes_must_match_prompt_and_come_with_their_size(tmp_path):
+    err = second_line_error(tmp_path, NATIVE, block_hashes=[1], hash_block_size=16)
+    assert err.field == "block_hashes" and "expected ceil(20/16) = 2" in err.message
+    err = second_line_error(tmp_path, NATIVE, block_hashes=[1, 2])
+    assert err.field == "hash_block_size" and "missing" in err.message
+
+
+def test_prompt_tokens_must_agree_with_prompt_token_ids(tmp_path):
+    err = second_line_error(tmp_path, NATIVE, prompt_token_ids=[1, 2, 3])
+    assert err.field == "prompt_tokens" and "disagrees" in err.message
+
+
+def test_negative_token_id(tmp_path):
+    err = trace_error(tmp_path, lines({"prompt_token_ids": [1, -2], "output_tokens": 1}))
+    assert err.field == "prompt_token_ids" and "negative" in err.message
+
+
+def test_timestamps_going_backwards_unless_sort(tmp_path):
+    text = lines(MOON, {**MOON, "timestamp": 2000}, {**MOON, "timestamp": 1000})
+    err = trace_error(tmp_path, text)
+    assert (err.location.split(":")[-1], err.field) == ("3", "timestamp")
+    assert "backwards" in err.message and "--sort" in err.message
+    path = tmp_path / "t.jsonl"
+    assert [r.arrival_s for r in read_trace(path, TraceOptions(sort=True))] == [0.0, 1.0, 2.0]
+
+
+def test_unknown_format(tmp_path):
+    err = trace_error(tmp_path, "a,b,c\n1,2,3\n", name="x.csv")
+    assert (err.location.split(":")[-1], err.field) == ("1", "format")
+    assert "unknown format" in err.message
+
+
+def test_unknown_forced_format(tmp_path):
+    err = trace_error(tmp_path, lines(MOON), TraceOptions(fmt="parquet"))
+    assert err.field == "format" and "parquet" in err.message
+
+
+@pytest.mark.parametrize("row, field, words", [
+    ("2023-11-16 18:15:47.0,0,44", "ContextTokens", "positive"),
+    ("2023-11-16 18:15:47.0,12.5,44", "ContextTokens", "expected an integer"),
+    ("2023-11-16 18:15:47.0,374,nan", "GeneratedTokens", "expected an integer"),
+    ("2023-11-16 18:15:47.0,374", "GeneratedTokens", "columns"),
+    ("yesterday,374,44", "TIMESTAMP", "expected a time"),
+    ("2023-02-30 18:15:47.0,374,44", "TIMESTAMP", "invalid date"),
+    ("2023-11-16 18:15:40.0,374,44", "TIMESTAMP", "backwards"),
+])
+def test_bad_azure_rows_name_the_row_and_column(tmp_path, row, field, words):
+    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW + row + "\n", name="a.csv")
+    assert (err.location.split(":")[-1], err.field) == ("3", field)
+    assert words in err.message
+
+
+def test_model_filter_needs_a_burstgpt_trace(tmp_path):
+    err = trace_error(tmp_path, lines(MOON), TraceOptions(model_filter="GPT-4"))
+    assert err.field == "model"
+
+
+def test_window_that_keeps_nothing(tmp_path):
+    err = trace_error(tmp_path, lines(MOON), TraceOptions(start_s=10))
+    assert "no request left" in err.message
+
+
+@pytest.mark.parametrize("opts, field", [
+    (TraceOptions(rate_scale=0), "rate_scale"),
+    (TraceOptions(rate_scale=float("nan")), "rate_scale"),
+    (TraceOptions(limit=0), "limit"),
+    (TraceOptions(start_s=5, end_s=5), "end_s"),
+])
+def test_bad_options(tmp_path, opts, field):
+    assert trace_error(tmp_path, lines(MOON), opts).field == field

@@ -1,0 +1,127 @@
+"""CSV trace formats: Azure LLM inference and BurstGPT.
+
+**Azure LLM inference** (2023 and 2024 releases of Azure/AzurePublicDataset): header
+``TIMESTAMP,ContextTokens,GeneratedTokens``; ``TIMESTAMP`` is wall-clock time such as
+``2023-11-16 18:17:03.9799600`` (any number of fractional digits, optional ``Z`` / ``+hh:mm``
+offset). No prefix information: every request's blocks are its own.
+
+**BurstGPT**: header ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``;
+``Timestamp`` is seconds since the trace start. Rows with zero ``Response tokens`` are failed
+requests and are dropped; :attr:`TraceOptions.model_filter` keeps one model (``ChatGPT``,
+``GPT-4``). No prefix information.
+
+Columns are matched by header name, in any order; extra columns are ignored. Errors name the
+file's line number (the header is line 1 of the file, blank lines count).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import re
+from functools import lru_cache
+from typing import Iterator
+
+from ..errors import TraceError
+from . import fields as F
+from .request import Request
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
+AZURE_TIME_FIELD = "TIMESTAMP"
+BURSTGPT_TIME_FIELD = "Timestamp"
+
+_WALLCLOCK = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d(?:\.\d*)?)\s*(Z|[+-]\d\d:?\d\d)?$")
+_EPOCH_DAY = dt.date(2000, 1, 1).toordinal()
+
+
+def split_row(text: str) -> list[str]:
+    """The cells of one CSV line (quoted cells handled), stripped."""
+    cells = next(csv.reader([text])) if '"' in text else text.split(",")
+    return [c.strip() for c in cells]
+
+
+def header_kind(text: str) -> str | None:
+    """``"azure"`` or ``"burstgpt"`` when ``text`` is that format's header line, else None."""
+    names = set(split_row(text))
+    if set(AZURE_COLUMNS) <= names:
+        return "azure"
+    if set(BURSTGPT_COLUMNS) <= names:
+        return "burstgpt"
+    return None
+
+
+def column_index(header: str, wanted: tuple[str, ...], loc: str) -> list[int]:
+    """Positions of the ``wanted`` columns in ``header``, or an error naming a missing one."""
+    names = split_row(header)
+    for name in wanted:
+        if name not in names:
+            raise TraceError(f"missing column in header {header.strip()!r}",
+                             location=loc, field=name)
+    return [names.index(name) for name in wanted]
+
+
+def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[str]]]:
+    """``(line_no, loc, cells)`` for each data row, the ``wanted`` columns in order."""
+    line_no, header = next(lines)
+    cols = column_index(header, wanted, f"{path}:{line_no}")
+    width = max(cols) + 1
+    for line_no, text in lines:
+        loc = f"{path}:{line_no}"
+        cells = split_row(text)
+        if len(cells) < width:
+            missing = wanted[next(i for i, c in enumerate(cols) if c >= len(cells))]
+            raise TraceError(f"row has {len(cells)} columns, expected at least {width}; "
+                             f"truncated line?", location=loc, field=missing)
+        yield line_no, loc, [cells[c] for c in cols]
+
+
+def azure_requests(lines, path) -> Iterator[tuple[int, Request]]:
+    """``(line_no, request)`` per Azure row; ``arrival_s`` is seconds since 2000-01-01."""
+    for line_no, loc, (stamp, context, generated) in rows(lines, path, AZURE_COLUMNS):
+        yield line_no, Request(
+            -1, wallclock_seconds(stamp, AZURE_TIME_FIELD, loc),
+            F.length(context, "ContextTokens", loc, text=True),
+            F.length(generated, "GeneratedTokens", loc, text=True))
+
+
+def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Request]]:
+    """``(line_no, request)`` per successful BurstGPT row of ``model`` (all models if None)."""
+    wanted = None if model is None else model.strip().lower()
+    for line_no, loc, (stamp, name, request, response) in rows(lines, path, BURSTGPT_COLUMNS):
+        t = F.number(stamp, BURSTGPT_TIME_FIELD, loc, text=True)
+        if F.integer(response, "Response tokens", loc, text=True) == 0:
+            continue
+        if wanted is not None and name.lower() != wanted:
+            continue
+        yield line_no, Request(-1, t, F.length(request, "Request tokens", loc, text=True),
+                               F.length(response, "Response tokens", loc, text=True))
+
+
+def wallclock_seconds(text: str, name: str, loc: str) -> float:
+    """Seconds since 2000-01-01 00:00 UTC of a ``YYYY-MM-DD hh:mm:ss[.f][tz]`` time."""
+    m = _WALLCLOCK.match(text)
+    if m is None:
+        raise F.fail(loc, name, f"expected a time like '2023-11-16 18:17:03.98', got {text!r}")
+    year, month, day, hour, minute = (int(g) for g in m.groups()[:5])
+    try:
+        days = _day_number(year, month, day)
+    except ValueError as e:
+        raise F.fail(loc, name, f"invalid date {text!r}: {e}") from None
+    if hour > 23 or minute > 59 or float(m.group(6)) >= 61:
+        raise F.fail(loc, name, f"invalid time of day {text!r}")
+    return days * 86400.0 + hour * 3600 + minute * 60 + float(m.group(6)) - _offset_s(m.group(7))
+
+
+@lru_cache(maxsize=64)
+def _day_number(year: int, month: int, day: int) -> int:
+    return dt.date(year, month, day).toordinal() - _EPOCH_DAY
+
+
+def _offset_s(tz: str | None) -> float:
+    if not tz or tz == "Z":
+        return 0.0
+    digits = tz[1:].replace(":", "")
+    sign = -1 if tz[0] == "-" else 1
+    return sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)

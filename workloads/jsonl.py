@@ -1,0 +1,146 @@
+"""JSON-lines trace formats: kvsim native and Mooncake.
+
+**kvsim native JSONL**, one JSON object per line (unknown keys are ignored):
+
+==================  ========  ===========================================================
+key                 required  meaning
+==================  ========  ===========================================================
+``arrival_s``       no        arrival in seconds after the trace start (default 0)
+``prompt_tokens``   yes [1]_  prompt length in tokens
+``output_tokens``   yes       tokens to generate
+``prompt_token_ids`` no       the prompt's token ids (then ``prompt_tokens`` may be omitted;
+                              when both are given they must agree)
+``block_hashes``    no        prefix ids, one per ``hash_block_size`` tokens of the prompt,
+                              the last partial block included (``ceil(prompt/size)`` ids);
+                              equal ids at equal positions mean an equal prefix, exactly as
+                              Mooncake's ``hash_ids``
+``hash_block_size`` with [2]_ tokens each ``block_hashes`` id covers
+``priority``        no        integer, lower = more important (as vLLM); default 0
+``session_id``      no        string (or integer) naming a conversation / agent task
+``template_id``     no        string (or integer) naming a shared system-prompt template
+==================  ========  ===========================================================
+
+.. [1] unless ``prompt_token_ids`` is given.
+.. [2] required when ``block_hashes`` is given; the two go together.
+
+A line may carry ``prompt_token_ids`` or ``block_hashes``, not both; with neither the request
+shares no prefix with any other. ``{"prompt_token_ids": [...], "output_tokens": N,
+"arrival_s": t}`` (the input of ``../shared/tools/vllm-oracle``) is a valid native line.
+
+**Mooncake JSONL** (FAST'25 traces): ``timestamp`` (integer ms since the trace start),
+``input_length``, ``output_length``, ``hash_ids`` (one prefix id per 512-token block, the last
+partial block included: ``len(hash_ids) == ceil(input_length / 512)``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from ..errors import TraceError
+from . import fields as F
+from .request import Request
+
+MOONCAKE_BLOCK = 512
+"""Tokens per Mooncake ``hash_ids`` entry."""
+
+NATIVE_TIME_FIELD = "arrival_s"
+MOONCAKE_TIME_FIELD = "timestamp"
+_MOONCAKE_KEYS = ("input_length", "hash_ids", "output_length")
+
+
+def looks_like_mooncake(record: dict) -> bool:
+    """Whether a parsed first line is Mooncake rather than native."""
+    return any(key in record for key in _MOONCAKE_KEYS) or (
+        MOONCAKE_TIME_FIELD in record and NATIVE_TIME_FIELD not in record)
+
+
+def parse_object(text: str, loc: str) -> dict:
+    """One line as a JSON object, or an error for a truncated / non-JSON / non-object line."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        stripped = text.rstrip()
+        hint = "; truncated line?" if stripped.startswith("{") and not stripped.endswith("}") \
+            else ""
+        raise TraceError(f"not valid JSON ({e.msg}: column {e.colno}){hint}",
+                         location=loc) from None
+    if not isinstance(record, dict):
+        raise TraceError(f"expected a JSON object per line, got {type(record).__name__}",
+                         location=loc)
+    return record
+
+
+def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
+    """``(line_no, request)`` per Mooncake line; ``arrival_s`` is the absolute timestamp in s."""
+    for line_no, text in lines:
+        loc = f"{path}:{line_no}"
+        yield line_no, mooncake_request(parse_object(text, loc), loc)
+
+
+def mooncake_request(record: dict, loc: str) -> Request:
+    """A validated request from one Mooncake record."""
+    t_ms = F.number(F.require(record, "timestamp", loc), "timestamp", loc)
+    prompt = F.length(F.require(record, "input_length", loc), "input_length", loc)
+    output = F.length(F.require(record, "output_length", loc), "output_length", loc)
+    hashes = F.id_array(F.require(record, "hash_ids", loc), "hash_ids", loc)
+    F.hash_count(hashes, prompt, MOONCAKE_BLOCK, "hash_ids", loc)
+    return Request(-1, t_ms / 1000.0, prompt, output, prefix_hashes=hashes,
+                   hash_block_size=MOONCAKE_BLOCK)
+
+
+def native_requests(lines, path) -> Iterator[tuple[int, Request]]:
+    """``(line_no, request)`` per native line; ``arrival_s`` as written in the file."""
+    for line_no, text in lines:
+        loc = f"{path}:{line_no}"
+        yield line_no, native_request(parse_object(text, loc), loc)
+
+
+def native_request(record: dict, loc: str) -> Request:
+    """A validated request from one native record."""
+    arrival = record.get("arrival_s")
+    request = Request(
+        -1, 0.0 if arrival is None else F.number(arrival, "arrival_s", loc),
+        0, F.length(F.require(record, "output_tokens", loc), "output_tokens", loc))
+    _native_prompt(record, loc, request)
+    _native_labels(record, loc, request)
+    return request
+
+
+def _native_prompt(record: dict, loc: str, request: Request) -> None:
+    ids = record.get("prompt_token_ids")
+    if ids is not None:
+        if record.get("block_hashes") is not None:
+            raise F.fail(loc, "block_hashes", "give prompt_token_ids or block_hashes, not both")
+        request.prompt_token_ids = F.token_ids(ids, "prompt_token_ids", loc)
+        request.prompt_tokens = len(request.prompt_token_ids)
+        stated = record.get("prompt_tokens")
+        if stated is not None and F.length(stated, "prompt_tokens", loc) != request.prompt_tokens:
+            raise F.fail(loc, "prompt_tokens", f"{stated} disagrees with the "
+                         f"{request.prompt_tokens} entries of prompt_token_ids")
+        return
+    request.prompt_tokens = F.length(F.require(record, "prompt_tokens", loc),
+                                     "prompt_tokens", loc)
+    _native_hashes(record, loc, request)
+
+
+def _native_hashes(record: dict, loc: str, request: Request) -> None:
+    hashes, size = record.get("block_hashes"), record.get("hash_block_size")
+    if hashes is None and size is None:
+        return
+    if hashes is None:
+        raise F.fail(loc, "block_hashes", "missing (hash_block_size is given)")
+    if size is None:
+        raise F.fail(loc, "hash_block_size", "missing (block_hashes is given)")
+    request.hash_block_size = F.length(size, "hash_block_size", loc)
+    request.prefix_hashes = F.id_array(hashes, "block_hashes", loc)
+    F.hash_count(request.prefix_hashes, request.prompt_tokens, request.hash_block_size,
+                 "block_hashes", loc)
+
+
+def _native_labels(record: dict, loc: str, request: Request) -> None:
+    if record.get("priority") is not None:
+        request.priority = F.integer(record["priority"], "priority", loc)
+    for name in ("session_id", "template_id"):
+        if record.get(name) is not None:
+            setattr(request, name, F.label(record[name], name, loc))

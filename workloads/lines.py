@@ -1,0 +1,61 @@
+"""Numbered text lines of a trace file, read as a stream.
+
+Accepts a UTF-8 byte-order mark, CRLF or LF line ends and blank lines (skipped). Rejects a
+missing or unreadable file, an empty file and bytes that are not UTF-8, each with a
+:class:`~kvsim.errors.TraceError` that names the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import TraceError
+
+BOM = b"\xef\xbb\xbf"
+
+
+def where(path, line_no: int | None = None) -> str:
+    """``file:line`` (or just ``file``) as errors print it."""
+    return str(path) if line_no is None else f"{path}:{line_no}"
+
+
+def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` for every non-blank line, 1-based, line end stripped.
+
+    Raises :class:`TraceError` for a missing file, an empty file (no non-blank line) or a line
+    that is not valid UTF-8. The file is read lazily, one line at a time.
+    """
+    path = Path(path)
+    empty = True
+    with _open(path) as f:
+        for line_no, raw in enumerate(f, start=1):
+            if line_no == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            text = _decode(raw, path, line_no).rstrip("\r\n")
+            if text.strip():
+                empty = False
+                yield line_no, text
+    if empty:
+        raise TraceError("empty trace: the file has no lines", location=where(path))
+
+
+def _open(path: Path):
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise TraceError("no such file", location=where(path)) from None
+    except IsADirectoryError:
+        raise TraceError("is a directory, not a trace file", location=where(path)) from None
+    except OSError as e:
+        raise TraceError(f"cannot read: {e.strerror}", location=where(path)) from None
+
+
+def _decode(raw: bytes, path: Path, line_no: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = raw[e.start:e.start + 1].hex()
+        raise TraceError(f"not UTF-8 text (byte 0x{bad} at column {e.start + 1})",
+                         location=where(path, line_no)) from None

@@ -1,0 +1,147 @@
+"""Reading traces: format detection, validation, and the shared transforms.
+
+The simulator calls::
+
+    from kvsim.workloads import load_trace, TraceOptions
+    for request in load_trace("trace.jsonl", TraceOptions(limit=1000, rate_scale=2.0)):
+        ...
+
+Formats are listed in :mod:`kvsim.workloads.jsonl` (kvsim native, Mooncake) and
+:mod:`kvsim.workloads.csvs` (Azure, BurstGPT).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ..errors import TraceError
+from . import csvs, jsonl
+from .lines import numbered_lines, where
+from .options import TraceOptions
+from .request import Request
+
+TIME_FIELDS = {"native": jsonl.NATIVE_TIME_FIELD, "mooncake": jsonl.MOONCAKE_TIME_FIELD,
+               "azure": csvs.AZURE_TIME_FIELD, "burstgpt": csvs.BURSTGPT_TIME_FIELD}
+
+SAMPLES = {
+    "mooncake": "mooncake_conversation_300.jsonl",
+    "azure-conv": "azure_conv_300.csv",
+}
+"""Bundled trace slices (see ``workloads/samples/README.md`` for source and license)."""
+
+
+def load_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> Iterator[Request]:
+    """Yield the requests of the trace at ``path``, validated, as a stream.
+
+    Requests come in arrival order with ``request_id`` ``0, 1, ..., n-1`` and ``arrival_s`` in
+    seconds after the first *kept* request (so the first is at 0), divided by
+    ``opts.rate_scale``. The file is read one line at a time; only ``opts.sort`` holds the whole
+    trace in memory. Reading stops early once ``opts.end_s`` or ``opts.limit`` is reached, so
+    lines past that point are not validated.
+
+    Raises :class:`~kvsim.errors.TraceError` (one line naming file, line and field) for bad
+    options, an unknown format, an empty file, undecodable bytes, a non-JSON or truncated line,
+    a wrong type, a missing field, a length that is not in ``1..10,000,000``, prefix hashes
+    that do not match the prompt length, a timestamp earlier than the previous line's (unless
+    ``opts.sort``), or when no request is left after the window and filters. Errors are raised
+    while iterating, at the first bad line.
+    """
+    opts = (opts or TraceOptions()).checked()
+    fmt, records = _parse(path, opts)
+    ordered = _sorted(records) if opts.sort else _check_order(records, path, TIME_FIELDS[fmt])
+    count = 0
+    for count, request in enumerate(_transform(ordered, opts), start=1):
+        yield request
+    if count == 0:
+        filtered = (opts.start_s, opts.end_s, opts.model_filter) != (None, None, None)
+        raise TraceError("no request left after the time window and model filter" if filtered
+                         else "no requests: the trace has no data lines", location=where(path))
+
+
+def read_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> list[Request]:
+    """All requests of :func:`load_trace` as a list (for small traces and tests)."""
+    return list(load_trace(path, opts))
+
+
+def sample_path(name: str) -> Path:
+    """Path of a bundled sample trace: ``"mooncake"`` (300 Mooncake conversation requests) or
+    ``"azure-conv"`` (300 rows of the Azure 2023 conversation trace)."""
+    if name not in SAMPLES:
+        raise TraceError(f"unknown sample {name!r}; expected one of {', '.join(SAMPLES)}",
+                         field="sample")
+    return Path(__file__).resolve().parent / "samples" / SAMPLES[name]
+
+
+def detect_format(first_line: str, loc: str) -> str:
+    """The format of a trace whose first non-blank line is ``first_line``."""
+    text = first_line.lstrip()
+    if text.startswith("{"):
+        record = jsonl.parse_object(first_line, loc)
+        return "mooncake" if jsonl.looks_like_mooncake(record) else "native"
+    kind = csvs.header_kind(text)
+    if kind is None:
+        raise TraceError("unknown format: expected kvsim/Mooncake JSON lines or an Azure/"
+                         f"BurstGPT CSV header, got {_preview(text)}", location=loc,
+                         field="format")
+    return kind
+
+
+def _parse(path, opts: TraceOptions) -> tuple[str, Iterator[tuple[int, Request]]]:
+    lines = numbered_lines(path)
+    first = next(lines)
+    lines = itertools.chain([first], lines)
+    fmt = opts.format_name or detect_format(first[1], where(path, first[0]))
+    if opts.model_filter is not None and fmt != "burstgpt":
+        raise TraceError(f"a {fmt} trace has no Model column; only BurstGPT traces can be "
+                         "filtered by model", field="model")
+    if fmt == "native":
+        return fmt, jsonl.native_requests(lines, path)
+    if fmt == "mooncake":
+        return fmt, jsonl.mooncake_requests(lines, path)
+    if fmt == "azure":
+        return fmt, csvs.azure_requests(lines, path)
+    return fmt, csvs.burstgpt_requests(lines, path, opts.model_filter)
+
+
+def _check_order(records, path, time_field: str) -> Iterator[Request]:
+    last = float("-inf")
+    for line_no, request in records:
+        if request.arrival_s < last:
+            raise TraceError(f"time goes backwards ({request.arrival_s:g} after {last:g}); "
+                             "use --sort to accept an unsorted trace",
+                             location=where(path, line_no), field=time_field)
+        last = request.arrival_s
+        yield request
+
+
+def _sorted(records) -> list[Request]:
+    return sorted((request for _, request in records), key=lambda r: r.arrival_s)
+
+
+def _transform(requests: Iterable[Request], opts: TraceOptions) -> Iterator[Request]:
+    """Window, limit, re-time and renumber requests already in arrival order."""
+    origin = kept_origin = None
+    start = float("-inf") if opts.start_s is None else opts.start_s
+    end = float("inf") if opts.end_s is None else opts.end_s
+    kept = 0
+    for request in requests:
+        origin = request.arrival_s if origin is None else origin
+        offset = request.arrival_s - origin
+        if offset < start:
+            continue
+        if offset >= end:
+            return
+        kept_origin = request.arrival_s if kept_origin is None else kept_origin
+        request.request_id = kept
+        request.arrival_s = (request.arrival_s - kept_origin) / opts.rate_scale
+        kept += 1
+        yield request
+        if kept == opts.limit:
+            return
+
+
+def _preview(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")

@@ -1,0 +1,54 @@
+"""Writing requests as kvsim native JSONL (the format is described in :mod:`.jsonl`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import KvsimError
+from .request import Request
+
+
+def native_record(request: Request) -> dict:
+    """The native JSONL object of ``request`` (optional keys only when set)."""
+    record = {"arrival_s": round(float(request.arrival_s), 6),
+              "prompt_tokens": int(request.prompt_tokens),
+              "output_tokens": int(request.output_tokens)}
+    if request.prompt_token_ids is not None:
+        record["prompt_token_ids"] = request.prompt_token_ids.tolist()
+    elif request.prefix_hashes is not None:
+        record["block_hashes"] = request.prefix_hashes.tolist()
+        record["hash_block_size"] = int(request.hash_block_size)
+    if request.priority:
+        record["priority"] = int(request.priority)
+    for name in ("session_id", "template_id"):
+        if getattr(request, name) is not None:
+            record[name] = getattr(request, name)
+    return record
+
+
+def write_native(requests: Iterable[Request], path: str | os.PathLike) -> int:
+    """Write ``requests`` to ``path`` as native JSONL; returns how many were written.
+
+    The file appears whole or not at all: lines go to a temporary file beside ``path`` that
+    replaces it only once every request is written.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise KvsimError(f"cannot write there: {e.strerror}", location=str(path),
+                         field="out") from None
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            for count, request in enumerate(requests, start=1):
+                f.write(json.dumps(native_record(request), separators=(", ", ": ")) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count
