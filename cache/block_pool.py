@@ -104,11 +104,21 @@ class BlockPool:
         if n > len(self._free):
             raise ValueError(f"cannot get {n} free blocks: only {len(self._free)} are free")
         popitem, hashes, refs = self._free.popitem, self.block_hashes, self.ref_counts
+        index = self.index._map
         taken = []
         for _ in range(n):
             block_id = popitem(last=False)[0]
-            if hashes[block_id] is not None:
-                self._evict(block_id)
+            block_hash = hashes[block_id]
+            if block_hash is not None:
+                # evict (inlined: this loop is the hottest in a long-prompt simulation)
+                found = index[block_hash]
+                if found.__class__ is int:
+                    del index[block_hash]
+                else:
+                    self.index.remove(block_hash, block_id)
+                hashes[block_id] = None
+                self.num_cached_free_blocks -= 1
+                self.num_evictions += 1
             refs[block_id] = 1
             taken.append(block_id)
         return taken
@@ -139,6 +149,16 @@ class BlockPool:
         self.block_hashes[block_id] = block_hash
         self.index.insert(block_hash, block_id)
 
+    def cache_blocks(self, block_ids, block_hashes) -> None:
+        """Register several full, held blocks (``cache_block`` for each pair)."""
+        hashes, index = self.block_hashes, self.index._map
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            hashes[block_id] = block_hash
+            if block_hash in index:
+                self.index.insert(block_hash, block_id)
+            else:
+                index[block_hash] = block_id
+
     def can_reset(self) -> bool:
         return len(self._free) == self.num_blocks
 
@@ -158,9 +178,3 @@ class BlockPool:
         for block_id in reversed(block_ids):
             free[block_id] = None
             free.move_to_end(block_id, last=False)
-
-    def _evict(self, block_id: int) -> None:
-        self.index.remove(self.block_hashes[block_id], block_id)
-        self.block_hashes[block_id] = None
-        self.num_cached_free_blocks -= 1
-        self.num_evictions += 1

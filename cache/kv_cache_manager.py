@@ -182,6 +182,19 @@ class KVCacheManager:
         ``min(slots, len(tokens))`` tokens is registered.
         """
         entry = self._requests.get(request_id)
+        if entry is not None and (hit is None or not hit.block_ids):
+            # Fast path (decode): no block boundary crossed, so nothing can fail or be taken;
+            # the same effects as the general path below, with less bookkeeping.
+            slots = (entry.num_slots if num_computed_tokens is None
+                     else num_computed_tokens) + num_new_tokens
+            if self.max_model_len is not None and slots > self.max_model_len:
+                slots = self.max_model_len
+            if slots <= len(entry.block_ids) * self.block_size:
+                entry.num_slots = slots
+                if self.enable_prefix_caching and slots // self.block_size > entry.num_cached:
+                    n = len(tokens)
+                    self._cache_full_blocks(entry, tokens, slots if slots < n else n)
+                return []
         held, slots = (len(entry.block_ids), entry.num_slots) if entry else (0, 0)
         if num_computed_tokens is not None and entry is not None:
             num_new_tokens += num_computed_tokens - slots
@@ -230,9 +243,7 @@ class KVCacheManager:
             new_hashes = tokens.block_hashes(entry.num_cached, num_full)
         else:
             new_hashes = self._token_hashes(entry, tokens, num_full)
-        cache_block, ids = self.pool.cache_block, entry.block_ids
-        for i, block_hash in enumerate(new_hashes, start=entry.num_cached):
-            cache_block(ids[i], block_hash)
+        self.pool.cache_blocks(entry.block_ids[entry.num_cached:num_full], new_hashes)
         entry.num_cached = num_full
 
     def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:

@@ -59,6 +59,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor    # [T] long, flat cache slot each new token is written to
     prefills: list[PrefillSpan]
     decode: DecodeBatch | None
+    max_position: int             # largest entry of ``positions`` (known on the host)
 
     @property
     def num_tokens(self) -> int:
@@ -125,7 +126,8 @@ def build_attention_metadata(num_new_tokens: Sequence[int], num_computed_tokens:
         block_size=block_size,
         positions=torch.from_numpy(np.concatenate(positions)).to(device),
         slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
-        prefills=prefills, decode=decode)
+        prefills=prefills, decode=decode,
+        max_position=max(c + n - 1 for n, c, _ in reqs))
 
 
 def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor,

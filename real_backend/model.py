@@ -138,9 +138,15 @@ class RotaryEmbedding(nn.Module):
         self.max_position = max_position
         self.cos = self.sin = torch.empty(0)
 
-    def _tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[positions, head_dim/2]`` (fp32), rebuilt when too short or elsewhere."""
-        needed = int(positions.max()) + 1 if positions.numel() else 0
+    def _tables(self, positions: torch.Tensor,
+                max_position: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[positions, head_dim/2]`` (fp32), rebuilt when too short or elsewhere.
+
+        Pass ``max_position`` when known on the host to avoid a device sync.
+        """
+        if max_position is None:
+            max_position = int(positions.max()) if positions.numel() else 0
+        needed = max_position + 1
         if needed > self.cos.shape[0] or self.cos.device != positions.device:
             length = max(needed, self.max_position, 2 * self.cos.shape[0])
             pos = torch.arange(length, dtype=torch.float32, device=positions.device)
@@ -148,9 +154,10 @@ class RotaryEmbedding(nn.Module):
             self.cos, self.sin = freqs.cos(), freqs.sin()
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> "RopeAngles":
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                max_position: int | None = None) -> "RopeAngles":
         """The rotation for each token of the stream, in ``dtype``."""
-        cos, sin = self._tables(positions)
+        cos, sin = self._tables(positions, max_position)
         return cos.to(dtype), sin.to(dtype)
 
 
@@ -236,7 +243,7 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Logits ``[len(logits_indices), vocab]`` (fp32) at the chosen stream positions."""
         x = self.embed_tokens(input_ids)
-        rope = self.rotary(positions, x.dtype)
+        rope = self.rotary(positions, x.dtype, meta.max_position)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, kv_cache, meta)
         x = self.norm(x.index_select(0, logits_indices))

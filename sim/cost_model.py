@@ -68,15 +68,17 @@ class _Coeffs:
     ar_tok_s: float         # per token
 
 
-def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units):
-    """The forward-pass time; one expression for python/numpy scalars and numpy arrays alike."""
+def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.maximum):
+    """The forward-pass time; one expression for python floats (``maximum=max``: the fast
+    scalar path) and numpy arrays alike. Both do the same IEEE operations in the same order,
+    so they agree bit for bit."""
     t = c.fixed_s + seqs * c.per_seq_s
-    t = t + np.maximum(tokens * c.gemm_flop_s, c.gemm_byte_s)
-    t = t + np.maximum(seqs * c.head_flop_s, c.head_byte_s)
+    t = t + maximum(tokens * c.gemm_flop_s, c.gemm_byte_s)
+    t = t + maximum(seqs * c.head_flop_s, c.head_byte_s)
     for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
-        t = t + np.maximum(floor, tokens * per_token)
+        t = t + maximum(floor, tokens * per_token)
     t = t + tokens * c.ar_tok_s
-    return t + np.maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
+    return t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
 
 
 class CostModel:
@@ -98,7 +100,8 @@ class CostModel:
         """Seconds the step takes: forward pass (if any tokens) plus its block transfers."""
         t = 0.0
         if plan.scheduled:
-            t = float(_compute_time(self._c, *self.step_sums(plan)))
+            sums = (float(x) for x in self.step_sums(plan))
+            t = float(_compute_time(self._c, *sums, maximum=max))
         elif plan.transfers:
             t = self.profile.step_overhead_s
         if plan.transfers:

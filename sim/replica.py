@@ -72,14 +72,14 @@ class Replica:
 
     def _step(self):
         now = self.env.now
+        stats = self.kv.prefix_stats
+        q0, h0 = stats.num_queries_tokens, stats.num_hit_tokens
         plan = self.scheduler.schedule()
         if plan.is_empty:
             raise RuntimeError(f"replica {self.index}: the scheduler made no progress at "
                                f"t={now:.6f}s with {self.scheduler.num_waiting} waiting")
         for request_id in plan.admitted:
             self.requests.on_scheduled(request_id, now)
-        stats = self.kv.prefix_stats
-        q0, h0 = stats.num_queries_tokens, stats.num_hit_tokens
         duration = self.executor.step_duration(plan)
         yield self.env.timeout(duration)
         outcome = self.scheduler.update_from_output()

@@ -142,7 +142,7 @@ def _finish_timeline(grid: pd.DataFrame, width: float, pool_blocks: int,
     grid.insert(0, "time_s", grid.index.to_numpy() * width)
     grid.insert(1, "interval_s", width)
     grid["throughput_tokens_per_s"] = grid["output_tokens"] / width
-    grid["kv_free_blocks"] = pool_blocks - grid["kv_used_blocks"]
+    grid["kv_free_blocks"] = pool_blocks - grid["kv_used_blocks"] - grid["kv_cached_idle_blocks"]
     grid["kv_usage"] = grid["kv_used_blocks"] / pool_blocks
     grid["host_used_blocks"] = 0.0
     grid["frag_token_states"] = grid["token_slots"] / slots

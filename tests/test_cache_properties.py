@@ -130,9 +130,9 @@ class CacheMachine(RuleBasedStateMachine):
     def pick(self, i: int) -> int:
         return sorted(self.tokens)[i % len(self.tokens)]
 
-    def allocate(self, rid, tokens, num_new, hit):
+    def allocate(self, rid, tokens, num_new, hit, **kw):
         before = self.snapshot()
-        got = self.m.allocate(rid, tokens, num_new, hit)
+        got = self.m.allocate(rid, tokens, num_new, hit, **kw)
         want = self.model.allocate(rid, tokens, num_new, hit.block_ids if hit else [])
         assert got == want
         if got is None:
@@ -165,8 +165,9 @@ class CacheMachine(RuleBasedStateMachine):
             assert not self.m.has_request(rid)
 
     @precondition(lambda self: self.tokens)
-    @rule(i=st.integers(0, 100), more=st.lists(VOCAB, max_size=5), step=st.integers(1, 8))
-    def grow(self, i, more, step):
+    @rule(i=st.integers(0, 100), more=st.lists(VOCAB, max_size=5), step=st.integers(1, 8),
+          explicit=st.booleans())
+    def grow(self, i, more, step, explicit):
         """A running request gains tokens (decode, or the next prefill chunk) and slots."""
         rid = self.pick(i)
         tokens = self.tokens[rid]
@@ -174,7 +175,9 @@ class CacheMachine(RuleBasedStateMachine):
         pending = len(tokens) - self.m.num_slots(rid)
         if pending <= 0:
             return
-        got = self.allocate(rid, tokens, min(step, pending), None)
+        # the computed-token count may be passed explicitly (as vLLM's num_computed_tokens)
+        kw = {"num_computed_tokens": self.m.num_slots(rid)} if explicit else {}
+        got = self.allocate(rid, tokens, min(step, pending), None, **kw)
         if got is not None:
             self.seen.append(list(tokens))
         self.seen = self.seen[-32:]
