@@ -197,6 +197,8 @@ def run_command(
     skip_ahead: Optional[bool] = typer.Option(
         None, "--skip-ahead/--no-skip-ahead", help="Skip ahead over decode-only steps "
         "(identical results, faster)."),
+    eviction: Optional[str] = _opt("Eviction policy of cached blocks: lru (vLLM), lfu, "
+                                   "priority, hybrid, belady (offline optimal).", "--eviction"),
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s), drawn in the report.",
                                          "--slo-ttft-p99"),
@@ -229,6 +231,112 @@ def run_command(
     emit(summary, as_json, None if quiet else lambda s: _show_run(s, out))
 
 
+# --- kvsim plan (issue 8) ---
+
+
+@app.command("plan")
+def plan_command(
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
+    model: str = typer.Option("llama-3.1-8b", "--model", help="Catalog name, HF id or "
+                              "config.json."),
+    gpu: str = typer.Option("a100-80gb", "--gpu", help="Candidate GPUs, comma-separated."),
+    tp: str = typer.Option("1", "--tp", help="Candidate tensor-parallel sizes, e.g. 1,2,4."),
+    block_size: str = typer.Option("16", "--block-size", help="Candidate block sizes."),
+    max_num_seqs: str = typer.Option("256", "--max-num-seqs", help="Candidate sequence caps."),
+    enable_prefix_caching: bool = typer.Option(
+        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching."),
+    eviction: Optional[str] = _opt("Candidate eviction policies, comma-separated.",
+                                   "--eviction"),
+    slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s).", "--slo-ttft-p99"),
+    slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s).", "--slo-tpot-p99"),
+    slo_ttft_p50: Optional[float] = _opt("TTFT p50 target (s).", "--slo-ttft-p50"),
+    slo_e2e_p99: Optional[float] = _opt("E2E p99 target (s).", "--slo-e2e-p99"),
+    target_rate: Optional[float] = _opt("Plan for this many requests/s (instead of "
+                                        "--rate-scale).", "--target-rate"),
+    max_replicas: int = typer.Option(32, "--max-replicas", help="Most replicas to try."),
+    rate_iterations: int = typer.Option(8, "--rate-iterations", help="Bisection steps of "
+                                        "the sustainable-rate search."),
+    router: str = typer.Option("least-outstanding-tokens", "--router", help="Router between "
+                               "replicas: least-outstanding-tokens, round-robin, "
+                               "prefix-affinity."),
+    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    profile: Optional[str] = _opt("Calibration profile JSON for the cost model.", "--profile"),
+    price_table: Optional[str] = _opt("JSON {gpu: USD per GPU-hour} overriding the catalog.",
+                                      "--price-table"),
+    out: str = typer.Option("kvsim-plan", "--out", metavar="DIR", help="Output directory."),
+    use_ray: bool = typer.Option(False, "--ray", help="Run candidates as Ray tasks."),
+    ray_address: Optional[str] = _opt("Ray cluster to join ('auto' as Ray means it); implies "
+                                      "--ray.", "--ray-address"),
+    workers: Optional[int] = _opt("Local processes or Ray CPUs (default min(4, CPUs)).",
+                                  "--workers"),
+    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
+    rate_scale: Optional[float] = typer.Option(None, "--rate-scale", help="Load: request-rate "
+                                               "multiplier of the trace (default 1)."),
+    sort: bool = SORT_OPTION, seed: int = SEED_OPTION,
+    trace_model: Optional[str] = typer.Option(None, "--trace-model",
+                                              help="BurstGPT only: keep this model's rows."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no table."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Find the cheapest deployment (GPU, TP, replicas, ...) whose simulated latencies meet
+    the SLO targets; write plan.json, plan.csv and report.html into --out."""
+    from . import pipeline
+    from .reports import plan as plan_report
+    from .sim import plan_spec, planner, sweep
+    path, label = pipeline.resolve_trace(trace)
+    spec = plan_spec.spec_from_options(
+        path, label, trace_options(fmt, limit, start, end, rate_scale or 1.0, sort, seed,
+                                   trace_model), locals())
+    options = sweep.SweepOptions(workers or sweep.default_workers(),
+                                 use_ray or ray_address is not None, ray_address)
+    with plan_report.PlanProgress(not (quiet or as_json)) as bar:
+        result = planner.plan(spec, options, bar.update)
+    plan_report.write_plan_outputs(out, result)
+    emit(result, as_json, None if quiet else lambda r: (
+        plan_report.print_plan(r), typer.echo(f"wrote {out}/plan.json, plan.csv, report.html")))
+
+
+# --- kvsim hitrate (issue 5) ---
+
+
+@app.command("hitrate")
+def hitrate_command(
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
+    capacity: Optional[str] = _opt("Cache capacities in blocks, comma-separated "
+                                   "(e.g. 1000,5000,20000).", "--capacity"),
+    capacity_tokens: Optional[str] = _opt("Cache capacities in tokens instead.",
+                                          "--capacity-tokens"),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per block."),
+    eviction: str = typer.Option("lru,lfu,priority,hybrid,belady", "--eviction",
+                                 help="Policies to compare, comma-separated."),
+    out: Optional[str] = _opt("Directory for hitrate.json and hitrate.html.", "--out"),
+    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
+    sort: bool = SORT_OPTION, as_json: bool = JSON_OPTION,
+) -> None:
+    """Cache-only replay: prefix hit rate of each eviction policy at each capacity (no
+    timing; LRU's whole curve from one stack-distance pass)."""
+    from . import pipeline
+    from .cache import hitrate
+    from .workloads import load_trace
+    caps = hitrate.parse_capacities(capacity, capacity_tokens, block_size)
+    policies = hitrate.parse_policies(eviction)
+    path, label = pipeline.resolve_trace(trace)
+    opts = trace_options(fmt, limit, start, end, 1.0, sort, 0, None)
+    result = {**hitrate.hitrate_curves(load_trace(path, opts), caps, policies, block_size),
+              "trace": label}
+    if out:
+        import pandas as pd
+        from .reports.html import render_hitrate_report
+        from .reports.io import write_json_atomic
+        render_hitrate_report(pd.DataFrame(result["rows"]), Path(out) / "hitrate.html",
+                              config={k: v for k, v in result.items() if k != "rows"})
+        write_json_atomic(Path(out) / "hitrate.json", result)
+    emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
+
+
 def _show_run(summary: dict, out: str) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
@@ -237,6 +345,96 @@ def _show_run(summary: dict, out: str) -> None:
                    f"is not shorter than max_model_len {summary['config']['max_model_len']:,}",
                    err=True)
     typer.echo(f"wrote {out}/summary.json, requests.csv, timeline.csv, report.html")
+
+
+# --- kvsim profile, kvsim validate (issue 7) ---
+# Job logic lives in kvsim.real_backend.profiling / .validate; torch is imported on use.
+
+DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda.")
+BACKEND_MODEL_OPTION = typer.Option("tiny-llama", "--model", help="tiny-llama (bundled), a "
+                                    "Llama-like catalog name, or a path to a config.json.")
+BACKEND_BLOCK_OPTION = typer.Option(32, "--block-size", min=1, help="Tokens per KV block.")
+DTYPE_OPTION = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16.")
+THREADS_OPTION = typer.Option(1, "--threads", min=1, help="torch CPU threads (keep equal "
+                              "between profile and validate).")
+CLOCK_OPTION = typer.Option("wall", "--clock", help="wall (perf_counter; CUDA events on a "
+                            "GPU) or cpu (process CPU time; CPU only, steadier on a busy host).")
+
+
+def _backend_settings(model, device, dtype, block_size, threads, seed, clock):
+    from .real_backend.models import require_torch
+    require_torch()
+    from .real_backend.session import BackendSettings
+    return BackendSettings(model=model, device=device, dtype=dtype, block_size=block_size,
+                           threads=threads, seed=seed, clock=clock)
+
+
+@app.command("profile")
+def profile_command(
+    device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
+    out: str = typer.Option("profile.json", "--out", metavar="FILE", help="Profile to write."),
+    block_size: int = BACKEND_BLOCK_OPTION, dtype: str = DTYPE_OPTION,
+    threads: int = THREADS_OPTION, clock: str = CLOCK_OPTION, seed: int = SEED_OPTION,
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Largest decode "
+                                     "batch profiled."),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=2,
+                                               help="Largest step (tokens) profiled."),
+    max_context: int = typer.Option(2048, "--max-context", min=2, help="Longest context "
+                                    "profiled."),
+    quick: bool = typer.Option(False, "--quick", help="A thinner grid (seconds)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Time the real backend over a grid of steps, fit the cost model, write a profile that
+    `kvsim run --profile` and `kvsim validate --profile` use; prints the fit's error."""
+    settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
+    from .real_backend.profiling import Limits, profile_job, render_fit
+    limits = Limits(max_num_seqs, max_num_batched_tokens, max_context)
+    emit(profile_job(settings, limits, out, quick), as_json,
+         lambda p: typer.echo(render_fit(p) + f"\nwrote {p['path']}"))
+
+
+@app.command("validate")
+def validate_command(
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any format)."),
+    device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
+    profile: Optional[str] = typer.Option(None, "--profile", metavar="FILE", help="Fitted "
+                                          "profile (kvsim profile); default: a quick one."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write "
+                                      "validation.json and validation.html here."),
+    block_size: int = BACKEND_BLOCK_OPTION, dtype: str = DTYPE_OPTION,
+    threads: int = THREADS_OPTION, clock: str = CLOCK_OPTION, seed: int = SEED_OPTION,
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Forward passes timed per step "
+                                "(median; tames noise)."),
+    offline: bool = typer.Option(False, "--offline", help="Every request arrives at t=0."),
+    noise_floor: bool = typer.Option(False, "--noise-floor", help="Run the real side twice "
+                                     "and report how much the two runs differ."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write validation.html."),
+    num_gpu_blocks: int = typer.Option(512, "--num-gpu-blocks", min=1),
+    max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1),
+    max_num_batched_tokens: int = typer.Option(512, "--max-num-batched-tokens", min=1),
+    max_model_len: Optional[int] = _opt("Longest sequence.", "--max-model-len"),
+    enable_prefix_caching: bool = typer.Option(
+        True, "--enable-prefix-caching/--no-enable-prefix-caching"),
+    scheduling_policy: str = typer.Option("fcfs", "--scheduling-policy"),
+    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
+    rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run a trace through the real backend and through the simulator with the same settings;
+    print the error table (step time, throughput, TTFT/TPOT/E2E) and the decision check."""
+    settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
+    from .real_backend.validate import ValidateJob, validate_job
+    from .real_backend.validate_report import render_table
+    engine = {"num_gpu_blocks": num_gpu_blocks, "max_num_seqs": max_num_seqs,
+              "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
+              "enable_prefix_caching": enable_prefix_caching,
+              "scheduling_policy": scheduling_policy}
+    job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor)
+    opts = trace_options(fmt, limit, start, end, rate_scale, sort, seed, None)
+    emit(validate_job(trace, opts, job, out, html), as_json,
+         lambda r: typer.echo(render_table(r) + "".join(
+             f"\nwrote {p}" for p in r.get("outputs", {}).values())))
 
 
 def main() -> None:

@@ -71,13 +71,17 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, policy=None):
+        """``policy``: a :class:`~kvsim.cache.policies.CachePolicy` (default: vLLM's LRU). A
+        policy that needs the requester (priority, trace position) gets it from ``allocate``:
+        its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``Sequence``)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, policy=policy)
+        self._scored = policy is not None and not policy.is_lru
         self.prefix_stats = PrefixCacheStats()
         self._requests: dict[object, _RequestBlocks] = {}
 
@@ -202,6 +206,8 @@ class KVCacheManager:
             return None
         if entry is None:
             entry = self._requests[request_id] = _RequestBlocks()
+        if self._scored:
+            self.pool.begin(request_id, getattr(tokens, "priority", 0))
         if hit is not None and hit.block_ids:
             self._adopt(entry, hit)
         entry.num_slots += num_new_tokens
@@ -243,7 +249,9 @@ class KVCacheManager:
             new_hashes = tokens.block_hashes(entry.num_cached, num_full)
         else:
             new_hashes = self._token_hashes(entry, tokens, num_full)
-        self.pool.cache_blocks(entry.block_ids[entry.num_cached:num_full], new_hashes)
+        start = entry.num_cached
+        self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
+                               entry.block_ids[start - 1] if start else None)
         entry.num_cached = num_full
 
     def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:

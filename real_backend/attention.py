@@ -9,8 +9,11 @@ Each step first writes its new tokens' K/V into their slots, then attends:
   resumed request's recompute) attends over its whole context, read from its blocks, with a
   causal mask aligned to the bottom right (new token ``i`` sees positions ``<= start + i``);
   spans are computed one request at a time;
-- *decode* requests (exactly one new token) are batched: their blocks are gathered into one
-  ``[batch, max_context, ...]`` tensor padded to the longest context and masked.
+- *decode* requests (exactly one new token) are batched: their blocks are gathered into
+  ``[batch, max_context, ...]`` tensors padded to the longest context and masked. To keep the
+  gathered (padded) KV close to the KV actually read, requests are first sorted by context and
+  split into groups whose padded blocks exceed their real blocks by at most
+  :data:`DECODE_PADDING_SLACK` (one group when contexts are similar).
 
 :func:`dense_reference_attention` is the plain-tensor ground truth the tests compare against.
 """
@@ -23,6 +26,9 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+#: A decode group's padded blocks may exceed its real blocks by this factor.
+DECODE_PADDING_SLACK = 1.25
 
 
 @dataclass
@@ -58,8 +64,13 @@ class AttentionMetadata:
     positions: torch.Tensor       # [T] long, position of each stream token in its request
     slot_mapping: torch.Tensor    # [T] long, flat cache slot each new token is written to
     prefills: list[PrefillSpan]
-    decode: DecodeBatch | None
+    decodes: list[DecodeBatch]    # decode groups (see DECODE_PADDING_SLACK); empty if none
     max_position: int             # largest entry of ``positions`` (known on the host)
+
+    @property
+    def decode(self) -> DecodeBatch | None:
+        """The first (longest-context) decode group, or None."""
+        return self.decodes[0] if self.decodes else None
 
     @property
     def num_tokens(self) -> int:
@@ -107,6 +118,31 @@ def _decode_batch(rows: list[int], context_lens: list[int], tables: list[Sequenc
     )
 
 
+def decode_groups(context_lens: Sequence[int], block_size: int,
+                  slack: float = DECODE_PADDING_SLACK) -> list[list[int]]:
+    """Indices of decode requests, longest context first, split into groups where
+    ``len(group) * max blocks <= slack * sum of blocks``."""
+    blocks = [_blocks_needed(c, block_size) for c in context_lens]
+    order = sorted(range(len(blocks)), key=lambda i: -blocks[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * blocks[groups[-1][0]] <= slack * (total + blocks[i]):
+            groups[-1].append(i)
+            total += blocks[i]
+        else:
+            groups.append([i])
+            total = blocks[i]
+    return groups
+
+
+def _decode_batches(rows: list[int], context_lens: list[int], tables: list[Sequence[int]],
+                    block_size: int, device: torch.device) -> list[DecodeBatch]:
+    return [_decode_batch([rows[i] for i in g], [context_lens[i] for i in g],
+                          [tables[i] for i in g], block_size, device)
+            for g in decode_groups(context_lens, block_size)]
+
+
 def build_attention_metadata(num_new_tokens: Sequence[int], num_computed_tokens: Sequence[int],
                              block_tables: Sequence[Sequence[int]], block_size: int,
                              device: str | torch.device = "cpu") -> AttentionMetadata:
@@ -120,13 +156,13 @@ def build_attention_metadata(num_new_tokens: Sequence[int], num_computed_tokens:
     prefills = [_prefill_span(row, n, c, t, block_size, device)
                 for row, (n, c, t) in zip(rows, reqs) if n > 1]
     dec = [i for i, (n, _, _) in enumerate(reqs) if n == 1]
-    decode = _decode_batch([rows[i] for i in dec], [reqs[i][1] + 1 for i in dec],
-                           [reqs[i][2] for i in dec], block_size, device) if dec else None
+    decodes = _decode_batches([rows[i] for i in dec], [reqs[i][1] + 1 for i in dec],
+                              [reqs[i][2] for i in dec], block_size, device)
     return AttentionMetadata(
         block_size=block_size,
         positions=torch.from_numpy(np.concatenate(positions)).to(device),
         slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
-        prefills=prefills, decode=decode,
+        prefills=prefills, decodes=decodes,
         max_position=max(c + n - 1 for n, c, _ in reqs))
 
 
@@ -212,10 +248,10 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         rows = slice(span.token_start, span.token_start + span.num_tokens)
         out[rows] = prefill_attention(query[rows], key[rows], value[rows],
                                       key_cache, value_cache, span, scale)
-    if meta.decode is not None:
-        idx = meta.decode.token_indices
+    for batch in meta.decodes:
+        idx = batch.token_indices
         decoded = decode_attention(query.index_select(0, idx), key_cache, value_cache,
-                                   meta.decode, scale)
+                                   batch, scale)
         out.index_copy_(0, idx, decoded)
     return out
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import AttentionMetadata, paged_attention
+from .cpu_head import CpuHead
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -247,7 +248,21 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, kv_cache, meta)
         x = self.norm(x.index_select(0, logits_indices))
-        return self.lm_head(x).float()
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """LM head, fp32 out; on the CPU through :class:`~.cpu_head.CpuHead` (steadier and
+        faster for few rows than ``F.linear``)."""
+        if x.device.type != "cpu":
+            return self.lm_head(x).float()
+        return self.cpu_head()(x).float()
+
+    def cpu_head(self) -> CpuHead:
+        """The CPU LM head for the current weight (rebuilt if the weight changed)."""
+        head = getattr(self, "_cpu_head", None)
+        if head is None or not head.matches(self.lm_head.weight):
+            self._cpu_head = head = CpuHead(self.lm_head.weight)
+        return head
 
 
 @torch.no_grad()
@@ -266,8 +281,18 @@ def init_random_weights(model: nn.Module, seed: int) -> None:
 
 def build_model(cfg: LlamaConfig, *, seed: int = 0, dtype: str | torch.dtype = "fp32",
                 device: str | torch.device = "cpu") -> LlamaForCausalLM:
-    """A randomly initialised, inference-only model in ``dtype`` on ``device``."""
-    model = LlamaForCausalLM(cfg)
+    """A randomly initialised, inference-only model in ``dtype`` on ``device``.
+
+    The modules are built on the ``meta`` device and then given uninitialised CPU storage, so
+    torch's default initialisation (slow for billions of weights) is skipped:
+    :func:`init_random_weights` writes every parameter anyway.
+    """
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.to_empty(device="cpu")
+    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position)
+    if cfg.tie_word_embeddings:   # to_empty gives each module its own storage
+        model.lm_head.weight = model.embed_tokens.weight
     init_random_weights(model, seed)
     model.requires_grad_(False).eval()
     return model.to(device=device, dtype=resolve_dtype(dtype))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
 
 
@@ -31,6 +32,7 @@ class RunConfig:
     profile: str | None = None
     seed: int = 0
     skip_ahead: bool = True
+    eviction: str = "lru"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,6 +58,9 @@ class RunConfig:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"expected 'fcfs' or 'priority', got {self.scheduling_policy!r}",
                               field="scheduling_policy")
+        if self.eviction not in POLICY_NAMES:
+            raise ConfigError(f"expected one of {', '.join(POLICY_NAMES)}, got "
+                              f"{self.eviction!r}", field="eviction")
         if self.profile is not None and not Path(self.profile).is_file():
             raise ConfigError("no such profile file", location=str(self.profile),
                               field="profile")

@@ -17,6 +17,10 @@ prefill-heavy steps are bound by FLOPs, decode steps by KV bytes read. A step de
 only through four sums (tokens, requests, KV tokens ``c + q``, attention units
 ``q * (2c + q + 1)``), which is what lets :meth:`CostModel.decode_durations` reproduce
 :meth:`CostModel.step_duration` bit for bit.
+
+With a *fitted* profile (``kvsim profile``, see :class:`kvsim.sim.profile.Fitted`) the roofline
+is replaced by measured linear coefficients over the same four sums (the roofline terms are
+zero and ``kv_tok_s``/``attn_unit_s`` carry the attention), and transfers by measured copy times.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepPlan
+from kvsim.errors import ConfigError
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model
 from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
@@ -66,6 +71,8 @@ class _Coeffs:
     attn_flop_s: float      # per unit of q * (2c + q + 1)
     attn_byte_s: float      # per KV token read (c + q)
     ar_tok_s: float         # per token
+    kv_tok_s: float = 0.0   # additive, per KV token read (fitted profiles only)
+    attn_unit_s: float = 0.0  # additive, per attention unit (fitted profiles only)
 
 
 def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.maximum):
@@ -78,7 +85,8 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
         t = t + maximum(floor, tokens * per_token)
     t = t + tokens * c.ar_tok_s
-    return t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
+    t = t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
+    return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
 
 
 class CostModel:
@@ -93,7 +101,8 @@ class CostModel:
         self.profile: Profile = load_profile(self.gpu.name, profile)
         kv_token = self.model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
         self.block_bytes = block_size * kv_token
-        self._c = self._coefficients(kv_token)
+        fitted = self.profile.fitted
+        self._c = self._fitted_coefficients(fitted) if fitted else self._coefficients(kv_token)
 
     # --- public --------------------------------------------------------------------------------
     def step_duration(self, plan: StepPlan) -> float:
@@ -103,7 +112,7 @@ class CostModel:
             sums = (float(x) for x in self.step_sums(plan))
             t = float(_compute_time(self._c, *sums, maximum=max))
         elif plan.transfers:
-            t = self.profile.step_overhead_s
+            t = self._c.fixed_s if self.profile.fitted else self.profile.step_overhead_s
         if plan.transfers:
             t = t + self.transfer_time(plan)
         return t
@@ -137,6 +146,11 @@ class CostModel:
         """Seconds of the plan's block copies: host<->device by PCIe, compaction by HBM."""
         host = sum(plan.num_transfer_blocks(k) for k in HOST_TO_DEVICE + DEVICE_TO_HOST)
         moved = plan.num_transfer_blocks(COMPACT)
+        f = self.profile.fitted
+        if f is not None:
+            return (f.copy_call_s * sum(1 for t in plan.transfers if t.pairs)
+                    + self.block_bytes * (host * f.host_copy_s_per_byte
+                                          + moved * f.device_copy_s_per_byte))
         pcie = self.gpu.pcie_host_bandwidth_bytes_per_s * self.profile.pcie_efficiency
         hbm = self.gpu.hbm_bandwidth_bytes_per_s * self.profile.copy_memory_efficiency
         return host * self.block_bytes / pcie + moved * 2 * self.block_bytes / hbm
@@ -163,6 +177,18 @@ class CostModel:
             attn_flop_s=L * 2 * m.num_heads * m.head_dim / tp / (peak * p.attn_prefill_compute_efficiency),
             attn_byte_s=kv_token / (bw * p.attn_decode_memory_efficiency),
             ar_tok_s=ar_bytes * L * m.hidden_size * b)
+
+    def _fitted_coefficients(self, f) -> _Coeffs:
+        """A fitted profile's measured coefficients (linear terms only; tp must be 1)."""
+        shape = {k: getattr(self.model, k) for k in f.model_shape}
+        if shape != f.model_shape or self.tp != 1:
+            raise ConfigError(f"the fitted profile was measured on a model shaped "
+                              f"{f.model_shape} at tp=1; this run has {shape} at tp={self.tp}",
+                              field="profile")
+        return _Coeffs(fixed_s=f.step_s, per_seq_s=f.per_seq_s, gemm_flop_s=f.per_token_s,
+                       gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
+                       elem_tok_s=(), attn_flop_s=0.0, attn_byte_s=0.0, ar_tok_s=0.0,
+                       kv_tok_s=f.per_kv_token_s, attn_unit_s=f.per_attn_unit_s)
 
     def _all_reduce_terms(self) -> tuple[float, float]:
         """(latency per layer, seconds per all-reduced byte per layer) for two all-reduces."""

@@ -3,6 +3,11 @@
 A profile is a JSON object (see ``profiles/a100-80gb.json``); keys missing from a user's profile
 take the values of the GPU's default profile, so a file may override a single number.
 ``CostModel(profile=None)`` loads ``profiles/<gpu>.json``.
+
+A *fitted* profile (``"kind": "fitted"``, written by ``kvsim profile``) carries absolute
+per-unit times measured on one device for one model (``fitted`` below), so it needs no GPU
+datasheet: it can describe a CPU. The cost model then uses those coefficients directly (the GPU
+given to it only names the default profile underneath) and refuses a model of another shape.
 """
 
 from __future__ import annotations
@@ -35,6 +40,34 @@ class Elementwise:
     min_time_s: float
 
 
+FITTED_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s",
+                "host_copy_s_per_byte", "device_copy_s_per_byte", "copy_call_s")
+MODEL_SHAPE_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                    "intermediate_size", "vocab_size")
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """Measured coefficients (seconds, or seconds per unit) of one model on one device.
+
+    A step of ``tokens`` new tokens over ``seqs`` requests reading ``kv`` KV tokens with
+    ``units`` attention units (see ``cost_model``) takes ``step_s + per_seq_s * seqs +
+    per_token_s * tokens + per_kv_token_s * kv + per_attn_unit_s * units``; one block copy call
+    ``copy_call_s`` plus bytes times ``host_copy_s_per_byte`` (host<->device) or
+    ``device_copy_s_per_byte`` (compaction). ``model_shape`` names the model it was fitted on.
+    """
+
+    step_s: float
+    per_seq_s: float
+    per_token_s: float
+    per_kv_token_s: float
+    per_attn_unit_s: float
+    host_copy_s_per_byte: float
+    device_copy_s_per_byte: float
+    copy_call_s: float
+    model_shape: dict
+
+
 @dataclass(frozen=True)
 class Profile:
     """Efficiencies (fractions of datasheet peaks) and fixed costs (seconds) for one GPU."""
@@ -52,6 +85,7 @@ class Profile:
     step_overhead_s: float
     per_seq_overhead_s: float
     raw: dict
+    fitted: Fitted | None = None
 
     def all_reduce_params(self, tp: int, link_bandwidth: float) -> tuple[float, float]:
         """(latency_s, bus bandwidth) for ``tp`` GPUs: measured if listed, else the fallback."""
@@ -108,4 +142,14 @@ def _build(d: dict) -> Profile:
         all_reduce_default_latency_s=float(ar["latency_s"]),
         pcie_efficiency=float(t["pcie_efficiency"]),
         copy_memory_efficiency=float(t["copy_memory_efficiency"]),
-        step_overhead_s=float(o["step_s"]), per_seq_overhead_s=float(o["per_seq_s"]), raw=d)
+        step_overhead_s=float(o["step_s"]), per_seq_overhead_s=float(o["per_seq_s"]), raw=d,
+        fitted=_fitted(d) if d.get("kind") == "fitted" else None)
+
+
+def _fitted(d: dict) -> Fitted:
+    f = d["fitted"]
+    values = {k: float(f[k]) for k in FITTED_TERMS}
+    if any(v < 0 for v in values.values()):
+        raise ValueError(f"fitted coefficients must be >= 0: {values}")
+    shape = {k: int(d["model_shape"][k]) for k in MODEL_SHAPE_KEYS}
+    return Fitted(**values, model_shape=shape)

@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 import simpy
 
 from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.policies import make_policy, prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
 from kvsim.errors import ConfigError
@@ -76,11 +77,12 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
              progress: Callable[[float, int], None] | None = None) -> RunResult:
     """Replay ``requests`` (in arrival order) and return the logs of the run."""
     config.validate()
+    requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
     executor = executor or default_executor(config)
     env = simpy.Environment()
     steps, log = StepLog(), RequestLog()
-    replicas = [Replica(env, i, _scheduler(config, deployment), executor, steps, log,
+    replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                         config.skip_ahead) for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
                           config.block_size, deployment.max_model_len))
@@ -90,9 +92,10 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
                      time.perf_counter() - start)
 
 
-def _scheduler(config: RunConfig, deployment: Deployment) -> Scheduler:
+def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Scheduler:
     kv = KVCacheManager(deployment.num_gpu_blocks, config.block_size,
-                        config.enable_prefix_caching, deployment.max_model_len)
+                        config.enable_prefix_caching, deployment.max_model_len,
+                        make_policy(config.eviction, oracle))
     return Scheduler(kv, SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=deployment.max_model_len,

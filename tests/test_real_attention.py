@@ -124,3 +124,16 @@ def test_short_block_table_rejected():
         build_attention_metadata([4], [5], [[0, 1]], 4)
     with pytest.raises(ValueError, match="new token"):
         build_attention_metadata([0], [5], [[0, 1]], 4)
+
+
+def test_decode_groups_bound_padding_and_cover_every_request(gen):
+    from kvsim.real_backend.attention import DECODE_PADDING_SLACK, decode_groups
+    contexts = torch.randint(1, 3000, (40,), generator=gen).tolist()
+    groups = decode_groups(contexts, 16)
+    assert sorted(i for g in groups for i in g) == list(range(40))
+    for g in groups:
+        blocks = [-(-contexts[i] // 16) for i in g]
+        assert len(g) * max(blocks) <= DECODE_PADDING_SLACK * sum(blocks) or len(g) == 1
+    assert decode_groups([100] * 8, 16) == [list(range(8))]   # similar contexts: one group
+    meta = build_attention_metadata([1, 1, 1], [2000, 3, 5], [list(range(126)), [126], [127]], 16)
+    assert [b.token_indices.tolist() for b in meta.decodes] == [[0], [1, 2]]

@@ -1,0 +1,212 @@
+"""Cache-only replay of a trace: the prefix hit rate of each eviction policy at each capacity.
+
+No timing, no batching: requests are served one at a time, in arrival order. Each request
+
+1. looks up its prompt's leading cached blocks, as vLLM does: at most
+   ``(prompt_tokens - 1) // block_size`` blocks (the last token is always recomputed);
+2. uses its full prompt blocks (the partial last block is never cached): the leading cached
+   ones are touched, the others allocated, evicting per the policy; a request with more blocks
+   than the capacity uses only its first ``capacity`` blocks;
+3. releases them, tail first (they stay cached, evictable).
+
+The hit rate is hit tokens / prompt tokens over all requests. For ``lru`` the curve over every
+capacity comes from one pass (:func:`lru_hits`, Mattson's stack algorithm); the other policies
+replay once per capacity through a :class:`~kvsim.cache.block_pool.BlockPool`
+(:func:`policy_hits`), ``belady`` with an oracle built from the same replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from kvsim.errors import ConfigError
+
+from .block_pool import BlockPool
+from .policies import POLICY_NAMES, BeladyOracle, make_policy
+
+
+@dataclass(slots=True)
+class ReplayRequest:
+    """What the replay needs of a request: its full prompt blocks' hashes, how many of them a
+    lookup may cover, its prompt length and priority."""
+
+    hashes: np.ndarray
+    lookup_blocks: int
+    prompt_tokens: int
+    priority: int = 0
+
+
+def replay_requests(requests: Iterable, block_size: int) -> list[ReplayRequest]:
+    """:class:`~kvsim.workloads.Request` objects (arrival order) as replay requests."""
+    return [ReplayRequest(np.asarray(r.block_hashes(block_size), dtype=np.int64),
+                          max(r.prompt_tokens - 1, 0) // block_size, r.prompt_tokens,
+                          r.priority) for r in requests]
+
+
+# --- LRU: one pass for every capacity ------------------------------------------------------
+
+class _Fenwick:
+    """Counts over time stamps ``1..n`` with vectorised point updates and prefix sums."""
+
+    def __init__(self, n: int):
+        self.tree = np.zeros(n + 1, dtype=np.int64)
+
+    def add(self, idx: np.ndarray, delta: int) -> None:
+        idx = idx.copy()
+        while idx.size:
+            np.add.at(self.tree, idx, delta)
+            idx = idx + (idx & -idx)
+            idx = idx[idx < len(self.tree)]
+
+    def prefix(self, idx: np.ndarray) -> np.ndarray:
+        total, idx = np.zeros(len(idx), dtype=np.int64), idx.copy()
+        while (idx > 0).any():
+            total += self.tree[idx]
+            idx = idx - (idx & -idx)
+        return total
+
+
+def lru_hits(reqs: Sequence[ReplayRequest], capacities: Sequence[int]) -> np.ndarray:
+    """Hit blocks at each capacity under LRU, in one pass over the trace (stack distances).
+
+    A request's blocks are accessed tail first, so after it its first block is the most
+    recently used (as vLLM's tail-first release). A block's stack distance is 1 + the number of
+    distinct blocks used since its last use; an LRU cache of ``C`` blocks holds exactly those
+    at distance ``<= C`` (inclusion property; it holds with whole requests pinned, because a
+    request's hits are touched before anything is evicted). The prefix hit of a request at
+    ``C`` is the number of leading lookup blocks whose running-maximum distance is ``<= C``.
+    """
+    caps = np.asarray(capacities, dtype=np.int64)
+    flat = np.concatenate([r.hashes for r in reqs]) if reqs else np.zeros(0, np.int64)
+    uniq, dense = np.unique(flat, return_inverse=True)
+    dense = dense.reshape(-1)
+    last = np.zeros(len(uniq), dtype=np.int64)       # last time stamp, 0 = never
+    tree, clock, alive, hits, offset = _Fenwick(len(flat)), 0, 0, np.zeros(len(caps)), 0
+    for r in reqs:
+        ids = _first_occurrences(dense[offset:offset + len(r.hashes)])
+        offset += len(r.hashes)
+        hits += _leading_hits(ids[:r.lookup_blocks], last, tree, alive, caps)
+        seen = ids[last[ids] > 0]
+        tree.add(last[seen], -1)
+        stamps = clock + len(ids) - np.arange(len(ids))     # first block: newest
+        tree.add(stamps, 1)
+        last[ids], clock, alive = stamps, clock + len(ids), alive - len(seen) + len(ids)
+    return hits
+
+
+def _first_occurrences(ids: np.ndarray) -> np.ndarray:
+    """``ids`` without repeats, first occurrence kept (a chained trace never repeats)."""
+    _, first = np.unique(ids, return_index=True)
+    return ids if len(first) == len(ids) else ids[np.sort(first)]
+
+
+def _leading_hits(ids, last, tree: _Fenwick, alive: int, caps: np.ndarray) -> np.ndarray:
+    stamps = last[ids]
+    unseen = np.flatnonzero(stamps == 0)
+    if len(unseen):
+        stamps = stamps[:unseen[0]]
+    if not len(stamps):
+        return np.zeros(len(caps))
+    distance = alive - tree.prefix(stamps) + 1
+    return np.searchsorted(np.maximum.accumulate(distance), caps, side="right")
+
+
+# --- any policy: a direct replay through a block pool ----------------------------------------
+
+def policy_hits(reqs: Sequence[ReplayRequest], policy_name: str, capacity: int,
+                oracle: BeladyOracle | None = None) -> int:
+    """Hit blocks of one replay through a ``capacity``-block pool evicting by ``policy_name``."""
+    pool = BlockPool(capacity, policy=make_policy(policy_name, oracle))
+    get, hits = pool.index.get, 0
+    for position, r in enumerate(reqs):
+        hashes = r.hashes[:capacity].tolist()
+        held = []
+        for block_hash in hashes:
+            block_id = get(block_hash)
+            if block_id is None:
+                break
+            held.append(block_id)
+        hits += min(len(held), r.lookup_blocks)
+        pool.begin(position, r.priority)
+        pool.touch(held)
+        new = pool.get_new_blocks(len(hashes) - len(held))
+        pool.cache_blocks(new, hashes[len(held):], len(held), held[-1] if held else None)
+        held += new
+        pool.free_blocks(reversed(held))
+    return hits
+
+
+def replay_oracle(reqs: Sequence[ReplayRequest]) -> BeladyOracle:
+    """The future of a replay, for ``belady`` (positions are indices into ``reqs``)."""
+    return BeladyOracle.from_hashes([r.hashes for r in reqs], [r.lookup_blocks for r in reqs])
+
+
+# --- the command's result -----------------------------------------------------------------
+
+def parse_capacities(blocks: str | None, tokens: str | None, block_size: int) -> list[int]:
+    """Capacities in blocks from ``--capacity`` (blocks) or ``--capacity-tokens`` (tokens,
+    rounded down to whole blocks), comma-separated; ascending, without repeats."""
+    if (blocks is None) == (tokens is None):
+        raise ConfigError("give exactly one of --capacity (blocks) and --capacity-tokens",
+                          field="capacity")
+    text, per = (blocks, 1) if blocks is not None else (tokens, block_size)
+    try:
+        values = [int(v.strip().replace("_", "")) // per for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}",
+                          field="capacity") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"capacities must be at least one block, got {text!r}",
+                          field="capacity")
+    return sorted(set(values))
+
+
+def parse_policies(text: str) -> list[str]:
+    """Policy names from a comma-separated list, checked."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise ConfigError(f"unknown eviction policy {', '.join(unknown) or text!r}; expected "
+                          f"some of {', '.join(POLICY_NAMES)}", field="eviction")
+    return list(dict.fromkeys(names))
+
+
+def hitrate_curves(requests: Iterable, capacities: Sequence[int], policies: Sequence[str],
+                   block_size: int) -> dict:
+    """The replay's result: ``rows`` (policy, capacity_blocks, capacity_tokens, hit_tokens,
+    hit_rate), the request and prompt-token counts and the settings."""
+    reqs = replay_requests(requests, block_size)
+    queries = sum(r.prompt_tokens for r in reqs)
+    rows = []
+    for name in policies:
+        for capacity, hit_blocks in zip(capacities, _hits(reqs, name, capacities)):
+            hit_tokens = int(hit_blocks) * block_size
+            rows.append(dict(policy=name, capacity_blocks=int(capacity),
+                             capacity_tokens=int(capacity) * block_size, hit_tokens=hit_tokens,
+                             hit_rate=hit_tokens / queries if queries else 0.0))
+    return dict(num_requests=len(reqs), prompt_tokens=queries, block_size=block_size,
+                policies=list(policies), capacities_blocks=[int(c) for c in capacities],
+                rows=rows)
+
+
+def _hits(reqs, name: str, capacities: Sequence[int]) -> list[int]:
+    if name == "lru":
+        return [int(h) for h in lru_hits(reqs, capacities)]
+    oracle = replay_oracle(reqs) if name == "belady" else None
+    return [policy_hits(reqs, name, c, oracle) for c in capacities]
+
+
+def render_hitrate_table(result: dict) -> str:
+    """The rows as a text table: one line per capacity, one column per policy (hit rate %)."""
+    policies, caps = result["policies"], result["capacities_blocks"]
+    rate = {(r["policy"], r["capacity_blocks"]): r["hit_rate"] for r in result["rows"]}
+    lines = [f"prefix hit rate, {result['num_requests']:,} requests, "
+             f"{result['prompt_tokens']:,} prompt tokens, block size {result['block_size']}",
+             f"{'blocks':>10} {'tokens':>12} " + " ".join(f"{p:>9}" for p in policies)]
+    for c in caps:
+        cells = " ".join(f"{100 * rate[p, c]:>8.2f}%" for p in policies)
+        lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
+    return "\n".join(lines)

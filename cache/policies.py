@@ -1,0 +1,245 @@
+"""Eviction policies: which free *cached* block a :class:`~kvsim.cache.BlockPool` reuses next.
+
+Every policy keeps vLLM's first rule: free blocks without a hash (nothing cached in them) are
+reused first. They differ in the order in which free cached blocks (reference count 0, still
+findable by hash) are given up:
+
+- ``lru`` (default): vLLM v1 exactly - the free queue is an LRU list by release time, a released
+  request's tail block first. It runs on the plain :class:`BlockPool` code path (an
+  ``OrderedDict``), untouched by this module.
+- ``lfu``: fewest hits first (prefix hits taken on the block since it was filled), LRU among
+  equals.
+- ``priority``: a block carries the best (numerically lowest) priority of the requests that
+  used it since it was filled; the worst priority is evicted first, LRU within a class.
+- ``hybrid``: a GreedyDual-Size-Frequency score, see :class:`HybridPolicy`.
+- ``belady``: offline optimal, the block whose next use is farthest in the future goes first;
+  needs a :class:`BeladyOracle` built from the whole trace, see :class:`BeladyPolicy`.
+
+A non-LRU pool (:class:`~kvsim.cache.block_pool.ScoredBlockPool`) calls :meth:`CachePolicy.key`
+when a cached block is released (its reference count drops to 0) and evicts the block with the
+smallest key. Keys are fixed at release: they only matter while a block is free, and a free
+block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool keeps
+the chain property for every policy: only a block no other cached block names as its parent
+(or one whose content another block also holds) can be evicted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+POLICY_NAMES = ("lru", "lfu", "priority", "hybrid", "belady")
+
+INF = math.inf
+
+
+class CachePolicy:
+    """Base policy. ``key(pool, block_id, block_hash, clock)`` orders free cached blocks
+    (smallest evicted first); ``clock`` counts releases, so it is the LRU tie-break."""
+
+    name = "base"
+    is_lru = False
+
+    def begin(self, request_id) -> None:
+        """The pool is about to take or touch blocks for ``request_id``."""
+
+    def key(self, pool, block_id: int, block_hash: int, clock: int) -> tuple:
+        raise NotImplementedError
+
+    def on_evict(self, key: tuple) -> None:
+        """``key`` belonged to the block just evicted."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class LRUPolicy(CachePolicy):
+    """vLLM's order. A pool given this policy is the plain :class:`BlockPool`; ``key`` is only
+    used when a :class:`ScoredBlockPool` is built with it explicitly (tests)."""
+
+    name = "lru"
+    is_lru = True
+
+    def key(self, pool, block_id, block_hash, clock):
+        return (clock, 0)
+
+
+class LFUPolicy(CachePolicy):
+    """Fewest prefix hits since the block was filled first; least recently released among
+    equals."""
+
+    name = "lfu"
+
+    def key(self, pool, block_id, block_hash, clock):
+        return (pool.hits[block_id], clock)
+
+
+class PriorityPolicy(CachePolicy):
+    """Worst priority first (the block's priority is the lowest value among the requests that
+    allocated or hit it since it was filled); least recently released within a class."""
+
+    name = "priority"
+
+    def key(self, pool, block_id, block_hash, clock):
+        return (-pool.prio[block_id], clock)
+
+
+class HybridPolicy(CachePolicy):
+    """GreedyDual-Size-Frequency (Cherkasova 1998) with a priority weight::
+
+        H(b) = L + F(b) * C(b) * W(b),  evict the smallest H (LRU among equals)
+
+    - ``F = 1 + hits``: frequency, as GDSF (a block is worth more the more it is reused);
+    - ``C = 1 + depth``: the cost to recompute the block, in blocks of prefill. A block at
+      depth ``d`` (``d`` blocks before it in its chain) is only reachable through its prefix, and
+      losing it costs a request that needs it a prefill whose attention spans the ``d`` blocks
+      before it; deeper blocks of long shared prefixes (documents, long conversations) are the
+      expensive ones to lose, a short prompt's tail the cheap one. Size is one block for every
+      block, so GDSF's ``cost / size`` is ``C``;
+    - ``W = 2 ** -priority``: each priority level (lower value = more important, as vLLM)
+      doubles a block's value, so high-priority prefixes outlive low-priority ones without an
+      absolute class barrier (the ``priority`` policy is that barrier);
+    - ``L``: GDSF's inflation value, the ``H`` of the last evicted block. A block released now
+      starts at the current ``L``, so blocks that sat idle since long ago (released under a
+      lower ``L``) go before recently released ones of equal worth: this is the recency term,
+      and it ages frequency, so blocks that were hot once cannot stay forever.
+
+    GDSF is chosen because it is the classical one-score policy combining exactly these four
+    terms, with a competitive-ratio guarantee for the cost-aware (GreedyDual) part, and because
+    it needs no tuning constant and no wall-clock time: the release order is the clock.
+    """
+
+    name = "hybrid"
+
+    def __init__(self) -> None:
+        self.inflation = 0.0
+
+    def key(self, pool, block_id, block_hash, clock):
+        prio = min(max(pool.prio[block_id], -60), 60)
+        value = (1 + pool.hits[block_id]) * (1 + pool.depth[block_id]) * 2.0 ** -prio
+        return (self.inflation + value, clock)
+
+    def on_evict(self, key):
+        if key[0] > self.inflation:
+            self.inflation = key[0]
+
+
+class BeladyPolicy(CachePolicy):
+    """Offline optimal (Belady's MIN): evict the block whose content is next *looked up*
+    farthest in the future; never again, or next touched only where it cannot be a hit (the last
+    block of a block-aligned prompt, re-inserted for free then), goes first; LRU among equals.
+
+    It reads the future from a :class:`BeladyOracle`, so it is an upper bound for the online
+    policies, not a policy a server could run. ``now`` is the trace position of the latest
+    request that took blocks (the admission frontier). In the cache-only replay
+    (:mod:`kvsim.cache.hitrate`) requests are served one by one in order and the bound is exact
+    for block hits; in a full simulation requests overlap, wait and are preempted, so "next use"
+    is measured from the frontier, a request routed to another replica still counts as a use,
+    and the result is a near-optimal reference rather than a proof.
+    """
+
+    name = "belady"
+
+    def __init__(self, oracle: "BeladyOracle"):
+        self.oracle = oracle
+        self.now = -1
+        self._cursor = oracle.start[:-1].copy()
+
+    def begin(self, request_id) -> None:
+        position = self.oracle.position(request_id)
+        if position > self.now:
+            self.now = position
+
+    def key(self, pool, block_id, block_hash, clock):
+        return (-self.oracle.next_use(block_hash, self.now, self._cursor), clock)
+
+
+class BeladyOracle:
+    """The future of a trace: for every block hash, the trace positions (request indices, in
+    arrival order) where a request holds it, and whether that use can be a hit (the block lies
+    within the lookup range, i.e. it does not cover the prompt's last token).
+
+    Built from the whole trace up front (``from_hashes`` or ``from_requests``), so a simulation
+    with ``belady`` materialises its request list. Memory: one int64 per block occurrence (a few
+    more while building) plus a dict over the distinct hashes; a policy adds one cursor per
+    distinct hash.
+    """
+
+    def __init__(self, ids: np.ndarray, positions: np.ndarray, counted: np.ndarray,
+                 num_ids: int, dense: dict | None = None, request_positions: dict | None = None):
+        order = np.lexsort((positions, ids))
+        self.occ = (positions[order].astype(np.int64) << 1) | counted[order].astype(np.int64)
+        self.start = np.searchsorted(ids[order], np.arange(num_ids + 1))
+        self._dense = dense
+        self._positions = request_positions
+
+    @classmethod
+    def from_hashes(cls, per_request: Sequence[np.ndarray], lookup_blocks: Sequence[int],
+                    request_ids: Iterable | None = None) -> "BeladyOracle":
+        """From each request's block hashes (in trace order) and how many of its leading
+        blocks a lookup may cover."""
+        lengths = np.array([len(h) for h in per_request], dtype=np.int64)
+        flat = np.concatenate(per_request) if len(per_request) else np.zeros(0, np.int64)
+        uniq, ids = np.unique(flat, return_inverse=True)
+        positions = np.repeat(np.arange(len(per_request)), lengths)
+        offsets = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        counted = offsets < np.repeat(np.asarray(lookup_blocks, dtype=np.int64), lengths)
+        dense = dict(zip(uniq.tolist(), range(len(uniq))))
+        where = ({rid: i for i, rid in enumerate(request_ids)} if request_ids is not None
+                 else None)
+        return cls(ids.reshape(-1), positions, counted, len(uniq), dense, where)
+
+    @classmethod
+    def from_requests(cls, requests: Sequence, block_size: int) -> "BeladyOracle":
+        """From :class:`~kvsim.workloads.Request` objects in arrival order (prompt blocks)."""
+        hashes = [np.asarray(r.block_hashes(block_size), dtype=np.int64) for r in requests]
+        lookups = [max(r.prompt_tokens - 1, 0) // block_size for r in requests]
+        return cls.from_hashes(hashes, lookups, [r.request_id for r in requests])
+
+    def position(self, request_id) -> int:
+        """Trace position of ``request_id`` (the id itself when built without ids)."""
+        if self._positions is None:
+            return request_id
+        return self._positions.get(request_id, -1)
+
+    def next_use(self, block_hash: int, now: int, cursor: np.ndarray) -> float:
+        """Position of the next use after ``now`` that can hit, ``inf`` if none comes before
+        the hash is next held without a possible hit. ``cursor`` (one int per hash, owned by
+        the caller) only moves forward, so ``now`` must never decrease for one cursor."""
+        i = self._dense.get(block_hash) if self._dense is not None else block_hash
+        if i is None:
+            return INF
+        c, end, occ = int(cursor[i]), int(self.start[i + 1]), self.occ
+        while c < end and int(occ[c]) >> 1 <= now:
+            c += 1
+        cursor[i] = c
+        if c == end:
+            return INF
+        value = int(occ[c])
+        return value >> 1 if value & 1 else INF
+
+
+def make_policy(name: str, oracle: BeladyOracle | None = None) -> CachePolicy:
+    """A fresh policy (policies hold state: make one per pool)."""
+    if name == "belady":
+        if oracle is None:
+            raise ValueError("the belady policy needs an oracle built from the whole trace")
+        return BeladyPolicy(oracle)
+    classes = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,
+               "hybrid": HybridPolicy}
+    if name not in classes:
+        raise ValueError(f"unknown eviction policy {name!r}; expected one of "
+                         f"{', '.join(POLICY_NAMES)}")
+    return classes[name]()
+
+
+def prepare_eviction(name: str, requests: Iterable, block_size: int):
+    """``(requests, oracle)`` for a simulation with eviction policy ``name``: ``belady``
+    materialises the request stream into a list and builds its oracle; other policies leave
+    the stream as it is (oracle ``None``)."""
+    if name != "belady":
+        return requests, None
+    requests = list(requests)
+    return requests, BeladyOracle.from_requests(requests, block_size)

@@ -1,0 +1,316 @@
+"""``kvsim profile``: time the real backend over a grid of steps and fit the cost model to it.
+
+Each grid point is one engine step: a batch composition (requests with ``q`` new tokens on ``c``
+cached ones) or one block copy. It is timed the way :class:`TorchExecutor` times a step (forward
+pass plus greedy sampling; or ``copy_blocks``), after a warm-up round, as the median over rounds
+of the whole grid (see :func:`measure_grid`).
+
+The fit is the cost model's *fitted* form (see ``kvsim.sim.profile.Fitted``): a step with
+``tokens`` new tokens over ``seqs`` requests, ``kv`` KV tokens read (``sum c + q``) and
+``units`` attention units (``sum q * (2c + q + 1)``) takes::
+
+    step_s + per_seq_s * seqs + per_token_s * tokens + per_kv_token_s * kv
+           + per_attn_unit_s * units
+
+and a copy of ``n`` blocks ``copy_call_s + n * block_bytes * (host|device)_copy_s_per_byte``.
+Coefficients are non-negative least squares on *relative* residuals (each row divided by its
+measured time), so short decode steps weigh as much as long prefills.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import itertools
+
+import numpy as np
+
+from kvsim.cache.step_plan import COMPACT, SWAP_OUT
+
+from .runner import ModelRunner, RequestChunk
+
+COMPUTE_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s")
+GROUPS = ("prefill", "decode", "mixed", "transfer")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One timed step: ``batch`` of ``(q new, c cached)`` pairs, or ``copy`` of
+    ``(kind, num_blocks)``."""
+
+    group: str
+    batch: tuple[tuple[int, int], ...] = ()
+    copy: tuple[str, int] | None = None
+
+    def features(self) -> list[float]:
+        """``[1, seqs, tokens, kv, units]`` (compute) or ``[1, blocks]`` (copy)."""
+        if self.copy is not None:
+            return [1.0, float(self.copy[1])]
+        tokens = sum(q for q, _ in self.batch)
+        kv = sum(q + c for q, c in self.batch)
+        units = sum(q * (2 * c + q + 1) for q, c in self.batch)
+        return [1.0, float(len(self.batch)), float(tokens), float(kv), float(units)]
+
+
+@dataclass
+class Grid:
+    """Which steps to time and how often."""
+
+    points: list[Point] = field(default_factory=list)
+    repeats: int = 5
+    warmup: int = 2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The operating range to profile: the engine's batch limits and longest context."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_context: int = 2048
+
+
+def _decode(contexts) -> tuple[tuple[int, int], ...]:
+    return tuple((1, max(int(c), 2) - 1) for c in contexts)
+
+
+def _powers(lo: int, hi: int) -> list[int]:
+    """``lo, 2 lo, 4 lo, ...`` up to ``hi``, and ``hi`` itself."""
+    out = []
+    while lo < hi:
+        out.append(lo)
+        lo *= 2
+    return out + [hi]
+
+
+def default_grid(limits: Limits = Limits(), quick: bool = False, seed: int = 0) -> Grid:
+    """Steps spanning ``limits``: prefills (one or several requests, with and without a cached
+    prefix), decodes (batch x context, uniform and ragged contexts), mixed steps (prefill
+    chunks riding with decodes) and block copies. ``quick`` thins it to a few seconds on a
+    tiny model (tests, ``validate`` without ``--profile``)."""
+    rng = np.random.default_rng(seed)
+    seqs, budget, ctx = limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_context
+    pts = [Point("prefill", ((q, c),)) for q in _powers(8, min(budget, ctx))[::2 if quick else 1]
+           for c in (0, ctx // 4, ctx // 2) if q + c <= ctx]
+    pts += [Point("prefill", tuple((max(budget // (2 * k), 2), 32 * i) for i in range(k)))
+            for k in (2, 4)]
+    contexts = sorted({min(64, ctx), max(ctx // 8, 2), max(ctx // 2, 2), ctx})
+    for b in _powers(1, seqs)[::2 if quick else 1]:
+        pts += [Point("decode", _decode([c] * b)) for c in contexts[::2 if quick else 1]]
+        pts.append(Point("decode", _decode(rng.integers(16, ctx + 1, size=b))))
+    for q in (max(budget // 8, 2), max(budget // 2, 2)):
+        for b in (max(seqs // 4, 1), max(seqs - 1, 1)):
+            ragged = _decode(rng.integers(16, ctx // 2 + 2, size=b))
+            pts.append(Point("mixed", ((q, 0),) + ragged))
+            pts.append(Point("mixed", ((q // 2, ctx // 4), (q // 2, 0)) + ragged))
+    for kind in (SWAP_OUT, COMPACT):
+        pts += [Point("transfer", copy=(kind, n)) for n in (1, 8, 64) if not quick or n != 8]
+    return Grid(pts, repeats=3 if quick else 7, warmup=1 if quick else 2)
+
+
+# --- timing --------------------------------------------------------------------------------
+
+def clock_fn(clock: str) -> Callable[[], float]:
+    """``time.perf_counter`` for ``wall``, ``time.process_time`` for ``cpu``."""
+    return time.process_time if clock == "cpu" else time.perf_counter
+
+
+def _chunks(point: Point, block_size: int, vocab: int, rng) -> list[RequestChunk]:
+    """Requests in consecutive, disjoint block ranges (from block 0)."""
+    chunks, next_block = [], 0
+    for q, c in point.batch:
+        n = -(-(q + c) // block_size)
+        tokens = rng.integers(0, vocab, size=q).tolist()
+        chunks.append(RequestChunk(tokens, c, list(range(next_block, next_block + n))))
+        next_block += n
+    return chunks
+
+
+def blocks_needed(grid: Grid, block_size: int) -> tuple[int, int]:
+    """(device blocks, host blocks) the grid's steps touch."""
+    dev = max((sum(-(-(q + c) // block_size) for q, c in p.batch) for p in grid.points), default=1)
+    copies = [p.copy[1] for p in grid.points if p.copy]
+    most = max(copies, default=0)
+    return max(dev, 2 * most, 1), most
+
+
+def point_call(runner: ModelRunner, point: Point, rng) -> Callable[[], object]:
+    """A zero-argument call performing the grid point's step (forward + sampling, or a copy)."""
+    if point.copy is not None:
+        kind, n = point.copy
+        pairs = [(i, n + i) if kind == COMPACT else (i, i) for i in range(n)]
+        return lambda: runner.kv_store.copy_blocks(kind, pairs)
+    chunks = _chunks(point, runner.kv_store.block_size, runner.model.cfg.vocab_size, rng)
+    return lambda: runner.greedy(chunks)
+
+
+def timed_call(call: Callable[[], object], device, now: Callable[[], float]) -> float:
+    """Seconds of one call (CUDA-synchronised on a GPU)."""
+    import torch
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = now()
+    call()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return now() - start
+
+
+# --- fitting -------------------------------------------------------------------------------
+
+def nnls_small(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a few columns, exactly: the optimum is the unconstrained
+    least-squares solution on some subset of the columns, so try every subset and keep the
+    best one whose coefficients are all >= 0 (2^5 subsets for the compute fit)."""
+    n = a.shape[1]
+    best, best_res = np.zeros(n), float(np.sum(b * b))
+    for k in range(1, n + 1):
+        for cols in itertools.combinations(range(n), k):
+            sol = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+            if (sol < 0).any():
+                continue
+            res = float(np.sum((a[:, cols] @ sol - b) ** 2))
+            if res < best_res:
+                best, best_res = np.zeros(n), res
+                best[list(cols)] = sol
+    return best
+
+
+def fit_relative(features: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the sum of squared relative errors."""
+    weights = 1.0 / times
+    return nnls_small(features * weights[:, None], np.ones_like(times))
+
+
+def fit_compute(points: list[Point], times: list[float]) -> dict[str, float]:
+    """The five compute coefficients from every non-copy point."""
+    rows = [(p.features(), t) for p, t in zip(points, times) if p.copy is None]
+    x = np.array([r[0] for r in rows])
+    y = np.array([r[1] for r in rows])
+    return dict(zip(COMPUTE_TERMS, fit_relative(x, y).tolist()))
+
+
+def fit_copies(points: list[Point], times: list[float], block_bytes: int) -> dict[str, float]:
+    """``copy_call_s`` and seconds per byte host<->device and device->device."""
+    out: dict[str, float] = {}
+    calls = []
+    for kind, key in ((SWAP_OUT, "host_copy_s_per_byte"), (COMPACT, "device_copy_s_per_byte")):
+        rows = [(p.features(), t) for p, t in zip(points, times) if p.copy and p.copy[0] == kind]
+        if not rows:
+            out[key] = 0.0
+            continue
+        call_s, per_block = fit_relative(np.array([r[0] for r in rows]),
+                                         np.array([r[1] for r in rows]))
+        out[key] = per_block / block_bytes
+        calls.append(call_s)
+    out["copy_call_s"] = float(np.mean(calls)) if calls else 0.0
+    return out
+
+
+def predict(point: Point, coef: dict[str, float], block_bytes: int) -> float:
+    """The fitted time of one grid point."""
+    if point.copy is not None:
+        kind, n = point.copy
+        per_byte = coef["device_copy_s_per_byte" if kind == COMPACT else "host_copy_s_per_byte"]
+        return coef["copy_call_s"] + n * block_bytes * per_byte
+    return float(np.dot(point.features(), [coef[k] for k in COMPUTE_TERMS]))
+
+
+def fit_errors(points: list[Point], times: list[float], coef: dict[str, float],
+               block_bytes: int) -> dict[str, dict[str, float]]:
+    """Per group: points, median and max absolute relative error of the fit."""
+    out = {}
+    for group in GROUPS:
+        errs = [abs(predict(p, coef, block_bytes) - t) / t
+                for p, t in zip(points, times) if p.group == group]
+        if errs:
+            out[group] = {"points": len(errs), "median_abs_rel_error": statistics.median(errs),
+                          "max_abs_rel_error": max(errs)}
+    return out
+
+
+# --- the whole job -------------------------------------------------------------------------
+
+def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0) -> list[float]:
+    """Median seconds of every grid point, in grid order.
+
+    Rounds go over the whole grid (point 1, 2, ..., then again), so no point is timed right
+    after itself: like a real engine step, each call starts with caches holding other work,
+    not its own weights and KV from a moment ago (back-to-back repeats measure ~10-30 % fast
+    on the CPU).
+    """
+    rng = np.random.default_rng(seed)
+    calls = [point_call(runner, p, rng) for p in grid.points]
+    now = clock_fn(clock)
+    for _ in range(grid.warmup):
+        for call in calls:
+            call()
+    rounds = [[timed_call(c, runner.device, now) for c in calls] for _ in range(grid.repeats)]
+    return [statistics.median(times) for times in zip(*rounds)]
+
+
+def fit_profile(points: list[Point], times: list[float], block_bytes: int) -> dict[str, float]:
+    """Every coefficient of a fitted profile (``kvsim.sim.profile.FITTED_TERMS``)."""
+    coef = fit_compute(points, times)
+    coef.update(fit_copies(points, times, block_bytes))
+    return {k: float(v) for k, v in coef.items()}
+
+
+def point_record(point: Point, measured: float, fitted: float) -> dict:
+    """One grid point as written into the profile JSON."""
+    what = {"copy": list(point.copy)} if point.copy else {"batch": [list(b) for b in point.batch]}
+    return {"group": point.group, **what, "measured_s": measured, "fitted_s": fitted}
+
+
+def run_profile(settings, limits: Limits = Limits(), quick: bool = False) -> dict:
+    """Profile ``settings.model`` on ``settings.device``; returns the fitted profile (a dict
+    that ``CostModel(profile=...)`` and ``kvsim run --profile`` accept once written)."""
+    import torch
+
+    from kvsim.sim.profile import MODEL_SHAPE_KEYS
+
+    from .session import build_runner, device_name, prepare_device, warm_up
+
+    model = prepare_device(settings)
+    grid = default_grid(limits, quick=quick, seed=settings.seed)
+    dev_blocks, host_blocks = blocks_needed(grid, settings.block_size)
+    runner = build_runner(settings, model, dev_blocks, host_blocks)
+    start = time.perf_counter()
+    warm_up(runner, limits.max_num_seqs)
+    times = measure_grid(runner, grid, settings.clock, settings.seed)
+    bb = runner.kv_store.bytes_per_block
+    coef = fit_profile(grid.points, times, bb)
+    return {
+        "kind": "fitted", "device": settings.device, "device_name": device_name(settings.device),
+        "model": settings.model, "sim_model": model.sim_model,
+        "model_shape": {k: getattr(model.spec, k) for k in MODEL_SHAPE_KEYS},
+        "settings": settings.to_dict(), "limits": vars(limits) | {"quick": quick},
+        "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "profiling_s": time.perf_counter() - start,
+        "fitted": coef, "fit_error": fit_errors(grid.points, times, coef, bb),
+        "points": [point_record(p, t, predict(p, coef, bb)) for p, t in zip(grid.points, times)],
+    }
+
+
+def render_fit(profile: dict) -> str:
+    """The fit's error per operation group, as a small table."""
+    lines = [f"profile of {profile['model']} on {profile['device']} "
+             f"({profile['device_name']}), {len(profile['points'])} points in "
+             f"{profile['profiling_s']:.1f}s",
+             f"{'group':<10}{'points':>7}{'median |err|':>14}{'max |err|':>11}"]
+    for group, e in profile["fit_error"].items():
+        lines.append(f"{group:<10}{e['points']:>7}{e['median_abs_rel_error']:>13.1%}"
+                     f"{e['max_abs_rel_error']:>11.1%}")
+    return "\n".join(lines)
+
+
+def profile_job(settings, limits: Limits, out: str, quick: bool = False) -> dict:
+    """``kvsim profile``: profile, write the JSON atomically to ``out``, return the profile."""
+    from kvsim.reports.io import write_json_atomic
+    profile = run_profile(settings, limits, quick)
+    profile["path"] = str(write_json_atomic(out, profile))
+    return profile

@@ -1,0 +1,97 @@
+"""Settings shared by ``kvsim profile`` and ``kvsim validate``, and building a runner from them.
+
+CPU timings are only comparable under the same thread count, so :func:`prepare_device` pins
+``torch.set_num_threads`` (and the inter-op pool) before anything runs.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kvsim.errors import ConfigError
+
+from .executor import CLOCKS
+from .model import resolve_dtype
+from .models import BackendModel, resolve_backend_model
+from .runner import ModelRunner, RequestChunk
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """Which model runs where, and how steps are timed."""
+
+    model: str = "tiny-llama"
+    device: str = "cpu"
+    dtype: str = "fp32"
+    block_size: int = 32
+    threads: int = 1
+    seed: int = 0
+    clock: str = "wall"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"expected 'cpu' or 'cuda', got {self.device!r}", field="device")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("no CUDA device is available (torch.cuda.is_available() is "
+                              "False)", field="device")
+        if self.clock not in CLOCKS or (self.clock == "cpu" and self.device == "cuda"):
+            raise ConfigError(f"expected one of {CLOCKS} ('cpu' on the CPU only), got "
+                              f"{self.clock!r}", field="clock")
+        if self.block_size < 1 or self.threads < 1:
+            raise ConfigError("block size and threads must be at least 1", field="block_size")
+        try:
+            resolve_dtype(self.dtype)
+        except ValueError as exc:
+            raise ConfigError(str(exc), field="dtype") from None
+
+
+def prepare_device(settings: BackendSettings) -> BackendModel:
+    """Validate the settings, pin torch's threads, resolve the model."""
+    settings.validate()
+    torch.set_num_threads(settings.threads)
+    try:
+        torch.set_num_interop_threads(settings.threads)
+    except RuntimeError:  # may only be set once per process
+        pass
+    return resolve_backend_model(settings.model)
+
+
+def build_runner(settings: BackendSettings, model: BackendModel, num_blocks: int,
+                 num_host_blocks: int = 0) -> ModelRunner:
+    """A random-weight model and a KV store of ``num_blocks`` device blocks."""
+    return ModelRunner.create(model.llama_config(), num_blocks=num_blocks,
+                              block_size=settings.block_size, num_host_blocks=num_host_blocks,
+                              seed=settings.seed, dtype=settings.dtype, device=settings.device)
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's model (best effort)."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def warm_up(runner: ModelRunner, max_rows: int = 32) -> None:
+    """Before timing anything: tune the CPU LM head's layouts (see :mod:`.cpu_head`) and run a
+    prefill and a decode step once (first calls of a shape pay one-off costs). The steps write
+    K/V into the first blocks; every request writes its own K/V before reading it, and prefix
+    hits only name blocks a request computed, so nothing stale is ever read."""
+    if runner.device.type == "cpu":
+        runner.model.cpu_head().tune(max_rows)
+    bs, blocks = runner.kv_store.block_size, runner.kv_store.num_blocks
+    n = min(64, bs * blocks)
+    runner.greedy([RequestChunk(list(range(n)), 0, list(range(-(-n // bs))))])
+    rows = min(max_rows, blocks)
+    runner.greedy([RequestChunk([1], 0, [i]) for i in range(rows)])

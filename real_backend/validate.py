@@ -1,0 +1,248 @@
+"""``kvsim validate``: the same trace through the real backend and through the simulator.
+
+Two runs of ``kvsim.sim.runner.simulate`` with one :class:`RunConfig`:
+
+- *real*: a :class:`TorchExecutor` performs every step and the clock advances by measured time.
+  It is wrapped in :class:`PredictingExecutor`, which also asks the cost model about the very
+  same plan, so every step has a measured and a predicted duration (aligned by construction);
+- *sim*: the :class:`CostModel` alone (the ordinary simulated run, skip-ahead included).
+
+The report holds the median absolute relative error of the step duration (per step, also per
+step kind), the relative error of throughput and of TTFT/TPOT/E2E p50/p90 (sim vs real), and
+whether the cache decisions were identical: step count, per-step scheduled tokens, prefix hit
+tokens, preemptions, block transfers, per-request cached tokens. Decisions can only differ when
+arrivals interleave differently with steps of different lengths (``offline=True`` sets every
+arrival to 0, which rules that out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from kvsim.errors import ConfigError
+from kvsim.sim import results
+from kvsim.sim.config import RunConfig
+from kvsim.sim.cost_model import CostModel
+from kvsim.sim.runner import RunResult, simulate
+
+from .executor import TorchExecutor
+from .profiling import Limits, run_profile
+from .session import BackendSettings, build_runner, device_name, prepare_device, warm_up
+
+METRICS = (("throughput_output_tokens_per_s", None), ("ttft_s", "p50"), ("ttft_s", "p90"),
+           ("tpot_s", "p50"), ("tpot_s", "p90"), ("e2e_s", "p50"), ("e2e_s", "p90"))
+DECISION_COLUMNS = ("batch_size", "scheduled_tokens", "preemptions", "prefix_hit_tokens",
+                    "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
+                    "compact_blocks")
+
+
+@dataclass(frozen=True)
+class ValidateJob:
+    """A validation: backend settings, engine settings (``RunConfig`` fields), the profile."""
+
+    settings: BackendSettings = BackendSettings()
+    engine: dict = field(default_factory=dict)   # RunConfig overrides (num_gpu_blocks, ...)
+    profile: str | None = None                   # fitted profile JSON; None: profile first
+    repeats: int = 1                             # forward passes timed per step (median)
+    offline: bool = False                        # every request arrives at t = 0
+    trace_label: str = "trace"
+    noise_floor: bool = False                    # run the real side twice, compare the runs
+
+
+class PredictingExecutor:
+    """Runs each step on the real backend (its duration is what the loop sees) and records the
+    cost model's prediction of the same plan. No ``decode_durations``: no skipping ahead."""
+
+    def __init__(self, real: TorchExecutor, model: CostModel) -> None:
+        self.real, self.model = real, model
+        self.measured: list[float] = []
+        self.predicted: list[float] = []
+        self.kinds: list[str] = []
+
+    def step_duration(self, plan) -> float:
+        self.kinds.append(step_kind(plan))
+        self.predicted.append(self.model.step_duration(plan))
+        self.measured.append(self.real.step_duration(plan))
+        return self.measured[-1]
+
+
+def step_kind(plan) -> str:
+    """``decode`` (every request one new token), ``prefill`` (none has one) or ``mixed``."""
+    ones = sum(1 for s in plan.scheduled if s.num_new_tokens == 1)
+    if not plan.scheduled:
+        return "transfer"
+    return "decode" if ones == len(plan.scheduled) else "prefill" if not ones else "mixed"
+
+
+def run_config(job: ValidateJob, sim_model: str, profile_path: str | None) -> RunConfig:
+    """The engine settings both runs share (the backend's block size and dtype)."""
+    s = job.settings
+    values = {"num_gpu_blocks": 512, "max_num_seqs": 16, "max_num_batched_tokens": 512,
+              **job.engine, "trace": job.trace_label, "model": sim_model,
+              "block_size": s.block_size, "dtype": s.dtype, "profile": profile_path,
+              "seed": s.seed}
+    config = RunConfig.from_dict(values, source="validate")
+    config.validate()
+    return config
+
+
+def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int) -> dict:
+    """The job's profile file, or a quick one over the run's operating range."""
+    if job.profile:
+        try:
+            return json.loads(Path(job.profile).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read profile: {exc}", location=job.profile) from None
+    limits = Limits(config.max_num_seqs, config.max_num_batched_tokens, max_context)
+    return run_profile(job.settings, limits, quick=True)
+
+
+def profile_mismatch(profile: dict, settings: BackendSettings) -> dict:
+    """Settings the profile was measured under that differ from this run's (``{key: (profile,
+    run)}``); timings only transfer between equal device, dtype, threads and clock."""
+    measured = profile.get("settings", {})
+    keys = ("device", "dtype", "threads", "clock", "block_size")
+    run = settings.to_dict()
+    return {k: (measured[k], run[k]) for k in keys if k in measured and measured[k] != run[k]}
+
+
+def _offline(requests: list) -> list:
+    return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
+
+
+def validate(requests: Iterable, job: ValidateJob) -> dict:
+    """Run both sides and return the validation report (see :func:`compare`)."""
+    model = prepare_device(job.settings)
+    reqs = list(requests)
+    if job.offline:
+        reqs = _offline(reqs)
+    if not reqs:
+        raise ConfigError("the trace has no requests", field="trace")
+    config = run_config(job, model.sim_model, None)
+    longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
+    profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len))
+    cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
+                     dtype=config.dtype)
+    runner = build_runner(job.settings, model, config.num_gpu_blocks)
+    warm_up(runner, config.max_num_seqs)
+    tee = PredictingExecutor(TorchExecutor(runner, reqs, clock=job.settings.clock,
+                                           repeats=job.repeats), cost)
+    start = time.perf_counter()
+    real = simulate(reqs, config, executor=tee)
+    real_wall = time.perf_counter() - start
+    sim = simulate(reqs, config, executor=cost)
+    report = compare(real, sim, tee.predicted, tee.kinds)
+    if job.noise_floor:
+        again = simulate(reqs, config, executor=TorchExecutor(
+            runner, reqs, clock=job.settings.clock, repeats=job.repeats))
+        report["noise_floor"] = noise_floor(real, again)
+    report.update(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
+                  config=config.to_dict(), repeats=job.repeats, offline=job.offline,
+                  real_wall_s=real_wall, profile_source=job.profile or "quick profile",
+                  profile_fit_error=profile.get("fit_error"),
+                  profile_mismatch=profile_mismatch(profile, job.settings))
+    return report
+
+
+def _rel(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return abs(sim - real) / abs(real)
+
+
+def step_errors(measured: np.ndarray, predicted: np.ndarray, kinds: list[str]) -> dict:
+    """Median (and p90) absolute relative error of step duration, overall and per kind."""
+    err = np.abs(predicted - measured) / measured
+    kind = np.asarray(kinds)
+    out = {"all": _err_stats(err)}
+    for k in ("prefill", "decode", "mixed", "transfer"):
+        if (kind == k).any():
+            out[k] = _err_stats(err[kind == k])
+    out["total_time_rel_error"] = _rel(float(predicted.sum()), float(measured.sum()))
+    return out
+
+
+def _err_stats(err: np.ndarray) -> dict:
+    return {"steps": int(len(err)), "median_abs_rel_error": float(np.median(err)),
+            "p90_abs_rel_error": float(np.percentile(err, 90))}
+
+
+def decisions(real: RunResult, sim: RunResult, real_steps, sim_steps) -> dict:
+    """Whether both runs made the same cache and scheduling decisions."""
+    same_len = len(real_steps) == len(sim_steps)
+    per_step = same_len and all(
+        np.array_equal(real_steps[c].to_numpy(), sim_steps[c].to_numpy())
+        for c in DECISION_COLUMNS)
+    totals = {c: (int(real_steps[c].sum()), int(sim_steps[c].sum())) for c in DECISION_COLUMNS}
+    cached = [results.requests_frame(r)["cached_tokens"].to_numpy() for r in (real, sim)]
+    return {"num_steps": (len(real_steps), len(sim_steps)), "totals": totals,
+            "per_step_identical": bool(per_step),
+            "cached_tokens_identical": bool(np.array_equal(*cached)),
+            "identical": bool(per_step and np.array_equal(*cached))}
+
+
+def noise_floor(first: RunResult, second: RunResult) -> dict:
+    """How much two real runs of the same trace differ: the best any prediction can match
+    one of them. Per-step differences only when both made the same steps."""
+    a, b = (results.steps_frame(r) for r in (first, second))
+    out = {"total_time_rel_diff": _rel(float(a["duration"].sum()), float(b["duration"].sum()))}
+    thr = [results.build_summary(r, results.requests_frame(r), f)[
+        "throughput_output_tokens_per_s"] for r, f in ((first, a), (second, b))]
+    out["throughput_rel_diff"] = _rel(thr[0], thr[1])
+    if decisions(first, second, a, b)["per_step_identical"]:
+        da, db = a["duration"].to_numpy(), b["duration"].to_numpy()
+        out["step_median_abs_rel_diff"] = float(np.median(np.abs(da - db) / db))
+    return out
+
+
+def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list[str]) -> dict:
+    """The validation report of a real run (with per-step predictions) and a simulated run."""
+    real_steps, sim_steps = results.steps_frame(real), results.steps_frame(sim)
+    measured = real_steps["duration"].to_numpy()
+    summaries = {}
+    for name, run in (("real", real), ("sim", sim)):
+        summaries[name] = results.build_summary(run, results.requests_frame(run),
+                                                results.steps_frame(run))
+    metrics = {}
+    for key, pct in METRICS:
+        r, s = (summaries[n][key] if pct is None else summaries[n][key][pct]
+                for n in ("real", "sim"))
+        metrics[key if pct is None else f"{key}.{pct}"] = {"real": r, "sim": s,
+                                                          "rel_error": _rel(s, r)}
+    return {
+        "step_duration": step_errors(measured, np.asarray(predicted), kinds),
+        "mean_step_s": {"real": float(measured.mean()),
+                        "sim": float(sim_steps["duration"].mean())},
+        "metrics": metrics,
+        "decisions": decisions(real, sim, real_steps, sim_steps),
+        "num_requests": summaries["real"]["num_requests"],
+        "num_completed": {n: summaries[n]["num_completed"] for n in summaries},
+        "duration_s": {n: summaries[n]["duration_s"] for n in summaries},
+        "steps": {"measured_s": measured.tolist(), "predicted_s": list(predicted),
+                  "scheduled_tokens": real_steps["scheduled_tokens"].astype(int).tolist(),
+                  "batch_size": real_steps["batch_size"].astype(int).tolist(), "kind": kinds},
+    }
+
+
+
+def validate_job(trace_path, trace_options, job: ValidateJob, out_dir=None,
+                 html: bool = True) -> dict:
+    """``kvsim validate``: read the trace, validate, write ``validation.json``/``.html`` into
+    ``out_dir`` when given; returns the report (with ``outputs``, the written paths)."""
+    from kvsim.pipeline import resolve_trace
+    from kvsim.workloads import load_trace
+
+    from .validate_report import write_outputs
+    path, label = resolve_trace(str(trace_path))   # a file, or sample:NAME
+    report = validate(load_trace(path, trace_options), job)
+    report["trace"] = label
+    if out_dir is not None:
+        report["outputs"] = write_outputs(out_dir, report, html=html)
+    return report

@@ -1,0 +1,355 @@
+"""The capacity planner's outputs: terminal table, progress bar, ``plan.csv``, ``plan.json`` and
+a self-contained ``report.html`` with the cost-vs-latency Pareto front.
+
+Everything here reads the plan dict that :func:`kvsim.sim.planner.plan` returns (plain JSON
+types); nothing here simulates.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .io import write_csv_atomic, write_json_atomic
+from .page import card, cards, esc, figure_div, panel, render_page
+from .style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
+
+PLAN_FILE, PLAN_CSV, PLAN_REPORT = "plan.json", "plan.csv", "report.html"
+PLAN_FIGURE_IDS = ("fig-pareto", "fig-max-rate")
+_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
+
+
+def metric_name(key: str) -> str:
+    """``ttft_p99_s`` → ``TTFT p99``."""
+    metric, pct = key.removesuffix("_s").split("_")
+    return f"{_NAMES.get(metric, metric.upper())} {pct}"
+
+
+def latency_keys(result: dict) -> list[str]:
+    """The latency columns to show: TTFT/TPOT p99 and every SLO key, in a stable order."""
+    keys = ["ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s"]
+    wanted = set(result["slo"]) | {"ttft_p99_s", "tpot_p99_s"}
+    return [k for k in keys if k in wanted] + sorted(set(result["slo"]) - set(keys))
+
+
+def _money(value: Any) -> str:
+    return "—" if value is None else f"${value:,.2f}"
+
+
+def _max_rate(row: dict) -> str:
+    """The sustainable rate; ``< X`` when even the lowest rate tried (X) failed."""
+    found = row.get("max_rate") or {}
+    rate, failing = found.get("request_rate_per_s"), found.get("failing_request_rate_per_s")
+    if rate is None:
+        return "—" if failing is None else f"< {failing:.3g}"
+    return f"{rate:,.2f}"
+
+
+def table_rows(result: dict) -> list[dict[str, str]]:
+    """One dict of display strings per candidate, best first (the ranked table's cells)."""
+    out = []
+    for row in result["candidates"]:
+        cells = {"#": str(row["rank"]), "Configuration": row["label"],
+                 "Replicas": fmt_num(row["replicas"]), "GPUs": fmt_num(row["gpus"]),
+                 "$/hour": _money(row["cost_per_hour_usd"])}
+        for key in latency_keys(result):
+            cells[metric_name(key)] = fmt_seconds((row["latency"] or {}).get(key))
+        cells["Headroom"] = fmt_pct(row["min_headroom"])
+        cells["Hit rate"] = fmt_pct(row["hit_rate"])
+        cells["Max req/s (1 replica)"] = _max_rate(row)
+        cells["Status"] = "meets SLOs" if row["feasible"] else row["reason"]
+        out.append(cells)
+    return out
+
+
+_SHORT = {"Configuration": "Configuration", "Replicas": "Repl-\nicas", "$/hour": "$/h",
+          "Headroom": "Head-\nroom", "Hit rate": "Hit\nrate",
+          "Max req/s (1 replica)": "Max req/s\n1 replica"}
+
+
+def plan_table(result: dict) -> Table:
+    """The ranked candidates as a rich table; an infeasible row (dashes) has its reason in a
+    note keyed by its rank (see :func:`reason_lines`)."""
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", title="kvsim plan",
+                  title_justify="left", title_style="bold", pad_edge=False,
+                  collapse_padding=True)
+    rows = table_rows(result)
+    for name in list(rows[0])[:-1] if rows else ():
+        table.add_column(_SHORT.get(name, name.replace(" ", "\n")),
+                         no_wrap=name != "Configuration", min_width=11 if name == "Configuration"
+                         else None, justify="left" if name == "Configuration" else "right")
+    for i, (cells, row) in enumerate(zip(rows, result["candidates"])):
+        cells.pop("Status")
+        table.add_row(*cells.values(), style="bold" if i == 0 and row["feasible"] else None)
+    return table
+
+
+def rate_notes(result: dict) -> list[str]:
+    """``label: note`` where the sustainable-rate search found no boundary."""
+    notes = {}
+    for r in result["candidates"]:
+        note = (r["max_rate"] or {}).get("note")
+        if note:
+            notes.setdefault(note, []).append(r["label"])
+    return [f"{', '.join(labels)}: {note}" for note, labels in notes.items()]
+
+
+def reason_lines(result: dict) -> list[str]:
+    """``[rank] label: reason`` for every infeasible candidate."""
+    return [f"[{r['rank']}] {r['label']}: {r['reason']}" for r in result["candidates"]
+            if not r["feasible"]]
+
+
+def recommendation_text(result: dict) -> str:
+    """One paragraph: the recommended deployment, or why there is none."""
+    best = result["recommended"]
+    if best is None:
+        return "No candidate meets every SLO; see the reasons above."
+    return (f"Recommended: {best['label']} x {best['replicas']} replica(s) = {best['gpus']} "
+            f"GPU(s), {_money(best['cost_per_hour_usd'])}/hour, headroom "
+            f"{fmt_pct(best['min_headroom'])}.\n  reproduce: {best['kvsim_run']}")
+
+
+def block_size_lines(result: dict) -> list[str]:
+    """Per GPU: the L2 rule's block size beside the best block size of the sweep."""
+    return [f"block size on {b['gpu']}: L2 rule {b['l2_cache_bytes']:,} B / (2 x "
+            f"{b['hidden_size']:,} x {b['dtype_bytes']} B) = {b['tokens']:,.0f} tokens "
+            f"(power of two {b['power_of_two']:,}); best in sweep "
+            f"{b['best_block_size'] if b['best_block_size'] is not None else '—'} "
+            f"(swept {', '.join(map(str, b['swept_block_sizes']))})"
+            for b in result["block_size"]]
+
+
+def load_text(result: dict) -> str:
+    """``60 requests at rate scale 8 (15.9 req/s)``."""
+    load = result["load"]
+    rate = load["request_rate_per_s"]
+    return (f"{load['num_requests']:,} requests at rate scale {load['rate_scale']:.4g}"
+            + ("" if rate is None else f" ({rate:,.2f} req/s)"))
+
+
+def slo_text(result: dict) -> str:
+    return ", ".join(f"{metric_name(k)} ≤ {fmt_seconds(v)}" for k, v in result["slo"].items())
+
+
+def print_plan(result: dict, console: Optional[Console] = None) -> None:
+    """Print the ranked table, the recommendation and the block-size comparison."""
+    console = console or Console()
+    console.print(f"trace {result['trace']} · model {result['model']} · {load_text(result)} · "
+                  f"SLO {slo_text(result)}", highlight=False)
+    console.print(plan_table(result))
+    for line in reason_lines(result) + rate_notes(result):
+        console.print(line, highlight=False)
+    console.print(recommendation_text(result), highlight=False)
+    for line in block_size_lines(result):
+        console.print(line, highlight=False)
+
+
+class PlanProgress:
+    """``with PlanProgress(enabled) as p: p.update(done, total)``: candidates done / total on
+    stderr (nothing when not ``enabled``)."""
+
+    def __init__(self, enabled: bool, console: Optional[Console] = None):
+        self.enabled = enabled
+        self.console = console or Console(stderr=True)
+        self._progress: Optional[Progress] = None
+        self._task = None
+
+    def __enter__(self) -> "PlanProgress":
+        if self.enabled:
+            self._progress = Progress(TextColumn("[bold]planning"), BarColumn(),
+                                      MofNCompleteColumn(), TextColumn("candidates ·"),
+                                      TimeElapsedColumn(), console=self.console)
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, done: int, total: int) -> None:
+        if self._progress is None:
+            return
+        if self._task is None:
+            self._task = self._progress.add_task("plan", total=total)
+        self._progress.update(self._task, completed=done)
+
+
+# --- files -----------------------------------------------------------------------------------
+
+def plan_frame(result: dict) -> pd.DataFrame:
+    """``plan.csv``: one row of raw numbers per candidate, best first."""
+    records = []
+    for row in result["candidates"]:
+        rec = {"rank": row["rank"], "label": row["label"], **row["settings"],
+               "feasible": row["feasible"], "replicas": row["replicas"], "gpus": row["gpus"],
+               "price_per_gpu_hour_usd": row["price_per_gpu_hour_usd"],
+               "cost_per_hour_usd": row["cost_per_hour_usd"]}
+        rec.update({k: (row["latency"] or {}).get(k) for k in latency_keys(result)})
+        rec.update(min_headroom=row["min_headroom"], hit_rate=row["hit_rate"],
+                   max_request_rate_per_s=(row["max_rate"] or {}).get("request_rate_per_s"),
+                   reason=row["reason"])
+        records.append(rec)
+    return pd.DataFrame(records)
+
+
+def write_plan_outputs(out_dir: str | os.PathLike, result: dict,
+                       html: bool = True) -> dict[str, Path]:
+    """Write ``plan.csv``, ``report.html`` (when ``html``) and ``plan.json`` last, each
+    atomically, into ``out_dir``; returns ``{name: path}``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PLAN_FILE).unlink(missing_ok=True)
+    written = {"csv": write_csv_atomic(out / PLAN_CSV, plan_frame(result))}
+    if html:
+        written["report"] = render_plan_report(result, out / PLAN_REPORT)
+    written["plan"] = write_json_atomic(out / PLAN_FILE, result)
+    return written
+
+
+# --- figures and the HTML page -------------------------------------------------------------
+
+def cost_points(result: dict) -> list[dict]:
+    """Every simulated (candidate, replicas) point at the planned load with a known price:
+    ``label``, ``replicas``, ``cost``, ``meets`` and its latencies, in candidate order."""
+    points = []
+    for row in sorted(result["candidates"], key=lambda r: r["index"]):
+        price, tp = row["price_per_gpu_hour_usd"], row["settings"]["tp"]
+        for ev in row["evaluations"] if price is not None else ():
+            points.append({"index": row["index"], "label": row["label"],
+                           "replicas": ev["replicas"], "cost": ev["replicas"] * tp * price,
+                           "meets": ev["meets"], **ev["latency"]})
+    return points
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points that no other point beats on both cost and latency (lower is
+    better), cheapest first."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    front, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def pareto_figure(result: dict) -> go.Figure:
+    """Cost per hour against each SLO'd latency, every simulated point, the Pareto front
+    (dashed) and the target (dotted)."""
+    points, keys = cost_points(result), list(result["slo"])
+    if not points:
+        return empty_figure("Cost vs latency", "no simulated point with a known price")
+    fig = make_subplots(rows=1, cols=len(keys), subplot_titles=[metric_name(k) for k in keys])
+    for col, key in enumerate(keys, start=1):
+        _pareto_panel(fig, points, key, result["slo"][key], col)
+    fig.update_xaxes(title_text="cost per hour (USD)")
+    fig.update_yaxes(title_text="latency (s)", type="log", col=1)
+    fig.update_yaxes(type="log")
+    return style_figure(fig, "Cost vs latency (lower left is better; filled: meets every SLO)",
+                        height=440, hovermode="closest", legend="bottom")
+
+
+def _pareto_panel(fig: go.Figure, points: list[dict], key: str, target: float, col: int):
+    usable = [p for p in points if p.get(key) is not None]
+    for index in dict.fromkeys(p["index"] for p in usable):
+        mine = [p for p in usable if p["index"] == index]
+        fig.add_trace(go.Scatter(
+            x=[p["cost"] for p in mine], y=[p[key] for p in mine], mode="markers",
+            name=mine[0]["label"], legendgroup=str(index), showlegend=col == 1,
+            marker=dict(size=10, color=series_color(index),
+                        symbol=["circle" if p["meets"] else "circle-open" for p in mine]),
+            text=[f"{p['label']} x {p['replicas']}" for p in mine],
+            hovertemplate="%{text}<br>$%{x:,.2f}/h<br>%{y:.3g} s<extra></extra>"),
+            row=1, col=col)
+    front = [usable[i] for i in pareto_front([(p["cost"], p[key]) for p in usable])]
+    fig.add_trace(go.Scatter(x=[p["cost"] for p in front], y=[p[key] for p in front],
+                             mode="lines", line=dict(color="#111827", dash="dash", shape="hv"),
+                             name="Pareto front", legendgroup="front", showlegend=col == 1,
+                             hoverinfo="skip"), row=1, col=col)
+    costs = [p["cost"] for p in usable] or [0.0]
+    fig.add_trace(go.Scatter(x=[min(costs), max(costs)], y=[target, target], mode="lines",
+                             line=dict(color="#dc2626", dash="dot"), name="SLO target",
+                             legendgroup="slo", showlegend=col == 1, hoverinfo="skip"),
+                  row=1, col=col)
+
+
+def max_rate_figure(result: dict) -> go.Figure:
+    """Largest sustainable request rate of one replica, per candidate."""
+    rows = [r for r in result["candidates"] if (r["max_rate"] or {}).get("request_rate_per_s")]
+    if not rows:
+        return empty_figure("Sustainable rate", "no candidate sustains any tested rate")
+    fig = go.Figure(go.Bar(
+        x=[r["max_rate"]["request_rate_per_s"] for r in rows], y=[r["label"] for r in rows],
+        orientation="h", marker_color=[series_color(r["index"]) for r in rows],
+        hovertemplate="%{y}<br>%{x:,.2f} req/s<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="requests per second")
+    return style_figure(fig, "Largest sustainable request rate of one replica",
+                        height=max(240, 60 + 28 * len(rows)), hovermode="closest")
+
+
+_WRAP = ' style="white-space:normal;min-width:22em"'
+
+
+def _table_html(result: dict) -> str:
+    rows = table_rows(result)
+    if not rows:
+        return '<p class="note">No candidates.</p>'
+    head = "".join(f'<th class="label">{esc(k)}</th>' if k in ("Configuration", "Status")
+                   else f"<th>{esc(k)}</th>" for k in rows[0])
+    body = []
+    for i, (cells, row) in enumerate(zip(rows, result["candidates"])):
+        tds = "".join(
+            f'<td class="{"label" if k in ("Configuration", "Status") else ""}'
+            f'{" bad" if k == "Status" and not row["feasible"] else ""}"'
+            f'{_WRAP if k == "Status" else ""}>{esc(v)}</td>' for k, v in cells.items())
+        cls = ' class="best"' if i == 0 and row["feasible"] else ""
+        body.append(f"<tr{cls}>{tds}</tr>")
+    return (f'<div class="table-scroll"><table class="ranked" id="plan-table"><thead><tr>'
+            f'{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _header(result: dict) -> str:
+    best = result["recommended"]
+    items = [card("Recommended", best["label"] if best else "none",
+                  f"x {best['replicas']} replicas" if best else "no candidate meets the SLOs",
+                  "good" if best else "bad")]
+    if best:
+        items += [card("GPUs", fmt_num(best["gpus"]), f"{best['replicas']} replicas"),
+                  card("Cost", f"{_money(best['cost_per_hour_usd'])}/h", "replicas x TP x price"),
+                  card("Headroom", fmt_pct(best["min_headroom"]), "tightest SLO")]
+    return (f"<h1>kvsim capacity plan</h1><p class=\"subtitle\">Trace <b>{esc(result['trace'])}"
+            f"</b> · model <b>{esc(result['model'])}</b> · {esc(load_text(result))} · SLO "
+            f"<b>{esc(slo_text(result))}</b></p>{cards(items)}"
+            + (f'<p class="note">Reproduce: <code>{esc(best["kvsim_run"])}</code></p>'
+               if best else ""))
+
+
+def render_plan_report(result: dict, path: str | os.PathLike, *,
+                       plotlyjs: str = "inline") -> Path:
+    """Write the plan's interactive report (ranked table, Pareto front, sustainable rates,
+    block sizes, definitions) to ``path``; returns the path."""
+    defs = result["definitions"]
+    body = [
+        panel("Ranking", _table_html(result), "Cheapest deployment meeting every SLO first."),
+        panel("Cost vs latency", figure_div(pareto_figure(result), PLAN_FIGURE_IDS[0]),
+              "Every replica count the search simulated at the planned load."),
+        panel("Sustainable rate", figure_div(max_rate_figure(result), PLAN_FIGURE_IDS[1])
+              + "".join(f'<p class="note">{esc(line)}</p>' for line in rate_notes(result)),
+              defs["sustainable"]),
+        panel("Block size", "".join(f"<p>{esc(line)}</p>" for line in block_size_lines(result))),
+        panel("Definitions", "".join(f"<p><b>{esc(k)}</b>: {esc(v)}</p>"
+                                     for k, v in defs.items())),
+    ]
+    return render_page(path, title="kvsim plan", header=_header(result), body="".join(body),
+                       plotlyjs=plotlyjs)

@@ -1,0 +1,86 @@
+"""``kvsim plan`` through the real command line."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from plotly.offline import get_plotlyjs
+
+SWEEP = ["plan", "sample:azure-conv", "--limit", "40", "--rate-scale", "8",
+         "--gpu", "h100-80gb,l4", "--tp", "1", "--slo-ttft-p99", "0.5",
+         "--slo-tpot-p99", "0.05"]
+
+
+def kvsim(*args):
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def json_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    done = kvsim(*SWEEP, "--out", str(out), "--json", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    return out, done
+
+
+def test_json_prints_only_the_plan_and_writes_the_files(json_run):
+    out, done = json_run
+    plan = json.loads(done.stdout)
+    assert plan == json.loads((out / "plan.json").read_text())
+    assert {p.name for p in out.iterdir()} == {"plan.json", "plan.csv", "report.html"}
+    assert [r["label"] for r in plan["candidates"]] == ["h100-80gb TP1", "l4 TP1"]
+    best = plan["recommended"]
+    assert best["label"] == "h100-80gb TP1" and best["replicas"] >= 1
+    assert best["cost_per_hour_usd"] == pytest.approx(best["gpus"] * 2.99)
+    assert best["latency"]["ttft_p99_s"] <= 0.5 and best["min_headroom"] >= 0
+    assert best["kvsim_run"].startswith("kvsim run sample:azure-conv --model llama-3.1-8b")
+    assert "prefill alone" in plan["candidates"][1]["reason"]
+    assert plan["block_size"][0]["tokens"] == 52428800 / (2 * 4096 * 2)
+    assert "planning" not in done.stderr
+
+
+def test_csv_and_report_hold_the_ranking(json_run):
+    out, _ = json_run
+    table = pd.read_csv(out / "plan.csv")
+    assert list(table["label"]) == ["h100-80gb TP1", "l4 TP1"]
+    assert list(table["feasible"]) == [True, False]
+    page = (out / "report.html").read_text().replace(get_plotlyjs(), "")
+    assert 'id="fig-pareto"' in page and 'id="plan-table"' in page
+    assert "Pareto front" in page
+    assert not re.search(r"""<(script|link|img)[^>]+(src|href)\s*=\s*["']?(https?:)?//""",
+                         page, re.I)
+
+
+def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"h100": 10.0}')
+    done = kvsim(*SWEEP, "--out", str(tmp_path / "o"), "--price-table", str(prices),
+                 "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "Recommended: h100-80gb TP1" in done.stdout and "$10.00" in done.stdout
+    assert "[2] l4 TP1: TTFT p99 can never meet" in done.stdout
+    assert "L2 rule" in done.stdout and "best in sweep 16" in done.stdout
+    assert "candidates" in done.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tp", "1,x"], "field 'tp'"),
+    (["--gpu", "b200"], "unknown GPU 'b200'"),
+    (["--target-rate", "3"], "not both"),
+    (["--max-replicas", "0"], "max-replicas"),
+    (["--router", "random"], "field 'router'"),
+])
+def test_bad_input_is_one_line_and_exit_status_2(args, message, tmp_path):
+    done = kvsim(*SWEEP, *args, "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert done.stdout == ""
+
+
+def test_a_plan_needs_an_slo(tmp_path):
+    done = kvsim("plan", "sample:azure-conv", "--out", str(tmp_path))
+    assert done.returncode == 2 and "at least one SLO" in done.stderr

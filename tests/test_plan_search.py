@@ -1,0 +1,81 @@
+"""The planner's searches and input checks, without simulations."""
+
+import json
+import math
+
+import pytest
+
+from kvsim.errors import ConfigError
+from kvsim.reports.plan import pareto_front
+from kvsim.sim.plan_bounds import suggested_block_size
+from kvsim.sim.plan_search import fewest_passing, largest_passing
+from kvsim.sim.plan_spec import build_slo, load_prices, parse_list
+
+
+def counting(predicate):
+    calls = []
+
+    def ok(x):
+        calls.append(x)
+        return predicate(x)
+    return ok, calls
+
+
+@pytest.mark.parametrize("threshold", list(range(1, 41)))
+def test_fewest_passing_finds_the_threshold_in_logarithmic_calls(threshold):
+    ok, calls = counting(lambda n: n >= threshold)
+    assert fewest_passing(ok, 40) == threshold
+    assert len(calls) <= 2 * math.ceil(math.log2(40)) + 1
+    assert len(set(calls)) == len(calls)
+
+
+def test_fewest_passing_gives_none_when_the_limit_fails():
+    ok, calls = counting(lambda n: False)
+    assert fewest_passing(ok, 12) is None
+    assert calls == [1, 2, 4, 8, 12]
+    assert fewest_passing(lambda n: True, 1) == 1
+
+
+@pytest.mark.parametrize("truth,start", [(3.7, 1.0), (0.013, 1.0), (5.0, 5.0), (1.0, 64.0)])
+def test_largest_passing_brackets_the_boundary_to_the_stated_ratio(truth, start):
+    b = largest_passing(lambda x: x <= truth, start, iterations=8)
+    assert b.passing <= truth < b.failing
+    assert b.failing / b.passing == pytest.approx(2 ** (2 ** -8))
+
+
+def test_largest_passing_reports_one_sided_results():
+    assert largest_passing(lambda x: False, 1.0, bracket_steps=3).passing is None
+    always = largest_passing(lambda x: True, 1.0, bracket_steps=3)
+    assert always.passing == 8.0 and always.failing is None
+
+
+def test_pareto_front_keeps_only_undominated_points_cheapest_first():
+    points = [(3.0, 1.0), (1.0, 5.0), (2.0, 5.0), (2.0, 2.0), (4.0, 1.0), (1.0, 6.0)]
+    assert pareto_front(points) == [1, 3, 0]
+
+
+def test_suggested_block_size_is_the_design_articles_formula():
+    s = suggested_block_size("llama-3.1-8b", "a100-80gb")
+    assert s["tokens"] == 41943040 / (2 * 4096 * 2) == 2560
+    assert s["power_of_two"] == 2048
+
+
+def test_parse_list_and_slo_checks():
+    assert parse_list("1, 2,4,2", "tp", int) == (1, 2, 4)
+    with pytest.raises(ConfigError, match="tp"):
+        parse_list("1,x", "tp", int)
+    with pytest.raises(ConfigError, match="at least one SLO"):
+        build_slo(ttft_p99_s=None)
+    with pytest.raises(ConfigError, match="> 0"):
+        build_slo(ttft_p99_s=-1.0)
+
+
+def test_price_table_overrides_the_catalog_and_accepts_aliases(tmp_path):
+    table = tmp_path / "prices.json"
+    table.write_text(json.dumps({"_doc": "mine", "prices": {"h100": 1.0, "l4": 0}}))
+    prices = load_prices(str(table))
+    assert prices["h100-80gb"] == 1.0 and prices["l4"] == 0.0
+    assert prices["a100-80gb"] == load_prices()["a100-80gb"] > 0
+    table.write_text(json.dumps({"h100": "cheap"}))
+    with pytest.raises(ConfigError, match="price must be a number"):
+        load_prices(str(table))

@@ -1,0 +1,92 @@
+"""`kvsim validate`: a trace through the real backend and through the simulator agrees on
+every cache decision, and the cost model fitted by a quick profile predicts the real step times
+and throughput within a loose CI bound (the 5 % target is for a quiet machine: see
+reports/validation/)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from kvsim.real_backend.session import BackendSettings  # noqa: E402
+from kvsim.real_backend.validate import ValidateJob, validate  # noqa: E402
+from kvsim.real_backend.validate_report import render_table, write_outputs  # noqa: E402
+from kvsim.workloads import Request  # noqa: E402
+
+CI_BOUND = 0.25
+
+
+def workload(n=20, seed=0):
+    """Chat-like requests, a third behind one shared 64-token system prompt."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(n):
+        prompt = int(rng.integers(70, 240))
+        own = [1000 * (i + 1) + k for k in range(-(-prompt // 16))]
+        hashes = [7, 8, 9, 10] + own[4:] if i % 3 == 0 else own
+        reqs.append(Request(i, 0.0, prompt, int(rng.integers(20, 80)),
+                            prefix_hashes=np.array(hashes, np.int64), hash_block_size=16))
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def report():
+    job = ValidateJob(BackendSettings(clock="cpu"),
+                      {"num_gpu_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 256})
+    return validate(workload(), job)
+
+
+def test_real_and_simulated_runs_make_identical_decisions(report):
+    d = report["decisions"]
+    assert d["identical"] and d["per_step_identical"] and d["cached_tokens_identical"]
+    steps_real, steps_sim = d["num_steps"]
+    assert steps_real == steps_sim >= 100
+    assert d["totals"]["prefix_hit_tokens"][0] > 0       # the shared prompt was hit
+    assert report["num_completed"] == {"real": 20, "sim": 20}
+
+
+def test_cost_model_tracks_the_real_backend(report):
+    print(render_table(report))
+    assert report["step_duration"]["all"]["median_abs_rel_error"] <= CI_BOUND
+    assert report["metrics"]["throughput_output_tokens_per_s"]["rel_error"] <= CI_BOUND
+    steps = report["steps"]
+    assert len(steps["measured_s"]) == len(steps["predicted_s"]) == report["decisions"]["num_steps"][0]
+
+
+def test_report_is_written_as_json_and_html(report, tmp_path):
+    paths = write_outputs(tmp_path, report)
+    data = json.loads((tmp_path / "validation.json").read_text())
+    assert data["metrics"].keys() == report["metrics"].keys()
+    assert {"ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "e2e_s.p90"} <= set(data["metrics"])
+    html = (tmp_path / "validation.html").read_text()
+    assert "median step error" in html and paths["html"].endswith("validation.html")
+
+
+def test_validate_command_prints_the_table_and_json(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_tokens": 30 + 7 * i, "output_tokens": 4,
+                                         "arrival_s": 0.0}) + "\n" for i in range(4)))
+    args = [sys.executable, "-m", "kvsim.cli", "validate", str(trace), "--num-gpu-blocks",
+            "32", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
+    done = subprocess.run(args + ["--out", str(tmp_path / "v")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "step duration" in done.stdout and "IDENTICAL" in done.stdout
+    assert (tmp_path / "v" / "validation.html").is_file()
+    done = subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=300)
+    assert json.loads(done.stdout)["decisions"]["identical"]
+
+
+def test_a_profile_measured_under_other_settings_is_flagged():
+    from kvsim.real_backend.validate import profile_mismatch
+    from kvsim.real_backend.validate_report import note_lines
+    profile = {"settings": {"device": "cpu", "dtype": "fp32", "threads": 4, "clock": "wall"}}
+    mismatch = profile_mismatch(profile, BackendSettings(clock="cpu"))
+    assert mismatch == {"threads": (4, 1), "clock": ("wall", "cpu")}
+    assert any("threads=4" in line for line in note_lines({"profile_mismatch": mismatch}))
