@@ -3,10 +3,11 @@
 A block op is one block allocated, freed, touched (a prefix hit) or hashed (registered in the
 prefix index). The workload is the same request stream for every run: prompts of 64..2048
 tokens at block size 16, most of them starting with a shared prefix, each admitted with lookup +
-allocate, then grown one decode token per step (one ``allocate`` per token, as a scheduler calls
-it), then freed. Requests are admitted while fewer than ``budget`` blocks are in use; a request
-whose decode block cannot be had is preempted (freed, requeued), as vLLM does. Prompts are given
-as precomputed per-block hashes (a ``BlockHashSource``), as traces provide them.
+allocate, then grown one decode token per step (``allocate`` called when a token opens or fills
+a block, as kvsim's scheduler calls it), then freed. Requests are admitted while fewer than
+``budget`` blocks are in use; a request whose decode block cannot be had is preempted (freed,
+requeued), as vLLM does. Prompts are given as precomputed per-block hashes (a
+``BlockHashSource``), as traces provide them.
 
 Three runs:
 - 1k blocks, budget 80%: ~12 requests running;
@@ -104,7 +105,12 @@ def run(num_blocks: int, requests: list[Prompt], budget: int | None = None) -> d
         still = []
         for r in running:
             r.n += 1
-            new = allocate(r.rid, r, 1)
+            if (r.n - 1) % bs and r.n % bs and r.n < r.total_len:
+                # inside a block: nothing to allocate or register, and kvsim's scheduler
+                # makes no call either (it passes num_computed_tokens on the next one)
+                still.append(r)
+                continue
+            new = allocate(r.rid, r, 1, num_computed_tokens=r.n - 1)
             if new is None:                     # preempt: free, recompute later
                 freed += -(-(r.n - 1) // bs)
                 free(r.rid)

@@ -250,8 +250,11 @@ class KVCacheManager:
         else:
             new_hashes = self._token_hashes(entry, tokens, num_full)
         start = entry.num_cached
-        self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
-                               entry.block_ids[start - 1] if start else None)
+        if self._scored:   # a scored pool tracks chains (depth, parent) for its policy
+            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
+                                   entry.block_ids[start - 1] if start else None)
+        else:
+            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes)
         entry.num_cached = num_full
 
     def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:
