@@ -199,6 +199,18 @@ def run_command(
         "(identical results, faster)."),
     eviction: Optional[str] = _opt("Eviction policy of cached blocks: lru (vLLM), lfu, "
                                    "priority, hybrid, belady (offline optimal).", "--eviction"),
+    layout: Optional[str] = _opt("KV layout: paged (vLLM), contiguous (one reserved region "
+                                 "per request, first-fit) or hybrid (contiguous below "
+                                 "--hybrid-threshold, paged above).", "--layout"),
+    hybrid_threshold: Optional[int] = _opt("Hybrid: final length (tokens) under which a "
+                                           "request gets a contiguous region (default 256).",
+                                           "--hybrid-threshold"),
+    reserve: Optional[str] = _opt("Contiguous/hybrid reservation: max (max_model_len), pow2 (next "
+                                  "power of two of the final length), oracle (exact).",
+                                  "--reserve"),
+    compaction_threshold: Optional[float] = _opt(
+        "Contiguous: compact when free slots unusable by the next request exceed this share "
+        "of the pool (default: never).", "--compaction-threshold"),
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s), drawn in the report.",
                                          "--slo-ttft-p99"),
@@ -345,6 +357,46 @@ def _show_run(summary: dict, out: str) -> None:
                    f"is not shorter than max_model_len {summary['config']['max_model_len']:,}",
                    err=True)
     typer.echo(f"wrote {out}/summary.json, requests.csv, timeline.csv, report.html")
+
+
+# --- kvsim compare (issue 5) ---
+# Grid options (--eviction lru,lfu --block-size 16,32 ...) are parsed by kvsim.compare from the
+# remaining arguments, so every RunConfig field can vary without an option here.
+
+
+@app.command("compare", options_metavar="TRACE --FIELD V1,V2,... [OPTIONS]",
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def compare_command(
+    ctx: typer.Context,
+    config_file: Optional[str] = _opt("TOML file holding shared settings.", "--config"),
+    out: str = typer.Option("kvsim-compare", "--out", metavar="DIR", help="Output directory."),
+    workers: Optional[int] = _opt("Worker processes (default min(4, CPUs)).", "--workers"),
+    slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s), drawn in the report.",
+                                         "--slo-ttft-p99"),
+    slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s), drawn in the report.",
+                                         "--slo-tpot-p99"),
+    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
+    rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
+    trace_model: Optional[str] = typer.Option(None, "--trace-model",
+                                              help="BurstGPT only: keep this model's rows."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run every combination of the listed values of `kvsim run` settings (e.g. --eviction
+    lru,priority --enable-prefix-caching true,false; any RunConfig field, comma-separated;
+    one value = shared) over TRACE; print one table and write compare.json, report.html and
+    one run directory per configuration into --out."""
+    from . import compare
+    from .reports.compare_table import render_compare_table
+    from .sim.sweep import default_workers
+    slo = {k: v for k, v in (("ttft_p99_s", slo_ttft_p99), ("tpot_p99_s", slo_tpot_p99)) if v}
+    spec = compare.spec_from_cli(ctx.args, config_file, trace_options(
+        fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None)
+    result = compare.run_compare(spec, workers or default_workers())
+    emit(result, as_json, None if quiet else lambda r: typer.echo(render_compare_table(
+        [run["label"] for run in r["runs"]], [run["summary"] for run in r["runs"]])
+        + f"\nwrote {out}/compare.json, report.html and {len(r['runs'])} run directories"))
 
 
 # --- kvsim profile, kvsim validate (issue 7) ---

@@ -63,6 +63,11 @@ def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None) -> di
     scanned once beforehand for its length and time span. A bad line aborts the run before
     anything is written.
     """
+    return run_job_frames(job, quiet, progress)[0]
+
+
+def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None):
+    """:func:`run_job`, returning ``(summary, requests frame, timeline frame)``."""
     console = _stderr_console()
     show = not quiet and (progress if progress is not None else console.is_terminal)
     span, count = _scan(job) if show else (0.0, 0)
@@ -73,7 +78,7 @@ def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None) -> di
     if job.slo:
         summary["slo"] = job.slo
     write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html)
-    return summary
+    return summary, requests_df, timeline_df
 
 
 def _scan(job: RunJob) -> tuple[float, int]:

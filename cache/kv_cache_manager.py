@@ -121,6 +121,19 @@ class KVCacheManager:
     def has_request(self, request_id) -> bool:
         return request_id in self._requests
 
+    def fragmentation(self, running, next_request=None) -> tuple[int, int, int, int]:
+        """Slot counts ``(token states, reservation, internal, external)`` of the pool while
+        ``running`` (sequences whose ``num_computed_tokens`` have KV) run: paged memory reserves
+        nothing ahead and has no external fragmentation; internal is each sequence's last-block
+        tail; token states are the other slots of the used blocks."""
+        bs = self.block_size
+        internal = sum((-s.num_computed_tokens) % bs for s in running)
+        return self.pool.num_used_blocks * bs - internal, 0, internal, 0
+
+    def take_transfers(self) -> tuple:
+        """Copies this manager wants in the next step plan (paged: none)."""
+        return ()
+
     # --- lookup --------------------------------------------------------------------------
 
     def lookup(self, tokens) -> CacheHit:

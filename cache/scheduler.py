@@ -91,13 +91,15 @@ class Scheduler:
         """Plan one step; the scheduled tokens count as computed from here on."""
         scheduled: dict[Sequence, int] = {}
         preempted: list[Sequence] = []
-        budget = self._schedule_running(scheduled, preempted, self._prefill_threshold())
+        threshold = self._prefill_threshold()
+        budget = self._schedule_running(scheduled, preempted, threshold)
         admitted: list[Sequence] = []
         if not preempted:
-            self._schedule_waiting(scheduled, admitted, budget, self._prefill_threshold())
+            self._schedule_waiting(scheduled, admitted, budget, threshold)
         plan = StepPlan(preempted=[s.request_id for s in preempted],
                         admitted=[s.request_id for s in admitted],
                         block_table=self.kv.block_ids_ref)
+        plan.transfers.extend(self.kv.take_transfers())
         add = plan.scheduled.append
         for seq, n in scheduled.items():
             add(ScheduledRequest(seq.request_id, n, seq.num_computed_tokens))
@@ -126,6 +128,25 @@ class Scheduler:
             self.running = [s for s in self.running if s not in done]
         self._last = {}
         return StepOutcome(first, finished, emitted)
+
+    def admission_blocked(self, decode_budget_left: int) -> bool:
+        """True when no waiting request could be admitted this step, and none can be while
+        the running requests only decode (free blocks only shrink then, and hits only
+        shrink), given the token budget the decodes leave."""
+        if not self.waiting:
+            return True
+        if len(self.running) >= self.config.max_num_seqs or decode_budget_left <= 0:
+            return True
+        seq = self.waiting.peek()
+        hit = self.kv.lookup(seq) if self.kv.enable_prefix_caching else CacheHit()
+        if not self.config.enable_chunked_prefill and len(seq) - hit.num_tokens > \
+                decode_budget_left:
+            return True
+        n = self._num_new_tokens(seq, hit.num_tokens, self._prefill_threshold(),
+                                 decode_budget_left)
+        if not self._can_admit(seq, hit):
+            return True
+        return not self.kv.can_allocate(seq.request_id, n, hit)
 
     # --- running requests ----------------------------------------------------------------
 
@@ -244,22 +265,3 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.release_hashes()
 
-
-def admission_blocked(scheduler: Scheduler, decode_budget_left: int) -> bool:
-    """True when no waiting request could be admitted this step, and none can be while the
-    running requests only decode (free blocks only shrink then, and hits only shrink)."""
-    if not scheduler.waiting:
-        return True
-    if len(scheduler.running) >= scheduler.config.max_num_seqs or decode_budget_left <= 0:
-        return True
-    seq = scheduler.waiting.peek()
-    kv = scheduler.kv
-    hit = kv.lookup(seq) if kv.enable_prefix_caching else CacheHit()
-    if not scheduler.config.enable_chunked_prefill and len(seq) - hit.num_tokens > \
-            decode_budget_left:
-        return True
-    n = scheduler._num_new_tokens(seq, hit.num_tokens, scheduler._prefill_threshold(),
-                                  decode_budget_left)
-    if not scheduler._can_admit(seq, hit):
-        return True
-    return not kv.can_allocate(seq.request_id, n, hit)

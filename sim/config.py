@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from kvsim.cache.contiguous import RESERVE_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
+
+LAYOUTS = ("paged", "contiguous", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,10 @@ class RunConfig:
     seed: int = 0
     skip_ahead: bool = True
     eviction: str = "lru"
+    layout: str = "paged"
+    reserve: str = "max"
+    hybrid_threshold: int = 256
+    compaction_threshold: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +68,25 @@ class RunConfig:
         if self.eviction not in POLICY_NAMES:
             raise ConfigError(f"expected one of {', '.join(POLICY_NAMES)}, got "
                               f"{self.eviction!r}", field="eviction")
+        self._validate_layout()
         if self.profile is not None and not Path(self.profile).is_file():
             raise ConfigError("no such profile file", location=str(self.profile),
                               field="profile")
+
+    def _validate_layout(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"expected one of {', '.join(LAYOUTS)}, got {self.layout!r}",
+                              field="layout")
+        if self.reserve not in RESERVE_POLICIES:
+            raise ConfigError(f"expected one of {', '.join(RESERVE_POLICIES)}, got "
+                              f"{self.reserve!r}", field="reserve")
+        if self.hybrid_threshold < 1:
+            raise ConfigError(f"must be at least 1, got {self.hybrid_threshold}",
+                              field="hybrid_threshold")
+        f = self.compaction_threshold
+        if f is not None and not 0 <= f < 1:
+            raise ConfigError(f"must be in [0, 1), got {f}", field="compaction_threshold")
+        if f is not None and self.layout != "contiguous":
+            raise ConfigError("compaction needs --layout contiguous", field="compaction_threshold")
+        if self.layout == "hybrid" and self.eviction != "lru":
+            raise ConfigError("the hybrid layout pages with lru eviction only", field="eviction")

@@ -5,7 +5,8 @@ Runs of decode-only steps can be *skipped ahead*: when every running request onl
 waiting request can be admitted and no allocation can fail, the per-request bookkeeping of the
 next steps is done lazily (only at the steps where a request fills or opens a block), while each
 step still takes its own SimPy timeout. Decisions, block ids and timings are identical to
-stepping one iteration at a time (``tests/test_sim_skip_ahead.py`` checks it).
+stepping one iteration at a time (``tests/test_sim_skip_ahead.py`` checks it). Only the paged
+layout skips ahead (the runner turns it off for the others).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from kvsim.cache.scheduler import Scheduler, StepOutcome, admission_blocked
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.scheduler import Scheduler, StepOutcome
 from kvsim.cache.sequence import Sequence
 from kvsim.cache.step_plan import COMPACT, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, StepPlan
 
@@ -42,6 +44,8 @@ class Replica:
         self._idle = False
         self._decode_only = False   # the last step only decoded: worth trying to skip ahead
         self.num_skipped_steps = 0  # steps taken on the lazy decode path
+        # external fragmentation depends on the next waiting request (not in paged layouts)
+        self._external = not isinstance(self.kv, KVCacheManager)
         self.process = env.process(self._run())
 
     # --- arrivals ------------------------------------------------------------------------
@@ -100,15 +104,16 @@ class Replica:
     def _log_step(self, t0, duration, plan: StepPlan, outcome, queries, hits) -> None:
         scheduled = plan.num_scheduled_tokens
         self.outstanding_tokens -= scheduled
-        running = self.scheduler.running
-        bs = self.kv.block_size
-        internal = sum((-s.num_computed_tokens) % bs for s in running)
+        sched = self.scheduler
+        running = sched.running
+        tokens, reserved, internal, external = self.kv.fragmentation(
+            running, sched.waiting.peek() if self._external and sched.waiting else None)
         t = plan.num_transfer_blocks
         self.steps.append(
             t0, duration, self.index, len(plan.scheduled), scheduled, outcome.num_output_tokens,
-            len(running), self.scheduler.num_waiting, self.kv.pool.num_used_blocks,
-            self.kv.pool.num_cached_free_blocks, self.kv.pool.num_used_blocks * bs - internal,
-            internal, 0, 0, len(plan.preempted), queries, hits,
+            len(running), sched.num_waiting, self.kv.pool.num_used_blocks,
+            self.kv.pool.num_cached_free_blocks, tokens, internal, reserved, external,
+            len(plan.preempted), queries, hits,
             t(SWAP_OUT), t(SWAP_IN), t(OFFLOAD), t(PROMOTE), t(COMPACT))
 
     # --- skipping ahead over decode-only steps -------------------------------------------
@@ -118,7 +123,7 @@ class Replica:
         sched = self.scheduler
         running = sched.running
         budget_left = sched.config.max_num_batched_tokens - len(running)
-        if not running or budget_left < 0 or not admission_blocked(sched, budget_left):
+        if not running or budget_left < 0 or not sched.admission_blocked(budget_left):
             return 0
         max_len = sched.config.max_model_len
         steps = min(min(s.max_tokens - s.num_output_tokens, max_len - len(s)) for s in running)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .models import resolve_model
 from .recorder import REQUEST_COLUMNS, STEP_COLUMNS
 from .runner import RunResult
 
@@ -43,7 +44,8 @@ def _percentiles(values: pd.Series) -> dict:
 
 
 def _fragmentation(steps: pd.DataFrame, pool_slots: int) -> dict:
-    """Time-averaged shares of the GPU pool (per replica pool, averaged over replicas)."""
+    """Time-averaged shares of the GPU pool (per replica pool, averaged over replicas).
+    ``fragmentation_under_load`` is the same over the steps after which a request waited."""
     w = steps["duration"].to_numpy()
     if not len(w) or w.sum() == 0:
         return {"token_states": 0.0, "reservation": 0.0, "internal": 0.0, "external": 0.0,
@@ -90,8 +92,28 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
                "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
                "pool": dep.pool_explanation},
         "fragmentation": _fragmentation(steps, pool * cfg.block_size),
+        "compaction": _compaction(result),
+        "fragmentation_under_load": _fragmentation(steps[steps["num_waiting"] > 0],
+                                                   pool * cfg.block_size),
         "config": {**cfg.to_dict(), "max_model_len": dep.max_model_len},
     }
+
+
+def _compaction(result: RunResult) -> dict:
+    """Compactions of the contiguous layout (all zero for paged), summed over replicas;
+    ``external_before``/``external_after``: mean external fragmentation (share of the pool,
+    for the request that triggered it) just before and after a compaction."""
+    stats = [kv.compaction for kv in (r.kv for r in result.replicas)
+             if hasattr(kv, "compaction")]
+    n = sum(s.num_compactions for s in stats)
+    moved = sum(s.moved_slots for s in stats)
+    cfg = result.config
+    per_token = resolve_model(cfg.model).kv_bytes_per_token(cfg.dtype) if moved else 0
+    return {"num_compactions": n, "moved_tokens": moved,
+            "moved_blocks": sum(s.moved_blocks for s in stats),
+            "compaction_bytes_moved": moved * per_token,
+            "external_before": sum(s.external_before_sum for s in stats) / n if n else 0.0,
+            "external_after": sum(s.external_after_sum for s in stats) / n if n else 0.0}
 
 
 STATE_COLUMNS = ("num_running", "num_waiting", "kv_used_blocks", "kv_cached_idle_blocks",

@@ -9,6 +9,8 @@ from typing import Callable, Iterable
 
 import simpy
 
+from kvsim.cache.contiguous import ContiguousKVManager
+from kvsim.cache.hybrid import HybridKVManager
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.policies import make_policy, prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
@@ -83,7 +85,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     env = simpy.Environment()
     steps, log = StepLog(), RequestLog()
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
-                        config.skip_ahead) for i in range(config.replicas)]
+                        config.skip_ahead and config.layout == "paged")
+                for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
                           config.block_size, deployment.max_model_len))
     start = time.perf_counter()
@@ -92,10 +95,23 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
                      time.perf_counter() - start)
 
 
+def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
+    """The KV manager of ``config.layout``: paged (vLLM's), contiguous or hybrid."""
+    if config.layout == "contiguous":
+        return ContiguousKVManager(deployment.num_gpu_blocks, config.block_size,
+                                   deployment.max_model_len, config.reserve,
+                                   config.compaction_threshold)
+    if config.layout == "hybrid":
+        return HybridKVManager(deployment.num_gpu_blocks, config.block_size,
+                               deployment.max_model_len, config.hybrid_threshold,
+                               config.reserve, config.enable_prefix_caching)
+    return KVCacheManager(deployment.num_gpu_blocks, config.block_size,
+                          config.enable_prefix_caching, deployment.max_model_len,
+                          make_policy(config.eviction, oracle))
+
+
 def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Scheduler:
-    kv = KVCacheManager(deployment.num_gpu_blocks, config.block_size,
-                        config.enable_prefix_caching, deployment.max_model_len,
-                        make_policy(config.eviction, oracle))
+    kv = make_kv_manager(config, deployment, oracle)
     return Scheduler(kv, SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=deployment.max_model_len,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
@@ -15,14 +14,6 @@ from kvsim.real_backend.attention import (  # noqa: E402
 
 HEAD_DIM = 16
 TOL = 1e-4
-
-
-@pytest.fixture
-def gen() -> "torch.Generator":
-    """A fresh random generator per test; its seed is printed (shown by pytest on failure)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def rel_err(out: "torch.Tensor", ref: "torch.Tensor") -> float:

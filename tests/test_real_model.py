@@ -3,7 +3,6 @@ one prefill, chunked prefill, token-by-token decode and mixed batches (fp32, pag
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -26,13 +25,6 @@ GQA = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, hea
 MHA = LlamaConfig(num_layers=2, hidden_size=96, num_heads=3, num_kv_heads=3, head_dim=32,
                   intermediate_size=160, vocab_size=101, rope_theta=500000.0)
 TOL = 1e-4
-
-
-@pytest.fixture
-def gen() -> "torch.Generator":
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def rel_err(out: "torch.Tensor", ref: "torch.Tensor") -> float:

@@ -1,0 +1,212 @@
+"""``kvsim compare``: run a grid of configurations over one trace, every other setting shared.
+
+A *dimension* is a :class:`~kvsim.sim.config.RunConfig` field given on the command line as
+``--field-name V1,V2,...`` (``--field-name=V1,V2`` too). Each value is converted with the
+field's type: ``int``, ``float``, ``str``, ``bool`` (``true``/``false``, also ``yes/no``,
+``1/0``), and ``none`` for a field that may be unset. A bare ``--flag`` of a ``bool`` field is
+``true`` and ``--no-flag`` is ``false``. A dimension with one value is a shared setting; the
+grid is the cartesian product of all dimensions, first dimension slowest, and every result is
+reported in that order (grid position), whatever order the worker processes finish in.
+
+Outputs under ``--out DIR``: one sub-directory per configuration holding its run outputs
+(``summary.json``, ``requests.csv``, ``timeline.csv``, ``report.html``, exactly as ``kvsim run``
+writes them), ``compare.json`` (every summary, see :func:`compare_result`) and ``report.html``
+(all runs overlaid). Each configuration gives the same summary as ``kvsim run`` with the same
+settings would (apart from ``wall_time_s``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import typing
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import ConfigError
+from .pipeline import RunJob, read_config_file, resolve_trace, run_job_frames
+from .reports.compare_table import table_metrics
+from .sim.config import RunConfig
+from .workloads import TraceOptions
+
+COMPARE_FILE = "compare.json"
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+#: RunConfig fields that cannot be a dimension (the trace is the positional argument).
+NOT_DIMENSIONS = ("trace",)
+
+
+def field_types() -> dict[str, Any]:
+    """RunConfig field name -> its type, with ``X | None`` kept as a union."""
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in fields(RunConfig)}
+
+
+def _base_type(tp: Any) -> tuple[type, bool]:
+    """``(type, may be None)`` of a field type such as ``int`` or ``int | None``."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args:
+        return args[0], len(args) < len(typing.get_args(tp))
+    return tp, False
+
+
+def parse_value(name: str, text: str, tp: Any) -> Any:
+    """One value of dimension ``name`` converted to the field type ``tp``."""
+    base, optional = _base_type(tp)
+    word = text.strip()
+    if optional and word.lower() == "none":
+        return None
+    try:
+        if base is bool:
+            if word.lower() in TRUE + FALSE:
+                return word.lower() in TRUE
+            raise ValueError
+        return base(word)
+    except ValueError:
+        expected = {bool: "true or false", int: "an integer", float: "a number"}.get(
+            base, base.__name__)
+        raise ConfigError(f"expected {expected}, got {word!r}", field=name) from None
+
+
+def parse_values(name: str, text: str, tp: Any) -> list:
+    """The comma-separated values of one dimension, in order, duplicates removed."""
+    values = [parse_value(name, part, tp) for part in text.split(",") if part.strip()]
+    if not values:
+        raise ConfigError("needs at least one value", field=name)
+    return list(dict.fromkeys(values))
+
+
+def _field_name(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
+    """``(trace, dimensions)`` from the command line's remaining arguments.
+
+    Positional words are the trace (at most one). An option naming no RunConfig field, or a
+    field that cannot vary (:data:`NOT_DIMENSIONS`), is a :class:`ConfigError`.
+    """
+    types, trace, dims = field_types(), None, {}
+    tokens = list(args)
+    while tokens:
+        token = tokens.pop(0)
+        if not token.startswith("--"):
+            if trace is not None:
+                raise ConfigError(f"one trace only, got {trace!r} and {token!r}", field="TRACE")
+            trace = token
+            continue
+        option, _, text = token.partition("=")
+        name, value = _field_name(option), text if "=" in token else None
+        negated = name.startswith("no_") and name not in types and name[3:] in types
+        name = name[3:] if negated else name
+        if name not in types or name in NOT_DIMENSIONS:
+            raise ConfigError("not a run setting that can vary (those are: "
+                              f"{', '.join(n for n in types if n not in NOT_DIMENSIONS)})",
+                              field=option.lstrip("-"))
+        is_flag = _base_type(types[name])[0] is bool
+        if value is None and is_flag and (negated or not tokens or tokens[0].startswith("--")):
+            value = "false" if negated else "true"
+        elif value is None:
+            if not tokens:
+                raise ConfigError("needs a value (V1,V2,...)", field=option.lstrip("-"))
+            value = tokens.pop(0)
+        dims[name] = parse_values(name, value, types[name])
+    return trace, dims
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One configuration of the grid: its label, output sub-directory and run job."""
+
+    label: str
+    settings: dict
+    job: RunJob
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def point_label(settings: dict, varying: Sequence[str]) -> str:
+    """``eviction=lru enable_prefix_caching=false``: the settings that vary across the grid
+    (``base`` when none does)."""
+    return " ".join(f"{k}={_text(settings[k])}" for k in varying) or "base"
+
+
+def point_dir(index: int, settings: dict, varying: Sequence[str]) -> str:
+    """``03_eviction-lru_enable-prefix-caching-false``: a file-system-safe directory name."""
+    parts = [f"{k.replace('_', '-')}-{_text(settings[k])}" for k in varying]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)).strip("-") if parts else "base"
+    return f"{index:02d}_{slug}"[:120]
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    """Everything a ``kvsim compare`` needs: trace, base settings, dimensions, trace reading."""
+
+    trace: str | None
+    dims: dict
+    base: dict
+    trace_options: TraceOptions
+    out_dir: Path
+    slo: dict | None = None
+
+
+def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: TraceOptions,
+                  out_dir: str, slo: dict | None = None) -> CompareSpec:
+    """A :class:`CompareSpec` from the grid arguments and the explicit options."""
+    trace, dims = parse_grid_args(args)
+    base = read_config_file(config_file) if config_file else {}
+    trace = trace or base.pop("trace", None)
+    base.pop("trace", None)
+    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo)
+
+
+def grid_points(spec: CompareSpec) -> list[GridPoint]:
+    """The jobs of the grid in grid order (first dimension slowest); each is validated."""
+    path, label = resolve_trace(spec.trace)
+    names = list(spec.dims)
+    varying = [n for n in names if len(spec.dims[n]) > 1]
+    points = []
+    for i, values in enumerate(itertools.product(*(spec.dims[n] for n in names)), start=1):
+        settings = dict(zip(names, values))
+        config = RunConfig.from_dict({**spec.base, **settings, "trace": label},
+                                     source="compare options")
+        config.validate()
+        job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
+                     spec.out_dir / point_dir(i, settings, varying), spec.slo)
+        points.append(GridPoint(point_label(settings, varying), settings, job))
+    return points
+
+
+def run_point(point: GridPoint):
+    """Run one configuration and write its outputs (module level: runs in a worker)."""
+    return run_job_frames(point.job, quiet=True)
+
+
+def compare_result(spec: CompareSpec, points: Sequence[GridPoint],
+                   summaries: Sequence[dict]) -> dict:
+    """``compare.json``: the trace, the dimensions and, per configuration in grid order, its
+    label, settings, output directory, table numbers and full summary."""
+    return {
+        "trace": resolve_trace(spec.trace)[1],
+        "dimensions": {k: v for k, v in spec.dims.items()},
+        "runs": [{"label": p.label, "settings": p.settings, "dir": p.job.out_dir.name,
+                  "metrics": table_metrics(s), "summary": s}
+                 for p, s in zip(points, summaries)],
+    }
+
+
+def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
+    """Run every configuration (``workers`` processes; 1: in this process), write each one's
+    outputs, ``compare.json`` and ``report.html``; returns the ``compare.json`` dict."""
+    from .reports.html import render_compare_report
+    from .reports.io import write_json_atomic
+    from .sim.sweep import SweepOptions, run_tasks
+    points = grid_points(spec)
+    outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
+    result = compare_result(spec, points, [summary for summary, _, _ in outputs])
+    render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
+                          spec.out_dir / "report.html", spec.slo)
+    write_json_atomic(spec.out_dir / COMPARE_FILE, result)
+    return result

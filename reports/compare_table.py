@@ -1,0 +1,84 @@
+"""The terminal table of ``kvsim compare``: one line per configuration, from the summaries.
+
+Columns: configuration, output throughput, TTFT p50/p99, TPOT p50/p99, prefix hit rate,
+preemptions, mean batch size, fragmentation (token states / internal / external shares of the
+GPU KV pool) and bytes moved (see :func:`bytes_moved`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .style import fmt_num, fmt_pct, fmt_seconds, get, is_number
+
+#: Name stems of the transfer kinds whose byte counters :func:`bytes_moved` adds up.
+TRANSFER_STEMS = ("swap", "offload", "promot", "compact")
+
+
+def bytes_moved(summary: dict) -> int:
+    """Bytes copied by swaps, offloads, promotions and compactions, from the summary's keys.
+
+    Adds every number (outside ``config``, at any depth) whose key contains ``bytes`` and one
+    of :data:`TRANSFER_STEMS`, but not ``per`` (so ``swap_out_bytes``, ``offload_bytes`` or
+    ``compaction_bytes_moved`` count; ``bytes_per_block`` does not). 0 when there are none.
+    """
+    def walk(node: Any) -> float:
+        total = 0.0
+        for key, value in node.items():
+            name = str(key).lower()
+            if isinstance(value, dict) and name != "config":
+                total += walk(value)
+            elif (is_number(value) and not isinstance(value, bool) and "bytes" in name
+                  and "per" not in name and any(s in name for s in TRANSFER_STEMS)):
+                total += float(value)
+        return total
+    return int(walk(summary))
+
+
+def table_metrics(summary: dict) -> dict:
+    """The numbers of one table line (``None`` where the summary has no value)."""
+    frag = get(summary, "fragmentation", default={}) or {}
+    return {
+        "throughput_output_tokens_per_s": get(summary, "throughput_output_tokens_per_s"),
+        "ttft_p50_s": get(summary, "ttft_s", "p50"), "ttft_p99_s": get(summary, "ttft_s", "p99"),
+        "tpot_p50_s": get(summary, "tpot_s", "p50"), "tpot_p99_s": get(summary, "tpot_s", "p99"),
+        "prefix_hit_rate": get(summary, "prefix_cache", "hit_rate"),
+        "preemptions": get(summary, "preemptions"),
+        "mean_batch_size": get(summary, "kv", "mean_batch_size"),
+        "frag_token_states": frag.get("token_states"), "frag_internal": frag.get("internal"),
+        "frag_external": frag.get("external"),
+        "bytes_moved": bytes_moved(summary),
+    }
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _cells(m: dict) -> list[str]:
+    frag = "/".join(fmt_pct(m[k], 0) if is_number(m[k]) else "—" for k in
+                    ("frag_token_states", "frag_internal", "frag_external"))
+    return [fmt_num(m["throughput_output_tokens_per_s"]),
+            f"{fmt_seconds(m['ttft_p50_s'])} / {fmt_seconds(m['ttft_p99_s'])}",
+            f"{fmt_seconds(m['tpot_p50_s'])} / {fmt_seconds(m['tpot_p99_s'])}",
+            fmt_pct(m["prefix_hit_rate"]), fmt_num(m["preemptions"]),
+            fmt_num(m["mean_batch_size"], 1), frag, _bytes(m["bytes_moved"])]
+
+
+HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hit rate",
+           "preempt", "batch", "frag tok/int/ext", "moved")
+
+
+def render_compare_table(labels: Sequence[str], summaries: Sequence[dict]) -> str:
+    """One header line and one line per run, in the given order, columns padded to fit."""
+    rows = [[str(label), *_cells(table_metrics(s))] for label, s in zip(labels, summaries)]
+    widths = [max(len(r[i]) for r in [list(HEADERS), *rows]) for i in range(len(HEADERS))]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))]).rstrip()
+    return "\n".join([line(HEADERS), line(["-" * w for w in widths]), *map(line, rows)])

@@ -1,0 +1,119 @@
+"""`kvsim compare` end to end on 40 requests of the bundled Mooncake slice."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from plotly.offline import get_plotlyjs
+
+from kvsim.reports.html import COMPARE_FIGURE_IDS
+
+GRID = ("--eviction", "lru,priority", "--block-size", "16,32")
+LABELS = ["eviction=lru block_size=16", "eviction=lru block_size=32",
+          "eviction=priority block_size=16", "eviction=priority block_size=32"]
+COMMON = ("--limit", "40", "--max-num-seqs", "8")
+
+
+def kvsim(*args):
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    done = kvsim("compare", "sample:mooncake", *GRID, *COMMON, "--out", str(out),
+                 "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout
+
+
+def test_the_table_has_one_row_per_grid_point_in_grid_order(grid):
+    out, stdout = grid
+    lines = stdout.splitlines()
+    assert lines[0].startswith("configuration") and "TTFT p50 / p99" in lines[0]
+    assert set(lines[1]) <= {"-", " "}
+    rows = [line for line in lines[2:] if not line.startswith("wrote ")]
+    assert [re.split(r"\s{2,}", row)[0] for row in rows] == LABELS
+    assert lines[-1].startswith("wrote ")
+
+
+def test_outputs_are_one_directory_per_configuration_plus_compare_json(grid):
+    out, _ = grid
+    result = json.loads((out / "compare.json").read_text())
+    assert [run["label"] for run in result["runs"]] == LABELS
+    assert result["dimensions"] == {"eviction": ["lru", "priority"], "block_size": [16, 32],
+                                    "max_num_seqs": [8]}
+    for run in result["runs"]:
+        files = {p.name for p in (out / run["dir"]).iterdir()}
+        assert files == {"summary.json", "requests.csv", "timeline.csv", "report.html"}
+        assert run["summary"]["config"]["max_num_seqs"] == 8
+        assert run["summary"]["config"]["block_size"] == run["settings"]["block_size"]
+        assert run["metrics"]["bytes_moved"] == 0
+
+
+@pytest.mark.parametrize("index", [1, 2])
+def test_each_configuration_equals_a_separate_kvsim_run(grid, tmp_path, index):
+    out, _ = grid
+    run = json.loads((out / "compare.json").read_text())["runs"][index]
+    single = tmp_path / "single"
+    done = kvsim("run", "sample:mooncake", "--eviction", run["settings"]["eviction"],
+                 "--block-size", str(run["settings"]["block_size"]), *COMMON,
+                 "--out", str(single), "--quiet")
+    assert done.returncode == 0, done.stderr
+    expected = json.loads((single / "summary.json").read_text())
+    got = json.loads((out / run["dir"] / "summary.json").read_text())
+    for summary in (expected, got, run["summary"]):
+        summary.pop("wall_time_s")
+    assert got == expected and run["summary"] == expected
+    assert (single / "requests.csv").read_bytes() == \
+        (out / run["dir"] / "requests.csv").read_bytes()
+
+
+def test_the_report_is_self_contained_and_holds_every_run(grid):
+    out, _ = grid
+    html = (out / "report.html").read_text(encoding="utf-8")
+    page = html.replace(get_plotlyjs(), "")
+    assert html.count(get_plotlyjs()) == 1
+    assert "cdn.plot.ly" not in page
+    assert not re.search(r"""<(script|link|img|iframe)[^>]+(src|href)\s*=\s*["']?(https?:)?//""",
+                         page, re.I)
+    assert re.findall(r'<div id="([^"]+)" class="plotly-graph-div"', html) == \
+        list(COMPARE_FIGURE_IDS)
+    for label in LABELS:
+        assert label in html
+
+
+def test_json_prints_compare_json_only_and_serial_equals_parallel(grid, tmp_path):
+    out, _ = grid
+    done = kvsim("compare", *GRID, "sample:mooncake", *COMMON, "--out", str(tmp_path),
+                 "--workers", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed == json.loads((tmp_path / "compare.json").read_text())
+    parallel = json.loads((out / "compare.json").read_text())
+    for a, b in zip(printed["runs"], parallel["runs"]):
+        a["summary"].pop("wall_time_s"), b["summary"].pop("wall_time_s")
+        assert a == b
+
+
+def test_a_dimension_that_is_no_run_setting_is_one_line_and_exit_2(tmp_path):
+    done = kvsim("compare", "sample:mooncake", "--eviction", "lru,lfu",
+                 "--no-such-field", "a,b", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: field 'no-such-field'")
+    assert not (tmp_path / "compare.json").exists()
+
+
+def test_a_bad_value_is_one_line_and_exit_2(tmp_path):
+    done = kvsim("compare", "sample:mooncake", "--max-num-seqs", "8,lots", "--out",
+                 str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip() == \
+        "kvsim: error: field 'max_num_seqs': expected an integer, got 'lots'"

@@ -1,0 +1,110 @@
+"""kvsim.compare's grid parsing and kvsim.reports.compare_table, without running simulations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvsim import compare
+from kvsim.errors import ConfigError
+from kvsim.reports.compare_table import bytes_moved, render_compare_table, table_metrics
+from kvsim.workloads import TraceOptions
+
+
+def test_values_are_converted_with_the_field_types():
+    trace, dims = compare.parse_grid_args([
+        "t.jsonl", "--block-size", "16,32", "--gpu-memory-utilization=0.8,0.9",
+        "--enable-prefix-caching", "true,false", "--num-gpu-blocks", "none,500",
+        "--eviction", "lru, hybrid,lru"])
+    assert trace == "t.jsonl"
+    assert dims == {"block_size": [16, 32], "gpu_memory_utilization": [0.8, 0.9],
+                    "enable_prefix_caching": [True, False], "num_gpu_blocks": [None, 500],
+                    "eviction": ["lru", "hybrid"]}
+
+
+def test_bool_flags_and_the_trace_anywhere():
+    trace, dims = compare.parse_grid_args(["--no-enable-prefix-caching", "--skip-ahead",
+                                           "--seed", "1,2", "sample:mooncake"])
+    assert trace == "sample:mooncake"
+    assert dims == {"enable_prefix_caching": [False], "skip_ahead": [True], "seed": [1, 2]}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layout-of-doom", "a,b"], "field 'layout-of-doom': not a run setting"),
+    (["--trace", "a,b"], "field 'trace': not a run setting"),
+    (["--tp", "1,two"], "field 'tp': expected an integer, got 'two'"),
+    (["--enable-prefix-caching", "maybe"], "expected true or false, got 'maybe'"),
+    (["--tp"], "field 'tp': needs a value"),
+    (["--tp", ","], "field 'tp': needs at least one value"),
+    (["a.jsonl", "b.jsonl"], "one trace only"),
+])
+def test_bad_grid_arguments_are_config_errors(args, message):
+    with pytest.raises(ConfigError, match=message):
+        compare.parse_grid_args(args)
+
+
+def test_a_new_run_config_field_is_a_dimension_without_code_changes(monkeypatch):
+    types = {**compare.field_types(), "layout": str, "reserve": str | None}
+    monkeypatch.setattr(compare, "field_types", lambda: types)
+    _, dims = compare.parse_grid_args(["--layout", "paged,contiguous", "--reserve", "none,max"])
+    assert dims == {"layout": ["paged", "contiguous"], "reserve": [None, "max"]}
+
+
+def spec(dims, tmp_path, base=None):
+    return compare.CompareSpec("sample:mooncake", dims, base or {}, TraceOptions(limit=5),
+                               tmp_path)
+
+
+def test_grid_order_is_first_dimension_slowest_with_labels_and_dirs(tmp_path):
+    points = compare.grid_points(spec({"eviction": ["lru", "lfu"], "max_num_seqs": [8],
+                                       "enable_prefix_caching": [True, False]}, tmp_path))
+    assert [p.label for p in points] == [
+        "eviction=lru enable_prefix_caching=true", "eviction=lru enable_prefix_caching=false",
+        "eviction=lfu enable_prefix_caching=true", "eviction=lfu enable_prefix_caching=false"]
+    assert [p.job.out_dir.name for p in points] == [
+        "01_eviction-lru_enable-prefix-caching-true", "02_eviction-lru_enable-prefix-caching-false",
+        "03_eviction-lfu_enable-prefix-caching-true", "04_eviction-lfu_enable-prefix-caching-false"]
+    assert all(p.job.config.max_num_seqs == 8 for p in points)
+    assert all(p.job.config.trace == "sample:mooncake" for p in points)
+
+
+def test_shared_settings_come_from_the_config_file_and_dimensions_override_them(tmp_path):
+    points = compare.grid_points(spec({"seed": [3], "block_size": [32]}, tmp_path,
+                                      base={"block_size": 64, "model": "llama-2-7b"}))
+    (point,) = points
+    assert point.label == "base" and point.job.out_dir == Path(tmp_path) / "01_base"
+    assert (point.job.config.block_size, point.job.config.model) == (32, "llama-2-7b")
+    assert point.job.trace_options.seed == 3 and point.job.trace_options.limit == 5
+
+
+def test_an_invalid_grid_point_fails_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError, match="eviction"):
+        compare.grid_points(spec({"eviction": ["lru", "nope"]}, tmp_path))
+
+
+SUMMARY = {
+    "throughput_output_tokens_per_s": 1234.5, "ttft_s": {"p50": 0.05, "p99": 0.5},
+    "tpot_s": {"p50": 0.02, "p99": 0.04}, "prefix_cache": {"hit_rate": 0.5},
+    "preemptions": 3, "kv": {"mean_batch_size": 12.25, "block_size": 16},
+    "fragmentation": {"token_states": 0.9, "internal": 0.02, "external": 0.0},
+    "config": {"swap_space_bytes": 10**9},
+}
+
+
+def test_bytes_moved_adds_the_transfer_byte_counters_present():
+    assert bytes_moved(SUMMARY) == 0
+    moved = {**SUMMARY, "swap_out_bytes": 100, "swap_in_bytes": 50,
+             "tiering": {"offload_bytes": 7, "promote_bytes": 3, "bytes_per_block": 99},
+             "compaction": {"compaction_bytes_moved": 40}, "preemptions": True}
+    assert bytes_moved(moved) == 200
+
+
+def test_the_table_has_a_header_a_rule_and_one_line_per_run_in_order():
+    text = render_compare_table(["b second", "a first"], [SUMMARY, {}])
+    lines = text.splitlines()
+    assert len(lines) == 4 and lines[0].startswith("configuration")
+    assert lines[2].startswith("b second") and lines[3].startswith("a first")
+    assert "1,234.5" in lines[2] and "50.0 ms / 500.0 ms" in lines[2]
+    assert "90%/2%/0%" in lines[2] and "12.2" in lines[2] and "0 B" in lines[2]
+    assert table_metrics({})["throughput_output_tokens_per_s"] is None
