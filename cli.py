@@ -50,8 +50,8 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Optional[bool] = typer.Option(
-        None, "--version", callback=_version_callback, is_eager=True,
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True,
         help="Print the version and exit."),
 ) -> None:
     """kvsim: replay request traces against a paged KV cache engine and report what happens."""
@@ -224,8 +224,9 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Replay a trace through a simulated vLLM deployment and write summary.json,
-    requests.csv, timeline.csv and report.html into --out."""
+    """Replay a trace through a simulated vLLM deployment.
+
+    Writes summary.json, requests.csv, timeline.csv and report.html into --out."""
     from . import pipeline
     from .sim.config import RunConfig
     given = {k: v for k, v in locals().items() if k in RunConfig.__dataclass_fields__
@@ -292,8 +293,10 @@ def plan_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no table."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Find the cheapest deployment (GPU, TP, replicas, ...) whose simulated latencies meet
-    the SLO targets; write plan.json, plan.csv and report.html into --out."""
+    """Find the cheapest deployment whose simulated latencies meet the SLO targets.
+
+    Searches GPU x TP (x other listed settings) and the fewest replicas for each; writes
+    plan.json, plan.csv and report.html into --out."""
     from . import pipeline
     from .reports import plan as plan_report
     from .sim import plan_spec, planner, sweep
@@ -328,8 +331,9 @@ def hitrate_command(
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     sort: bool = SORT_OPTION, as_json: bool = JSON_OPTION,
 ) -> None:
-    """Cache-only replay: prefix hit rate of each eviction policy at each capacity (no
-    timing; LRU's whole curve from one stack-distance pass)."""
+    """Cache-only replay: prefix hit rate per eviction policy and capacity.
+
+    No timing; LRU's whole curve comes from one stack-distance pass."""
     from . import pipeline
     from .cache import hitrate
     from .workloads import load_trace
@@ -383,10 +387,11 @@ def compare_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Run every combination of the listed values of `kvsim run` settings (e.g. --eviction
-    lru,priority --enable-prefix-caching true,false; any RunConfig field, comma-separated;
-    one value = shared) over TRACE; print one table and write compare.json, report.html and
-    one run directory per configuration into --out."""
+    """Run a grid of `kvsim run` settings over TRACE and compare them in one table.
+
+    Any run setting takes a comma-separated list (e.g. --eviction lru,priority
+    --enable-prefix-caching true,false); one value is shared. Writes compare.json,
+    report.html and one run directory per configuration into --out."""
     from . import compare
     from .reports.compare_table import render_compare_table
     from .sim.sweep import default_workers
@@ -436,8 +441,10 @@ def profile_command(
     quick: bool = typer.Option(False, "--quick", help="A thinner grid (seconds)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Time the real backend over a grid of steps, fit the cost model, write a profile that
-    `kvsim run --profile` and `kvsim validate --profile` use; prints the fit's error."""
+    """Time the real backend over a grid of steps and fit the cost model to it.
+
+    Writes a profile that `kvsim run --profile` and `kvsim validate --profile` use, and
+    prints the fit's error per operation group."""
     settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
     from .real_backend.profiling import Limits, profile_job, render_fit
     limits = Limits(max_num_seqs, max_num_batched_tokens, max_context)
@@ -473,8 +480,10 @@ def validate_command(
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Run a trace through the real backend and through the simulator with the same settings;
-    print the error table (step time, throughput, TTFT/TPOT/E2E) and the decision check."""
+    """Run a trace through the real backend and the simulator and compare them.
+
+    Same settings on both sides; prints the error table (step time, throughput,
+    TTFT/TPOT/E2E) and checks that the cache decisions are identical."""
     settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
     from .real_backend.validate import ValidateJob, validate_job
     from .real_backend.validate_report import render_table
