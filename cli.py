@@ -163,6 +163,14 @@ def _opt(help_text: str, *names: str):
     return typer.Option(None, *names, help=help_text)
 
 
+SLO_TTFT_P99_OPTION = typer.Option(None, "--slo-ttft-p99",
+                                   help="TTFT p99 target (s), drawn in the report.")
+SLO_TPOT_P99_OPTION = typer.Option(None, "--slo-tpot-p99",
+                                   help="TPOT p99 target (s), drawn in the report.")
+TRACE_MODEL_OPTION = typer.Option(None, "--trace-model",
+                                  help="BurstGPT only: keep this model's rows.")
+
+
 @app.command("run")
 def run_command(
     trace: Optional[str] = typer.Argument(
@@ -212,15 +220,12 @@ def run_command(
         "Contiguous: compact when free slots unusable by the next request exceed this share "
         "of the pool (default: never).", "--compaction-threshold"),
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
-    slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s), drawn in the report.",
-                                         "--slo-ttft-p99"),
-    slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s), drawn in the report.",
-                                         "--slo-tpot-p99"),
+    slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
+    slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
     fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
-    trace_model: Optional[str] = typer.Option(None, "--trace-model",
-                                              help="BurstGPT only: keep this model's rows."),
+    trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -288,8 +293,7 @@ def plan_command(
     rate_scale: Optional[float] = typer.Option(None, "--rate-scale", help="Load: request-rate "
                                                "multiplier of the trace (default 1)."),
     sort: bool = SORT_OPTION, seed: int = SEED_OPTION,
-    trace_model: Optional[str] = typer.Option(None, "--trace-model",
-                                              help="BurstGPT only: keep this model's rows."),
+    trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no table."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -375,15 +379,12 @@ def compare_command(
     config_file: Optional[str] = _opt("TOML file holding shared settings.", "--config"),
     out: str = typer.Option("kvsim-compare", "--out", metavar="DIR", help="Output directory."),
     workers: Optional[int] = _opt("Worker processes (default min(4, CPUs)).", "--workers"),
-    slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s), drawn in the report.",
-                                         "--slo-ttft-p99"),
-    slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s), drawn in the report.",
-                                         "--slo-tpot-p99"),
+    slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
+    slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
     fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
-    trace_model: Optional[str] = typer.Option(None, "--trace-model",
-                                              help="BurstGPT only: keep this model's rows."),
+    trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
     as_json: bool = JSON_OPTION,
 ) -> None:
