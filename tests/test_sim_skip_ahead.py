@@ -37,6 +37,7 @@ CASES = {
                                 scheduling_policy="priority", block_size=8),
     "two-replicas-affinity": dict(num_gpu_blocks=500, replicas=2, router="prefix-affinity"),
     "no-prefix-caching": dict(num_gpu_blocks=700, enable_prefix_caching=False, block_size=32),
+    "hybrid-eviction": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="hybrid"),
 }
 
 
