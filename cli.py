@@ -511,12 +511,19 @@ def main() -> None:
     except typer.Abort:
         sys.stderr.write("kvsim: aborted\n")
         sys.exit(130)
-    except Exception as e:  # click usage errors carry their own exit code
-        import click
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+    except Exception as e:
+        if not _is_usage_error(e):
+            raise
+        sys.stderr.write(f"kvsim: error: {' '.join(e.format_message().split())}\n")
+        sys.exit(e.exit_code)
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """A command-line usage error (bad option value, missing argument, unknown option): click's
+    ``ClickException``, which recent typer versions vendor under ``typer.TyperException``."""
+    import click
+    return isinstance(e, (click.ClickException, typer.TyperException)) and \
+        hasattr(e, "format_message") and hasattr(e, "exit_code")
 
 
 if __name__ == "__main__":

@@ -86,3 +86,16 @@ def test_a_bad_trace_line_writes_nothing(tmp_path):
     assert done.returncode == 2
     assert f"{trace}:4" in done.stderr and "prompt_tokens" in done.stderr
     assert not (tmp_path / "o" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--max-num-seqs", "abc"], "Invalid value for '--max-num-seqs'"),
+    (["run", "--no-such-option"], "No such option: --no-such-option"),
+    (["trace-stats"], "Missing argument 'FILE'"),
+    (["no-such-command"], "No such command 'no-such-command'"),
+])
+def test_usage_errors_are_one_line_with_exit_2(args, message):
+    done = kvsim(*args)
+    assert done.returncode == 2
+    assert done.stderr.startswith("kvsim: error: ") and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
