@@ -219,6 +219,16 @@ def run_command(
     compaction_threshold: Optional[float] = _opt(
         "Contiguous: compact when free slots unusable by the next request exceed this share "
         "of the pool (default: never).", "--compaction-threshold"),
+    num_cpu_blocks: Optional[int] = _opt("Host (CPU) tier: KV blocks per replica that evicted "
+                                         "cached blocks are demoted to.", "--num-cpu-blocks"),
+    cpu_offload_gb: Optional[float] = _opt("Host tier given as GiB of host memory per GPU.",
+                                           "--cpu-offload-gb"),
+    offload_write: Optional[str] = _opt("Host tier: back (copy a cached block when the GPU "
+                                        "evicts it) or through (copy every block once it "
+                                        "is full).", "--offload-write"),
+    preemption_mode: Optional[str] = _opt("recompute (vLLM) or swap (copy a preempted "
+                                          "request's blocks to the host tier and back).",
+                                          "--preemption-mode"),
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
     slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,

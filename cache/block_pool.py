@@ -90,6 +90,9 @@ class BlockPool:
         self.num_cached_free_blocks = 0
         self.num_evictions = 0
         self.policy = policy
+        # (block id, hash) of every eviction, when someone wants them (a host tier demotes
+        # them); None keeps the hot path free of the bookkeeping
+        self.evicted: list[tuple[int, int]] | None = None
 
     # --- queries -------------------------------------------------------------------------
 
@@ -124,7 +127,7 @@ class BlockPool:
         if n > len(self._free):
             raise ValueError(f"cannot get {n} free blocks: only {len(self._free)} are free")
         popitem, hashes, refs = self._free.popitem, self.block_hashes, self.ref_counts
-        index = self.index._map
+        index, evicted = self.index._map, self.evicted
         taken = []
         for _ in range(n):
             block_id = popitem(last=False)[0]
@@ -139,6 +142,8 @@ class BlockPool:
                 hashes[block_id] = None
                 self.num_cached_free_blocks -= 1
                 self.num_evictions += 1
+                if evicted is not None:
+                    evicted.append((block_id, block_hash))
             refs[block_id] = 1
             taken.append(block_id)
         return taken
@@ -363,6 +368,8 @@ class ScoredBlockPool(BlockPool):
                 break
         else:   # no eligible block: hashes that are not chained (see the class docstring)
             block_id = min(self._cached_free, key=self._key.__getitem__)
+        if self.evicted is not None:
+            self.evicted.append((block_id, self.block_hashes[block_id]))
         self._uncache(block_id)
         self.policy.on_evict(self._key[block_id])
         return block_id

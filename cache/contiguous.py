@@ -203,6 +203,9 @@ class ContiguousKVManager:
         self._num_final -= entry.final
         self._num_tokens -= entry.num_slots
 
+    def begin_step(self) -> None:
+        """A new engine step starts (nothing to do here)."""
+
     def take_transfers(self) -> list[BlockTransfer]:
         """The compaction copies made since the last call (for this step's plan)."""
         out, self._transfers = self._transfers, []

@@ -150,6 +150,9 @@ class HybridKVManager:
         return (paged_slots - paged_internal + region_tokens, finals - region_tokens,
                 paged_internal + self._region_blocks * bs - finals, external)
 
+    def begin_step(self) -> None:
+        """A new engine step starts (nothing to do here)."""
+
     def take_transfers(self) -> tuple:
         return ()
 

@@ -29,10 +29,17 @@ class BlockHashSource(Protocol):
 
 @dataclass(slots=True)
 class CacheHit:
-    """Result of :meth:`KVCacheManager.lookup`: cached blocks from the start of a prompt."""
+    """Result of :meth:`KVCacheManager.lookup`: cached blocks from the start of a prompt.
+
+    ``num_tokens`` counts every token the hit covers: those of the GPU ``block_ids`` and, with a
+    host tier (:mod:`kvsim.cache.tiered`), those of the ``host_block_ids`` that follow them
+    (copied to the GPU on allocation). ``swapped`` marks a swapped-out request's own blocks.
+    """
 
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    host_block_ids: list[int] = field(default_factory=list)
+    swapped: bool = False
 
 
 @dataclass(slots=True)
@@ -41,6 +48,7 @@ class PrefixCacheStats:
 
     num_queries_tokens: int = 0
     num_hit_tokens: int = 0
+    num_host_hit_tokens: int = 0     # of the hit tokens, those found in a host tier
 
     @property
     def hit_rate(self) -> float:
@@ -130,6 +138,9 @@ class KVCacheManager:
         internal = sum((-s.num_computed_tokens) % bs for s in running)
         return self.pool.num_used_blocks * bs - internal, 0, internal, 0
 
+    def begin_step(self) -> None:
+        """A new engine step starts (a host tier writes through here; paged alone: nothing)."""
+
     def take_transfers(self) -> tuple:
         """Copies this manager wants in the next step plan (paged: none)."""
         return ()
@@ -169,14 +180,14 @@ class KVCacheManager:
         return self._num_needed(held, slots, num_new_tokens, hit)
 
     def _num_needed(self, held: int, slots: int, num_new_tokens: int, hit) -> int:
-        if hit is None or not hit.block_ids:
+        if hit is None or not hit.num_tokens:
             wanted = slots + num_new_tokens
             if self.max_model_len is not None and wanted > self.max_model_len:
                 wanted = self.max_model_len
             new = -(-wanted // self.block_size) - held
             return new if new > 0 else 0
         hit_blocks = hit.block_ids
-        wanted = slots + len(hit_blocks) * self.block_size + num_new_tokens
+        wanted = slots + hit.num_tokens + num_new_tokens
         if self.max_model_len is not None:
             wanted = min(wanted, self.max_model_len)
         new = max(-(-wanted // self.block_size) - held - len(hit_blocks), 0)
@@ -199,7 +210,7 @@ class KVCacheManager:
         ``min(slots, len(tokens))`` tokens is registered.
         """
         entry = self._requests.get(request_id)
-        if entry is not None and (hit is None or not hit.block_ids):
+        if entry is not None and (hit is None or not hit.num_tokens):
             # Fast path (decode): no block boundary crossed, so nothing can fail or be taken;
             # the same effects as the general path below, with less bookkeeping.
             slots = (entry.num_slots if num_computed_tokens is None
@@ -221,7 +232,7 @@ class KVCacheManager:
             entry = self._requests[request_id] = _RequestBlocks()
         if self._scored:
             self.pool.begin(request_id, getattr(tokens, "priority", 0))
-        if hit is not None and hit.block_ids:
+        if hit is not None and hit.num_tokens:
             self._adopt(entry, hit)
         entry.num_slots += num_new_tokens
         if self.max_model_len is not None and entry.num_slots > self.max_model_len:

@@ -6,7 +6,9 @@ Each :meth:`Scheduler.schedule` call plans one engine step:
    prefill chunk otherwise), capped by the token budget and ``long_prefill_token_threshold``;
    when one cannot get a block, the scheduler preempts (by recompute) the last running request
    (FCFS) or the worst by (priority, arrival) (priority policy) until it fits or is itself the
-   victim;
+   victim. With ``preemption_mode="swap"`` and a host tier (:mod:`kvsim.cache.tiered`), a
+   victim's computed blocks are swapped out instead and swapped back in when it resumes (by
+   recompute when the host has no room);
 2. only if nobody was preempted, waiting requests are admitted in queue order while the budget,
    ``max_num_seqs`` and the KV pool allow: a prefix lookup, a check that the whole sequence fits
    (vLLM's ``scheduler_reserve_full_isl``), then allocation; the first one that does not fit
@@ -25,6 +27,8 @@ from .request_queue import make_queue
 from .sequence import Sequence, SequenceStatus
 from .step_plan import ScheduledRequest, StepPlan
 
+PREEMPTION_MODES = ("recompute", "swap")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -37,8 +41,12 @@ class SchedulerConfig:
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
     reserve_full_sequence: bool = True
+    preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, "
+                             f"got {self.preemption_mode!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -89,6 +97,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Plan one step; the scheduled tokens count as computed from here on."""
+        self.kv.begin_step()
         scheduled: dict[Sequence, int] = {}
         preempted: list[Sequence] = []
         threshold = self._prefill_threshold()
@@ -138,7 +147,7 @@ class Scheduler:
         if len(self.running) >= self.config.max_num_seqs or decode_budget_left <= 0:
             return True
         seq = self.waiting.peek()
-        hit = self.kv.lookup(seq) if self.kv.enable_prefix_caching else CacheHit()
+        hit = self._lookup(seq)
         if not self.config.enable_chunked_prefill and len(seq) - hit.num_tokens > \
                 decode_budget_left:
             return True
@@ -207,9 +216,13 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt(self, seq: Sequence) -> None:
-        self.kv.free(seq.request_id)
+        rid, computed = seq.request_id, seq.num_computed_tokens
+        if self.config.preemption_mode == "swap" and self.kv.can_swap_out(rid, computed):
+            self.kv.swap_out(rid, computed)
+        else:
+            self.kv.free(rid)
+            seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
-        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(seq)
@@ -219,7 +232,7 @@ class Scheduler:
     def _schedule_waiting(self, scheduled, admitted, budget, threshold) -> None:
         while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.peek()
-            hit = self.kv.lookup(seq) if self.kv.enable_prefix_caching else CacheHit()
+            hit = self._lookup(seq)
             n = len(seq) - hit.num_tokens
             if not self.config.enable_chunked_prefill and n > budget:
                 break
@@ -232,6 +245,12 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
 
+    def _lookup(self, seq: Sequence) -> CacheHit:
+        """Where admitting ``seq`` starts: its swapped-out blocks, or a prefix hit."""
+        if self.config.preemption_mode == "swap" and self.kv.is_swapped(seq.request_id):
+            return self.kv.swapped_hit(seq, seq.request_id)
+        return self.kv.lookup(seq) if self.kv.enable_prefix_caching else CacheHit()
+
     def _can_admit(self, seq: Sequence, hit: CacheHit) -> bool:
         if not self.config.reserve_full_sequence:
             return True
@@ -242,7 +261,7 @@ class Scheduler:
         self.waiting.pop()
         if seq.num_preemptions == 0:
             self.kv.record_query(len(seq), hit)
-        else:
+        elif not hit.swapped:   # a swap-in is the request's own blocks, not a lookup
             self.num_resumed_queries_tokens += len(seq)
             self.num_resumed_hit_tokens += hit.num_tokens
         if seq.num_cached_tokens < 0:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .style import fmt_num, fmt_pct, fmt_seconds, get, is_number
+from .style import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, get, is_number
 
 #: Name stems of the transfer kinds whose byte counters :func:`bytes_moved` adds up.
-TRANSFER_STEMS = ("swap", "offload", "promot", "compact")
+TRANSFER_STEMS = ("swap", "offload", "promot", "compact", "to_host", "to_device")
 
 
 def bytes_moved(summary: dict) -> int:
@@ -20,7 +20,8 @@ def bytes_moved(summary: dict) -> int:
 
     Adds every number (outside ``config``, at any depth) whose key contains ``bytes`` and one
     of :data:`TRANSFER_STEMS`, but not ``per`` (so ``swap_out_bytes``, ``offload_bytes`` or
-    ``compaction_bytes_moved`` count; ``bytes_per_block`` does not). 0 when there are none.
+    ``compaction_bytes_moved`` or ``tiering.bytes_to_host`` count; ``bytes_per_block`` does
+    not). 0 when there are none.
     """
     def walk(node: Any) -> float:
         total = 0.0
@@ -51,12 +52,6 @@ def table_metrics(summary: dict) -> dict:
     }
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def _cells(m: dict) -> list[str]:
@@ -66,7 +61,7 @@ def _cells(m: dict) -> list[str]:
             f"{fmt_seconds(m['ttft_p50_s'])} / {fmt_seconds(m['ttft_p99_s'])}",
             f"{fmt_seconds(m['tpot_p50_s'])} / {fmt_seconds(m['tpot_p99_s'])}",
             fmt_pct(m["prefix_hit_rate"]), fmt_num(m["preemptions"]),
-            fmt_num(m["mean_batch_size"], 1), frag, _bytes(m["bytes_moved"])]
+            fmt_num(m["mean_batch_size"], 1), frag, fmt_bytes(m["bytes_moved"])]
 
 
 HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hit rate",

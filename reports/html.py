@@ -20,7 +20,7 @@ from . import compare as cmp
 from . import figures as figs
 from .io import DEFAULT_MAX_POINTS, downsample
 from .page import cards, card, esc, figure_div, panel, render_page, settings_block
-from .style import fmt_num, fmt_pct, fmt_seconds, get, is_number
+from .style import fmt_num, fmt_pct, fmt_seconds, get, is_number, tier_text
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-throughput-queue", "fig-kv-pool", "fig-frag-time",
@@ -67,7 +67,17 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
         card("Peak KV usage", fmt_pct(get(summary, "kv", "peak_usage")),
              f"mean {fmt_pct(get(summary, 'kv', 'mean_usage'))} of "
              f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+        *_tier_cards(summary),
     ])
+
+
+def _tier_cards(summary: dict) -> list[str]:
+    """The host tier's card, when the run had one."""
+    blocks = get(summary, "tiering", "num_cpu_blocks")
+    if not blocks:
+        return []
+    return [card("Host tier", f"{fmt_pct(get(summary, 'tiering', 'peak_host_usage'))} peak",
+                 f"of {fmt_num(blocks)} blocks · {tier_text(summary)}")]
 
 
 def _subtitle(summary: dict, config: dict) -> str:

@@ -38,13 +38,13 @@ TIMELINE_COLUMNS = (
     "kv_free_blocks", "kv_usage", "host_used_blocks", "frag_token_states", "frag_reservation",
     "frag_internal", "frag_external", "frag_free", "prefix_queries_tokens", "prefix_hit_tokens",
     "prefix_hit_rate", "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks",
-    "promote_blocks", "compact_blocks",
+    "promote_blocks", "compact_blocks", "transfer_s",
 )
 #: Timeline columns that count events within an interval: downsampling sums them.
 TIMELINE_SUM_COLUMNS = frozenset({
     "interval_s", "num_steps", "output_tokens", "prefix_queries_tokens", "prefix_hit_tokens",
     "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
-    "compact_blocks",
+    "compact_blocks", "transfer_s",
 })
 DEFAULT_MAX_POINTS = 2000
 

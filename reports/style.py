@@ -96,6 +96,18 @@ def fmt_num(value: Any, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
+def fmt_bytes(value: Any) -> str:
+    """``512 B``, ``1.5 KiB`` ... ``2.0 TiB``; ``-`` for a missing value."""
+    if not is_number(value):
+        return "-"
+    n = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def get(d: Any, *keys: str, default: Any = None) -> Any:
     """Nested ``dict`` lookup that tolerates missing levels: ``get(s, 'ttft_s', 'p99')``."""
     for k in keys:
@@ -103,3 +115,12 @@ def get(d: Any, *keys: str, default: Any = None) -> Any:
             return default
         d = d[k]
     return d
+
+
+def tier_text(summary: dict) -> str:
+    """Host hits, bytes each way and copy time of a run with a host tier."""
+    t = get(summary, "tiering", default={}) or {}
+    return (f"host hits {fmt_num(get(summary, 'prefix_cache', 'host_hit_tokens'))} tokens · "
+            f"to host {fmt_bytes(t.get('bytes_to_host'))} · "
+            f"to GPU {fmt_bytes(t.get('bytes_to_device'))} · "
+            f"copies {fmt_seconds(t.get('transfer_time_s'))}")

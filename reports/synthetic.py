@@ -80,6 +80,7 @@ def _timeline(rng: np.random.Generator, rows: int, duration: float, gpu: int,
         "swap_in_blocks": rng.poisson(np.maximum(0, load - 0.75) * 150),
         "offload_blocks": rng.poisson(20 * load), "promote_blocks": rng.poisson(10 * load),
         "compact_blocks": np.zeros(rows, dtype=int),
+        "transfer_s": rng.poisson(20 * load) * 2e-4,
     })
     with np.errstate(invalid="ignore", divide="ignore"):
         df["prefix_hit_rate"] = np.where(queries > 0, df["prefix_hit_tokens"] / queries, np.nan)

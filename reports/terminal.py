@@ -11,7 +11,7 @@ from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from .style import FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get
+from .style import FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, tier_text
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -53,6 +53,7 @@ def summary_table(summary: dict) -> Table:
                                f"{fmt_pct(get(summary, 'kv', 'peak_usage'))} of "
                                f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
         ("KV pool shares", _frag_text(frag)),
+        *_tiering_rows(summary),
         ("steps", fmt_num(get(summary, "num_steps"))),
         ("simulated time", fmt_seconds(get(summary, "duration_s"))),
         ("wall time", fmt_seconds(get(summary, "wall_time_s"))),
@@ -60,6 +61,14 @@ def summary_table(summary: dict) -> Table:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _tiering_rows(summary: dict) -> list[tuple[str, str]]:
+    """The host-tier line, when the run had one."""
+    t = get(summary, "tiering", default={}) or {}
+    if not t.get("num_cpu_blocks"):
+        return []
+    return [("host tier", f"{fmt_num(t['num_cpu_blocks'])} blocks, {tier_text(summary)}")]
 
 
 def print_summary(summary: dict, console: Optional[Console] = None) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from kvsim.cache.contiguous import RESERVE_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
+from kvsim.cache.scheduler import PREEMPTION_MODES
+from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 
 LAYOUTS = ("paged", "contiguous", "hybrid")
@@ -40,6 +42,10 @@ class RunConfig:
     reserve: str = "max"
     hybrid_threshold: int = 256
     compaction_threshold: float | None = None
+    num_cpu_blocks: int | None = None     # host tier size in blocks (per replica) ...
+    cpu_offload_gb: float = 0.0           # ... or in GiB of host memory per GPU
+    offload_write: str = "back"           # demote on eviction (back) or on fill (through)
+    preemption_mode: str = "recompute"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +75,7 @@ class RunConfig:
             raise ConfigError(f"expected one of {', '.join(POLICY_NAMES)}, got "
                               f"{self.eviction!r}", field="eviction")
         self._validate_layout()
+        self._validate_tiering()
         if self.profile is not None and not Path(self.profile).is_file():
             raise ConfigError("no such profile file", location=str(self.profile),
                               field="profile")
@@ -90,3 +97,27 @@ class RunConfig:
             raise ConfigError("compaction needs --layout contiguous", field="compaction_threshold")
         if self.layout == "hybrid" and self.eviction != "lru":
             raise ConfigError("the hybrid layout pages with lru eviction only", field="eviction")
+
+    @property
+    def has_host_tier(self) -> bool:
+        return bool(self.num_cpu_blocks) or self.cpu_offload_gb > 0
+
+    def _validate_tiering(self) -> None:
+        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
+            raise ConfigError(f"must be >= 0, got {self.num_cpu_blocks}", field="num_cpu_blocks")
+        if self.cpu_offload_gb < 0:
+            raise ConfigError(f"must be >= 0, got {self.cpu_offload_gb}", field="cpu_offload_gb")
+        if self.num_cpu_blocks and self.cpu_offload_gb:
+            raise ConfigError("give the host tier in blocks or in GiB, not both",
+                              field="cpu_offload_gb")
+        if self.offload_write not in WRITE_POLICIES:
+            raise ConfigError(f"expected one of {', '.join(WRITE_POLICIES)}, got "
+                              f"{self.offload_write!r}", field="offload_write")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ConfigError(f"expected one of {', '.join(PREEMPTION_MODES)}, got "
+                              f"{self.preemption_mode!r}", field="preemption_mode")
+        if self.has_host_tier and self.layout != "paged":
+            raise ConfigError("a host tier needs --layout paged", field="layout")
+        if self.preemption_mode == "swap" and not self.has_host_tier:
+            raise ConfigError("swap preemption needs a host tier (--num-cpu-blocks or "
+                              "--cpu-offload-gb)", field="preemption_mode")

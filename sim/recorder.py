@@ -16,6 +16,7 @@ STEP_COLUMNS = (
     "token_slots", "internal_slots", "reserved_slots", "external_slots",
     "preemptions", "prefix_queries_tokens", "prefix_hit_tokens",
     "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks", "compact_blocks",
+    "host_used_blocks", "transfer_s",
 )
 
 REQUEST_COLUMNS = {

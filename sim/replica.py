@@ -46,6 +46,8 @@ class Replica:
         self.num_skipped_steps = 0  # steps taken on the lazy decode path
         # external fragmentation depends on the next waiting request (not in paged layouts)
         self._external = not isinstance(self.kv, KVCacheManager)
+        self._host = getattr(self.kv, "host", None)
+        self._transfer_time = getattr(executor, "transfer_time", None)
         self.process = env.process(self._run())
 
     # --- arrivals ------------------------------------------------------------------------
@@ -109,12 +111,18 @@ class Replica:
         tokens, reserved, internal, external = self.kv.fragmentation(
             running, sched.waiting.peek() if self._external and sched.waiting else None)
         t = plan.num_transfer_blocks
+        moved = self._transfer_time(plan) if plan.transfers and self._transfer_time else 0.0
         self.steps.append(
             t0, duration, self.index, len(plan.scheduled), scheduled, outcome.num_output_tokens,
             len(running), sched.num_waiting, self.kv.pool.num_used_blocks,
             self.kv.pool.num_cached_free_blocks, tokens, internal, reserved, external,
             len(plan.preempted), queries, hits,
-            t(SWAP_OUT), t(SWAP_IN), t(OFFLOAD), t(PROMOTE), t(COMPACT))
+            t(SWAP_OUT), t(SWAP_IN), t(OFFLOAD), t(PROMOTE), t(COMPACT), self._host_used(), moved)
+
+    def _host_used(self) -> int:
+        """Host blocks holding data: cached content plus swap space."""
+        host = self._host
+        return host.num_cached_blocks + host.num_pinned_blocks if host is not None else 0
 
     # --- skipping ahead over decode-only steps -------------------------------------------
 
@@ -135,7 +143,10 @@ class Replica:
         """Largest window (<= steps) whose new blocks all fit in the free blocks."""
         bs = self.kv.block_size
         first = np.array([(-s.num_computed_tokens) % bs for s in self.scheduler.running])
-        free = self.kv.num_free_blocks
+        pool = self.kv.pool
+        # with a host tier, evicting a cached block costs a copy: stay within unhashed blocks
+        free = (pool.num_free_blocks if self._host is None
+                else pool.num_free_blocks - pool.num_cached_free_blocks)
 
         def new_blocks(w: int) -> int:
             return int(np.maximum(0, (w - 1 - first) // bs + 1).sum())
@@ -186,7 +197,7 @@ class Replica:
         self.steps.append(
             now, duration, self.index, b, b, b, b, self.scheduler.num_waiting, used,
             self.kv.pool.num_cached_free_blocks, used * bs - internal, internal, 0, 0, 0, 0, 0,
-            0, 0, 0, 0, 0)
+            0, 0, 0, 0, 0, self._host_used(), 0.0)
 
     def _sync(self, running, c0, o0, done: int) -> None:
         """Bring every request's counters to where ``done`` decode steps left them."""

@@ -82,20 +82,48 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
         "tpot_s": _percentiles(done["tpot_s"]),
         "e2e_s": _percentiles(done["e2e_s"]),
         "prefix_cache": {"queries_tokens": queries, "hit_tokens": hits,
-                         "hit_rate": hits / queries if queries else 0.0},
+                         "hit_rate": hits / queries if queries else 0.0,
+                         "host_hit_tokens": sum(kv.prefix_stats.num_host_hit_tokens
+                                                for kv in kvs)},
         "preemptions": int(steps["preemptions"].sum()),
         "swapped_out_blocks": int(steps["swap_out_blocks"].sum()),
         "swapped_in_blocks": int(steps["swap_in_blocks"].sum()),
-        "kv": {"num_gpu_blocks": pool, "num_cpu_blocks": 0, "block_size": cfg.block_size,
+        "kv": {"num_gpu_blocks": pool, "num_cpu_blocks": dep.num_cpu_blocks,
+               "block_size": cfg.block_size,
                "mean_usage": float(np.average(usage, weights=w)) if w.sum() else 0.0,
                "peak_usage": float(usage.max()) if len(usage) else 0.0,
                "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
                "pool": dep.pool_explanation},
         "fragmentation": _fragmentation(steps, pool * cfg.block_size),
         "compaction": _compaction(result),
+        "tiering": _tiering(result, steps),
         "fragmentation_under_load": _fragmentation(steps[steps["num_waiting"] > 0],
                                                    pool * cfg.block_size),
         "config": {**cfg.to_dict(), "max_model_len": dep.max_model_len},
+    }
+
+
+def _tiering(result: RunResult, steps: pd.DataFrame) -> dict:
+    """Host-tier traffic summed over replicas (all zero without a tier): blocks and bytes each
+    way (a block's bytes over all tensor-parallel shards), the seconds the executor charged
+    for copies, and host usage (share of the host blocks holding data, time-averaged / peak)."""
+    cfg, host = result.config, result.deployment.num_cpu_blocks
+    per_block = resolve_model(cfg.model).kv_bytes_per_token(cfg.dtype) * cfg.block_size
+    n = {c: int(steps[c].sum()) for c in ("swap_out_blocks", "swap_in_blocks",
+                                          "offload_blocks", "promote_blocks")}
+    w = steps["duration"].to_numpy()
+    used = steps["host_used_blocks"].to_numpy() / host if host else np.zeros(len(steps))
+    stores = [kv.host for kv in (r.kv for r in result.replicas) if hasattr(kv, "host")]
+    return {
+        "num_cpu_blocks": host, "offload_write": cfg.offload_write,
+        "preemption_mode": cfg.preemption_mode,
+        "offloaded_blocks": n["offload_blocks"], "promoted_blocks": n["promote_blocks"],
+        "dropped_blocks": sum(h.num_dropped_blocks for h in stores),
+        "bytes_to_host": (n["offload_blocks"] + n["swap_out_blocks"]) * per_block,
+        "bytes_to_device": (n["promote_blocks"] + n["swap_in_blocks"]) * per_block,
+        "transfer_time_s": float(steps["transfer_s"].sum()),
+        "mean_host_usage": float(np.average(used, weights=w)) if w.sum() else 0.0,
+        "peak_host_usage": float(used.max()) if len(used) else 0.0,
     }
 
 
@@ -117,10 +145,11 @@ def _compaction(result: RunResult) -> dict:
 
 
 STATE_COLUMNS = ("num_running", "num_waiting", "kv_used_blocks", "kv_cached_idle_blocks",
-                 "token_slots", "internal_slots", "reserved_slots", "external_slots")
+                 "token_slots", "internal_slots", "reserved_slots", "external_slots",
+                 "host_used_blocks")
 COUNT_COLUMNS = ("output_tokens", "preemptions", "prefix_queries_tokens", "prefix_hit_tokens",
                  "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
-                 "compact_blocks")
+                 "compact_blocks", "transfer_s")
 
 
 def timeline_frame(steps: pd.DataFrame, duration_s: float, pool_blocks: int,
@@ -166,7 +195,6 @@ def _finish_timeline(grid: pd.DataFrame, width: float, pool_blocks: int,
     grid["throughput_tokens_per_s"] = grid["output_tokens"] / width
     grid["kv_free_blocks"] = pool_blocks - grid["kv_used_blocks"] - grid["kv_cached_idle_blocks"]
     grid["kv_usage"] = grid["kv_used_blocks"] / pool_blocks
-    grid["host_used_blocks"] = 0.0
     grid["frag_token_states"] = grid["token_slots"] / slots
     grid["frag_reservation"] = grid["reserved_slots"] / slots
     grid["frag_internal"] = grid["internal_slots"] / slots

@@ -15,12 +15,13 @@ from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.policies import make_policy, prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
+from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
 from kvsim.workloads.request import Request
 
 from .config import RunConfig
 from .cost_model import CostModel
-from .memory import kv_pool
+from .memory import cpu_offload_blocks, kv_pool
 from .models import resolve_model
 from .recorder import RequestLog, StepLog
 from .replica import Replica
@@ -34,6 +35,7 @@ class Deployment:
     num_gpu_blocks: int
     max_model_len: int
     pool_explanation: str
+    num_cpu_blocks: int = 0
 
 
 @dataclass
@@ -67,7 +69,9 @@ def resolve_deployment(config: RunConfig) -> Deployment:
             f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
             f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
             field="max_model_len")
-    return Deployment(blocks, max_len, text)
+    host = config.num_cpu_blocks or cpu_offload_blocks(
+        model, config.cpu_offload_gb, config.tp, config.block_size, config.dtype)
+    return Deployment(blocks, max_len, text, host)
 
 
 def default_executor(config: RunConfig) -> CostModel:
@@ -84,9 +88,10 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     executor = executor or default_executor(config)
     env = simpy.Environment()
     steps, log = StepLog(), RequestLog()
+    skip = config.skip_ahead and config.layout == "paged" and not (
+        deployment.num_cpu_blocks and config.offload_write == "through")
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
-                        config.skip_ahead and config.layout == "paged")
-                for i in range(config.replicas)]
+                        skip) for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
                           config.block_size, deployment.max_model_len))
     start = time.perf_counter()
@@ -105,9 +110,12 @@ def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
         return HybridKVManager(deployment.num_gpu_blocks, config.block_size,
                                deployment.max_model_len, config.hybrid_threshold,
                                config.reserve, config.enable_prefix_caching)
-    return KVCacheManager(deployment.num_gpu_blocks, config.block_size,
-                          config.enable_prefix_caching, deployment.max_model_len,
-                          make_policy(config.eviction, oracle))
+    args = (deployment.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
+            deployment.max_model_len, make_policy(config.eviction, oracle))
+    if deployment.num_cpu_blocks:
+        host = HostTier(deployment.num_cpu_blocks, make_policy(config.eviction, oracle))
+        return TieredKVCacheManager(*args, host=host, write=config.offload_write)
+    return KVCacheManager(*args)
 
 
 def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Scheduler:
@@ -116,7 +124,7 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=deployment.max_model_len,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
-        policy=config.scheduling_policy))
+        policy=config.scheduling_policy, preemption_mode=config.preemption_mode))
 
 
 def _arrivals(env, requests, replicas, router, log: RequestLog, block_size, max_model_len):

@@ -38,6 +38,10 @@ CASES = {
     "two-replicas-affinity": dict(num_gpu_blocks=500, replicas=2, router="prefix-affinity"),
     "no-prefix-caching": dict(num_gpu_blocks=700, enable_prefix_caching=False, block_size=32),
     "hybrid-eviction": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="hybrid"),
+    "host-tier-swap": dict(num_gpu_blocks=260, max_num_seqs=64, num_cpu_blocks=400,
+                           preemption_mode="swap", block_size=8),
+    "host-tier-lfu": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
+                          eviction="lfu"),
 }
 
 

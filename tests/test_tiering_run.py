@@ -1,0 +1,108 @@
+"""The host tier in whole simulations: what it changes, what it reports, and the CLI."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvsim.sim import results
+from kvsim.sim.config import RunConfig
+from kvsim.sim.models import resolve_model
+from kvsim.sim.runner import simulate
+from kvsim.workloads import Request
+
+
+def sessions(num_sessions=12, turns=4, context=1500, gap=0.5, output=32, seed=3):
+    """Conversations that come back: each turn re-sends the session's whole history, and the
+    sessions take turns, so a session's prefix has left a small GPU pool by its next turn."""
+    rng = np.random.default_rng(seed)
+    history = [list(rng.integers(0, 30000, context)) for _ in range(num_sessions)]
+    out, t, rid = [], 0.0, 0
+    for turn in range(turns):
+        for s in range(num_sessions):
+            history[s] += list(rng.integers(0, 30000, 40))
+            ids = np.array(history[s])
+            out.append(Request(rid, t, len(ids), output, prompt_token_ids=ids))
+            rid, t = rid + 1, t + gap
+    return out
+
+
+def run(workload=None, **kw):
+    config = RunConfig(model="llama-3.1-8b", num_gpu_blocks=600, max_model_len=8192, **kw)
+    r = simulate(workload or sessions(), config)
+    requests, steps = results.requests_frame(r), results.steps_frame(r)
+    return results.build_summary(r, requests, steps), steps, r
+
+
+def test_a_host_tier_turns_returning_sessions_into_host_hits():
+    base, _, _ = run()
+    tier, steps, _ = run(num_cpu_blocks=20000)
+    t = tier["tiering"]
+    assert base["prefix_cache"]["host_hit_tokens"] == 0
+    assert tier["prefix_cache"]["hit_rate"] > base["prefix_cache"]["hit_rate"] + 0.3
+    host_hits = tier["prefix_cache"]["host_hit_tokens"]
+    assert host_hits > 0 and host_hits % 16 == 0
+    per_block = resolve_model("llama-3.1-8b").kv_bytes_per_token("bf16") * 16
+    assert t["promoted_blocks"] * 16 >= host_hits      # resumes promote too
+    assert t["bytes_to_device"] == t["promoted_blocks"] * per_block
+    assert t["bytes_to_host"] == t["offloaded_blocks"] * per_block > 0
+    assert t["transfer_time_s"] == pytest.approx(steps["transfer_s"].sum()) and \
+        t["transfer_time_s"] > 0
+    assert tier["kv"]["num_cpu_blocks"] == 20000 and 0 < t["peak_host_usage"] <= 1
+    assert tier["ttft_s"]["p50"] < base["ttft_s"]["p50"]
+    assert tier["num_completed"] == base["num_completed"] == 48
+
+
+def test_write_through_copies_more_but_finds_the_same_hits():
+    back, _, _ = run(num_cpu_blocks=20000)
+    through, _, _ = run(num_cpu_blocks=20000, offload_write="through")
+    assert through["tiering"]["offloaded_blocks"] > back["tiering"]["offloaded_blocks"]
+    assert through["prefix_cache"]["hit_tokens"] >= back["prefix_cache"]["hit_tokens"]
+
+
+def test_swap_preemption_moves_blocks_and_computes_fewer_tokens_than_recompute():
+    kw = dict(num_cpu_blocks=4000, max_num_seqs=64, enable_prefix_caching=False)
+    busy = sessions(gap=0.01, output=300)
+    recompute, rsteps, _ = run(busy, **kw)
+    swap, ssteps, _ = run(busy, preemption_mode="swap", **kw)
+    assert recompute["preemptions"] > 0 and swap["preemptions"] > 0
+    assert recompute["swapped_out_blocks"] == 0
+    assert swap["swapped_out_blocks"] > 0 and swap["swapped_in_blocks"] > 0
+    assert swap["num_completed"] == 48
+    assert ssteps["scheduled_tokens"].sum() < rsteps["scheduled_tokens"].sum()
+
+
+def test_same_inputs_same_summary():
+    a, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
+    b, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert a == b
+
+
+def kvsim(*args):
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_run_with_a_host_tier(tmp_path):
+    out = tmp_path / "out"
+    done = kvsim("run", "--num-gpu-blocks", "3000", "--cpu-offload-gb", "16",
+                 "--preemption-mode", "swap", "--offload-write", "through",
+                 "--limit", "40", "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    blocks = 16 * 2 ** 30 // (16 * resolve_model("llama-3.1-8b").kv_bytes_per_token("bf16"))
+    assert summary["kv"]["num_cpu_blocks"] == summary["tiering"]["num_cpu_blocks"] == blocks
+    assert summary["config"]["preemption_mode"] == "swap"
+    timeline = (out / "timeline.csv").read_text().splitlines()
+    assert "host_used_blocks" in timeline[0] and "transfer_s" in timeline[0]
+
+
+def test_cli_refuses_bad_tier_settings_in_one_line(tmp_path):
+    done = kvsim("run", "--offload-write", "sideways", "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "kvsim: error: field 'offload_write': expected one of back, through, got 'sideways'"]
+    assert not (tmp_path / "o").exists()
