@@ -106,7 +106,7 @@ def trace_stats_command(
 @app.command("gen")
 def gen_command(
     preset: str = typer.Argument(..., metavar="PRESET", help="chat, customer-service, rag, "
-                                 "agent or sharegpt-like."),
+                                 "agent, sharegpt-like or long-doc."),
     out: str = typer.Option(..., "--out", metavar="FILE", help="Native JSONL file to write."),
     num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1),
     seed: int = SEED_OPTION,
@@ -187,6 +187,8 @@ def run_command(
     block_size: Optional[int] = _opt("Tokens per KV block.", "--block-size"),
     num_gpu_blocks: Optional[int] = _opt("KV blocks per replica (overrides sizing).",
                                          "--num-gpu-blocks"),
+    dtype: Optional[str] = _opt("Weights and KV cache dtype: bf16 (default), fp16, fp8, int8.",
+                                "--dtype"),
     gpu_memory_utilization: Optional[float] = _opt("Share of GPU memory vLLM may use.",
                                                    "--gpu-memory-utilization"),
     max_num_seqs: Optional[int] = _opt("Most requests in a batch.", "--max-num-seqs"),

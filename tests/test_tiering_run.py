@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from kvsim.reports.compare_table import bytes_moved
 from kvsim.sim import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.models import resolve_model
@@ -53,6 +54,7 @@ def test_a_host_tier_turns_returning_sessions_into_host_hits():
     assert tier["kv"]["num_cpu_blocks"] == 20000 and 0 < t["peak_host_usage"] <= 1
     assert tier["ttft_s"]["p50"] < base["ttft_s"]["p50"]
     assert tier["num_completed"] == base["num_completed"] == 48
+    assert bytes_moved(tier) == t["bytes_to_host"] + t["bytes_to_device"]   # compare's column
 
 
 def test_write_through_copies_more_but_finds_the_same_hits():
@@ -106,3 +108,13 @@ def test_cli_refuses_bad_tier_settings_in_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "kvsim: error: field 'offload_write': expected one of back, through, got 'sideways'"]
     assert not (tmp_path / "o").exists()
+
+
+def test_compare_grids_over_the_host_tier(tmp_path):
+    done = kvsim("compare", "--cpu-offload-gb", "0,4", "--num-gpu-blocks", "2000",
+                 "--limit", "30", "--out", str(tmp_path / "cmp"))
+    assert done.returncode == 0, done.stderr
+    runs = json.loads((tmp_path / "cmp" / "compare.json").read_text())["runs"]
+    tiers = [r["summary"]["kv"]["num_cpu_blocks"] for r in runs]
+    assert tiers[0] == 0 and tiers[1] > 0
+    assert "cpu_offload_gb=4.0" in done.stdout

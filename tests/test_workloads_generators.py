@@ -178,6 +178,19 @@ def test_rag_requests_share_the_system_prompt_and_draw_from_a_document_pool():
     assert all(r.prompt_tokens > preset.system_tokens + 4 * 100 for r in requests)
 
 
+def test_long_doc_requests_are_one_of_a_few_long_documents_then_a_question():
+    requests = generate("long-doc", GenConfig(num_requests=60, seed=2))
+    by_doc = {}
+    for r in requests:
+        by_doc.setdefault(r.template_id, []).append(r)
+    assert 1 < len(by_doc) <= PRESETS["long-doc"].num_documents
+    for asked in by_doc.values():       # one document: the same prefix up to its last block
+        assert min(common_blocks(a, b) for a in asked for b in asked) >= 80_000 // 16 - 1
+    first = [asked[0] for asked in by_doc.values()]
+    assert all(common_blocks(a, b) == 0 for a in first for b in first if a is not b)
+    assert all(80_000 < r.prompt_tokens <= 100_000 + 1000 for r in requests)
+
+
 def test_agent_context_grows_each_call():
     requests = generate("agent", GenConfig(num_requests=200, seed=6))
     for calls in by_session(requests).values():

@@ -1,4 +1,4 @@
-"""The workload presets: chat, customer-service, rag, agent, sharegpt-like.
+"""The workload presets: chat, customer-service, rag, agent, sharegpt-like, long-doc.
 
 Each preset is a frozen dataclass whose fields are its documented parameters; every field can
 be changed with :func:`dataclasses.replace`. In all of them ``input_tokens`` is the *new* input
@@ -202,5 +202,32 @@ class ShareGptLike:
             yield [Draft(next(times), prompt, self.output_tokens.one(rng))]
 
 
-PRESETS = {p.name: p for p in (Chat(), CustomerService(), Rag(), Agent(), ShareGptLike())}
+@dataclass(frozen=True)
+class LongDoc:
+    """Questions about long documents (books, code bases, contracts, long transcripts):
+    ``num_documents`` documents (lengths from ``document_tokens``, drawn once), each asked about
+    again and again. A request is one document, chosen uniformly at random, then a question
+    (``input_tokens``). Together the documents hold far more KV than one GPU does: the
+    long-context workload a host (CPU) KV tier is meant for. ``rate``: requests/s."""
+
+    name: ClassVar[str] = "long-doc"
+    shares_prefixes: ClassVar[bool] = True
+    rate: float = 0.05
+    num_documents: int = 12
+    document_tokens: Lengths = uniform(80_000, 100_000)
+    input_tokens: Lengths = lognormal(60, 0.7, 4, 1000)
+    output_tokens: Lengths = lognormal(200, 0.6, 8, 1500)
+
+    def sessions(self, times, rng, keys: Keys) -> Iterator[list[Draft]]:
+        sizes = self.document_tokens.sample(rng, self.num_documents)
+        documents = [(keys.new(), int(n)) for n in sizes]
+        for _ in itertools.count():
+            k = int(rng.integers(self.num_documents))
+            question = (keys.new(), self.input_tokens.one(rng))
+            yield [Draft(next(times), [documents[k], question], self.output_tokens.one(rng),
+                         template_id=f"document-{k}")]
+
+
+PRESETS = {p.name: p for p in (Chat(), CustomerService(), Rag(), Agent(), ShareGptLike(),
+                               LongDoc())}
 """The presets by name, with their default parameters."""
