@@ -180,14 +180,22 @@ def _run(sched, steps):
     return log
 
 
-def test_swap_preemption_resumes_without_recomputing():
-    """Three GPU blocks; two requests decode until the pool runs out; the victim is swapped."""
-    kv = TieredKVCacheManager(3, 4, enable_prefix_caching=False, max_model_len=64,
-                              host=HostTier(8))
+def two_requests(gpu: int, host: int, prompt: int):
+    """A swapping scheduler over ``gpu`` blocks and ``host`` host blocks, given two requests of
+    ``prompt`` tokens and 6 output tokens each."""
+    kv = TieredKVCacheManager(gpu, 4, enable_prefix_caching=False, max_model_len=64,
+                              host=HostTier(host))
     sched = Scheduler(kv, SchedulerConfig(max_model_len=64, preemption_mode="swap"))
-    first, second = _seq(0, 4, 6), _seq(1, 4, 6)
+    first, second = _seq(0, prompt, 6), _seq(1, prompt, 6)
     sched.add(first)
     sched.add(second)
+    return sched, first, second
+
+
+def test_swap_preemption_resumes_without_recomputing():
+    """Three GPU blocks; two requests decode until the pool runs out; the victim is swapped."""
+    sched, first, second = two_requests(gpu=3, host=8, prompt=4)
+    kv = sched.kv
     log = _run(sched, 3)
     assert log == [({0: 4, 1: 4}, [], []), ({0: 1}, [1], [(SWAP_OUT, 1)]), ({0: 1}, [], [])]
     assert second.num_computed_tokens == 4 and kv.is_swapped(1)   # kept while swapped out
@@ -201,14 +209,9 @@ def test_swap_preemption_resumes_without_recomputing():
 
 def test_swap_falls_back_to_recompute_when_the_host_has_no_room():
     """The victim holds 2 blocks of computed tokens; the host has 1."""
-    kv = TieredKVCacheManager(5, 4, enable_prefix_caching=False, max_model_len=64,
-                              host=HostTier(1))
-    sched = Scheduler(kv, SchedulerConfig(max_model_len=64, preemption_mode="swap"))
-    first, second = _seq(0, 8, 6), _seq(1, 8, 6)
-    sched.add(first)
-    sched.add(second)
+    sched, first, second = two_requests(gpu=5, host=1, prompt=8)
     assert _run(sched, 2) == [({0: 8, 1: 8}, [], []), ({0: 1}, [1], [])]
-    assert second.num_computed_tokens == 0 and not kv.is_swapped(1)
+    assert second.num_computed_tokens == 0 and not sched.kv.is_swapped(1)
 
 
 def test_swap_mode_without_a_host_tier_is_refused_by_the_config():
