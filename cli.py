@@ -277,6 +277,10 @@ def plan_command(
         True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching."),
     eviction: Optional[str] = _opt("Candidate eviction policies, comma-separated.",
                                    "--eviction"),
+    dtype: Optional[str] = _opt("Candidate weight/KV dtypes, e.g. bf16,fp8.", "--dtype"),
+    cpu_offload_gb: Optional[str] = _opt("Candidate host KV tiers in GiB per GPU, e.g. 0,64 "
+                                         "(priced per GiB-hour: --price-table key "
+                                         "'host-memory-gib').", "--cpu-offload-gb"),
     slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s).", "--slo-ttft-p99"),
     slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s).", "--slo-tpot-p99"),
     slo_ttft_p50: Optional[float] = _opt("TTFT p50 target (s).", "--slo-ttft-p50"),
@@ -292,7 +296,8 @@ def plan_command(
     max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
     profile: Optional[str] = _opt("Calibration profile JSON for the cost model.", "--profile"),
-    price_table: Optional[str] = _opt("JSON {gpu: USD per GPU-hour} overriding the catalog.",
+    price_table: Optional[str] = _opt("JSON {gpu: USD per GPU-hour} overriding the catalog "
+                                      "(and 'host-memory-gib': USD per GiB-hour).",
                                       "--price-table"),
     out: str = typer.Option("kvsim-plan", "--out", metavar="DIR", help="Output directory."),
     use_ray: bool = typer.Option(False, "--ray", help="Run candidates as Ray tasks."),

@@ -27,8 +27,12 @@ from .router import ROUTERS
 #: Settings a plan can sweep, in the order candidates are enumerated (``eviction`` where the
 #: simulator has eviction policies).
 SWEEP_DIMS = tuple(d for d in ("gpu", "tp", "block_size", "max_num_seqs",
-                               "enable_prefix_caching", "eviction")
+                               "enable_prefix_caching", "eviction", "dtype", "cpu_offload_gb")
                    if d in RunConfig.__dataclass_fields__)
+#: The price-table key of host memory (a host KV tier's ``cpu_offload_gb``), USD per GiB-hour.
+HOST_MEMORY_KEY = "host-memory-gib"
+#: Its default: about on-demand cloud DRAM (GCP's N2 custom-memory rate, ~$0.0042/GiB-hour).
+DEFAULT_HOST_GIB_HOUR_USD = 0.0042
 #: Latencies every evaluation reports, besides those the SLO names.
 REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
 #: The planner's router: load-aware routing keeps p99 TTFT and E2E close to monotone in the
@@ -136,8 +140,10 @@ def expand_candidates(base: RunConfig, dims: dict[str, tuple]) -> tuple[RunConfi
 def load_prices(path: str | None = None) -> dict[str, float | None]:
     """USD per GPU-hour by catalog name: ``gpus.json``'s ``price_per_hour_usd``, overridden
     by ``path``, a JSON object ``{"gpu": price, ...}`` (or one under a ``"prices"`` key; keys
-    starting with ``_`` are comments; aliases such as ``h100`` work)."""
+    starting with ``_`` are comments; aliases such as ``h100`` work). The entry
+    :data:`HOST_MEMORY_KEY` is host memory in USD per GiB-hour instead."""
     prices = {name: resolve_gpu(name).price_per_hour_usd for name in list_gpus()}
+    prices[HOST_MEMORY_KEY] = DEFAULT_HOST_GIB_HOUR_USD
     if path is not None:
         prices.update(_read_prices(path))
     return prices
@@ -158,8 +164,17 @@ def _read_prices(path: str) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise ConfigError(f"price must be a number >= 0, got {value!r}", location=path,
                               field=key)
-        out[resolve_gpu(key).name] = float(value)
+        out[key if key == HOST_MEMORY_KEY else resolve_gpu(key).name] = float(value)
     return out
+
+
+def gpu_hour_price(prices: dict, config: RunConfig) -> float | None:
+    """USD per GPU-hour of ``config``: its GPU plus the host memory of its host tier
+    (``cpu_offload_gb`` GiB per GPU); None when the GPU's price is unknown."""
+    gpu = prices.get(config.gpu)
+    if gpu is None:
+        return None
+    return gpu + config.cpu_offload_gb * prices.get(HOST_MEMORY_KEY, DEFAULT_HOST_GIB_HOUR_USD)
 
 
 def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
@@ -223,6 +238,10 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
         if "eviction" not in SWEEP_DIMS:
             raise ConfigError("this kvsim has no eviction policies", field="eviction")
         dims["eviction"] = parse_list(values["eviction"], "eviction")
+    if values.get("dtype") is not None:
+        dims["dtype"] = parse_list(values["dtype"], "dtype")
+    if values.get("cpu_offload_gb") is not None:
+        dims["cpu_offload_gb"] = parse_list(values["cpu_offload_gb"], "cpu_offload_gb", float)
     slo = build_slo(ttft_p99_s=values.get("slo_ttft_p99"), tpot_p99_s=values.get("slo_tpot_p99"),
                     ttft_p50_s=values.get("slo_ttft_p50"), e2e_p99_s=values.get("slo_e2e_p99"))
     return build_spec(trace_path, trace_label, opts, base, slo, dims,

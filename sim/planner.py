@@ -36,7 +36,7 @@ from .config import RunConfig
 from .plan_bounds import floor_percentiles, impossible_reason, latency_floors
 from .plan_bounds import suggested_block_size
 from .plan_search import fewest_passing, largest_passing
-from .plan_spec import SWEEP_DIMS, PlanSpec, reported_keys
+from .plan_spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, reported_keys
 from .runner import resolve_deployment, simulate
 from .sweep import SweepOptions, run_tasks
 
@@ -46,7 +46,8 @@ SUSTAINABLE = ("A request rate is sustainable for one replica when the trace, re
                "bisection over the rate scale; the reported rate passed, a rate higher by "
                "the stated ratio failed.")
 HEADROOM = "Per SLO target: 1 - reached / target (0.25: the percentile is 25% below the target)."
-COST = "replicas x TP x price per GPU-hour (editable: --price-table)."
+COST = ("replicas x TP x price per GPU-hour, host-tier memory included (editable: "
+        "--price-table).")
 
 
 def plan(spec: PlanSpec, options: SweepOptions = SweepOptions(), progress=None) -> dict:
@@ -113,7 +114,7 @@ def evaluate_task(task: tuple[PlanSpec, int]) -> dict:
 def _row_head(spec: PlanSpec, index: int, config: RunConfig) -> dict:
     return {"index": index, "label": candidate_label(config, spec.varying),
             "settings": {d: getattr(config, d) for d in SWEEP_DIMS},
-            "price_per_gpu_hour_usd": spec.prices.get(config.gpu), "feasible": False,
+            "price_per_gpu_hour_usd": gpu_hour_price(spec.prices, config), "feasible": False,
             "reason": None, "replicas": None, "gpus": None, "cost_per_hour_usd": None,
             "latency": None, "headroom": None, "min_headroom": None, "hit_rate": None,
             "latency_floor": None, "max_rate": None, "evaluations": [], "num_simulations": 0,
@@ -136,6 +137,10 @@ def candidate_label(config: RunConfig, varying: tuple[str, ...] = ()) -> str:
         parts.append("prefix " + ("on" if config.enable_prefix_caching else "off"))
     if "eviction" in varying:
         parts.append(config.eviction)
+    if "dtype" in varying:
+        parts.append(config.dtype)
+    if "cpu_offload_gb" in varying:
+        parts.append(f"host {config.cpu_offload_gb:g} GiB")
     return " · ".join(parts)
 
 
@@ -251,7 +256,9 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
             "--gpu-memory-utilization", c.gpu_memory_utilization, "--seed", c.seed,
             "--enable-prefix-caching" if c.enable_prefix_caching
             else "--no-enable-prefix-caching", "--rate-scale", repr(o.rate_scale)]
-    for flag, value in (("--eviction", getattr(c, "eviction", None)), ("--format", o.fmt), ("--limit", o.limit), ("--start", o.start_s),
+    for flag, value in (("--eviction", getattr(c, "eviction", None)), ("--dtype", c.dtype),
+                        ("--cpu-offload-gb", c.cpu_offload_gb or None),
+                        ("--format", o.fmt), ("--limit", o.limit), ("--start", o.start_s),
                         ("--end", o.end_s), ("--profile", c.profile),
                         ("--max-model-len", c.max_model_len),
                         ("--trace-model", o.model_filter)):
