@@ -23,6 +23,10 @@ CASES = {
                   model="llama-2-7b", gpu="a100-80gb", tp=1),
     "mooncake": dict(trace="traces/mooncake/conversation_trace.jsonl", model="llama-3-70b",
                      gpu="h100-80gb", tp=4, max_model_len=131072),
+    # the same with a 64 GiB-per-GPU host tier (demotions, promotions, fewer skip-aheads)
+    "mooncake-tier": dict(trace="traces/mooncake/conversation_trace.jsonl",
+                          model="llama-3-70b", gpu="h100-80gb", tp=4, max_model_len=131072,
+                          cpu_offload_gb=64),
 }
 
 
@@ -63,10 +67,10 @@ def main() -> None:
         cmd += ["--no-skip-ahead"] if args.no_skip_ahead else []
         rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True,
                                               text=True).stdout))
-    print(f"{'case':<10}{'requests':>10}{'done':>8}{'steps':>10}{'skipped':>10}{'wall s':>9}"
+    print(f"{'case':<14}{'requests':>10}{'done':>8}{'steps':>10}{'skipped':>10}{'wall s':>9}"
           f"{'req/s':>9}{'tok/s':>12}{'peak RSS MB':>13}")
     for r in rows:
-        print(f"{r['case']:<10}{r['requests']:>10,}{r['completed']:>8,}{r['steps']:>10,}{r['skipped_steps']:>10,}"
+        print(f"{r['case']:<14}{r['requests']:>10,}{r['completed']:>8,}{r['steps']:>10,}{r['skipped_steps']:>10,}"
               f"{r['wall_s']:>9.1f}{r['requests_per_s']:>9,.0f}{r['tokens_per_s']:>12,.0f}"
               f"{r['peak_rss_mb']:>13,.0f}")
     print("reference: Vidur ~100 req/s on Azure conversation lengths; target >= 2,000 req/s, "

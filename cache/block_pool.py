@@ -186,6 +186,37 @@ class BlockPool:
             else:
                 index[block_hash] = block_id
 
+    def put_cached(self, block_hash: int) -> int:
+        """Fill the next free block with ``block_hash`` and leave it free and cached, as the
+        most recently used (``get_new_blocks(1)``, ``cache_block``, ``free_blocks`` in one
+        step: a host tier storing a copy). Returns the block id."""
+        if not self._free:
+            raise ValueError("cannot put a cached block: no block is free")
+        block_id = self._free.popitem(last=False)[0]
+        old, index = self.block_hashes[block_id], self.index._map
+        if old is None:
+            self.num_cached_free_blocks += 1
+        else:       # evict (index operations inlined, as in get_new_blocks)
+            if index[old].__class__ is int:
+                del index[old]
+            else:
+                self.index.remove(old, block_id)
+            self.num_evictions += 1
+            if self.evicted is not None:
+                self.evicted.append((block_id, old))
+        self.block_hashes[block_id] = block_hash
+        if block_hash in index:
+            self.index.insert(block_hash, block_id)
+        else:
+            index[block_hash] = block_id
+        self._free[block_id] = None
+        return block_id
+
+    def refresh(self, block_id: int) -> None:
+        """Count a cached block as just used (a free one moves to the LRU tail)."""
+        if self.ref_counts[block_id] == 0:
+            self._free.move_to_end(block_id)
+
     def can_reset(self) -> bool:
         return len(self._free) == self.num_blocks
 
@@ -256,6 +287,16 @@ class ScoredBlockPool(BlockPool):
 
     def can_reset(self) -> bool:
         return self.num_free_blocks == self.num_blocks
+
+    def put_cached(self, block_hash: int) -> int:
+        block_id = self.get_new_blocks(1)[0]
+        self.cache_block(block_id, block_hash)
+        self.free_blocks([block_id])
+        return block_id
+
+    def refresh(self, block_id: int) -> None:
+        self.touch([block_id])
+        self.free_blocks([block_id])
 
     # --- actions -------------------------------------------------------------------------
 

@@ -74,19 +74,16 @@ class HostTier:
     def store(self, block_hash: int) -> int | None:
         """Make ``block_hash`` host-resident and return the host block to copy it into; None
         when no copy is needed (already there: only refreshed) or possible (all pinned)."""
-        found = self.find(block_hash)
+        pool = self.pool
+        found = pool.index.get(block_hash)
         if found is not None:
-            self.pin([found])
-            self.unpin([found])
+            pool.refresh(found)
             return None
-        if not self.pool.can_get_new_blocks(1):
+        if not pool.can_get_new_blocks(1):
             self.num_dropped_blocks += 1
             return None
-        block_id = self.pool.get_new_blocks(1)[0]
-        self.pool.cache_block(block_id, block_hash)
-        self.pool.free_blocks([block_id])
         self.num_stored_blocks += 1
-        return block_id
+        return pool.put_cached(block_hash)
 
     def pin(self, block_ids: Sequence[int]) -> None:
         """Keep cached blocks from eviction while they are being read (a promotion)."""

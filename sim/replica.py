@@ -6,7 +6,9 @@ waiting request can be admitted and no allocation can fail, the per-request book
 next steps is done lazily (only at the steps where a request fills or opens a block), while each
 step still takes its own SimPy timeout. Decisions, block ids and timings are identical to
 stepping one iteration at a time (``tests/test_sim_skip_ahead.py`` checks it). Only the paged
-layout skips ahead (the runner turns it off for the others).
+layout skips ahead (the runner turns it off for the others). With a host tier, the copies the
+lazy steps cause (demotions, write-through) are charged to their step by the executor's
+``transfer_time``, exactly as :meth:`~kvsim.sim.cost_model.CostModel.step_duration` would.
 """
 
 from __future__ import annotations
@@ -143,10 +145,7 @@ class Replica:
         """Largest window (<= steps) whose new blocks all fit in the free blocks."""
         bs = self.kv.block_size
         first = np.array([(-s.num_computed_tokens) % bs for s in self.scheduler.running])
-        pool = self.kv.pool
-        # with a host tier, evicting a cached block costs a copy: stay within unhashed blocks
-        free = (pool.num_free_blocks if self._host is None
-                else pool.num_free_blocks - pool.num_cached_free_blocks)
+        free = self.kv.num_free_blocks
 
         def new_blocks(w: int) -> int:
             return int(np.maximum(0, (w - 1 - first) // bs + 1).sum())
@@ -170,8 +169,10 @@ class Replica:
         for j in range(window):
             if self.scheduler.num_waiting != waiting0:
                 break
+            self.kv.begin_step()
             self._lazy_block_events(running, c0, o0, j, bs)
-            yield from self._lazy_step(j, running, c0, float(durations[j]))
+            yield from self._lazy_step(j, running, c0, float(durations[j]),
+                                       self.kv.take_transfers())
             done += 1
         self.num_skipped_steps += done
         self._sync(running, c0, o0, done)
@@ -186,8 +187,18 @@ class Replica:
             seq.num_output_tokens = o0[i] + j
             kv.allocate(seq.request_id, seq, int(c0[i]) + j + 1 - kv.num_slots(seq.request_id))
 
-    def _lazy_step(self, j: int, running, c0, duration: float):
+    def _lazy_step(self, j: int, running, c0, duration: float, transfers):
+        """One decode step of the window; ``transfers``: the host tier's copies (demotions of
+        the blocks its new blocks evicted, write-through), charged as a normal step would."""
         now = self.env.now
+        copies, moved = [0] * 5, 0.0
+        if transfers:
+            plan = StepPlan(transfers=list(transfers))
+            copies = [plan.num_transfer_blocks(k) for k in (SWAP_OUT, SWAP_IN, OFFLOAD,
+                                                            PROMOTE, COMPACT)]
+            if self._transfer_time is not None:
+                moved = self._transfer_time(plan)
+                duration = duration + moved
         yield self.env.timeout(duration)
         b = len(running)
         bs = self.kv.block_size
@@ -197,7 +208,7 @@ class Replica:
         self.steps.append(
             now, duration, self.index, b, b, b, b, self.scheduler.num_waiting, used,
             self.kv.pool.num_cached_free_blocks, used * bs - internal, internal, 0, 0, 0, 0, 0,
-            0, 0, 0, 0, 0, self._host_used(), 0.0)
+            *copies, self._host_used(), moved)
 
     def _sync(self, running, c0, o0, done: int) -> None:
         """Bring every request's counters to where ``done`` decode steps left them."""

@@ -88,10 +88,9 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     executor = executor or default_executor(config)
     env = simpy.Environment()
     steps, log = StepLog(), RequestLog()
-    skip = config.skip_ahead and config.layout == "paged" and not (
-        deployment.num_cpu_blocks and config.offload_write == "through")
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
-                        skip) for i in range(config.replicas)]
+                        config.skip_ahead and config.layout == "paged")
+                for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
                           config.block_size, deployment.max_model_len))
     start = time.perf_counter()

@@ -42,6 +42,8 @@ CASES = {
                            preemption_mode="swap", block_size=8),
     "host-tier-lfu": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
                           eviction="lfu"),
+    "host-tier-write-through": dict(num_gpu_blocks=400, max_num_seqs=48, num_cpu_blocks=300,
+                                    offload_write="through"),
 }
 
 

@@ -170,3 +170,37 @@ def test_every_lookup_and_copy_sees_the_right_data(data, gpu, host, policy, writ
     world = World(gpu, host, policy, write)
     for _ in range(data.draw(st.integers(5, 40))):
         world.step(data.draw(st.sampled_from(ACTIONS)), data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.lists(st.tuples(st.sampled_from(["store", "hold", "release",
+                                                                  "pin"]),
+                                             st.integers(0, 12)), max_size=60))
+def test_the_fast_lru_host_path_equals_the_generic_one(num_blocks, ops):
+    """``BlockPool.put_cached``/``refresh`` (one step each) against the generic take, cache,
+    release sequence of a scored pool given vLLM's LRU order explicitly."""
+    from kvsim.cache.block_pool import ScoredBlockPool
+    from kvsim.cache.policies import LRUPolicy
+    fast, slow = HostTier(num_blocks), HostTier(num_blocks)
+    slow.pool = ScoredBlockPool(num_blocks, policy=LRUPolicy())
+    held: list[list[int]] = []
+    for op, x in ops:
+        if op == "store":
+            assert fast.store(x) == slow.store(x)
+        elif op == "hold" and fast.can_hold(x % 3 + 1):
+            assert fast.can_hold(x % 3 + 1) == slow.can_hold(x % 3 + 1)
+            got = fast.hold(x % 3 + 1)
+            assert got == slow.hold(x % 3 + 1)
+            held.append(got)
+        elif op == "release" and held:
+            blocks = held.pop(x % len(held))
+            fast.release(blocks)
+            slow.release(blocks)
+        elif op == "pin" and fast.find(x) is not None:
+            fast.pin([fast.find(x)])
+            slow.pin([slow.find(x)])
+            fast.unpin([fast.find(x)])
+            slow.unpin([slow.find(x)])
+        assert fast.pool.free_queue() == slow.pool.free_queue()
+        assert fast.pool.block_hashes == slow.pool.block_hashes
+    assert fast.num_dropped_blocks == slow.num_dropped_blocks
