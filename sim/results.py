@@ -156,9 +156,10 @@ def timeline_frame(steps: pd.DataFrame, duration_s: float, pool_blocks: int,
                    block_size: int, num_replicas: int = 1) -> pd.DataFrame:
     """Steps on a uniform simulated-time grid of at most :data:`MAX_TIMELINE_ROWS` rows.
 
-    States (running, KV blocks, slots) are exact time averages over each interval, a step's
-    value holding for its duration (summed over replicas); counts (tokens, preemptions,
-    transfers) fall in the interval where their step ends. Shares are of all replicas' pools.
+    States (running, KV blocks, slots) are exact time averages over each interval, the state a
+    step leaves holding until that replica's next step starts, so idle gaps keep their cached
+    blocks (summed over replicas); counts (tokens, preemptions, transfers) fall in the interval
+    where their step ends. Shares are of all replicas' pools.
     """
     n_bins = max(1, min(MAX_TIMELINE_ROWS, len(steps)))
     width = duration_s / n_bins if duration_s > 0 else 1.0
@@ -179,6 +180,8 @@ def _time_average(steps: pd.DataFrame, column: str, edges: np.ndarray) -> np.nda
     total = np.zeros(len(edges) - 1)
     for _, s in steps.groupby("replica"):
         t, d, v = (s[c].to_numpy() for c in ("t_start", "duration", column))
+        if len(t):     # a step's state holds until the next step (idle gaps included)
+            d = np.append(np.diff(t), max(d[-1], edges[-1] - t[-1]))
         area = np.concatenate([[0.0], np.cumsum(v * d)])
         k = np.clip(np.searchsorted(t, edges, side="right") - 1, 0, None)
         inside = np.clip(edges - t[k], 0.0, d[k]) if len(t) else np.zeros_like(edges)

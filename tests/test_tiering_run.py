@@ -118,3 +118,23 @@ def test_compare_grids_over_the_host_tier(tmp_path):
     tiers = [r["summary"]["kv"]["num_cpu_blocks"] for r in runs]
     assert tiers[0] == 0 and tiers[1] > 0
     assert "cpu_offload_gb=4.0" in done.stdout
+
+
+def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
+    """Two requests 100 s apart: between them nothing runs, yet the first one's blocks stay
+    cached on the GPU and (after the second evicts them) on the host."""
+    ids = np.arange(4000)
+    reqs = [Request(0, 0.0, 4000, 8, prompt_token_ids=ids),
+            Request(1, 100.0, 4000, 8, prompt_token_ids=ids + 5000),
+            Request(2, 200.0, 16, 8, prompt_token_ids=ids[:16] + 9000)]
+    r = simulate(reqs, RunConfig(model="llama-3.1-8b", num_gpu_blocks=300,
+                                 max_model_len=4096, num_cpu_blocks=1000))
+    steps = results.steps_frame(r)
+    tl = results.timeline_frame(steps, r.duration_s, 300, 16)
+    first_gap = tl[(tl["time_s"] > 10) & (tl["time_s"] + tl["interval_s"] < 95)]
+    second_gap = tl[(tl["time_s"] > 110) & (tl["time_s"] + tl["interval_s"] < 195)]
+    assert len(first_gap) and np.allclose(first_gap["kv_cached_idle_blocks"], 250)
+    assert np.allclose(first_gap["host_used_blocks"], 0)
+    # the second request took 251 blocks: the 50 never used, then 201 of the first's
+    assert len(second_gap) and np.allclose(second_gap["host_used_blocks"], 201)
+    assert np.allclose(second_gap["num_running"], 0)
