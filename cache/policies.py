@@ -15,7 +15,7 @@ findable by hash) are given up:
 - ``belady``: offline optimal, the block whose next use is farthest in the future goes first;
   needs a :class:`BeladyOracle` built from the whole trace, see :class:`BeladyPolicy`.
 
-A non-LRU pool (:class:`~kvsim.cache.block_pool.ScoredBlockPool`) calls :meth:`CachePolicy.key`
+A non-LRU pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) calls :meth:`CachePolicy.key`
 when a cached block is released (its reference count drops to 0) and evicts the block with the
 smallest key. Keys are fixed at release: they only matter while a block is free, and a free
 block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool keeps

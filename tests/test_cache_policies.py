@@ -5,7 +5,7 @@ import random
 import pytest
 
 from kvsim.cache import BlockPool, KVCacheManager
-from kvsim.cache.block_pool import ScoredBlockPool
+from kvsim.cache.scored_pool import ScoredBlockPool
 from kvsim.cache.policies import POLICY_NAMES, BeladyOracle, make_policy
 
 

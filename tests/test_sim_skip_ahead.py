@@ -5,7 +5,6 @@ import pytest
 
 from kvsim.sim import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.executor import FixedExecutor
 from kvsim.sim.runner import simulate
 from kvsim.workloads import Request
 

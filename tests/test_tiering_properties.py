@@ -179,7 +179,7 @@ def test_every_lookup_and_copy_sees_the_right_data(data, gpu, host, policy, writ
 def test_the_fast_lru_host_path_equals_the_generic_one(num_blocks, ops):
     """``BlockPool.put_cached``/``refresh`` (one step each) against the generic take, cache,
     release sequence of a scored pool given vLLM's LRU order explicitly."""
-    from kvsim.cache.block_pool import ScoredBlockPool
+    from kvsim.cache.scored_pool import ScoredBlockPool
     from kvsim.cache.policies import LRUPolicy
     fast, slow = HostTier(num_blocks), HostTier(num_blocks)
     slow.pool = ScoredBlockPool(num_blocks, policy=LRUPolicy())

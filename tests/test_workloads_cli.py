@@ -52,7 +52,8 @@ def test_gen_writes_the_same_file_twice_and_nothing_on_error(tmp_path):
     args = ["gen", "customer-service", "-n", "40", "--seed", "3", "--json"]
     first = kvsim(*args, "--out", tmp_path / "a.jsonl")
     second = kvsim(*args, "--out", tmp_path / "b.jsonl")
-    assert first.returncode == 0 and json.loads(first.stdout)["num_requests"] == 40
+    assert first.returncode == second.returncode == 0
+    assert json.loads(first.stdout)["num_requests"] == 40
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     failed = kvsim("gen", "chat", "--out", tmp_path / "c.jsonl", "--input-len", "uniform:9:1")
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1
