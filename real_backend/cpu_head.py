@@ -5,9 +5,13 @@ erratic on few rows: measured with torch 2.13 on an AMD EPYC host, one thread, v
 hidden 256, ``x @ W.T`` (``F.linear``) took 4.8 ms for 1 row and 14 ms for 3 rows but 8 ms for 8
 rows; ``x @ Wt`` (a contiguous transpose) 1.9 / 4.9 / 5.9 ms; ``(W @ x.T).T`` 4.8 / 2.4 / 4.2 ms.
 Step time should grow smoothly with the batch (the cost model is linear in it), so
-:meth:`CpuHead.tune` times ``x @ Wt`` against ``(W @ x.T).T`` for every row count below
+:meth:`CpuHead.tune` times ``x @ Wt`` against ``(W @ x.T).T`` for every row count up to
 :data:`TUNED_ROWS` once, and each call uses the faster (``x @ Wt`` when untuned). Both give the
-same logits up to float summation order.
+same logits up to float summation order. Even so the head's time is irregular in the row count
+(a fitted profile measures it per row count: ``kvsim.sim.profile.Fitted.per_batch_s``), and the
+choice can differ between processes when both layouts are close, so ``kvsim profile`` records
+the choices (:meth:`CpuHead.layouts`) and ``kvsim validate`` reuses them
+(:meth:`CpuHead.set_layouts`).
 """
 
 from __future__ import annotations
@@ -39,12 +43,20 @@ class CpuHead:
             return (self.weight @ x.t()).t()
         return x @ self.weight_t
 
+    def layouts(self) -> dict[int, bool]:
+        """The layout chosen per row count (``True``: ``(W @ x.T).T``)."""
+        return dict(self.row_major)
+
+    def set_layouts(self, layouts: dict) -> None:
+        """Use ``layouts`` (as :meth:`layouts` returns, keys may be strings) instead of tuning."""
+        self.row_major = {int(k): bool(v) for k, v in layouts.items()}
+
     @torch.inference_mode()
-    def tune(self, max_rows: int = TUNED_ROWS, repeats: int = 3) -> dict[int, bool]:
-        """Time both layouts for 1 .. ``max_rows - 1`` rows (interleaved, median of
-        ``repeats``) and remember the faster; returns the choices."""
+    def tune(self, max_rows: int = TUNED_ROWS, repeats: int = 5) -> dict[int, bool]:
+        """Time both layouts for 1 .. ``max_rows`` rows (interleaved, median of ``repeats``)
+        and remember the faster; returns the choices."""
         hidden = self.weight.shape[1]
-        for rows in range(1, max_rows):
+        for rows in range(1, max_rows + 1):
             x = torch.randn(rows, hidden, dtype=self.weight.dtype)
             times: dict[bool, list[float]] = {False: [], True: []}
             for _ in range(repeats):

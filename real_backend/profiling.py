@@ -2,19 +2,26 @@
 
 Each grid point is one engine step: a batch composition (requests with ``q`` new tokens on ``c``
 cached ones) or one block copy. It is timed the way :class:`TorchExecutor` times a step (forward
-pass plus greedy sampling; or ``copy_blocks``), after a warm-up round, as the median over rounds
-of the whole grid (see :func:`measure_grid`).
+pass plus greedy sampling; or ``copy_blocks``) in the steady state an engine runs in: after a
+warm-up, as the median of several back-to-back calls each preceded by engine-like host work,
+and the median of that over a few passes of the grid (see :func:`measure_grid`).
 
 The fit is the cost model's *fitted* form (see ``kvsim.sim.profile.Fitted``): a step with
 ``tokens`` new tokens over ``seqs`` requests, ``kv`` KV tokens read (``sum c + q``) and
 ``units`` attention units (``sum q * (2c + q + 1)``) takes::
 
-    step_s + per_seq_s * seqs + per_token_s * tokens + per_kv_token_s * kv
-           + per_attn_unit_s * units
+    step_s + per_batch_s[seqs] + per_seq_s * seqs + per_token_s * tokens
+           + per_kv_token_s * kv + per_attn_unit_s * units
 
 and a copy of ``n`` blocks ``copy_call_s + n * block_bytes * (host|device)_copy_s_per_byte``.
-Coefficients are non-negative least squares on *relative* residuals (each row divided by its
-measured time), so short decode steps weigh as much as long prefills.
+``per_batch_s`` is the LM head (logits of one row per request) timed alone for every batch size
+up to ``max_num_seqs`` (see :func:`measure_batch_table`), then corrected by the decode steps of
+each size (:func:`backfit_table`): on a CPU its time jumps between row counts (BLAS kernels per
+shape), which no linear term follows. The linear coefficients are
+non-negative least squares on *relative* residuals (each row divided by its measured time), so
+short decode steps weigh as much as long prefills, fitted to the measured time less the table;
+points the linear form cannot follow at all (see :func:`fit_compute`) are left out of the fit
+but still reported in the fit error.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT
 
+from .executor import interlude
 from .runner import ModelRunner, RequestChunk
 
+MAX_BATCH_TABLE = 512   # per_batch_s covers at most this many requests
 COMPUTE_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s")
 GROUPS = ("prefill", "decode", "mixed", "transfer")
 
@@ -60,8 +69,9 @@ class Grid:
     """Which steps to time and how often."""
 
     points: list[Point] = field(default_factory=list)
-    repeats: int = 5
-    warmup: int = 2
+    repeats: int = 5     # timed back-to-back calls per point and round (median)
+    warmup: int = 2      # untimed calls before them
+    rounds: int = 3      # passes over the whole grid (median of the rounds' medians)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,15 @@ class Limits:
 
 def _decode(contexts) -> tuple[tuple[int, int], ...]:
     return tuple((1, max(int(c), 2) - 1) for c in contexts)
+
+
+def _around(rng, context: int, batch: int, limit: int) -> list[int]:
+    """``batch`` contexts spread over ``context`` x [0.5, 1.5] (within ``[2, limit]``): a live
+    decode batch is ragged, and ragged contexts cost more than their KV tokens alone (the
+    backend pads each decode group to its longest context, see ``attention.decode_groups``)."""
+    if batch == 1:
+        return [context]
+    return np.clip(np.rint(context * rng.uniform(0.5, 1.5, size=batch)), 2, limit).tolist()
 
 
 def _powers(lo: int, hi: int) -> list[int]:
@@ -99,8 +118,12 @@ def default_grid(limits: Limits = Limits(), quick: bool = False, seed: int = 0) 
             for k in (2, 4)]
     contexts = sorted({min(64, ctx), max(ctx // 8, 2), max(ctx // 2, 2), ctx})
     for b in _powers(1, seqs)[::2 if quick else 1]:
-        pts += [Point("decode", _decode([c] * b)) for c in contexts[::2 if quick else 1]]
+        pts += [Point("decode", _decode(_around(rng, c, b, ctx)))
+                for c in contexts[::2 if quick else 1]]
         pts.append(Point("decode", _decode(rng.integers(16, ctx + 1, size=b))))
+    powers = set(_powers(1, seqs))
+    pts += [Point("decode", _decode(_around(rng, contexts[0], b, ctx)))   # other small batches
+            for b in range(1, min(seqs, 16) + 1) if b not in powers and not quick]
     for q in (max(budget // 8, 2), max(budget // 2, 2)):
         for b in (max(seqs // 4, 1), max(seqs - 1, 1)):
             ragged = _decode(rng.integers(16, ctx // 2 + 2, size=b))
@@ -108,7 +131,8 @@ def default_grid(limits: Limits = Limits(), quick: bool = False, seed: int = 0) 
             pts.append(Point("mixed", ((q // 2, ctx // 4), (q // 2, 0)) + ragged))
     for kind in (SWAP_OUT, COMPACT):
         pts += [Point("transfer", copy=(kind, n)) for n in (1, 8, 64) if not quick or n != 8]
-    return Grid(pts, repeats=3 if quick else 7, warmup=1 if quick else 2)
+    return Grid(pts, repeats=3 if quick else 5, warmup=1 if quick else 2,
+                rounds=1 if quick else 3)
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -186,12 +210,72 @@ def fit_relative(features: np.ndarray, times: np.ndarray) -> np.ndarray:
     return nnls_small(features * weights[:, None], np.ones_like(times))
 
 
-def fit_compute(points: list[Point], times: list[float]) -> dict[str, float]:
-    """The five compute coefficients from every non-copy point."""
-    rows = [(p.features(), t) for p, t in zip(points, times) if p.copy is None]
+def batch_time(seqs: int, table, slope: float = 0.0) -> float:
+    """``per_batch_s`` at ``seqs`` requests (as ``kvsim.sim.cost_model`` reads it)."""
+    if not table:
+        return 0.0
+    if seqs <= len(table):
+        return float(table[max(seqs, 1) - 1])
+    return float(table[-1] + (seqs - len(table)) * slope)
+
+
+#: A compute point whose relative fit error exceeds this many times the median (and
+#: :data:`OUTLIER_FLOOR`) is left out of the refit: the linear form cannot follow it.
+OUTLIER_FACTOR, OUTLIER_FLOOR = 4.0, 0.2
+
+
+def fit_compute(points: list[Point], times: list[float], table=(),
+                slope: float = 0.0) -> dict[str, float]:
+    """The five compute coefficients from every non-copy point, fitted to the measured time
+    less ``per_batch_s``; fitted twice, the second time without the points the first fit misses
+    by more than ``OUTLIER_FACTOR`` times its median error and ``OUTLIER_FLOOR`` (on a CPU:
+    decode batches whose gathered KV outgrows the caches, where time per KV token jumps)."""
+    rows = [(p.features(), t, batch_time(len(p.batch), table, slope))
+            for p, t in zip(points, times) if p.copy is None]
     x = np.array([r[0] for r in rows])
     y = np.array([r[1] for r in rows])
-    return dict(zip(COMPUTE_TERMS, fit_relative(x, y).tolist()))
+    base = np.array([r[2] for r in rows])
+    keep = np.ones(len(rows), dtype=bool)
+    for _ in range(2):
+        coef = _fit_rest(x[keep], y[keep], base[keep])
+        err = np.abs(x @ coef + base - y) / y
+        limit = max(OUTLIER_FACTOR * float(np.median(err)), OUTLIER_FLOOR)
+        if (err <= limit).all() or (err <= limit).sum() < x.shape[1]:
+            break
+        keep = err <= limit
+    return dict(zip(COMPUTE_TERMS, coef.tolist()))
+
+
+def _fit_rest(x: np.ndarray, y: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients of ``x`` for ``y - base``, errors relative to ``y``."""
+    weights = 1.0 / y
+    return nnls_small(x * weights[:, None], (y - base) * weights)
+
+
+#: Rounds of :func:`backfit_table` (the table and the linear terms fitted in turn).
+BACKFIT_ROUNDS = 3
+
+
+def backfit_table(points: list[Point], times: list[float], coef: dict[str, float],
+                  table: list[float], slope: float) -> list[float]:
+    """``per_batch_s`` corrected by the decode points: entry ``n - 1`` moves by the median of
+    what the model misses on the decode steps of ``n`` requests (held at >= 0).
+
+    The table starts as the LM head timed alone; inside a whole step the head (and the other
+    GEMMs of ``n`` rows) can run at another speed (other cache state, another kernel), so the
+    decode steps themselves say what an ``n``-request step costs beyond the linear terms.
+    Alternating this with the linear fit is backfitting an additive model: ``per_batch_s``
+    becomes a free per-batch-size intercept wherever the grid has decode steps of that size,
+    and stays the measured head time elsewhere."""
+    coef = dict(coef, per_batch_s=table, per_batch_slope_s=slope)
+    misses: dict[int, list[float]] = {}
+    for p, t in zip(points, times):
+        if p.group == "decode" and len(p.batch) <= len(table):
+            misses.setdefault(len(p.batch), []).append(t - predict(p, coef, 0))
+    out = list(table)
+    for n, miss in misses.items():
+        out[n - 1] = max(out[n - 1] + statistics.median(miss), 0.0)
+    return out
 
 
 def fit_copies(points: list[Point], times: list[float], block_bytes: int) -> dict[str, float]:
@@ -211,13 +295,15 @@ def fit_copies(points: list[Point], times: list[float], block_bytes: int) -> dic
     return out
 
 
-def predict(point: Point, coef: dict[str, float], block_bytes: int) -> float:
+def predict(point: Point, coef: dict, block_bytes: int) -> float:
     """The fitted time of one grid point."""
     if point.copy is not None:
         kind, n = point.copy
         per_byte = coef["device_copy_s_per_byte" if kind == COMPACT else "host_copy_s_per_byte"]
         return coef["copy_call_s"] + n * block_bytes * per_byte
-    return float(np.dot(point.features(), [coef[k] for k in COMPUTE_TERMS]))
+    return (float(np.dot(point.features(), [coef[k] for k in COMPUTE_TERMS]))
+            + batch_time(len(point.batch), coef.get("per_batch_s", ()),
+                         coef.get("per_batch_slope_s", 0.0)))
 
 
 def fit_errors(points: list[Point], times: list[float], coef: dict[str, float],
@@ -235,29 +321,88 @@ def fit_errors(points: list[Point], times: list[float], coef: dict[str, float],
 
 # --- the whole job -------------------------------------------------------------------------
 
-def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0) -> list[float]:
-    """Median seconds of every grid point, in grid order.
+def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
+                 batch_rows: int = 0) -> tuple[list[float], list[float]]:
+    """Median seconds of every grid point, in grid order, and of the LM head for 1 ..
+    ``batch_rows`` rows (:func:`measure_batch_table`; empty when ``batch_rows`` is 0).
 
-    Rounds go over the whole grid (point 1, 2, ..., then again), so no point is timed right
-    after itself: like a real engine step, each call starts with caches holding other work,
-    not its own weights and KV from a moment ago (back-to-back repeats measure ~10-30 % fast
-    on the CPU).
+    Each point runs ``warmup`` times and then is timed ``repeats`` times back to back, like
+    consecutive engine steps (a decode step follows a decode step of nearly the same batch,
+    with its weights and KV still in the caches), each after the host work an engine does
+    between steps (:func:`~.executor.interlude`). Measured on the CPU against ``kvsim
+    validate``: timing the points interleaved instead (round-robin over the grid, caches holding
+    other work) made decode steps ~20 % slower than the same steps in a replayed trace. The
+    whole grid is measured ``rounds`` times and each point gets the median of its rounds: on a
+    shared host the speed of one point drifts by 10-25 % between passes seconds apart.
     """
     rng = np.random.default_rng(seed)
     calls = [point_call(runner, p, rng) for p in grid.points]
     now = clock_fn(clock)
-    for _ in range(grid.warmup):
-        for call in calls:
-            call()
-    rounds = [[timed_call(c, runner.device, now) for c in calls] for _ in range(grid.repeats)]
-    return [statistics.median(times) for times in zip(*rounds)]
+    rounds, tables = [], []
+    for _ in range(max(grid.rounds, 1)):
+        rounds.append([_steady_median(call, runner.device, now, grid.warmup, grid.repeats)
+                       for call in calls])
+        if batch_rows:
+            tables.append(measure_batch_table(runner, batch_rows, clock, grid.warmup,
+                                              grid.repeats))
+    times = [statistics.median(t) for t in zip(*rounds)]
+    return times, [statistics.median(t) for t in zip(*tables)]
 
 
-def fit_profile(points: list[Point], times: list[float], block_bytes: int) -> dict[str, float]:
-    """Every coefficient of a fitted profile (``kvsim.sim.profile.FITTED_TERMS``)."""
-    coef = fit_compute(points, times)
-    coef.update(fit_copies(points, times, block_bytes))
-    return {k: float(v) for k, v in coef.items()}
+def _steady_median(call: Callable[[], object], device, now: Callable[[], float], warmup: int,
+                   repeats: int) -> float:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        interlude()
+        times.append(timed_call(call, device, now))
+    return statistics.median(times)
+
+
+def measure_batch_table(runner: ModelRunner, max_rows: int, clock: str, warmup: int = 2,
+                        repeats: int = 7) -> list[float]:
+    """Seconds of the LM head (``model.logits``) over 1, 2, ..., ``max_rows`` rows: the
+    fitted profile's ``per_batch_s``."""
+    import torch
+    cfg, dtype = runner.model.cfg, runner.model.lm_head.weight.dtype
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    with torch.inference_mode():
+        for rows in range(1, max_rows + 1):
+            x = torch.randn(rows, cfg.hidden_size, generator=gen).to(runner.device, dtype)
+            out.append(_steady_median(lambda: runner.model.logits(x), runner.device,
+                                      clock_fn(clock), warmup, repeats))
+    return out
+
+
+def batch_slope(table: list[float]) -> float:
+    """Seconds per request beyond the table: the least-squares slope over its upper half
+    (held at >= 0)."""
+    if len(table) < 2:
+        return 0.0
+    half = table[len(table) // 2:] if len(table) >= 4 else table
+    n = np.arange(len(table) - len(half) + 1, len(table) + 1, dtype=float)
+    return max(float(np.polyfit(n, half, 1)[0]), 0.0)
+
+
+def fit_profile(points: list[Point], times: list[float], block_bytes: int,
+                batch_table=None) -> dict:
+    """Every coefficient of a fitted profile (``kvsim.sim.profile.FITTED_TERMS``), and
+    ``per_batch_s``/``per_batch_slope_s`` when a ``batch_table`` (seconds for 1, 2, ...
+    requests; see :func:`measure_batch_table`) is given."""
+    table = [float(v) for v in batch_table or ()]
+    slope = batch_slope(table)
+    fitted = fit_compute(points, times, table, slope)
+    for _ in range(BACKFIT_ROUNDS if table else 0):
+        table = backfit_table(points, times, fitted, table, slope)
+        slope = batch_slope(table)
+        fitted = fit_compute(points, times, table, slope)
+    coef: dict = {k: float(v) for k, v in fitted.items()}
+    coef.update({k: float(v) for k, v in fit_copies(points, times, block_bytes).items()})
+    if table:
+        coef.update(per_batch_s=table, per_batch_slope_s=slope)
+    return coef
 
 
 def point_record(point: Point, measured: float, fitted: float) -> dict:
@@ -281,9 +426,11 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False) -> dic
     runner = build_runner(settings, model, dev_blocks, host_blocks)
     start = time.perf_counter()
     warm_up(runner, limits.max_num_seqs)
-    times = measure_grid(runner, grid, settings.clock, settings.seed)
+    times, table = measure_grid(runner, grid, settings.clock, settings.seed,
+                                min(limits.max_num_seqs, MAX_BATCH_TABLE))
     bb = runner.kv_store.bytes_per_block
-    coef = fit_profile(grid.points, times, bb)
+    coef = fit_profile(grid.points, times, bb, table)
+    head = runner.model.cpu_head().layouts() if runner.device.type == "cpu" else {}
     return {
         "kind": "fitted", "device": settings.device, "device_name": device_name(settings.device),
         "model": settings.model, "sim_model": model.sim_model,
@@ -293,6 +440,7 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False) -> dic
         "profiling_s": time.perf_counter() - start,
         "fitted": coef, "fit_error": fit_errors(grid.points, times, coef, bb),
         "points": [point_record(p, t, predict(p, coef, bb)) for p, t in zip(grid.points, times)],
+        "cpu_head_layouts": {str(k): v for k, v in sorted(head.items())},
     }
 
 

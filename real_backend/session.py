@@ -83,13 +83,20 @@ def device_name(device: str) -> str:
     return platform.processor() or "cpu"
 
 
-def warm_up(runner: ModelRunner, max_rows: int = 32) -> None:
-    """Before timing anything: tune the CPU LM head's layouts (see :mod:`.cpu_head`) and run a
+def warm_up(runner: ModelRunner, max_rows: int = 32, head_layouts: dict | None = None) -> None:
+    """Before timing anything: tune the CPU LM head's layouts (see :mod:`.cpu_head`; or take
+    ``head_layouts``, the choices a profile recorded, and add any row count it lacks) and run a
     prefill and a decode step once (first calls of a shape pay one-off costs). The steps write
     K/V into the first blocks; every request writes its own K/V before reading it, and prefix
     hits only name blocks a request computed, so nothing stale is ever read."""
     if runner.device.type == "cpu":
-        runner.model.cpu_head().tune(max_rows)
+        head = runner.model.cpu_head()
+        if head_layouts:
+            head.set_layouts(head_layouts)
+        if any(rows not in head.row_major for rows in range(1, max_rows + 1)):
+            known = head.layouts()
+            head.tune(max_rows)
+            head.set_layouts(head.layouts() | known)
     bs, blocks = runner.kv_store.block_size, runner.kv_store.num_blocks
     n = min(64, bs * blocks)
     runner.greedy([RequestChunk(list(range(n)), 0, list(range(-(-n // bs))))])

@@ -131,7 +131,8 @@ def validate(requests: Iterable, job: ValidateJob) -> dict:
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)
     runner = build_runner(job.settings, model, config.num_gpu_blocks)
-    warm_up(runner, config.max_num_seqs)
+    # the LM head layouts the profile was measured with (a fresh tuning may choose others)
+    warm_up(runner, config.max_num_seqs, profile.get("cpu_head_layouts"))
     tee = PredictingExecutor(TorchExecutor(runner, reqs, clock=job.settings.clock,
                                            repeats=job.repeats), cost)
     start = time.perf_counter()

@@ -20,7 +20,9 @@ only through four sums (tokens, requests, KV tokens ``c + q``, attention units
 
 With a *fitted* profile (``kvsim profile``, see :class:`kvsim.sim.profile.Fitted`) the roofline
 is replaced by measured linear coefficients over the same four sums (the roofline terms are
-zero and ``kv_tok_s``/``attn_unit_s`` carry the attention), and transfers by measured copy times.
+zero and ``kv_tok_s``/``attn_unit_s`` carry the attention), plus an optional measured table of
+seconds per batch size (``per_batch_s``: costs irregular in the number of requests, such as a CPU
+LM head), and transfers by measured copy times.
 """
 
 from __future__ import annotations
@@ -73,6 +75,17 @@ class _Coeffs:
     ar_tok_s: float         # per token
     kv_tok_s: float = 0.0   # additive, per KV token read (fitted profiles only)
     attn_unit_s: float = 0.0  # additive, per attention unit (fitted profiles only)
+    batch_s: tuple[float, ...] = ()  # additive, seconds for 1, 2, ... requests (fitted only)
+    batch_slope_s: float = 0.0       # per request beyond the batch_s table
+
+
+def _batch_time(c: _Coeffs, seqs):
+    """``batch_s`` at ``seqs`` requests (a python or numpy scalar: a step's request count)."""
+    n = len(c.batch_s)
+    i = int(seqs)
+    if i <= n:
+        return c.batch_s[max(i, 1) - 1]
+    return c.batch_s[-1] + (seqs - n) * c.batch_slope_s
 
 
 def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.maximum):
@@ -80,6 +93,8 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     scalar path) and numpy arrays alike. Both do the same IEEE operations in the same order,
     so they agree bit for bit."""
     t = c.fixed_s + seqs * c.per_seq_s
+    if c.batch_s:
+        t = t + _batch_time(c, seqs)
     t = t + maximum(tokens * c.gemm_flop_s, c.gemm_byte_s)
     t = t + maximum(seqs * c.head_flop_s, c.head_byte_s)
     for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
@@ -188,7 +203,8 @@ class CostModel:
         return _Coeffs(fixed_s=f.step_s, per_seq_s=f.per_seq_s, gemm_flop_s=f.per_token_s,
                        gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
                        elem_tok_s=(), attn_flop_s=0.0, attn_byte_s=0.0, ar_tok_s=0.0,
-                       kv_tok_s=f.per_kv_token_s, attn_unit_s=f.per_attn_unit_s)
+                       kv_tok_s=f.per_kv_token_s, attn_unit_s=f.per_attn_unit_s,
+                       batch_s=f.per_batch_s, batch_slope_s=f.per_batch_slope_s)
 
     def _all_reduce_terms(self) -> tuple[float, float]:
         """(latency per layer, seconds per all-reduced byte per layer) for two all-reduces."""

@@ -55,6 +55,12 @@ class Fitted:
     per_token_s * tokens + per_kv_token_s * kv + per_attn_unit_s * units``; one block copy call
     ``copy_call_s`` plus bytes times ``host_copy_s_per_byte`` (host<->device) or
     ``device_copy_s_per_byte`` (compaction). ``model_shape`` names the model it was fitted on.
+
+    ``per_batch_s`` (optional) adds, to a step of ``seqs`` requests, seconds measured for
+    exactly that many requests: entry ``n - 1`` for ``n`` requests, and beyond the table its last
+    entry plus ``per_batch_slope_s`` per further request. It carries costs that are irregular in
+    the batch size (on a CPU: the LM head GEMM, whose speed jumps between row counts), which no
+    linear term can follow.
     """
 
     step_s: float
@@ -66,6 +72,8 @@ class Fitted:
     device_copy_s_per_byte: float
     copy_call_s: float
     model_shape: dict
+    per_batch_s: tuple[float, ...] = ()
+    per_batch_slope_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,4 +160,8 @@ def _fitted(d: dict) -> Fitted:
     if any(v < 0 for v in values.values()):
         raise ValueError(f"fitted coefficients must be >= 0: {values}")
     shape = {k: int(d["model_shape"][k]) for k in MODEL_SHAPE_KEYS}
-    return Fitted(**values, model_shape=shape)
+    table = tuple(float(v) for v in f.get("per_batch_s") or ())
+    slope = float(f.get("per_batch_slope_s", 0.0))
+    if any(v < 0 for v in table) or slope < 0:
+        raise ValueError("per_batch_s and per_batch_slope_s must be >= 0")
+    return Fitted(**values, model_shape=shape, per_batch_s=table, per_batch_slope_s=slope)

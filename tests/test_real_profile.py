@@ -132,3 +132,109 @@ def test_a_coefficient_the_data_wants_negative_is_held_at_zero():
     x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     coef = nnls_small(x, np.array([3.0, 2.0, 1.0]))   # slope -1 unconstrained
     assert coef[1] == 0.0 and coef[0] == pytest.approx(2.0)
+
+
+# --- per-batch table (LM head per row count), steady-state timing, outliers --------------------
+
+TABLE = [1e-3, 3e-3, 2.5e-3, 2.6e-3, 3.4e-3, 3.3e-3, 3.9e-3, 4.1e-3]   # irregular, like a CPU head
+
+
+def test_fit_with_a_batch_table_recovers_the_linear_terms():
+    from kvsim.real_backend.profiling import batch_slope, batch_time
+    grid = default_grid(Limits(16, 512, 1024))
+    slope = batch_slope(TABLE)
+    times = [t + (0.0 if p.copy else batch_time(len(p.batch), TABLE, slope))
+             for p, t in zip(grid.points, synthetic_times(grid.points))]
+    coef = fit_profile(grid.points, times, BLOCK_BYTES, TABLE)
+    for key in ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s"):
+        assert coef[key] == pytest.approx(TRUE[key], rel=1e-6, abs=1e-12)
+    assert coef["per_batch_s"] == pytest.approx(TABLE, rel=1e-6)    # nothing left to backfit
+    assert coef["per_batch_slope_s"] == pytest.approx(slope, rel=1e-6)
+    errors = fit_errors(grid.points, times, coef, BLOCK_BYTES)
+    assert max(e["max_abs_rel_error"] for e in errors.values()) < 1e-6
+
+
+def test_a_point_the_linear_form_cannot_follow_is_left_out_of_the_fit():
+    grid = default_grid(Limits(16, 512, 1024))
+    times = synthetic_times(grid.points)
+    worst = max((i for i, p in enumerate(grid.points) if p.group == "decode"),
+                key=lambda i: grid.points[i].features()[3])
+    times[worst] *= 2.5                  # e.g. gathered KV outgrowing the caches
+    coef = fit_profile(grid.points, times, BLOCK_BYTES)
+    for key in ("step_s", "per_token_s", "per_kv_token_s"):
+        assert coef[key] == pytest.approx(TRUE[key], rel=1e-6)
+    assert fit_errors(grid.points, times, coef, BLOCK_BYTES)["decode"]["max_abs_rel_error"] > 0.5
+
+
+def test_the_batch_table_reaches_the_cost_model_and_skip_ahead_stays_exact():
+    from kvsim.real_backend.profiling import batch_slope
+    slope = batch_slope(TABLE)
+    prof = fitted_profile(step_s=1e-3, per_seq_s=1e-5, per_token_s=4e-5, per_kv_token_s=1e-6,
+                          per_attn_unit_s=1e-9)
+    prof["fitted"].update(per_batch_s=TABLE, per_batch_slope_s=slope)
+    cm = CostModel(TINY.sim_model, "a100-80gb", block_size=32, profile=prof, dtype="fp32")
+    plain = CostModel(TINY.sim_model, "a100-80gb", block_size=32, dtype="fp32",
+                      profile=fitted_profile(step_s=1e-3, per_seq_s=1e-5, per_token_s=4e-5,
+                                             per_kv_token_s=1e-6, per_attn_unit_s=1e-9))
+    for n in (1, 2, 3, 8, 9, 20):
+        plan = StepPlan(scheduled=[ScheduledRequest(i, 1, 50 + i) for i in range(n)])
+        extra = TABLE[n - 1] if n <= len(TABLE) else TABLE[-1] + (n - len(TABLE)) * slope
+        assert cm.step_duration(plan) == pytest.approx(plain.step_duration(plan) + extra)
+        plans = [StepPlan(scheduled=[ScheduledRequest(i, 1, 50 + k) for i in range(n)])
+                 for k in range(4)]
+        assert cm.decode_durations(n, 50 * n, 4).tolist() == [cm.step_duration(p) for p in plans]
+    with pytest.raises(ConfigError):
+        CostModel(TINY.sim_model, "a100-80gb", profile={**prof, "fitted": {
+            **prof["fitted"], "per_batch_s": [-1.0]}})
+
+
+def test_backfitting_moves_the_table_to_what_whole_decode_steps_cost():
+    from kvsim.real_backend.profiling import batch_slope, batch_time
+    grid = default_grid(Limits(8, 512, 1024))
+    slope = batch_slope(TABLE)
+    inside = [v + (0.5e-3 if n == 3 else 0.0) for n, v in enumerate(TABLE, 1)]   # head slower
+    times = [t + (0.0 if p.copy else batch_time(len(p.batch), inside, slope))
+             for p, t in zip(grid.points, synthetic_times(grid.points))]
+    coef = fit_profile(grid.points, times, BLOCK_BYTES, TABLE)
+    assert coef["per_batch_s"][2] == pytest.approx(inside[2], rel=1e-2)   # was 2.5e-3
+    decode = fit_errors(grid.points, times, coef, BLOCK_BYTES)["decode"]
+    assert decode["median_abs_rel_error"] < 1e-2
+
+
+def test_batch_slope_is_the_upper_half_trend_and_never_negative():
+    from kvsim.real_backend.profiling import batch_slope, batch_time
+    assert batch_slope([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == pytest.approx(1.0)
+    assert batch_slope([5.0, 4.0, 3.0, 2.0]) == 0.0
+    assert batch_slope([2.0]) == 0.0
+    assert batch_time(3, []) == 0.0
+    assert batch_time(8, [1.0, 2.0], 0.5) == pytest.approx(5.0)
+
+
+def test_grid_times_each_point_back_to_back_over_rounds():
+    from kvsim.real_backend import profiling
+    calls = []
+
+    class FakeRunner:
+        device = type("D", (), {"type": "cpu"})()
+
+    grid = profiling.Grid([profiling.Point("decode", ((1, 3),)), profiling.Point("decode",
+                                                                                ((1, 5),))],
+                          repeats=3, warmup=2, rounds=2)
+    orig = profiling.point_call
+    profiling.point_call = lambda runner, p, rng: (lambda: calls.append(p.batch[0][1]))
+    try:
+        times, table = profiling.measure_grid(FakeRunner(), grid, "wall")
+    finally:
+        profiling.point_call = orig
+    assert calls == [3] * 5 + [5] * 5 + [3] * 5 + [5] * 5      # warm-up + repeats, per round
+    assert len(times) == 2 and table == []
+
+
+def test_a_profile_records_the_head_layouts_and_validate_reuses_them():
+    from kvsim.real_backend.session import BackendSettings, build_runner, prepare_device, warm_up
+    settings = BackendSettings()
+    model = prepare_device(settings)
+    runner = build_runner(settings, model, 8)
+    warm_up(runner, 4, {"1": True, "2": False})
+    layouts = runner.model.cpu_head().layouts()
+    assert layouts[1] is True and layouts[2] is False and set(layouts) == {1, 2, 3, 4}
