@@ -493,6 +493,11 @@ def validate_command(
     enable_prefix_caching: bool = typer.Option(
         True, "--enable-prefix-caching/--no-enable-prefix-caching"),
     scheduling_policy: str = typer.Option("fcfs", "--scheduling-policy"),
+    num_cpu_blocks: int = typer.Option(0, "--num-cpu-blocks", min=0, help="Host tier blocks "
+                                       "(real copies to host memory; pinned on CUDA)."),
+    offload_write: str = typer.Option("back", "--offload-write", help="back or through."),
+    preemption_mode: str = typer.Option("recompute", "--preemption-mode",
+                                        help="recompute or swap."),
     fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
@@ -508,7 +513,8 @@ def validate_command(
     engine = {"num_gpu_blocks": num_gpu_blocks, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
               "enable_prefix_caching": enable_prefix_caching,
-              "scheduling_policy": scheduling_policy}
+              "scheduling_policy": scheduling_policy, "num_cpu_blocks": num_cpu_blocks or None,
+              "offload_write": offload_write, "preemption_mode": preemption_mode}
     job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor)
     opts = trace_options(fmt, limit, start, end, rate_scale, sort, seed, None)
     emit(validate_job(trace, opts, job, out, html), as_json,

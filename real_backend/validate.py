@@ -130,7 +130,8 @@ def validate(requests: Iterable, job: ValidateJob) -> dict:
     profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len))
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)
-    runner = build_runner(job.settings, model, config.num_gpu_blocks)
+    runner = build_runner(job.settings, model, config.num_gpu_blocks,
+                          num_host_blocks=config.num_cpu_blocks or 0)
     # the LM head layouts the profile was measured with (a fresh tuning may choose others)
     warm_up(runner, config.max_num_seqs, profile.get("cpu_head_layouts"))
     tee = PredictingExecutor(TorchExecutor(runner, reqs, clock=job.settings.clock,

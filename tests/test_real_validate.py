@@ -90,3 +90,19 @@ def test_a_profile_measured_under_other_settings_is_flagged():
     mismatch = profile_mismatch(profile, BackendSettings(clock="cpu"))
     assert mismatch == {"threads": (4, 1), "clock": ("wall", "cpu")}
     assert any("threads=4" in line for line in note_lines({"profile_mismatch": mismatch}))
+
+
+def test_a_host_tier_validates_with_identical_copies():
+    """A pool too small for the batch, a host tier and swap preemption: the real backend
+    performs every demotion, promotion and swap, and both sides agree on each of them."""
+    job = ValidateJob(BackendSettings(clock="cpu"),
+                      {"num_gpu_blocks": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256,
+                       "num_cpu_blocks": 64, "preemption_mode": "swap"})
+    report = validate(workload(), job)
+    d = report["decisions"]
+    assert d["identical"] and d["per_step_identical"] and d["cached_tokens_identical"]
+    totals = d["totals"]
+    for kind in ("swap_out_blocks", "swap_in_blocks", "offload_blocks"):
+        real, sim = totals[kind]
+        assert real == sim > 0, kind
+    assert report["num_completed"] == {"real": 20, "sim": 20}
