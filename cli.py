@@ -187,8 +187,11 @@ def run_command(
     block_size: Optional[int] = _opt("Tokens per KV block.", "--block-size"),
     num_gpu_blocks: Optional[int] = _opt("KV blocks per replica (overrides sizing).",
                                          "--num-gpu-blocks"),
-    dtype: Optional[str] = _opt("Weights and KV cache dtype: bf16 (default), fp16, fp8, int8.",
-                                "--dtype"),
+    dtype: Optional[str] = _opt("KV cache (and weights) dtype: bf16 (default), fp16, fp8, "
+                                "int8.", "--dtype"),
+    weight_dtype: Optional[str] = _opt("Weights stored as: bf16, fp16, fp8, int8 or int4 "
+                                       "(4-bit with group-128 scales); default --dtype.",
+                                       "--weight-dtype"),
     gpu_memory_utilization: Optional[float] = _opt("Share of GPU memory vLLM may use.",
                                                    "--gpu-memory-utilization"),
     max_num_seqs: Optional[int] = _opt("Most requests in a batch.", "--max-num-seqs"),

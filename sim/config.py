@@ -11,6 +11,8 @@ from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 
+from .models import DTYPE_BYTES, weight_dtype_bytes
+
 LAYOUTS = ("paged", "contiguous", "hybrid")
 
 
@@ -33,7 +35,8 @@ class RunConfig:
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
-    dtype: str = "bf16"
+    dtype: str = "bf16"                   # KV cache, and weights unless weight_dtype is set
+    weight_dtype: str | None = None       # bf16, fp16, fp8, int8, int4 (default: dtype)
     profile: str | None = None
     seed: int = 0
     skip_ahead: bool = True
@@ -76,6 +79,7 @@ class RunConfig:
                               f"{self.eviction!r}", field="eviction")
         self._validate_layout()
         self._validate_tiering()
+        self._validate_dtypes()
         if self.profile is not None and not Path(self.profile).is_file():
             raise ConfigError("no such profile file", location=str(self.profile),
                               field="profile")
@@ -97,6 +101,13 @@ class RunConfig:
             raise ConfigError("compaction needs --layout contiguous", field="compaction_threshold")
         if self.layout == "hybrid" and self.eviction != "lru":
             raise ConfigError("the hybrid layout pages with lru eviction only", field="eviction")
+
+    def _validate_dtypes(self) -> None:
+        if self.dtype.lower() not in DTYPE_BYTES:
+            raise ConfigError(f"expected one of {', '.join(sorted(DTYPE_BYTES))}, got "
+                              f"{self.dtype!r}", field="dtype")
+        if self.weight_dtype is not None:
+            weight_dtype_bytes(self.weight_dtype)
 
     @property
     def has_host_tier(self) -> bool:

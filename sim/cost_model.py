@@ -35,7 +35,7 @@ import numpy as np
 from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepPlan
 from kvsim.errors import ConfigError
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
-from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model
+from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
 from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
 
 
@@ -109,10 +109,12 @@ class CostModel:
 
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                  block_size: int = 16, profile: None | str | Path | dict = None,
-                 dtype: str = "bf16", kv_dtype: str | None = None):
+                 dtype: str = "bf16", kv_dtype: str | None = None,
+                 weight_dtype: str | None = None):
         self.model = model if isinstance(model, ModelSpec) else resolve_model(model)
         self.gpu = resolve_gpu(gpu)
         self.tp, self.block_size, self.dtype = tp, block_size, dtype
+        self.weight_dtype = weight_dtype or dtype
         self.profile: Profile = load_profile(self.gpu.name, profile)
         kv_token = self.model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
         self.block_bytes = block_size * kv_token
@@ -184,7 +186,8 @@ class CostModel:
                  + p.gemm.latency_s)
         return _Coeffs(
             fixed_s=fixed, per_seq_s=p.per_seq_overhead_s,
-            gemm_flop_s=L * 2 * layer_w / pc, gemm_byte_s=L * layer_w * b / pm,
+            gemm_flop_s=L * 2 * layer_w / pc,
+            gemm_byte_s=L * layer_w * weight_dtype_bytes(self.weight_dtype) / pm,
             head_flop_s=2 * head_w / pc, head_byte_s=head_w * b / pm,
             elem_min_s=tuple(L * e.min_time_s for e in ops),
             elem_tok_s=tuple(L * elem[op] / (bw * e.memory_efficiency)

@@ -52,16 +52,18 @@ def estimate_activation_bytes(model: ModelSpec, tp: int = 1, dtype: str = "bf16"
 def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size: int = 16,
             gpu_memory_utilization: float = 0.9, dtype: str = "bf16",
             activation_reserve: int | None = None, kv_dtype: str | None = None,
-            max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> KvPool:
+            max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+            weight_dtype: str | None = None) -> KvPool:
     """Size the GPU KV pool; raises :class:`ConfigError` with the numbers when nothing is left.
 
     ``activation_reserve`` (bytes per GPU) defaults to :func:`estimate_activation_bytes` for
-    ``max_num_batched_tokens`` and ``max_num_seqs``. ``kv_dtype`` defaults to ``dtype``.
+    ``max_num_batched_tokens`` and ``max_num_seqs``. ``kv_dtype`` and ``weight_dtype`` (which may
+    also be ``int4``) default to ``dtype``.
     """
     model, gpu = _resolve(model), resolve_gpu(gpu)
     _check_settings(tp, block_size, gpu_memory_utilization)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = -(-model.weight_bytes(dtype) // tp)
+    weights = -(-model.weight_bytes(weight_dtype or dtype) // tp)
     reserve = activation_reserve
     if reserve is None:
         reserve = estimate_activation_bytes(model, tp, dtype, max_num_batched_tokens, max_num_seqs)

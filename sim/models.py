@@ -15,6 +15,9 @@ from kvsim.sim._catalog import close_matches, load_catalog
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
                "half": 2, "fp8": 1, "int8": 1}
+#: Weight storage formats: the dtypes above, plus ``int4``: 4-bit weights with an fp16 scale and
+#: zero point per group of 128 (AWQ, GPTQ), 4 + 32/128 = 4.25 bits per weight.
+WEIGHT_DTYPE_BYTES = {**DTYPE_BYTES, "int4": 4.25 / 8}
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -23,6 +26,16 @@ def dtype_bytes(dtype: str) -> int:
         return DTYPE_BYTES[dtype.lower()]
     except KeyError:
         raise ConfigError(f"unknown dtype '{dtype}'; known: {', '.join(sorted(DTYPE_BYTES))}") from None
+
+
+def weight_dtype_bytes(dtype: str) -> float:
+    """Bytes per weight stored as ``dtype`` (a :data:`DTYPE_BYTES` dtype, or ``int4``)."""
+    try:
+        return WEIGHT_DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        known = ", ".join(sorted(WEIGHT_DTYPE_BYTES))
+        raise ConfigError(f"unknown weight dtype '{dtype}'; known: {known}",
+                          field="weight_dtype") from None
 
 
 @dataclass(frozen=True)
@@ -89,8 +102,8 @@ class ModelSpec:
         return self.num_layers * per_layer + self.embedding_params
 
     def weight_bytes(self, dtype: str = "bf16") -> int:
-        """Bytes of all weights stored in ``dtype``."""
-        return self.num_params * dtype_bytes(dtype)
+        """Bytes of all weights stored in ``dtype`` (``int4`` included, scales counted)."""
+        return int(-(-self.num_params * weight_dtype_bytes(dtype) // 1))
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes."""

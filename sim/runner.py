@@ -60,7 +60,7 @@ def resolve_deployment(config: RunConfig) -> Deployment:
         pool = kv_pool(model, config.gpu, config.tp, config.block_size,
                        config.gpu_memory_utilization, config.dtype,
                        max_num_batched_tokens=config.max_num_batched_tokens,
-                       max_num_seqs=config.max_num_seqs)
+                       max_num_seqs=config.max_num_seqs, weight_dtype=config.weight_dtype)
         blocks, text = pool.num_gpu_blocks, pool.explanation
     slots = blocks * config.block_size
     max_len = config.max_model_len or min(model.max_model_len, slots)
@@ -76,7 +76,8 @@ def resolve_deployment(config: RunConfig) -> Deployment:
 
 def default_executor(config: RunConfig) -> CostModel:
     return CostModel(config.model, config.gpu, config.tp, config.block_size,
-                     profile=config.profile, dtype=config.dtype)
+                     profile=config.profile, dtype=config.dtype,
+                     weight_dtype=config.weight_dtype)
 
 
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
