@@ -280,7 +280,9 @@ def plan_command(
         True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching."),
     eviction: Optional[str] = _opt("Candidate eviction policies, comma-separated.",
                                    "--eviction"),
-    dtype: Optional[str] = _opt("Candidate weight/KV dtypes, e.g. bf16,fp8.", "--dtype"),
+    dtype: Optional[str] = _opt("Candidate KV (and weight) dtypes, e.g. bf16,fp8.", "--dtype"),
+    weight_dtype: Optional[str] = _opt("Candidate weight dtypes, e.g. bf16,int4.",
+                                       "--weight-dtype"),
     cpu_offload_gb: Optional[str] = _opt("Candidate host KV tiers in GiB per GPU, e.g. 0,64 "
                                          "(priced per GiB-hour: --price-table key "
                                          "'host-memory-gib').", "--cpu-offload-gb"),

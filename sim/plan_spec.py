@@ -27,7 +27,8 @@ from .router import ROUTERS
 #: Settings a plan can sweep, in the order candidates are enumerated (``eviction`` where the
 #: simulator has eviction policies).
 SWEEP_DIMS = tuple(d for d in ("gpu", "tp", "block_size", "max_num_seqs",
-                               "enable_prefix_caching", "eviction", "dtype", "cpu_offload_gb")
+                               "enable_prefix_caching", "eviction", "dtype", "weight_dtype",
+                               "cpu_offload_gb")
                    if d in RunConfig.__dataclass_fields__)
 #: The price-table key of host memory (a host KV tier's ``cpu_offload_gb``), USD per GiB-hour.
 HOST_MEMORY_KEY = "host-memory-gib"
@@ -238,8 +239,9 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
         if "eviction" not in SWEEP_DIMS:
             raise ConfigError("this kvsim has no eviction policies", field="eviction")
         dims["eviction"] = parse_list(values["eviction"], "eviction")
-    if values.get("dtype") is not None:
-        dims["dtype"] = parse_list(values["dtype"], "dtype")
+    for name in ("dtype", "weight_dtype"):
+        if values.get(name) is not None:
+            dims[name] = parse_list(values[name], name)
     if values.get("cpu_offload_gb") is not None:
         dims["cpu_offload_gb"] = parse_list(values["cpu_offload_gb"], "cpu_offload_gb", float)
     slo = build_slo(ttft_p99_s=values.get("slo_ttft_p99"), tpot_p99_s=values.get("slo_tpot_p99"),

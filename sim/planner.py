@@ -139,6 +139,8 @@ def candidate_label(config: RunConfig, varying: tuple[str, ...] = ()) -> str:
         parts.append(config.eviction)
     if "dtype" in varying:
         parts.append(config.dtype)
+    if "weight_dtype" in varying:
+        parts.append(f"weights {config.weight_dtype or config.dtype}")
     if "cpu_offload_gb" in varying:
         parts.append(f"host {config.cpu_offload_gb:g} GiB")
     return " · ".join(parts)
@@ -257,6 +259,7 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
             "--enable-prefix-caching" if c.enable_prefix_caching
             else "--no-enable-prefix-caching", "--rate-scale", repr(o.rate_scale)]
     for flag, value in (("--eviction", getattr(c, "eviction", None)), ("--dtype", c.dtype),
+                        ("--weight-dtype", c.weight_dtype),
                         ("--cpu-offload-gb", c.cpu_offload_gb or None),
                         ("--format", o.fmt), ("--limit", o.limit), ("--start", o.start_s),
                         ("--end", o.end_s), ("--profile", c.profile),
