@@ -169,6 +169,20 @@ SLO_TPOT_P99_OPTION = typer.Option(None, "--slo-tpot-p99",
                                    help="TPOT p99 target (s), drawn in the report.")
 TRACE_MODEL_OPTION = typer.Option(None, "--trace-model",
                                   help="BurstGPT only: keep this model's rows.")
+NUM_CPU_BLOCKS_OPTION = typer.Option(
+    None, "--num-cpu-blocks", min=0,
+    help="Host (CPU) tier: KV blocks per replica that evicted cached blocks are demoted to.")
+OFFLOAD_WRITE_OPTION = typer.Option(
+    None, "--offload-write", help="Host tier: back (copy a cached block when the GPU evicts "
+    "it, default) or through (copy every block once it is full).")
+PREEMPTION_MODE_OPTION = typer.Option(
+    None, "--preemption-mode", help="recompute (vLLM, default) or swap (copy a preempted "
+    "request's blocks to the host tier and back).")
+
+
+def slo_targets(ttft_p99: float | None, tpot_p99: float | None) -> dict:
+    """The ``--slo-*`` targets given, keyed as the summary names them."""
+    return {k: v for k, v in (("ttft_p99_s", ttft_p99), ("tpot_p99_s", tpot_p99)) if v}
 
 
 @app.command("run")
@@ -224,16 +238,11 @@ def run_command(
     compaction_threshold: Optional[float] = _opt(
         "Contiguous: compact when free slots unusable by the next request exceed this share "
         "of the pool (default: never).", "--compaction-threshold"),
-    num_cpu_blocks: Optional[int] = _opt("Host (CPU) tier: KV blocks per replica that evicted "
-                                         "cached blocks are demoted to.", "--num-cpu-blocks"),
+    num_cpu_blocks: Optional[int] = NUM_CPU_BLOCKS_OPTION,
     cpu_offload_gb: Optional[float] = _opt("Host tier given as GiB of host memory per GPU.",
                                            "--cpu-offload-gb"),
-    offload_write: Optional[str] = _opt("Host tier: back (copy a cached block when the GPU "
-                                        "evicts it) or through (copy every block once it "
-                                        "is full).", "--offload-write"),
-    preemption_mode: Optional[str] = _opt("recompute (vLLM) or swap (copy a preempted "
-                                          "request's blocks to the host tier and back).",
-                                          "--preemption-mode"),
+    offload_write: Optional[str] = OFFLOAD_WRITE_OPTION,
+    preemption_mode: Optional[str] = PREEMPTION_MODE_OPTION,
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
     slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
@@ -256,7 +265,7 @@ def run_command(
     settings.pop("trace", None)
     config = RunConfig.from_dict({**settings, **given, "trace": label},
                                  source=config_file or "options")
-    slo = {k: v for k, v in (("ttft_p99_s", slo_ttft_p99), ("tpot_p99_s", slo_tpot_p99)) if v}
+    slo = slo_targets(slo_ttft_p99, slo_tpot_p99)
     job = pipeline.RunJob(config, path, trace_options(
         fmt, limit, start, end, rate_scale, sort, config.seed, trace_model), Path(out),
         slo or None)
@@ -418,7 +427,7 @@ def compare_command(
     from . import compare
     from .reports.compare_table import render_compare_table
     from .sim.sweep import default_workers
-    slo = {k: v for k, v in (("ttft_p99_s", slo_ttft_p99), ("tpot_p99_s", slo_tpot_p99)) if v}
+    slo = slo_targets(slo_ttft_p99, slo_tpot_p99)
     spec = compare.spec_from_cli(ctx.args, config_file, trace_options(
         fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None)
     result = compare.run_compare(spec, workers or default_workers())
@@ -498,11 +507,9 @@ def validate_command(
     enable_prefix_caching: bool = typer.Option(
         True, "--enable-prefix-caching/--no-enable-prefix-caching"),
     scheduling_policy: str = typer.Option("fcfs", "--scheduling-policy"),
-    num_cpu_blocks: int = typer.Option(0, "--num-cpu-blocks", min=0, help="Host tier blocks "
-                                       "(real copies to host memory; pinned on CUDA)."),
-    offload_write: str = typer.Option("back", "--offload-write", help="back or through."),
-    preemption_mode: str = typer.Option("recompute", "--preemption-mode",
-                                        help="recompute or swap."),
+    num_cpu_blocks: Optional[int] = NUM_CPU_BLOCKS_OPTION,
+    offload_write: Optional[str] = OFFLOAD_WRITE_OPTION,
+    preemption_mode: Optional[str] = PREEMPTION_MODE_OPTION,
     fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
@@ -518,8 +525,10 @@ def validate_command(
     engine = {"num_gpu_blocks": num_gpu_blocks, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
               "enable_prefix_caching": enable_prefix_caching,
-              "scheduling_policy": scheduling_policy, "num_cpu_blocks": num_cpu_blocks or None,
-              "offload_write": offload_write, "preemption_mode": preemption_mode}
+              "scheduling_policy": scheduling_policy}
+    tier = {"num_cpu_blocks": num_cpu_blocks or None, "offload_write": offload_write,
+            "preemption_mode": preemption_mode}
+    engine.update((k, v) for k, v in tier.items() if v is not None)
     job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor)
     opts = trace_options(fmt, limit, start, end, rate_scale, sort, seed, None)
     emit(validate_job(trace, opts, job, out, html), as_json,

@@ -42,6 +42,16 @@ class PrefixIndex:
             return found
         return next(iter(found))
 
+    def find_prefix(self, block_hashes) -> list[int]:
+        """Blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
+        found, get = [], self.get
+        for block_hash in block_hashes:
+            block_id = get(block_hash)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
     def insert(self, block_hash: int, block_id: int) -> None:
         found = self._map.get(block_hash)
         if found is None:

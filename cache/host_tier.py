@@ -61,13 +61,7 @@ class HostTier:
 
     def lookup(self, block_hashes: Sequence[int]) -> list[int]:
         """Host blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
-        found, get = [], self.pool.index.get
-        for block_hash in block_hashes:
-            block_id = get(block_hash)
-            if block_id is None:
-                break
-            found.append(block_id)
-        return found
+        return self.pool.index.find_prefix(block_hashes)
 
     # --- cached content ------------------------------------------------------------------
 

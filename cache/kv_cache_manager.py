@@ -153,17 +153,15 @@ class KVCacheManager:
         Side-effect free. Stops at the first miss; at most ``(len(tokens) - 1) // block_size``
         blocks, so a block-aligned fully cached prompt still recomputes its last block.
         """
+        found = self.pool.index.find_prefix(self._lookup_hashes(tokens))
+        return CacheHit(found, len(found) * self.block_size)
+
+    def _lookup_hashes(self, tokens) -> Sequence[int]:
+        """Ids of the blocks a lookup may cover (none with prefix caching off)."""
         max_blocks = (len(tokens) - 1) // self.block_size
         if not self.enable_prefix_caching or max_blocks <= 0:
-            return CacheHit()
-        found = []
-        get = self.pool.index.get
-        for block_hash in _hashes(tokens, self.block_size, 0, max_blocks):
-            block_id = get(block_hash)
-            if block_id is None:
-                break
-            found.append(block_id)
-        return CacheHit(found, len(found) * self.block_size)
+            return ()
+        return _hashes(tokens, self.block_size, 0, max_blocks)
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
         """Count one admission's prefix lookup in :attr:`prefix_stats`."""

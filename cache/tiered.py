@@ -26,7 +26,7 @@ reads or writes changes hands.
 from __future__ import annotations
 
 from .host_tier import HostTier
-from .kv_cache_manager import CacheHit, KVCacheManager, _hashes, _RequestBlocks
+from .kv_cache_manager import CacheHit, KVCacheManager, _RequestBlocks
 from .step_plan import OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, TRANSFER_KINDS, BlockTransfer
 
 WRITE_POLICIES = ("back", "through")
@@ -69,14 +69,10 @@ class TieredKVCacheManager(KVCacheManager):
 
     def lookup(self, tokens) -> CacheHit:
         """The GPU prefix hit, continued by the host blocks that follow it."""
-        hit = super().lookup(tokens)
-        max_blocks = (len(tokens) - 1) // self.block_size
-        start = len(hit.block_ids)
-        if self.enable_prefix_caching and start < max_blocks:
-            hashes = _hashes(tokens, self.block_size, start, max_blocks)
-            hit.host_block_ids = self.host.lookup(hashes)
-            hit.num_tokens += len(hit.host_block_ids) * self.block_size
-        return hit
+        hashes = self._lookup_hashes(tokens)
+        gpu = self.pool.index.find_prefix(hashes)
+        host = self.host.lookup(hashes[len(gpu):]) if len(gpu) < len(hashes) else []
+        return CacheHit(gpu, (len(gpu) + len(host)) * self.block_size, host)
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
         super().record_query(num_tokens, hit)

@@ -1,10 +1,9 @@
 """`kvsim run` end to end, on the bundled slices of real traces."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import kvsim
 
 CONTRACT_KEYS = {
     "num_requests", "num_completed", "num_steps", "duration_s", "wall_time_s",
@@ -12,11 +11,6 @@ CONTRACT_KEYS = {
     "prefix_cache", "preemptions", "swapped_out_blocks", "swapped_in_blocks", "kv",
     "fragmentation", "config"}
 OUTPUTS = {"summary.json", "requests.csv", "timeline.csv", "report.html"}
-
-
-def kvsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
 
 
 def test_run_without_a_trace_runs_the_bundled_sample(tmp_path):

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 from plotly.offline import get_plotlyjs
 
 from kvsim.reports.html import COMPARE_FIGURE_IDS
+from clirun import kvsim
 
 GRID = ("--eviction", "lru,priority", "--block-size", "16,32")
 LABELS = ["eviction=lru block_size=16", "eviction=lru block_size=32",
           "eviction=priority block_size=16", "eviction=priority block_size=32"]
 COMMON = ("--limit", "40", "--max-num-seqs", "8")
-
-
-def kvsim(*args):
-    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

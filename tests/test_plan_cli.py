@@ -2,21 +2,15 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from plotly.offline import get_plotlyjs
+from clirun import kvsim
 
 SWEEP = ["plan", "sample:azure-conv", "--limit", "40", "--rate-scale", "8",
          "--gpu", "h100-80gb,l4", "--tp", "1", "--slo-ttft-p99", "0.5",
          "--slo-tpot-p99", "0.05"]
-
-
-def kvsim(*args):
-    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

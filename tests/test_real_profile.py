@@ -4,8 +4,6 @@ and the written profile drives the cost model (also through `kvsim run --profile
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from kvsim.real_backend.profiling import (  # noqa: E402
 )
 from kvsim.sim.cost_model import CostModel  # noqa: E402
 from kvsim.sim.profile import FITTED_TERMS, MODEL_SHAPE_KEYS  # noqa: E402
+from clirun import kvsim  # noqa: E402
 
 TINY = resolve_backend_model("tiny-llama")
 TRUE = {"step_s": 4e-3, "per_seq_s": 2e-4, "per_token_s": 4e-5, "per_kv_token_s": 1.5e-6,
@@ -92,11 +91,6 @@ def test_fitted_profile_sets_the_cost_model_directly():
 def test_fitted_profile_refuses_another_model():
     with pytest.raises(ConfigError, match="fitted profile"):
         CostModel("llama-2-7b", "a100-80gb", profile=fitted_profile(step_s=0.01))
-
-
-def kvsim(*args):
-    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_profile_command_writes_a_profile_that_run_accepts(tmp_path):

@@ -1,8 +1,6 @@
 """The host tier in whole simulations: what it changes, what it reports, and the CLI."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ from kvsim.sim.config import RunConfig
 from kvsim.sim.models import resolve_model
 from kvsim.sim.runner import simulate
 from kvsim.workloads import Request
+from clirun import kvsim
 
 
 def sessions(num_sessions=12, turns=4, context=1500, gap=0.5, output=32, seed=3):
@@ -81,11 +80,6 @@ def test_same_inputs_same_summary():
     b, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
     a.pop("wall_time_s"), b.pop("wall_time_s")
     assert a == b
-
-
-def kvsim(*args):
-    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_cli_run_with_a_host_tier(tmp_path):

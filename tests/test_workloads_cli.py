@@ -1,17 +1,11 @@
 """`kvsim trace-stats` and `kvsim gen` as a user runs them: exit codes, one-line errors."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from kvsim.workloads import sample_path
-
-
-def kvsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kvsim.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=60)
+from clirun import kvsim
 
 
 def test_trace_stats_json_on_the_bundled_sample():
