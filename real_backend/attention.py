@@ -13,7 +13,9 @@ Each step first writes its new tokens' K/V into their slots, then attends:
   ``[batch, max_context, ...]`` tensors padded to the longest context and masked. To keep the
   gathered (padded) KV close to the KV actually read, requests are first sorted by context and
   split into groups whose padded blocks exceed their real blocks by at most
-  :data:`DECODE_PADDING_SLACK` (one group when contexts are similar).
+  :data:`DECODE_PADDING_SLACK` (one group when contexts are similar). A group may also be
+  capped at a number of gathered tokens (``max_group_tokens``; the CPU runner caps it so the
+  gathered K/V stay cache-sized, see :data:`kvsim.real_backend.runner.CPU_DECODE_GROUP_BYTES`).
 
 :func:`dense_reference_attention` is the plain-tensor ground truth the tests compare against.
 """
@@ -119,15 +121,20 @@ def _decode_batch(rows: list[int], context_lens: list[int], tables: list[Sequenc
 
 
 def decode_groups(context_lens: Sequence[int], block_size: int,
-                  slack: float = DECODE_PADDING_SLACK) -> list[list[int]]:
+                  slack: float = DECODE_PADDING_SLACK,
+                  max_group_tokens: int | None = None) -> list[list[int]]:
     """Indices of decode requests, longest context first, split into groups where
-    ``len(group) * max blocks <= slack * sum of blocks``."""
+    ``len(group) * max blocks <= slack * sum of blocks`` and, when ``max_group_tokens`` is
+    given, ``len(group) * max blocks * block_size <= max_group_tokens`` (a request longer
+    than that is a group of its own)."""
     blocks = [_blocks_needed(c, block_size) for c in context_lens]
     order = sorted(range(len(blocks)), key=lambda i: -blocks[i])
+    cap = float("inf") if max_group_tokens is None else max_group_tokens / block_size
     groups: list[list[int]] = []
     total = 0
     for i in order:
-        if groups and (len(groups[-1]) + 1) * blocks[groups[-1][0]] <= slack * (total + blocks[i]):
+        padded = (len(groups[-1]) + 1) * blocks[groups[-1][0]] if groups else 0
+        if groups and padded <= slack * (total + blocks[i]) and padded <= cap:
             groups[-1].append(i)
             total += blocks[i]
         else:
@@ -137,16 +144,20 @@ def decode_groups(context_lens: Sequence[int], block_size: int,
 
 
 def _decode_batches(rows: list[int], context_lens: list[int], tables: list[Sequence[int]],
-                    block_size: int, device: torch.device) -> list[DecodeBatch]:
+                    block_size: int, device: torch.device,
+                    max_group_tokens: int | None) -> list[DecodeBatch]:
     return [_decode_batch([rows[i] for i in g], [context_lens[i] for i in g],
                           [tables[i] for i in g], block_size, device)
-            for g in decode_groups(context_lens, block_size)]
+            for g in decode_groups(context_lens, block_size,
+                                   max_group_tokens=max_group_tokens)]
 
 
 def build_attention_metadata(num_new_tokens: Sequence[int], num_computed_tokens: Sequence[int],
                              block_tables: Sequence[Sequence[int]], block_size: int,
-                             device: str | torch.device = "cpu") -> AttentionMetadata:
-    """Metadata for requests packed in the given order (each with >= 1 new token)."""
+                             device: str | torch.device = "cpu",
+                             max_group_tokens: int | None = None) -> AttentionMetadata:
+    """Metadata for requests packed in the given order (each with >= 1 new token); decode
+    groups gather at most ``max_group_tokens`` tokens each (see :func:`decode_groups`)."""
     device = torch.device(device)
     reqs = list(zip(num_new_tokens, num_computed_tokens, block_tables))
     if not reqs:
@@ -157,7 +168,7 @@ def build_attention_metadata(num_new_tokens: Sequence[int], num_computed_tokens:
                 for row, (n, c, t) in zip(rows, reqs) if n > 1]
     dec = [i for i, (n, _, _) in enumerate(reqs) if n == 1]
     decodes = _decode_batches([rows[i] for i in dec], [reqs[i][1] + 1 for i in dec],
-                              [reqs[i][2] for i in dec], block_size, device)
+                              [reqs[i][2] for i in dec], block_size, device, max_group_tokens)
     return AttentionMetadata(
         block_size=block_size,
         positions=torch.from_numpy(np.concatenate(positions)).to(device),

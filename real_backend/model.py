@@ -268,31 +268,36 @@ class LlamaForCausalLM(nn.Module):
 @torch.no_grad()
 def init_random_weights(model: nn.Module, seed: int) -> None:
     """Fill every weight from ``torch.Generator(seed)``: matrices ~ N(0, 1/fan_in), embeddings
-    ~ N(0, 1), norm gains ~ N(1, 0.1). Activations stay O(1), so attention is not uniform."""
-    gen = torch.Generator().manual_seed(seed)
+    ~ N(0, 1), norm gains ~ N(1, 0.1). Activations stay O(1), so attention is not uniform.
+    The generator lives on the parameters' device (CPU and CUDA draw different numbers)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=gen, device=device)
         if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            p.copy_(1.0 + 0.1 * noise)
         elif "embed_tokens" in name:
-            p.copy_(torch.randn(p.shape, generator=gen))
+            p.copy_(noise)
         else:
-            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            p.copy_(noise / math.sqrt(p.shape[-1]))
 
 
 def build_model(cfg: LlamaConfig, *, seed: int = 0, dtype: str | torch.dtype = "fp32",
                 device: str | torch.device = "cpu") -> LlamaForCausalLM:
     """A randomly initialised, inference-only model in ``dtype`` on ``device``.
 
-    The modules are built on the ``meta`` device and then given uninitialised CPU storage, so
+    The modules are built on the ``meta`` device and then given uninitialised storage, so
     torch's default initialisation (slow for billions of weights) is skipped:
-    :func:`init_random_weights` writes every parameter anyway.
+    :func:`init_random_weights` writes every parameter anyway. On CUDA the weights are drawn on
+    the GPU (an 8B model's 32 GB of fp32 draws take minutes on one CPU thread).
     """
+    target = torch.device(device)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    model.to_empty(device="cpu")
+    model.to_empty(device=target if target.type == "cuda" else "cpu")
     model.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position)
     if cfg.tie_word_embeddings:   # to_empty gives each module its own storage
         model.lm_head.weight = model.embed_tokens.weight
     init_random_weights(model, seed)
     model.requires_grad_(False).eval()
-    return model.to(device=device, dtype=resolve_dtype(dtype))
+    return model.to(device=target, dtype=resolve_dtype(dtype))

@@ -29,8 +29,9 @@ class Case:
     """Requests ``(num_computed, num_new)`` with shuffled block tables over one cache whose
     unused slots hold large garbage (so any masking leak shows)."""
 
-    def __init__(self, gen, specs, block_size, heads, kv_heads):
+    def __init__(self, gen, specs, block_size, heads, kv_heads, max_group_tokens=None):
         self.specs, self.block_size, self.heads = specs, block_size, heads
+        self.max_group_tokens = max_group_tokens
         need = [math.ceil((c + n) / block_size) for c, n in specs]
         perm = torch.randperm(sum(need) + 3, generator=gen).tolist()
         self.tables = [perm[sum(need[:i]):sum(need[:i + 1])] for i in range(len(specs))]
@@ -55,7 +56,8 @@ class Case:
         new_k = torch.cat([k[c:] for (c, _), k in zip(self.specs, self.keys)])
         new_v = torch.cat([v[c:] for (c, _), v in zip(self.specs, self.values)])
         meta = build_attention_metadata([n for _, n in self.specs], [c for c, _ in self.specs],
-                                        self.tables, self.block_size)
+                                        self.tables, self.block_size,
+                                        max_group_tokens=self.max_group_tokens)
         out = paged_attention(torch.cat(self.queries), new_k, new_v, self.key_cache,
                               self.value_cache, meta, HEAD_DIM ** -0.5)
         return list(out.split([n for _, n in self.specs]))
@@ -82,6 +84,13 @@ def test_gqa_prefill_and_decode(gen, heads, kv_heads):
 def test_batched_decode_unequal_lengths(gen, block_size):
     specs = [(c, 1) for c in (0, 4, 16, 33, 63, 7)]
     Case(gen, specs, block_size, heads=4, kv_heads=2).check()
+
+
+@pytest.mark.parametrize("max_group_tokens", [1, 8, 40])
+def test_batched_decode_in_capped_groups(gen, max_group_tokens):
+    specs = [(c, 1) for c in (0, 4, 16, 33, 63, 7, 5, 6)]
+    case = Case(gen, specs, 4, heads=4, kv_heads=2, max_group_tokens=max_group_tokens)
+    case.check()
 
 
 def test_mixed_batch_random_order(gen):
@@ -128,3 +137,24 @@ def test_decode_groups_bound_padding_and_cover_every_request(gen):
     assert decode_groups([100] * 8, 16) == [list(range(8))]   # similar contexts: one group
     meta = build_attention_metadata([1, 1, 1], [2000, 3, 5], [list(range(126)), [126], [127]], 16)
     assert [b.token_indices.tolist() for b in meta.decodes] == [[0], [1, 2]]
+
+
+def test_decode_groups_capped_by_gathered_tokens():
+    """Contexts 70, 100, 80, 90 (5, 7, 5, 6 blocks of 16), longest first: with no cap one
+    group; a cap of 224 tokens (14 blocks) holds two requests padded to 7 blocks, then two
+    padded to 5; a cap below two blocks' worth leaves every request alone."""
+    from kvsim.real_backend.attention import decode_groups
+    assert decode_groups([70, 100, 80, 90], 16) == [[1, 3, 0, 2]]
+    assert decode_groups([70, 100, 80, 90], 16, max_group_tokens=224) == [[1, 3], [0, 2]]
+    assert decode_groups([70, 100, 80, 90], 16, max_group_tokens=96) == [[1], [3], [0], [2]]
+    assert decode_groups([3000], 16, max_group_tokens=64) == [[0]]   # too long: alone
+
+
+def test_cpu_runner_caps_decode_groups_at_cache_size():
+    from kvsim.real_backend.model import LlamaConfig
+    from kvsim.real_backend.runner import CPU_DECODE_GROUP_BYTES, ModelRunner
+    cfg = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=128, vocab_size=100)
+    runner = ModelRunner.create(cfg, num_blocks=4, block_size=8)
+    per_token = 2 * 2 * 16 * 4          # K and V, 2 KV heads of 16 fp32 values
+    assert runner.max_group_tokens == CPU_DECODE_GROUP_BYTES // per_token
