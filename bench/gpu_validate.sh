@@ -4,26 +4,48 @@
 #   bash bench/gpu_validate.sh [OUT_DIR]        # default: reports/validation/gpu-<gpu>-<date>
 #
 # Needs: a CUDA GPU with >= 60 GB (weights 16 GB + KV for the profile grid), torch with CUDA,
-# kvsim installed (pip install -e .). No downloads: weights are random (shape = llama-3.1-8b).
-# Budget: ~2 min to build the model, ~1 min to profile, ~2-4 min to validate (< 10 min total).
-# Writes into OUT_DIR: env.txt (GPU, driver, torch, date), profile.json (fitted cost model and
-# its error per operation group), chat.jsonl (the workload), timed/ and offline/ (validation.json
-# + validation.html: step-time / throughput / TTFT / TPOT / E2E errors and the decision check),
-# and summary.txt (the printed tables). Commit OUT_DIR.
-set -euo pipefail
+# kvsim importable and `kvsim` on PATH. No downloads: weights are random (shape = llama-3.1-8b).
+#
+# Stages, each under its own time limit (seconds; override with the variables), so that a slow
+# stage is cut off and reported instead of swallowing the whole device lease:
+#   PROFILE_S=180  kvsim profile (quick grid: decode batches to 64, 2048-token steps, 4096 context)
+#   OFFLINE_S=150  kvsim validate --offline (every request at t=0: decisions must be identical)
+#   TIMED_S=150    kvsim validate at the trace's arrival times
+# Progress lines with UTC times go to stdout and to OUT_DIR/summary.txt as they happen.
+# Writes into OUT_DIR (6 files, no HTML): env.txt, summary.txt, chat.jsonl, profile.json,
+# offline/validation.json, timed/validation.json. Commit OUT_DIR.
+#
+# A first attempt (2026-11-29, H200, full grid, 200 requests, HTML, no stage limits) ran past
+# 530 s and nothing came back; this version is staged so the next one reports where time goes.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-python - <<'EOF' || { echo "gpu_validate: no CUDA device visible to torch" >&2; exit 1; }
+DEVICE=${DEVICE:-cuda}   # DEVICE=cpu MODEL=tiny-llama DTYPE=fp32: a dry run of the stages
+[ "$DEVICE" = cpu ] || python - <<'EOF' || { echo "gpu_validate: no CUDA device visible to torch" >&2; exit 1; }
 import sys, torch
 sys.exit(0 if torch.cuda.is_available() else 1)
 EOF
 
-GPU=$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '-'))")
+GPU=$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '-')
+                                       if torch.cuda.is_available() else 'cpu')")
 OUT=${1:-reports/validation/gpu-${GPU}-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
-MODEL=llama-3.1-8b
-COMMON=(--device cuda --model "$MODEL" --dtype bf16 --block-size 16 --threads 8)
+COMMON=(--device "$DEVICE" --model "${MODEL:-llama-3.1-8b}" --dtype "${DTYPE:-bf16}" --block-size 16
+        --threads 8)
 ENGINE=(--num-gpu-blocks 8192 --max-num-seqs 64 --max-num-batched-tokens 2048)
+
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+
+# stage LIMIT NAME CMD...: run CMD (output appended to summary.txt and shown), killed at LIMIT s.
+stage() {
+  local limit=$1 name=$2 rc
+  shift 2
+  log "$name: start (limit ${limit}s)"
+  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$OUT/summary.txt"
+  rc=${PIPESTATUS[0]}
+  log "$name: exit $rc$([ "$rc" = 124 ] && echo ' (time limit)')"
+  return "$rc"
+}
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
@@ -32,18 +54,14 @@ ENGINE=(--num-gpu-blocks 8192 --max-num-seqs 64 --max-num-batched-tokens 2048)
   git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /' || true
 } | tee "$OUT/env.txt"
 
-# 1. Profile: grid up to 64 decodes, 2048-token steps, 4096-token contexts.
-kvsim profile "${COMMON[@]}" --out "$OUT/profile.json" \
-  --max-num-seqs 64 --max-num-batched-tokens 2048 --max-context 4096 | tee "$OUT/summary.txt"
-
-# 2. Workload: 200 chat requests (multi-turn sessions share prefixes), 8 conversations/s.
-kvsim gen chat --out "$OUT/chat.jsonl" -n 200 --rate 8 --seed 0 > /dev/null
-
-# 3. Validate with real arrival times, then offline (all at t=0: decisions must be identical).
-for mode in timed offline; do
+kvsim gen chat --out "$OUT/chat.jsonl" -n 100 --rate 8 --seed 0 > /dev/null
+stage "${PROFILE_S:-180}" profile kvsim profile "${COMMON[@]}" --out "$OUT/profile.json" --quick \
+  --max-num-seqs 64 --max-num-batched-tokens 2048 --max-context 4096 || exit 1
+for mode in offline timed; do
   extra=(); [ "$mode" = offline ] && extra=(--offline)
-  echo "== $mode ==" | tee -a "$OUT/summary.txt"
-  kvsim validate "$OUT/chat.jsonl" "${COMMON[@]}" "${ENGINE[@]}" "${extra[@]}" \
-    --profile "$OUT/profile.json" --out "$OUT/$mode" | tee -a "$OUT/summary.txt"
+  limit_var=$(echo "${mode}_S" | tr a-z A-Z)
+  stage "${!limit_var:-150}" "validate $mode" kvsim validate "$OUT/chat.jsonl" "${COMMON[@]}" \
+    "${ENGINE[@]}" "${extra[@]}" --profile "$OUT/profile.json" --no-html --out "$OUT/$mode" \
+    || true
 done
-echo "results in $OUT (target on a GPU: median step-time and throughput error <= 10%)"
+log "results in $OUT (target on a GPU: median step-time and throughput error <= 10%)"

@@ -65,9 +65,12 @@ class PredictingExecutor:
         self.measured: list[float] = []
         self.predicted: list[float] = []
         self.kinds: list[str] = []
+        self.kv_tokens: list[int] = []   # KV the step attends over, sum of (computed + new)
 
     def step_duration(self, plan) -> float:
         self.kinds.append(step_kind(plan))
+        self.kv_tokens.append(sum(s.num_computed_tokens + s.num_new_tokens
+                                  for s in plan.scheduled))
         self.predicted.append(self.model.step_duration(plan))
         self.measured.append(self.real.step_duration(plan))
         return self.measured[-1]
@@ -140,7 +143,7 @@ def validate(requests: Iterable, job: ValidateJob) -> dict:
     real = simulate(reqs, config, executor=tee)
     real_wall = time.perf_counter() - start
     sim = simulate(reqs, config, executor=cost)
-    report = compare(real, sim, tee.predicted, tee.kinds)
+    report = compare(real, sim, tee.predicted, tee.kinds, tee.kv_tokens)
     if job.noise_floor:
         again = simulate(reqs, config, executor=TorchExecutor(
             runner, reqs, clock=job.settings.clock, repeats=job.repeats))
@@ -204,8 +207,10 @@ def noise_floor(first: RunResult, second: RunResult) -> dict:
     return out
 
 
-def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list[str]) -> dict:
-    """The validation report of a real run (with per-step predictions) and a simulated run."""
+def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list[str],
+            kv_tokens: list[int]) -> dict:
+    """The validation report of a real run (with per-step predictions, kinds and KV tokens)
+    and a simulated run."""
     real_steps, sim_steps = results.steps_frame(real), results.steps_frame(sim)
     measured = real_steps["duration"].to_numpy()
     summaries = {}
@@ -229,7 +234,8 @@ def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list
         "duration_s": {n: summaries[n]["duration_s"] for n in summaries},
         "steps": {"measured_s": measured.tolist(), "predicted_s": list(predicted),
                   "scheduled_tokens": real_steps["scheduled_tokens"].astype(int).tolist(),
-                  "batch_size": real_steps["batch_size"].astype(int).tolist(), "kind": kinds},
+                  "batch_size": real_steps["batch_size"].astype(int).tolist(), "kind": kinds,
+                  "kv_tokens": list(kv_tokens)},
     }
 
 

@@ -82,9 +82,11 @@ def step_figure(report: dict) -> go.Figure:
 def scatter_figure(report: dict) -> go.Figure:
     steps = report["steps"]
     fig = go.Figure(go.Scatter(x=steps["measured_s"], y=steps["predicted_s"], mode="markers",
-                               text=[f"{k}, {b} requests, {t} tokens" for k, b, t in zip(
-                                   steps["kind"], steps["batch_size"],
-                                   steps["scheduled_tokens"])], name="steps"))
+                               text=[f"{k}, {b} requests, {t} tokens, {kv} KV tokens"
+                                     for k, b, t, kv in zip(
+                                         steps["kind"], steps["batch_size"],
+                                         steps["scheduled_tokens"], steps["kv_tokens"])],
+                               name="steps"))
     top = max(steps["measured_s"] + steps["predicted_s"] + [0.0])
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="exact",
                              line=dict(dash="dot")))

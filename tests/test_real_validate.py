@@ -57,6 +57,9 @@ def test_cost_model_tracks_the_real_backend(report):
     assert report["metrics"]["throughput_output_tokens_per_s"]["rel_error"] <= CI_BOUND
     steps = report["steps"]
     assert len(steps["measured_s"]) == len(steps["predicted_s"]) == report["decisions"]["num_steps"][0]
+    assert len(steps["kv_tokens"]) == len(steps["measured_s"])
+    first_prefill = steps["kind"].index("prefill")   # a prompt attends over itself, nothing more
+    assert steps["kv_tokens"][first_prefill] == steps["scheduled_tokens"][first_prefill]
 
 
 def test_report_is_written_as_json_and_html(report, tmp_path):
