@@ -12,8 +12,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=$(command -v python3)
-"$py" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$root"/.whl/*.whl
+"$py" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/site "$root"/.whl/*.whl
 mkdir -p /tmp/pkgs /tmp/bin
 ln -sfn "$root" /tmp/pkgs/kvsim
 printf '#!/bin/sh\nexec %s "$@"\n' "$py" > /tmp/bin/python

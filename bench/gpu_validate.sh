@@ -21,7 +21,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DEVICE=${DEVICE:-cuda}   # DEVICE=cpu MODEL=tiny-llama DTYPE=fp32: a dry run of the stages
-[ "$DEVICE" = cpu ] || python - <<'EOF' || { echo "gpu_validate: no CUDA device visible to torch" >&2; exit 1; }
+no_cuda() { echo "gpu_validate: no CUDA device visible to torch" >&2; exit 1; }
+[ "$DEVICE" = cpu ] || python - <<'EOF' || no_cuda
 import sys, torch
 sys.exit(0 if torch.cuda.is_available() else 1)
 EOF

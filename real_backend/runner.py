@@ -8,8 +8,8 @@ On the CPU, decode attention gathers at most :data:`CPU_DECODE_GROUP_BYTES` of K
 and layer. Gathering a whole batch at once made a request's KV cost depend on the batch: the
 gathered copy outgrew the caches, and a 16-request decode at 1,100 tokens each took 5x as
 long as with the cap (256 ms against 50 ms on the 2-vCPU EPYC dev VM, a 4-layer hidden-512
-Llama; 27 against 19 ms for tiny-llama). With the cap the cost per KV token is flat in the batch size, which is what a
-paged-attention kernel does and what the cost model assumes.
+Llama; 27 against 19 ms for tiny-llama). With the cap the cost per KV token is flat in the
+batch size, which is what a paged-attention kernel does and what the cost model assumes.
 """
 
 from __future__ import annotations

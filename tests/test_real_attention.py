@@ -158,3 +158,11 @@ def test_cpu_runner_caps_decode_groups_at_cache_size():
     runner = ModelRunner.create(cfg, num_blocks=4, block_size=8)
     per_token = 2 * 2 * 16 * 4          # K and V, 2 KV heads of 16 fp32 values
     assert runner.max_group_tokens == CPU_DECODE_GROUP_BYTES // per_token
+
+
+def test_cuda_decode_groups_are_not_capped():
+    from types import SimpleNamespace
+
+    from kvsim.real_backend.runner import decode_group_tokens
+    store = SimpleNamespace(device=torch.device("cuda"), bytes_per_block=1 << 20, block_size=16)
+    assert decode_group_tokens(store, 2) is None
