@@ -14,6 +14,7 @@ Modules (torch is the ``real`` extra; nothing outside this package imports torch
 - :mod:`.executor` — ``TorchExecutor``: a ``StepPlan`` performed for real, its time measured;
 - :mod:`.session` — backend settings, threads, runner construction and warm-up;
 - :mod:`.profiling` — ``kvsim profile``: grid timing and the fitted cost-model profile;
+- :mod:`.profile_fit` — the fit itself: non-negative least squares, per-batch-size table;
 - :mod:`.validate`, :mod:`.validate_report` — ``kvsim validate``: real vs simulated run;
 - :mod:`.vllm_reference` — step times next to the vllm-oracle fixtures' vLLM step times.
 

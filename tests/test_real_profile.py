@@ -13,9 +13,8 @@ pytest.importorskip("torch")
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT, BlockTransfer, ScheduledRequest, StepPlan  # noqa: E402,E501
 from kvsim.errors import ConfigError  # noqa: E402
 from kvsim.real_backend.models import resolve_backend_model  # noqa: E402
-from kvsim.real_backend.profiling import (  # noqa: E402
-    Limits, default_grid, fit_errors, fit_profile, predict,
-)
+from kvsim.real_backend.profile_fit import fit_errors, fit_profile, predict  # noqa: E402
+from kvsim.real_backend.profiling import Limits, default_grid  # noqa: E402
 from kvsim.sim.cost_model import CostModel  # noqa: E402
 from kvsim.sim.profile import FITTED_TERMS, MODEL_SHAPE_KEYS  # noqa: E402
 from clirun import kvsim  # noqa: E402
@@ -122,7 +121,7 @@ def test_profile_command_reports_bad_input_in_one_line(tmp_path):
 
 
 def test_a_coefficient_the_data_wants_negative_is_held_at_zero():
-    from kvsim.real_backend.profiling import nnls_small
+    from kvsim.real_backend.profile_fit import nnls_small
     x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     coef = nnls_small(x, np.array([3.0, 2.0, 1.0]))   # slope -1 unconstrained
     assert coef[1] == 0.0 and coef[0] == pytest.approx(2.0)
@@ -134,7 +133,7 @@ TABLE = [1e-3, 3e-3, 2.5e-3, 2.6e-3, 3.4e-3, 3.3e-3, 3.9e-3, 4.1e-3]   # irregul
 
 
 def test_fit_with_a_batch_table_recovers_the_linear_terms():
-    from kvsim.real_backend.profiling import batch_slope, batch_time
+    from kvsim.real_backend.profile_fit import batch_slope, batch_time
     grid = default_grid(Limits(16, 512, 1024))
     slope = batch_slope(TABLE)
     times = [t + (0.0 if p.copy else batch_time(len(p.batch), TABLE, slope))
@@ -161,7 +160,7 @@ def test_a_point_the_linear_form_cannot_follow_is_left_out_of_the_fit():
 
 
 def test_the_batch_table_reaches_the_cost_model_and_skip_ahead_stays_exact():
-    from kvsim.real_backend.profiling import batch_slope
+    from kvsim.real_backend.profile_fit import batch_slope
     slope = batch_slope(TABLE)
     prof = fitted_profile(step_s=1e-3, per_seq_s=1e-5, per_token_s=4e-5, per_kv_token_s=1e-6,
                           per_attn_unit_s=1e-9)
@@ -183,7 +182,7 @@ def test_the_batch_table_reaches_the_cost_model_and_skip_ahead_stays_exact():
 
 
 def test_backfitting_moves_the_table_to_what_whole_decode_steps_cost():
-    from kvsim.real_backend.profiling import batch_slope, batch_time
+    from kvsim.real_backend.profile_fit import batch_slope, batch_time
     grid = default_grid(Limits(8, 512, 1024))
     slope = batch_slope(TABLE)
     inside = [v + (0.5e-3 if n == 3 else 0.0) for n, v in enumerate(TABLE, 1)]   # head slower
@@ -196,7 +195,7 @@ def test_backfitting_moves_the_table_to_what_whole_decode_steps_cost():
 
 
 def test_batch_slope_is_the_upper_half_trend_and_never_negative():
-    from kvsim.real_backend.profiling import batch_slope, batch_time
+    from kvsim.real_backend.profile_fit import batch_slope, batch_time
     assert batch_slope([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == pytest.approx(1.0)
     assert batch_slope([5.0, 4.0, 3.0, 2.0]) == 0.0
     assert batch_slope([2.0]) == 0.0
