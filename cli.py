@@ -388,6 +388,11 @@ def hitrate_command(
     emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
 
 
+def _progress(message: str) -> None:
+    """Progress of the long real-backend commands, on stderr (stdout stays the result)."""
+    typer.echo(f"kvsim: {message}", err=True)
+
+
 def _show_run(summary: dict, out: str) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
@@ -480,7 +485,7 @@ def profile_command(
     settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
     from .real_backend.profiling import Limits, profile_job, render_fit
     limits = Limits(max_num_seqs, max_num_batched_tokens, max_context)
-    emit(profile_job(settings, limits, out, quick), as_json,
+    emit(profile_job(settings, limits, out, quick, _progress), as_json,
          lambda p: typer.echo(render_fit(p) + f"\nwrote {p['path']}"))
 
 
@@ -531,7 +536,7 @@ def validate_command(
     engine.update((k, v) for k, v in tier.items() if v is not None)
     job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor)
     opts = trace_options(fmt, limit, start, end, rate_scale, sort, seed, None)
-    emit(validate_job(trace, opts, job, out, html), as_json,
+    emit(validate_job(trace, opts, job, out, html, _progress), as_json,
          lambda r: typer.echo(render_table(r) + "".join(
              f"\nwrote {p}" for p in r.get("outputs", {}).values())))
 

@@ -177,8 +177,13 @@ def timed_call(call: Callable[[], object], device, now: Callable[[], float]) -> 
 
 # --- the whole job -------------------------------------------------------------------------
 
+def quiet(message: str) -> None:
+    """The default ``progress`` of :func:`run_profile` and ``validate``: says nothing."""
+
+
 def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
-                 batch_rows: int = 0) -> tuple[list[float], list[float]]:
+                 batch_rows: int = 0, progress: Callable[[str], None] = quiet,
+                 ) -> tuple[list[float], list[float]]:
     """Median seconds of every grid point, in grid order, and of the LM head for 1 ..
     ``batch_rows`` rows (:func:`measure_batch_table`; empty when ``batch_rows`` is 0).
 
@@ -190,17 +195,22 @@ def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
     other work) made decode steps ~20 % slower than the same steps in a replayed trace. The
     whole grid is measured ``rounds`` times and each point gets the median of its rounds: on a
     shared host the speed of one point drifts by 10-25 % between passes seconds apart.
+    ``progress`` is told when each pass ends.
     """
     rng = np.random.default_rng(seed)
     calls = [point_call(runner, p, rng) for p in grid.points]
     now = clock_fn(clock)
     rounds, tables = [], []
-    for _ in range(max(grid.rounds, 1)):
+    passes = max(grid.rounds, 1)
+    for i in range(passes):
+        start = time.perf_counter()
         rounds.append([_steady_median(call, runner.device, now, grid.warmup, grid.repeats)
                        for call in calls])
         if batch_rows:
             tables.append(measure_batch_table(runner, batch_rows, clock, grid.warmup,
                                               grid.repeats))
+        progress(f"profile: pass {i + 1}/{passes} over {len(calls)} points in "
+                 f"{time.perf_counter() - start:.1f}s")
     times = [statistics.median(t) for t in zip(*rounds)]
     return times, [statistics.median(t) for t in zip(*tables)]
 
@@ -238,23 +248,28 @@ def point_record(point: Point, measured: float, fitted: float) -> dict:
     return {"group": point.group, **what, "measured_s": measured, "fitted_s": fitted}
 
 
-def run_profile(settings, limits: Limits = Limits(), quick: bool = False) -> dict:
+def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
+                progress: Callable[[str], None] = quiet) -> dict:
     """Profile ``settings.model`` on ``settings.device``; returns the fitted profile (a dict
-    that ``CostModel(profile=...)`` and ``kvsim run --profile`` accept once written)."""
+    that ``CostModel(profile=...)`` and ``kvsim run --profile`` accept once written).
+    ``progress`` receives a line after the model is built and after each pass of the grid."""
     import torch
 
     from kvsim.sim.profile import MODEL_SHAPE_KEYS
 
     from .session import build_runner, device_name, prepare_device, warm_up
 
+    built = time.perf_counter()
     model = prepare_device(settings)
     grid = default_grid(limits, quick=quick, seed=settings.seed)
     dev_blocks, host_blocks = blocks_needed(grid, settings.block_size)
     runner = build_runner(settings, model, dev_blocks, host_blocks)
     start = time.perf_counter()
     warm_up(runner, limits.max_num_seqs)
+    progress(f"profile: {settings.model} on {settings.device} built in {start - built:.1f}s, "
+             f"warmed up in {time.perf_counter() - start:.1f}s")
     times, table = measure_grid(runner, grid, settings.clock, settings.seed,
-                                min(limits.max_num_seqs, MAX_BATCH_TABLE))
+                                min(limits.max_num_seqs, MAX_BATCH_TABLE), progress)
     bb = runner.kv_store.bytes_per_block
     coef = fit_profile(grid.points, times, bb, table)
     head = runner.model.cpu_head().layouts() if runner.device.type == "cpu" else {}
@@ -283,9 +298,10 @@ def render_fit(profile: dict) -> str:
     return "\n".join(lines)
 
 
-def profile_job(settings, limits: Limits, out: str, quick: bool = False) -> dict:
+def profile_job(settings, limits: Limits, out: str, quick: bool = False,
+                progress: Callable[[str], None] = quiet) -> dict:
     """``kvsim profile``: profile, write the JSON atomically to ``out``, return the profile."""
     from kvsim.reports.io import write_json_atomic
-    profile = run_profile(settings, limits, quick)
+    profile = run_profile(settings, limits, quick, progress)
     profile["path"] = str(write_json_atomic(out, profile))
     return profile

@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from kvsim.sim.cost_model import CostModel
 from kvsim.sim.runner import RunResult, simulate
 
 from .executor import TorchExecutor
-from .profiling import Limits, run_profile
+from .profiling import Limits, quiet, run_profile
 from .session import BackendSettings, build_runner, device_name, prepare_device, warm_up
 
 METRICS = (("throughput_output_tokens_per_s", None), ("ttft_s", "p50"), ("ttft_s", "p90"),
@@ -96,7 +96,8 @@ def run_config(job: ValidateJob, sim_model: str, profile_path: str | None) -> Ru
     return config
 
 
-def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int) -> dict:
+def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int,
+                         progress: Callable[[str], None] = quiet) -> dict:
     """The job's profile file, or a quick one over the run's operating range."""
     if job.profile:
         try:
@@ -104,7 +105,7 @@ def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int) 
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read profile: {exc}", location=job.profile) from None
     limits = Limits(config.max_num_seqs, config.max_num_batched_tokens, max_context)
-    return run_profile(job.settings, limits, quick=True)
+    return run_profile(job.settings, limits, quick=True, progress=progress)
 
 
 def profile_mismatch(profile: dict, settings: BackendSettings) -> dict:
@@ -120,8 +121,10 @@ def _offline(requests: list) -> list:
     return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
 
 
-def validate(requests: Iterable, job: ValidateJob) -> dict:
-    """Run both sides and return the validation report (see :func:`compare`)."""
+def validate(requests: Iterable, job: ValidateJob,
+             progress: Callable[[str], None] = quiet) -> dict:
+    """Run both sides and return the validation report (see :func:`compare`); ``progress``
+    receives a line as each part (profile, real run, simulated run, noise floor) ends."""
     model = prepare_device(job.settings)
     reqs = list(requests)
     if job.offline:
@@ -130,7 +133,7 @@ def validate(requests: Iterable, job: ValidateJob) -> dict:
         raise ConfigError("the trace has no requests", field="trace")
     config = run_config(job, model.sim_model, None)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
-    profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len))
+    profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len), progress)
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)
     runner = build_runner(job.settings, model, config.num_gpu_blocks,
@@ -142,9 +145,11 @@ def validate(requests: Iterable, job: ValidateJob) -> dict:
     start = time.perf_counter()
     real = simulate(reqs, config, executor=tee)
     real_wall = time.perf_counter() - start
+    progress(f"validate: real run, {len(tee.measured)} steps in {real_wall:.1f}s")
     sim = simulate(reqs, config, executor=cost)
     report = compare(real, sim, tee.predicted, tee.kinds, tee.kv_tokens)
     if job.noise_floor:
+        progress("validate: a second real run (noise floor)")
         again = simulate(reqs, config, executor=TorchExecutor(
             runner, reqs, clock=job.settings.clock, repeats=job.repeats))
         report["noise_floor"] = noise_floor(real, again)
@@ -241,7 +246,7 @@ def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list
 
 
 def validate_job(trace_path, trace_options, job: ValidateJob, out_dir=None,
-                 html: bool = True) -> dict:
+                 html: bool = True, progress: Callable[[str], None] = quiet) -> dict:
     """``kvsim validate``: read the trace, validate, write ``validation.json``/``.html`` into
     ``out_dir`` when given; returns the report (with ``outputs``, the written paths)."""
     from kvsim.pipeline import resolve_trace
@@ -249,7 +254,7 @@ def validate_job(trace_path, trace_options, job: ValidateJob, out_dir=None,
 
     from .validate_report import write_outputs
     path, label = resolve_trace(str(trace_path))   # a file, or sample:NAME
-    report = validate(load_trace(path, trace_options), job)
+    report = validate(load_trace(path, trace_options), job, progress)
     report["trace"] = label
     if out_dir is not None:
         report["outputs"] = write_outputs(out_dir, report, html=html)
