@@ -147,8 +147,7 @@ class ContiguousKVManager:
         return CacheHit()
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
-        self.prefix_stats.num_queries_tokens += num_tokens
-        self.prefix_stats.num_hit_tokens += hit.num_tokens
+        self.prefix_stats.record(num_tokens, hit)
 
     def size_for(self, tokens) -> int:
         """Slots a new request ``tokens`` would reserve."""

@@ -120,15 +120,10 @@ def policy_hits(reqs: Sequence[ReplayRequest], policy_name: str, capacity: int,
                 oracle: BeladyOracle | None = None) -> int:
     """Hit blocks of one replay through a ``capacity``-block pool evicting by ``policy_name``."""
     pool = BlockPool(capacity, policy=make_policy(policy_name, oracle))
-    get, hits = pool.index.get, 0
+    hits = 0
     for position, r in enumerate(reqs):
         hashes = r.hashes[:capacity].tolist()
-        held = []
-        for block_hash in hashes:
-            block_id = get(block_hash)
-            if block_id is None:
-                break
-            held.append(block_id)
+        held = pool.index.find_prefix(hashes)
         hits += min(len(held), r.lookup_blocks)
         pool.begin(position, r.priority)
         pool.touch(held)

@@ -86,6 +86,7 @@ class HybridKVManager:
         self.prefix_stats = self.paged.prefix_stats
         self._regions: dict[object, Region] = {}
         self._region_blocks = 0
+        self._region_final = 0     # sum of the regions' final lengths (tokens)
 
     # --- which side ----------------------------------------------------------------------
 
@@ -140,7 +141,7 @@ class HybridKVManager:
                 region_tokens += s.num_computed_tokens
             else:
                 paged_internal += (-s.num_computed_tokens) % bs
-        finals = sum(e.final for e in regions.values())
+        finals = self._region_final
         paged_slots = (self.pool.num_used_blocks - self._region_blocks) * bs
         external = 0
         if next_request is not None and self.is_short(next_request):
@@ -196,6 +197,7 @@ class HybridKVManager:
         first, n = entry.offset // self.block_size, entry.size // self.block_size
         release_blocks(self.pool, range(first, first + n))
         self._region_blocks -= n
+        self._region_final -= entry.final
 
     def _reserve(self, request_id, tokens):
         k, final = self._blocks_for(tokens)
@@ -209,4 +211,5 @@ class HybridKVManager:
         size = k * self.block_size
         entry = self._regions[request_id] = Region(blocks[0] * self.block_size, size,
                                                    min(final, size))
+        self._region_final += entry.final
         return entry, blocks

@@ -54,6 +54,11 @@ class PrefixCacheStats:
     def hit_rate(self) -> float:
         return self.num_hit_tokens / self.num_queries_tokens if self.num_queries_tokens else 0.0
 
+    def record(self, num_tokens: int, hit: CacheHit) -> None:
+        """Count one admission's lookup of ``num_tokens`` prompt tokens that found ``hit``."""
+        self.num_queries_tokens += num_tokens
+        self.num_hit_tokens += hit.num_tokens
+
 
 class _RequestBlocks:
     """One request's block table and how much of it is hashed."""
@@ -89,7 +94,6 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, policy=policy)
-        self._scored = policy is not None and not policy.is_lru
         self.prefix_stats = PrefixCacheStats()
         self._requests: dict[object, _RequestBlocks] = {}
 
@@ -165,8 +169,7 @@ class KVCacheManager:
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
         """Count one admission's prefix lookup in :attr:`prefix_stats`."""
-        self.prefix_stats.num_queries_tokens += num_tokens
-        self.prefix_stats.num_hit_tokens += hit.num_tokens
+        self.prefix_stats.record(num_tokens, hit)
 
     # --- allocation ----------------------------------------------------------------------
 
@@ -228,8 +231,7 @@ class KVCacheManager:
             return None
         if entry is None:
             entry = self._requests[request_id] = _RequestBlocks()
-        if self._scored:
-            self.pool.begin(request_id, getattr(tokens, "priority", 0))
+        self.pool.begin(request_id, getattr(tokens, "priority", 0))
         if hit is not None and hit.num_tokens:
             self._adopt(entry, hit)
         entry.num_slots += num_new_tokens
@@ -272,11 +274,9 @@ class KVCacheManager:
         else:
             new_hashes = self._token_hashes(entry, tokens, num_full)
         start = entry.num_cached
-        if self._scored:   # a scored pool tracks chains (depth, parent) for its policy
-            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
-                                   entry.block_ids[start - 1] if start else None)
-        else:
-            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes)
+        # a scored pool tracks chains (depth, parent) for its policy; LRU ignores them
+        self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
+                               entry.block_ids[start - 1] if start else None)
         entry.num_cached = num_full
 
     def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:
