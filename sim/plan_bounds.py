@@ -116,17 +116,20 @@ def impossible_reason(floors: dict[str, np.ndarray], targets) -> str | None:
 
 def _explain(floors, metric: str, pct: float, target: float, floor: float) -> str:
     name = METRIC_NAMES[metric.removesuffix("_s")]
-    text = (f"{name} p{pct:g} can never meet {_fmt(target)}: even in an empty system it is "
-            f"{_fmt(floor)}")
+    text = (f"{name} p{pct:g} can never meet {fmt_latency(target)}: even in an empty system "
+            f"it is {fmt_latency(floor)}")
     if metric == "ttft_s":
         i = int(np.nanargmax(floors["ttft_s"]))
         text += (f" (one request's prefill alone, {int(floors['prompt_tokens'][i]):,} prompt "
                  f"tokens of which {int(floors['cached_tokens'][i]):,} cacheable, takes "
-                 f"{_fmt(float(floors['ttft_s'][i]))})")
+                 f"{fmt_latency(float(floors['ttft_s'][i]))})")
     elif metric == "tpot_s":
         text += " (one decode step with a batch of one)"
     return text
 
 
-def _fmt(seconds: float) -> str:
+def fmt_latency(seconds: float | None) -> str:
+    """Seconds as ``12.3 ms`` below a second, else ``1.23 s`` (``n/a`` for None)."""
+    if seconds is None:
+        return "n/a"
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"

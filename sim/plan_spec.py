@@ -24,12 +24,9 @@ from .gpus import list_gpus, resolve_gpu
 from .models import resolve_model
 from .router import ROUTERS
 
-#: Settings a plan can sweep, in the order candidates are enumerated (``eviction`` where the
-#: simulator has eviction policies).
-SWEEP_DIMS = tuple(d for d in ("gpu", "tp", "block_size", "max_num_seqs",
-                               "enable_prefix_caching", "eviction", "dtype", "weight_dtype",
-                               "cpu_offload_gb")
-                   if d in RunConfig.__dataclass_fields__)
+#: Settings a plan can sweep, in the order candidates are enumerated.
+SWEEP_DIMS = ("gpu", "tp", "block_size", "max_num_seqs", "enable_prefix_caching", "eviction",
+              "dtype", "weight_dtype", "cpu_offload_gb")
 #: The price-table key of host memory (a host KV tier's ``cpu_offload_gb``), USD per GiB-hour.
 HOST_MEMORY_KEY = "host-memory-gib"
 #: Its default: about on-demand cloud DRAM (GCP's N2 custom-memory rate, ~$0.0042/GiB-hour).
@@ -236,8 +233,6 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
             "max_num_seqs": parse_list(values["max_num_seqs"], "max_num_seqs", int),
             "enable_prefix_caching": (bool(values["enable_prefix_caching"]),)}
     if values.get("eviction") is not None:
-        if "eviction" not in SWEEP_DIMS:
-            raise ConfigError("this kvsim has no eviction policies", field="eviction")
         dims["eviction"] = parse_list(values["eviction"], "eviction")
     for name in ("dtype", "weight_dtype"):
         if values.get(name) is not None:

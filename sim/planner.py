@@ -33,7 +33,7 @@ from kvsim.workloads import load_trace
 
 from . import results
 from .config import RunConfig
-from .plan_bounds import floor_percentiles, impossible_reason, latency_floors
+from .plan_bounds import floor_percentiles, fmt_latency, impossible_reason, latency_floors
 from .plan_bounds import suggested_block_size
 from .plan_search import fewest_passing, largest_passing
 from .plan_spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, reported_keys
@@ -205,17 +205,12 @@ def _search(spec: PlanSpec, config: RunConfig, row: dict, ties: int) -> dict:
 
 
 def _not_met(spec: PlanSpec, point: dict) -> str:
-    missed = [f"{k.removesuffix('_s').replace('_', ' ').upper()} {_fmt(point['latency'][k])} "
-              f"> {_fmt(t)}" for k, _, _, t in spec.targets
+    missed = [f"{k.removesuffix('_s').replace('_', ' ').upper()} "
+              f"{fmt_latency(point['latency'][k])} > {fmt_latency(t)}"
+              for k, _, _, t in spec.targets
               if point["latency"][k] is None or point["latency"][k] > t]
     return (f"SLO not met with {point['replicas']} replicas (--max-replicas): "
             + (", ".join(missed) or "not every request completed"))
-
-
-def _fmt(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _feasible(spec: PlanSpec, config: RunConfig, row: dict, point: dict) -> dict:
@@ -258,7 +253,7 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
             "--gpu-memory-utilization", c.gpu_memory_utilization, "--seed", c.seed,
             "--enable-prefix-caching" if c.enable_prefix_caching
             else "--no-enable-prefix-caching", "--rate-scale", repr(o.rate_scale)]
-    for flag, value in (("--eviction", getattr(c, "eviction", None)), ("--dtype", c.dtype),
+    for flag, value in (("--eviction", c.eviction), ("--dtype", c.dtype),
                         ("--weight-dtype", c.weight_dtype),
                         ("--cpu-offload-gb", c.cpu_offload_gb or None),
                         ("--format", o.fmt), ("--limit", o.limit), ("--start", o.start_s),

@@ -21,6 +21,9 @@ from kvsim.cache.scheduler import Scheduler, StepOutcome
 from kvsim.cache.sequence import Sequence
 from kvsim.cache.step_plan import COMPACT, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, StepPlan
 
+#: Block-copy kinds in the order of the step log's columns.
+COPY_KINDS = (SWAP_OUT, SWAP_IN, OFFLOAD, PROMOTE, COMPACT)
+
 from .executor import DecodeRunPredictor, Executor
 from .recorder import RequestLog, StepLog
 
@@ -112,14 +115,13 @@ class Replica:
         running = sched.running
         tokens, reserved, internal, external = self.kv.fragmentation(
             running, sched.waiting.peek() if self._external and sched.waiting else None)
-        t = plan.num_transfer_blocks
         moved = self._transfer_time(plan) if plan.transfers and self._transfer_time else 0.0
         self.steps.append(
             t0, duration, self.index, len(plan.scheduled), scheduled, outcome.num_output_tokens,
             len(running), sched.num_waiting, self.kv.pool.num_used_blocks,
             self.kv.pool.num_cached_free_blocks, tokens, internal, reserved, external,
             len(plan.preempted), queries, hits,
-            t(SWAP_OUT), t(SWAP_IN), t(OFFLOAD), t(PROMOTE), t(COMPACT), self._host_used(), moved)
+            *map(plan.num_transfer_blocks, COPY_KINDS), self._host_used(), moved)
 
     def _host_used(self) -> int:
         """Host blocks holding data: cached content plus swap space."""
@@ -194,8 +196,7 @@ class Replica:
         copies, moved = [0] * 5, 0.0
         if transfers:
             plan = StepPlan(transfers=list(transfers))
-            copies = [plan.num_transfer_blocks(k) for k in (SWAP_OUT, SWAP_IN, OFFLOAD,
-                                                            PROMOTE, COMPACT)]
+            copies = [plan.num_transfer_blocks(k) for k in COPY_KINDS]
             if self._transfer_time is not None:
                 moved = self._transfer_time(plan)
                 duration = duration + moved

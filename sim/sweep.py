@@ -37,13 +37,6 @@ class SweepOptions:
     use_ray: bool = False
     ray_address: str | None = None
 
-    @property
-    def backend(self) -> str:
-        """``"ray"``, ``"process-pool"`` or ``"serial"``."""
-        if self.use_ray:
-            return "ray"
-        return "process-pool" if self.workers > 1 else "serial"
-
 
 def default_workers() -> int:
     """``min(4, number of CPUs)``."""
