@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-llama")
     args = ap.parse_args()
 
-    from kvsim.real_backend.executor import interlude
+    from kvsim.real_backend.executor import clock_fn, interlude
     from kvsim.real_backend.runner import RequestChunk
     from kvsim.real_backend.session import BackendSettings, build_runner, prepare_device, warm_up
 
@@ -40,7 +40,7 @@ def main() -> None:
     warm_up(runner, args.batch)
     chunks = [RequestChunk([7], args.context, list(range(i * per_req, (i + 1) * per_req)))
               for i in range(args.batch)]
-    now = time.process_time if args.clock == "cpu" else time.perf_counter
+    now = clock_fn(args.clock)
     windows, jitter = [], []
     end = time.perf_counter() + args.seconds
     while time.perf_counter() < end:

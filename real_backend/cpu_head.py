@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Iterable
 
 import torch
 
@@ -52,11 +53,12 @@ class CpuHead:
         self.row_major = {int(k): bool(v) for k, v in layouts.items()}
 
     @torch.inference_mode()
-    def tune(self, max_rows: int = TUNED_ROWS, repeats: int = 5) -> dict[int, bool]:
-        """Time both layouts for 1 .. ``max_rows`` rows (interleaved, median of ``repeats``)
-        and remember the faster; returns the choices."""
+    def tune(self, max_rows: int = TUNED_ROWS, repeats: int = 5,
+             row_counts: Iterable[int] | None = None) -> dict[int, bool]:
+        """Time both layouts for 1 .. ``max_rows`` rows (or the given ``row_counts``;
+        interleaved, median of ``repeats``) and remember the faster; returns the choices."""
         hidden = self.weight.shape[1]
-        for rows in range(1, max_rows + 1):
+        for rows in range(1, max_rows + 1) if row_counts is None else row_counts:
             x = torch.randn(rows, hidden, dtype=self.weight.dtype)
             times: dict[bool, list[float]] = {False: [], True: []}
             for _ in range(repeats):

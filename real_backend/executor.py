@@ -43,6 +43,11 @@ from .runner import ModelRunner, RequestChunk
 from .tokens import token_ids_for
 
 CLOCKS = ("wall", "cpu")
+
+
+def clock_fn(clock: str) -> Callable[[], float]:
+    """``time.perf_counter`` for ``wall``, ``time.process_time`` for ``cpu``."""
+    return time.process_time if clock == "cpu" else time.perf_counter
 T = TypeVar("T")
 
 #: Host work :func:`interlude` does (untimed) before a timed step: a Python loop over this many
@@ -76,7 +81,7 @@ class TorchExecutor:
         self.runner = runner
         self.clock = clock
         self.repeats = repeats
-        self._now = time.process_time if clock == "cpu" else time.perf_counter
+        self._now = clock_fn(clock)
         self.block_size = runner.kv_store.block_size
         self.vocab_size = runner.model.cfg.vocab_size
         self._requests = {r.request_id: r for r in requests}

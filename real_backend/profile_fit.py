@@ -19,6 +19,7 @@ import statistics
 import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT
+from kvsim.sim import cost_model
 
 COMPUTE_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s")
 GROUPS = ("prefill", "decode", "mixed", "transfer")
@@ -41,19 +42,9 @@ def nnls_small(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_relative(features: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the sum of squared relative errors."""
-    weights = 1.0 / times
-    return nnls_small(features * weights[:, None], np.ones_like(times))
-
-
 def batch_time(seqs: int, table, slope: float = 0.0) -> float:
-    """``per_batch_s`` at ``seqs`` requests (as ``kvsim.sim.cost_model`` reads it)."""
-    if not table:
-        return 0.0
-    if seqs <= len(table):
-        return float(table[max(seqs, 1) - 1])
-    return float(table[-1] + (seqs - len(table)) * slope)
+    """``per_batch_s`` at ``seqs`` requests, as the cost model reads it (0 without a table)."""
+    return float(cost_model.batch_time(table, slope, seqs)) if table else 0.0
 
 
 #: A compute point whose relative fit error exceeds this many times the median (and
@@ -84,10 +75,12 @@ def fit_compute(points: list, times: list[float], table=(),
     return dict(zip(COMPUTE_TERMS, coef.tolist()))
 
 
-def _fit_rest(x: np.ndarray, y: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients of ``x`` for ``y - base``, errors relative to ``y``."""
+def _fit_rest(x: np.ndarray, y: np.ndarray, base: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative coefficients of ``x`` for ``y - base`` (``y`` without a base), errors
+    relative to ``y``."""
     weights = 1.0 / y
-    return nnls_small(x * weights[:, None], (y - base) * weights)
+    target = np.ones_like(y) if base is None else (y - base) * weights
+    return nnls_small(x * weights[:, None], target)
 
 
 #: Rounds of :func:`backfit_table` (the table and the linear terms fitted in turn).
@@ -125,8 +118,8 @@ def fit_copies(points: list, times: list[float], block_bytes: int) -> dict[str, 
         if not rows:
             out[key] = 0.0
             continue
-        call_s, per_block = fit_relative(np.array([r[0] for r in rows]),
-                                         np.array([r[1] for r in rows]))
+        call_s, per_block = _fit_rest(np.array([r[0] for r in rows]),
+                                      np.array([r[1] for r in rows]))
         out[key] = per_block / block_bytes
         calls.append(call_s)
     out["copy_call_s"] = float(np.mean(calls)) if calls else 0.0

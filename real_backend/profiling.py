@@ -29,7 +29,7 @@ import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT
 
-from .executor import interlude
+from .executor import clock_fn, interlude
 from .profile_fit import fit_errors, fit_profile, predict
 from .runner import ModelRunner, RequestChunk
 
@@ -127,11 +127,6 @@ def default_grid(limits: Limits = Limits(), quick: bool = False, seed: int = 0) 
 
 
 # --- timing --------------------------------------------------------------------------------
-
-def clock_fn(clock: str) -> Callable[[], float]:
-    """``time.perf_counter`` for ``wall``, ``time.process_time`` for ``cpu``."""
-    return time.process_time if clock == "cpu" else time.perf_counter
-
 
 def _chunks(point: Point, block_size: int, vocab: int, rng) -> list[RequestChunk]:
     """Requests in consecutive, disjoint block ranges (from block 0)."""

@@ -93,10 +93,9 @@ def warm_up(runner: ModelRunner, max_rows: int = 32, head_layouts: dict | None =
         head = runner.model.cpu_head()
         if head_layouts:
             head.set_layouts(head_layouts)
-        if any(rows not in head.row_major for rows in range(1, max_rows + 1)):
-            known = head.layouts()
-            head.tune(max_rows)
-            head.set_layouts(head.layouts() | known)
+        missing = [rows for rows in range(1, max_rows + 1) if rows not in head.row_major]
+        if missing:
+            head.tune(row_counts=missing)
     bs, blocks = runner.kv_store.block_size, runner.kv_store.num_blocks
     n = min(64, bs * blocks)
     runner.greedy([RequestChunk(list(range(n)), 0, list(range(-(-n // bs))))])

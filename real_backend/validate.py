@@ -69,8 +69,7 @@ class PredictingExecutor:
 
     def step_duration(self, plan) -> float:
         self.kinds.append(step_kind(plan))
-        self.kv_tokens.append(sum(s.num_computed_tokens + s.num_new_tokens
-                                  for s in plan.scheduled))
+        self.kv_tokens.append(int(self.model.step_sums(plan)[2]))
         self.predicted.append(self.model.step_duration(plan))
         self.measured.append(self.real.step_duration(plan))
         return self.measured[-1]
@@ -184,14 +183,20 @@ def _err_stats(err: np.ndarray) -> dict:
             "p90_abs_rel_error": float(np.percentile(err, 90))}
 
 
-def decisions(real: RunResult, sim: RunResult, real_steps, sim_steps) -> dict:
-    """Whether both runs made the same cache and scheduling decisions."""
+def _frames(run: RunResult) -> tuple:
+    """``(steps, requests)`` frames of a run."""
+    return results.steps_frame(run), results.requests_frame(run)
+
+
+def decisions(real_steps, sim_steps, real_requests, sim_requests) -> dict:
+    """Whether two runs (their step and request frames) made the same cache and scheduling
+    decisions."""
     same_len = len(real_steps) == len(sim_steps)
     per_step = same_len and all(
         np.array_equal(real_steps[c].to_numpy(), sim_steps[c].to_numpy())
         for c in DECISION_COLUMNS)
     totals = {c: (int(real_steps[c].sum()), int(sim_steps[c].sum())) for c in DECISION_COLUMNS}
-    cached = [results.requests_frame(r)["cached_tokens"].to_numpy() for r in (real, sim)]
+    cached = [f["cached_tokens"].to_numpy() for f in (real_requests, sim_requests)]
     return {"num_steps": (len(real_steps), len(sim_steps)), "totals": totals,
             "per_step_identical": bool(per_step),
             "cached_tokens_identical": bool(np.array_equal(*cached)),
@@ -201,12 +206,12 @@ def decisions(real: RunResult, sim: RunResult, real_steps, sim_steps) -> dict:
 def noise_floor(first: RunResult, second: RunResult) -> dict:
     """How much two real runs of the same trace differ: the best any prediction can match
     one of them. Per-step differences only when both made the same steps."""
-    a, b = (results.steps_frame(r) for r in (first, second))
+    (a, ra), (b, rb) = _frames(first), _frames(second)
     out = {"total_time_rel_diff": _rel(float(a["duration"].sum()), float(b["duration"].sum()))}
-    thr = [results.build_summary(r, results.requests_frame(r), f)[
-        "throughput_output_tokens_per_s"] for r, f in ((first, a), (second, b))]
+    thr = [results.build_summary(r, req, f)["throughput_output_tokens_per_s"]
+           for r, f, req in ((first, a, ra), (second, b, rb))]
     out["throughput_rel_diff"] = _rel(thr[0], thr[1])
-    if decisions(first, second, a, b)["per_step_identical"]:
+    if decisions(a, b, ra, rb)["per_step_identical"]:
         da, db = a["duration"].to_numpy(), b["duration"].to_numpy()
         out["step_median_abs_rel_diff"] = float(np.median(np.abs(da - db) / db))
     return out
@@ -216,12 +221,10 @@ def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list
             kv_tokens: list[int]) -> dict:
     """The validation report of a real run (with per-step predictions, kinds and KV tokens)
     and a simulated run."""
-    real_steps, sim_steps = results.steps_frame(real), results.steps_frame(sim)
+    (real_steps, real_requests), (sim_steps, sim_requests) = _frames(real), _frames(sim)
     measured = real_steps["duration"].to_numpy()
-    summaries = {}
-    for name, run in (("real", real), ("sim", sim)):
-        summaries[name] = results.build_summary(run, results.requests_frame(run),
-                                                results.steps_frame(run))
+    summaries = {"real": results.build_summary(real, real_requests, real_steps),
+                 "sim": results.build_summary(sim, sim_requests, sim_steps)}
     metrics = {}
     for key, pct in METRICS:
         r, s = (summaries[n][key] if pct is None else summaries[n][key][pct]
@@ -233,7 +236,7 @@ def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list
         "mean_step_s": {"real": float(measured.mean()),
                         "sim": float(sim_steps["duration"].mean())},
         "metrics": metrics,
-        "decisions": decisions(real, sim, real_steps, sim_steps),
+        "decisions": decisions(real_steps, sim_steps, real_requests, sim_requests),
         "num_requests": summaries["real"]["num_requests"],
         "num_completed": {n: summaries[n]["num_completed"] for n in summaries},
         "duration_s": {n: summaries[n]["duration_s"] for n in summaries},

@@ -79,13 +79,15 @@ class _Coeffs:
     batch_slope_s: float = 0.0       # per request beyond the batch_s table
 
 
-def _batch_time(c: _Coeffs, seqs):
-    """``batch_s`` at ``seqs`` requests (a python or numpy scalar: a step's request count)."""
-    n = len(c.batch_s)
+def batch_time(table, slope: float, seqs):
+    """A fitted profile's ``per_batch_s`` at ``seqs`` requests (a python or numpy scalar: a
+    step's request count): the table's entry, beyond it the last one plus ``slope`` per
+    request. ``table`` must not be empty."""
+    n = len(table)
     i = int(seqs)
     if i <= n:
-        return c.batch_s[max(i, 1) - 1]
-    return c.batch_s[-1] + (seqs - n) * c.batch_slope_s
+        return table[max(i, 1) - 1]
+    return table[-1] + (seqs - n) * slope
 
 
 def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.maximum):
@@ -94,7 +96,7 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     so they agree bit for bit."""
     t = c.fixed_s + seqs * c.per_seq_s
     if c.batch_s:
-        t = t + _batch_time(c, seqs)
+        t = t + batch_time(c.batch_s, c.batch_slope_s, seqs)
     t = t + maximum(tokens * c.gemm_flop_s, c.gemm_byte_s)
     t = t + maximum(seqs * c.head_flop_s, c.head_byte_s)
     for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
