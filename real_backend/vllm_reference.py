@@ -14,44 +14,17 @@ sampling) and the whole iteration's (plus scheduling, as vLLM's step wall time i
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from kvsim.cache import KVCacheManager
-from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
-from kvsim.workloads import Request
+from kvsim.sim.vllm_fixture import load_fixture, replay_fixture
 
 from .executor import TorchExecutor
 from .session import BackendSettings, build_runner, device_name, prepare_device, warm_up
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm"
-
-
-def load_fixture(path: Path) -> tuple[list[tuple[int, Request]], dict]:
-    """``[(arrival_step, request)]`` in file order, and the oracle's record."""
-    reqs = []
-    for i, line in enumerate(x for x in path.read_text().splitlines() if x.strip()):
-        r = json.loads(line)
-        ids = np.array(r["prompt_token_ids"], dtype=np.int64)
-        reqs.append((r.get("arrival_step", 0), Request(i, 0.0, len(ids), r["output_tokens"],
-                                                        prompt_token_ids=ids,
-                                                        priority=r.get("priority", 0))))
-    oracle = json.loads(path.with_name(path.name[:-len(".jsonl")] + ".vllm.json").read_text())
-    return reqs, oracle
-
-
-def make_scheduler(s: dict) -> Scheduler:
-    """The oracle's settings: ``num_blocks - 1`` usable blocks (block 0 is vLLM's null block)."""
-    kv = KVCacheManager(s["num_blocks"] - 1, s["block_size"],
-                        enable_prefix_caching=not s["no_prefix_caching"],
-                        max_model_len=s["max_model_len"])
-    return Scheduler(kv, SchedulerConfig(
-        max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
-        max_model_len=s["max_model_len"], policy="priority" if s["priority"] else "fcfs"))
 
 
 def replay(path: Path, settings: BackendSettings) -> dict:
@@ -62,21 +35,16 @@ def replay(path: Path, settings: BackendSettings) -> dict:
     runner = build_runner(settings, model, s["num_blocks"] - 1)
     warm_up(runner, s["max_num_seqs"])
     executor = TorchExecutor(runner, [r for _, r in reqs], clock=settings.clock)
-    sched, pending, clock = make_scheduler(s), list(reqs), 0
     executed, wall, cpu = [], [], []
-    while pending or sched.has_unfinished():
-        while pending and pending[0][0] <= clock:
-            sched.add(Sequence(pending.pop(0)[1], s["block_size"]))
-        if not sched.has_unfinished():
-            clock = pending[0][0]
-            continue
+
+    def step(sched) -> None:
         t0, c0 = time.perf_counter(), time.process_time()
-        plan = sched.schedule()
-        executed.append(executor.step_duration(plan))
+        executed.append(executor.step_duration(sched.schedule()))
         sched.update_from_output()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        clock += 1
+
+    replay_fixture(reqs, s, step)
     return {"fixture": path.name, "steps": len(executed),
             "vllm_steps": oracle["summary"]["engine_steps"],
             "vllm_mean_step_s": oracle["summary"]["mean_step_s"],

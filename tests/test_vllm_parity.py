@@ -6,63 +6,31 @@ the step count, every step's scheduled tokens and preemptions, and each request'
 tokens. vLLM reserves block 0 as a null block, so ``--num-blocks N`` means N - 1 usable blocks.
 """
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from kvsim.cache import KVCacheManager
-from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
-from kvsim.workloads import Request
+from kvsim.sim.vllm_fixture import load_fixture, replay_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 NAMES = sorted(p.name[: -len(".vllm.json")] for p in FIXTURES.glob("*.vllm.json"))
 
 
 def load(name):
-    lines = (FIXTURES / f"{name}.jsonl").read_text().splitlines()
-    requests = []
-    for i, line in enumerate(l for l in lines if l.strip()):
-        r = json.loads(line)
-        ids = np.array(r["prompt_token_ids"], dtype=np.int64)
-        requests.append((r.get("arrival_step", 0), Request(
-            i, 0.0, len(ids), r["output_tokens"], prompt_token_ids=ids,
-            priority=r.get("priority", 0))))
-    return requests, json.loads((FIXTURES / f"{name}.vllm.json").read_text())
-
-
-def make_scheduler(settings):
-    bs = settings["block_size"]
-    kv = KVCacheManager(settings["num_blocks"] - 1, bs,
-                        enable_prefix_caching=not settings["no_prefix_caching"],
-                        max_model_len=settings["max_model_len"])
-    return Scheduler(kv, SchedulerConfig(
-        max_num_seqs=settings["max_num_seqs"],
-        max_num_batched_tokens=settings["max_num_batched_tokens"],
-        max_model_len=settings["max_model_len"],
-        policy="priority" if settings["priority"] else "fcfs"))
+    return load_fixture(FIXTURES / f"{name}.jsonl")
 
 
 def replay(requests, settings):
     """Step the scheduler with the oracle's arrival clock; record what each step did."""
-    sched = make_scheduler(settings)
-    pending, clock, steps, seqs = list(requests), 0, [], {}
-    while pending or sched.has_unfinished():
-        while pending and pending[0][0] <= clock:
-            seq = Sequence(pending.pop(0)[1], settings["block_size"])
-            seqs[seq.request_id] = seq
-            sched.add(seq)
-        if not sched.has_unfinished():
-            clock = pending[0][0]
-            continue
+    steps = []
+
+    def step(sched):
         plan = sched.schedule()
         sched.update_from_output()
         steps.append(({s.request_id: s.num_new_tokens for s in plan.scheduled},
                       list(plan.preempted)))
-        clock += 1
-    return steps, seqs
+
+    return steps, replay_fixture(requests, settings, step)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,65 @@
+"""The vllm-oracle fixtures (``tests/fixtures/vllm/``): token-id traces recorded through real
+vLLM, replayed through kvsim's scheduler with the oracle's settings and arrival clock.
+
+A fixture is ``NAME.jsonl`` (one request per line: ``prompt_token_ids``, ``output_tokens``,
+optional ``arrival_step`` and ``priority``) beside ``NAME.vllm.json`` (vLLM's record; its
+``summary.settings`` are the engine settings). Used by the parity test and by
+``kvsim.real_backend.vllm_reference``; nothing here needs torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kvsim.cache import KVCacheManager
+from kvsim.cache.scheduler import Scheduler, SchedulerConfig
+from kvsim.cache.sequence import Sequence
+from kvsim.workloads import Request
+
+
+def load_fixture(path: Path) -> tuple[list[tuple[int, Request]], dict]:
+    """``[(arrival_step, request)]`` in file order, and the oracle's record."""
+    reqs = []
+    for i, line in enumerate(x for x in path.read_text().splitlines() if x.strip()):
+        r = json.loads(line)
+        ids = np.array(r["prompt_token_ids"], dtype=np.int64)
+        reqs.append((r.get("arrival_step", 0), Request(i, 0.0, len(ids), r["output_tokens"],
+                                                        prompt_token_ids=ids,
+                                                        priority=r.get("priority", 0))))
+    oracle = json.loads(path.with_name(path.name[:-len(".jsonl")] + ".vllm.json").read_text())
+    return reqs, oracle
+
+
+def make_scheduler(s: dict) -> Scheduler:
+    """The oracle's settings: ``num_blocks - 1`` usable blocks (block 0 is vLLM's null block)."""
+    kv = KVCacheManager(s["num_blocks"] - 1, s["block_size"],
+                        enable_prefix_caching=not s["no_prefix_caching"],
+                        max_model_len=s["max_model_len"])
+    return Scheduler(kv, SchedulerConfig(
+        max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
+        max_model_len=s["max_model_len"], policy="priority" if s["priority"] else "fcfs"))
+
+
+def replay_fixture(requests: list[tuple[int, Request]], settings: dict,
+                   step: Callable[[Scheduler], None]) -> dict[int, Sequence]:
+    """Run a scheduler with the oracle's ``settings`` until every request finished: requests
+    join at their arrival step (an idle engine jumps to the next arrival), and ``step(sched)``
+    performs one engine step (``schedule``, whatever executes it, ``update_from_output``).
+    Returns the sequences by request id."""
+    sched = make_scheduler(settings)
+    pending, clock, seqs = list(requests), 0, {}
+    while pending or sched.has_unfinished():
+        while pending and pending[0][0] <= clock:
+            seq = Sequence(pending.pop(0)[1], settings["block_size"])
+            seqs[seq.request_id] = seq
+            sched.add(seq)
+        if not sched.has_unfinished():
+            clock = pending[0][0]
+            continue
+        step(sched)
+        clock += 1
+    return seqs
