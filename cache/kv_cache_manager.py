@@ -94,6 +94,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, policy=policy)
+        # LRU's begin() and chain arguments are no-ops; skipping them keeps allocate fast
+        self._scored = policy is not None and not policy.is_lru
         self.prefix_stats = PrefixCacheStats()
         self._requests: dict[object, _RequestBlocks] = {}
 
@@ -231,7 +233,8 @@ class KVCacheManager:
             return None
         if entry is None:
             entry = self._requests[request_id] = _RequestBlocks()
-        self.pool.begin(request_id, getattr(tokens, "priority", 0))
+        if self._scored:
+            self.pool.begin(request_id, getattr(tokens, "priority", 0))
         if hit is not None and hit.num_tokens:
             self._adopt(entry, hit)
         entry.num_slots += num_new_tokens
@@ -274,9 +277,11 @@ class KVCacheManager:
         else:
             new_hashes = self._token_hashes(entry, tokens, num_full)
         start = entry.num_cached
-        # a scored pool tracks chains (depth, parent) for its policy; LRU ignores them
-        self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
-                               entry.block_ids[start - 1] if start else None)
+        if self._scored:   # a scored pool tracks chains (depth, parent) for its policy
+            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
+                                   entry.block_ids[start - 1] if start else None)
+        else:
+            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes)
         entry.num_cached = num_full
 
     def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:

@@ -58,6 +58,7 @@ class TieredKVCacheManager(KVCacheManager):
         self.host = host
         self.write_through = write == "through"
         self.pool.evicted = []
+        self._host_scored = host.pool.policy is not None and not host.pool.policy.is_lru
         self.num_transferred_blocks = dict.fromkeys(TRANSFER_KINDS, 0)
         self._transfers: list[BlockTransfer] = []
         self._written: set[int] = set()     # destinations of the last transfer
@@ -86,7 +87,8 @@ class TieredKVCacheManager(KVCacheManager):
         are demoted."""
         host_ids = hit.host_block_ids if hit is not None else ()
         swapped = hit is not None and hit.swapped
-        self.host.pool.begin(request_id, getattr(tokens, "priority", 0))
+        if self._host_scored:
+            self.host.pool.begin(request_id, getattr(tokens, "priority", 0))
         if host_ids:
             if self.num_blocks_needed(request_id, num_new_tokens, hit) > self.num_free_blocks:
                 return None
