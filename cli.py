@@ -10,19 +10,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
 from . import __version__
 from .errors import KvsimError
+from .sim.config import (EvictionPolicy, KvDtype, Layout, LongPrompt, OffloadWrite,
+                         PreemptionMode, ReservePolicy, RouterName, SchedulingPolicy, WeightDtype)
+from .workloads.options import TraceFormat
 
 app = typer.Typer(
     name="kvsim",
     help="Simulate and plan the KV cache of LLM serving engines.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,          # plain help: wraps at 80 columns, never cuts option names
+    context_settings={"show_default": True},
 )
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the machine-readable result as JSON.")
@@ -64,9 +68,10 @@ def _root(
 # --- kvsim trace-stats, kvsim gen (issue 3) ---
 # The trace options below are shared by every command that reads a trace (reuse them).
 
-FORMAT_OPTION = typer.Option(None, "--format", help="Trace format: native, mooncake, azure, "
-                             "burstgpt (default: detected from the content).")
-LIMIT_OPTION = typer.Option(None, "--limit", min=1, help="Keep at most N requests.")
+FORMAT_OPTION = typer.Option(None, "--format", help="Trace format (kvsim, jsonl: native; "
+                             "azure-llm: azure).", show_default="detected from the content")
+LIMIT_OPTION = typer.Option(None, "--limit", min=1, help="Keep at most N requests.",
+                            show_default="all")
 START_OPTION = typer.Option(None, "--start", help="Keep requests arriving at or after this "
                             "many seconds after the trace's first request.")
 END_OPTION = typer.Option(None, "--end", help="Keep requests arriving before this many "
@@ -88,18 +93,21 @@ def trace_options(fmt, limit, start, end, rate_scale, sort, seed, model):
 
 @app.command("trace-stats")
 def trace_stats_command(
-    trace: str = typer.Argument(..., metavar="FILE", help="Trace file (any supported format)."),
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any supported "
+                                "format), '-' for standard input, or sample:NAME."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Block size (tokens) of "
                                    "the ideal prefix hit ratio."),
-    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION, seed: int = SEED_OPTION,
     model: Optional[str] = MODEL_OPTION, as_json: bool = JSON_OPTION,
 ) -> None:
     """Requests, time span, rate, length percentiles, burstiness, ideal prefix hit ratio."""
+    from .pipeline import resolve_trace
     from .workloads.stats import render_stats, trace_file_stats
     opts = trace_options(fmt, limit, start, end, rate_scale, sort, seed, model)
-    emit(trace_file_stats(trace, opts, block_size), as_json,
+    path, label = resolve_trace(trace)
+    emit({**trace_file_stats(path, opts, block_size), "trace": label}, as_json,
          lambda s: typer.echo(render_stats(s)))
 
 
@@ -110,7 +118,8 @@ def gen_command(
     out: str = typer.Option(..., "--out", metavar="FILE", help="Native JSONL file to write."),
     num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1),
     seed: int = SEED_OPTION,
-    arrival: str = typer.Option("poisson", "--arrival", help="poisson, gamma or trace."),
+    arrival: Literal["poisson", "gamma", "trace"] = typer.Option(
+        "poisson", "--arrival", help="Arrival process."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Arrivals per second "
                                          "(conversations, tasks or requests; preset default)."),
     cv: float = typer.Option(1.0, "--cv", help="Gamma arrivals: CV of the gaps (burstiness)."),
@@ -159,117 +168,140 @@ def report_command(
 # --- kvsim run (issue 4) ---
 
 
-def _opt(help_text: str, *names: str):
-    return typer.Option(None, *names, help=help_text)
+def _opt(help_text: str, *names: str, **kwargs):
+    return typer.Option(None, *names, help=help_text, **kwargs)
 
 
-SLO_TTFT_P99_OPTION = typer.Option(None, "--slo-ttft-p99",
-                                   help="TTFT p99 target (s), drawn in the report.")
-SLO_TPOT_P99_OPTION = typer.Option(None, "--slo-tpot-p99",
-                                   help="TPOT p99 target (s), drawn in the report.")
+def setting(name: str, help_text: str, *names: str):
+    """An option of run setting ``name`` whose shown default is the schema's
+    (:class:`~kvsim.sim.config.RunConfig`); left unset (``None``) so a TOML file can set it."""
+    from .sim.config import default_of
+    default = default_of(name)
+    shown = ("on" if default else "off") if isinstance(default, bool) else str(default)
+    return typer.Option(None, *(names or ("--" + name.replace("_", "-"),)), help=help_text,
+                        show_default="none" if default is None else shown)
+
+
+SLO_TTFT_P99_OPTION = _opt("TTFT p99 target (s), drawn in the report.", "--slo-ttft-p99",
+                           min=0.0)
+SLO_TPOT_P99_OPTION = _opt("TPOT p99 target (s), drawn in the report.", "--slo-tpot-p99",
+                           min=0.0)
 TRACE_MODEL_OPTION = typer.Option(None, "--trace-model",
                                   help="BurstGPT only: keep this model's rows.")
-NUM_CPU_BLOCKS_OPTION = typer.Option(
-    None, "--num-cpu-blocks", min=0,
-    help="Host (CPU) tier: KV blocks per replica that evicted cached blocks are demoted to.")
-OFFLOAD_WRITE_OPTION = typer.Option(
-    None, "--offload-write", help="Host tier: back (copy a cached block when the GPU evicts "
-    "it, default) or through (copy every block once it is full).")
-PREEMPTION_MODE_OPTION = typer.Option(
-    None, "--preemption-mode", help="recompute (vLLM, default) or swap (copy a preempted "
-    "request's blocks to the host tier and back).")
+NUM_CPU_BLOCKS_OPTION = setting(
+    "num_cpu_blocks", "Host (CPU) tier: KV blocks per replica that evicted cached blocks are "
+    "demoted to.")
+OFFLOAD_WRITE_OPTION = setting(
+    "offload_write", "Host tier: back (copy a cached block when the GPU evicts it) or through "
+    "(copy every block once it is full).")
+PREEMPTION_MODE_OPTION = setting(
+    "preemption_mode", "recompute (vLLM) or swap (copy a preempted request's blocks to the "
+    "host tier and back; vLLM v1 has no swap).")
+MAX_MODEL_LEN_OPTION = setting(
+    "max_model_len", "Longest sequence (none: the model's, capped by the pool).")
+LONG_PROMPT_OPTION = setting(
+    "long_prompt", "Prompts of max_model_len tokens or more: reject them (vLLM) or truncate "
+    "prompt and output in proportion until they fit (Vidur).")
+QUIET_OPTION = typer.Option(False, "--quiet", "-q", help="No progress, no summary.")
 
 
 def slo_targets(ttft_p99: float | None, tpot_p99: float | None) -> dict:
     """The ``--slo-*`` targets given, keyed as the summary names them."""
-    return {k: v for k, v in (("ttft_p99_s", ttft_p99), ("tpot_p99_s", tpot_p99)) if v}
+    return {k: v for k, v in (("ttft_p99_s", ttft_p99), ("tpot_p99_s", tpot_p99))
+            if v is not None}
 
 
 @app.command("run")
 def run_command(
     trace: Optional[str] = typer.Argument(
-        None, metavar="[TRACE]", help="Trace file (default: the bundled Mooncake sample; "
-        "'sample:azure-conv' names the other one)."),
+        None, metavar="[TRACE]", help="Trace file, '-' for standard input, or sample:NAME "
+        "(default: sample:mooncake; also sample:azure-conv)."),
     config_file: Optional[str] = _opt("TOML file holding any of these settings.", "--config"),
-    model: Optional[str] = _opt("Catalog name, Hugging Face id, or path to a config.json.",
-                                "--model"),
-    gpu: Optional[str] = _opt("GPU: a100-40gb, a100-80gb, h100-80gb, h200, l4, l40s.", "--gpu"),
-    tp: Optional[int] = _opt("Tensor-parallel GPUs per replica.", "--tp"),
-    replicas: Optional[int] = _opt("Replicas behind the router.", "--replicas"),
-    router: Optional[str] = _opt("round-robin, least-outstanding-tokens, prefix-affinity.",
-                                 "--router"),
-    block_size: Optional[int] = _opt("Tokens per KV block.", "--block-size"),
-    num_gpu_blocks: Optional[int] = _opt("KV blocks per replica (overrides sizing).",
-                                         "--num-gpu-blocks"),
-    dtype: Optional[str] = _opt("KV cache (and weights) dtype: bf16 (default), fp16, fp8, "
-                                "int8.", "--dtype"),
-    weight_dtype: Optional[str] = _opt("Weights stored as: bf16, fp16, fp8, int8 or int4 "
-                                       "(4-bit with group-128 scales); default --dtype.",
-                                       "--weight-dtype"),
-    gpu_memory_utilization: Optional[float] = _opt("Share of GPU memory vLLM may use.",
-                                                   "--gpu-memory-utilization"),
-    max_num_seqs: Optional[int] = _opt("Most requests in a batch.", "--max-num-seqs"),
-    max_num_batched_tokens: Optional[int] = _opt("Token budget per step.",
-                                                 "--max-num-batched-tokens"),
-    max_model_len: Optional[int] = _opt("Longest sequence (default: the model's, capped by the "
-                                        "pool).", "--max-model-len"),
-    long_prefill_token_threshold: Optional[int] = _opt(
-        "Longest prefill chunk when several requests compete (0: none).",
-        "--long-prefill-token-threshold"),
-    enable_prefix_caching: Optional[bool] = typer.Option(
-        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching."),
-    scheduling_policy: Optional[str] = _opt("fcfs or priority.", "--scheduling-policy"),
-    profile: Optional[str] = _opt("Calibration profile JSON for the cost model.", "--profile"),
-    seed: Optional[int] = _opt("Seed of every random choice.", "--seed"),
-    skip_ahead: Optional[bool] = typer.Option(
-        None, "--skip-ahead/--no-skip-ahead", help="Skip ahead over decode-only steps "
-        "(identical results, faster)."),
-    eviction: Optional[str] = _opt("Eviction policy of cached blocks: lru (vLLM), lfu, "
-                                   "priority, hybrid, belady (offline optimal).", "--eviction"),
-    layout: Optional[str] = _opt("KV layout: paged (vLLM), contiguous (one reserved region "
-                                 "per request, first-fit) or hybrid (contiguous below "
-                                 "--hybrid-threshold, paged above).", "--layout"),
-    hybrid_threshold: Optional[int] = _opt("Hybrid: final length (tokens) under which a "
-                                           "request gets a contiguous region (default 256).",
-                                           "--hybrid-threshold"),
-    reserve: Optional[str] = _opt("Contiguous/hybrid reservation: max (max_model_len), pow2 (next "
-                                  "power of two of the final length), oracle (exact).",
-                                  "--reserve"),
-    compaction_threshold: Optional[float] = _opt(
-        "Contiguous: compact when free slots unusable by the next request exceed this share "
-        "of the pool (default: never).", "--compaction-threshold"),
+    model: Optional[str] = setting("model", "Catalog name, Hugging Face id, or path to a "
+                                   "config.json."),
+    gpu: Optional[str] = setting("gpu", "GPU: a100-40gb, a100-80gb, h100-80gb, h200, l4, "
+                                 "l40s."),
+    tp: Optional[int] = setting("tp", "Tensor-parallel GPUs per replica."),
+    replicas: Optional[int] = setting("replicas", "Replicas behind the router."),
+    router: Optional[RouterName] = setting("router", "How requests are spread over "
+                                           "replicas."),
+    block_size: Optional[int] = setting("block_size", "Tokens per KV block."),
+    num_gpu_blocks: Optional[int] = setting("num_gpu_blocks", "KV blocks per replica "
+                                            "(overrides sizing)."),
+    dtype: Optional[KvDtype] = setting("dtype", "KV cache (and weights) dtype."),
+    weight_dtype: Optional[WeightDtype] = setting(
+        "weight_dtype", "Weights stored as (int4: 4-bit with group-128 scales); none: --dtype."),
+    gpu_memory_utilization: Optional[float] = setting(
+        "gpu_memory_utilization", "Share of GPU memory vLLM may use."),
+    max_num_seqs: Optional[int] = setting("max_num_seqs", "Most requests in a batch."),
+    max_num_batched_tokens: Optional[int] = setting("max_num_batched_tokens",
+                                                    "Token budget per step."),
+    max_model_len: Optional[int] = MAX_MODEL_LEN_OPTION,
+    long_prompt: Optional[LongPrompt] = LONG_PROMPT_OPTION,
+    long_prefill_token_threshold: Optional[int] = setting(
+        "long_prefill_token_threshold", "Longest prefill chunk when several requests compete "
+        "(0: none)."),
+    enable_prefix_caching: Optional[bool] = setting(
+        "enable_prefix_caching", "Prefix caching.", "--enable-prefix-caching/"
+        "--no-enable-prefix-caching"),
+    scheduling_policy: Optional[SchedulingPolicy] = setting("scheduling_policy",
+                                                            "Queue order."),
+    profile: Optional[str] = setting("profile", "Calibration profile JSON for the cost model."),
+    seed: Optional[int] = setting("seed", "Seed of every random choice."),
+    skip_ahead: Optional[bool] = setting(
+        "skip_ahead", "Skip ahead over decode-only steps (identical results, faster).",
+        "--skip-ahead/--no-skip-ahead"),
+    eviction: Optional[EvictionPolicy] = setting(
+        "eviction", "Eviction of cached blocks: lru is vLLM's; belady is the offline optimum."),
+    layout: Optional[Layout] = setting(
+        "layout", "KV layout: paged (vLLM), contiguous (one reserved region per request, "
+        "first-fit) or hybrid (contiguous below --hybrid-threshold, paged above)."),
+    hybrid_threshold: Optional[int] = setting(
+        "hybrid_threshold", "Hybrid: final length (tokens) under which a request gets a "
+        "contiguous region."),
+    reserve: Optional[ReservePolicy] = setting(
+        "reserve", "Contiguous/hybrid reservation: max (max_model_len), pow2 (next power of "
+        "two of the final length), oracle (exact)."),
+    compaction_threshold: Optional[float] = setting(
+        "compaction_threshold", "Contiguous: compact when free slots unusable by the next "
+        "request exceed this share of the pool (none: never)."),
     num_cpu_blocks: Optional[int] = NUM_CPU_BLOCKS_OPTION,
-    cpu_offload_gb: Optional[float] = _opt("Host tier given as GiB of host memory per GPU.",
-                                           "--cpu-offload-gb"),
-    offload_write: Optional[str] = OFFLOAD_WRITE_OPTION,
-    preemption_mode: Optional[str] = PREEMPTION_MODE_OPTION,
+    cpu_offload_gb: Optional[float] = setting(
+        "cpu_offload_gb", "Host tier given as GiB of host memory per GPU."),
+    offload_write: Optional[OffloadWrite] = OFFLOAD_WRITE_OPTION,
+    preemption_mode: Optional[PreemptionMode] = PREEMPTION_MODE_OPTION,
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
     slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
     slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
-    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
     trace_model: Optional[str] = TRACE_MODEL_OPTION,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary."),
+    quiet: bool = QUIET_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replay a trace through a simulated vLLM deployment.
 
     Writes summary.json, requests.csv, timeline.csv and report.html into --out."""
     from . import pipeline
-    from .sim.config import RunConfig
-    given = {k: v for k, v in locals().items() if k in RunConfig.__dataclass_fields__
-             and v is not None}
-    settings = pipeline.read_config_file(config_file) if config_file else {}
-    path, label = pipeline.resolve_trace(trace or settings.pop("trace", None))
-    settings.pop("trace", None)
-    config = RunConfig.from_dict({**settings, **given, "trace": label},
-                                 source=config_file or "options")
-    slo = slo_targets(slo_ttft_p99, slo_tpot_p99)
+    given = dict(
+        model=model, gpu=gpu, tp=tp, replicas=replicas, router=router, block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks, dtype=dtype, weight_dtype=weight_dtype,
+        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        long_prompt=long_prompt, long_prefill_token_threshold=long_prefill_token_threshold,
+        enable_prefix_caching=enable_prefix_caching, scheduling_policy=scheduling_policy,
+        profile=profile, seed=seed, skip_ahead=skip_ahead, eviction=eviction, layout=layout,
+        hybrid_threshold=hybrid_threshold, reserve=reserve,
+        compaction_threshold=compaction_threshold, num_cpu_blocks=num_cpu_blocks,
+        cpu_offload_gb=cpu_offload_gb, offload_write=offload_write,
+        preemption_mode=preemption_mode)
+    config, path = pipeline.config_from_sources(trace, config_file, given)
     job = pipeline.RunJob(config, path, trace_options(
         fmt, limit, start, end, rate_scale, sort, config.seed, trace_model), Path(out),
-        slo or None)
-    summary = pipeline.run_job(job, quiet=quiet or as_json)
+        slo_targets(slo_ttft_p99, slo_tpot_p99) or None, html=html)
+    summary = pipeline.run_job(job, quiet=quiet or as_json, notes=not quiet)
     emit(summary, as_json, None if quiet else lambda s: _show_run(s, out))
 
 
@@ -304,11 +336,12 @@ def plan_command(
     max_replicas: int = typer.Option(32, "--max-replicas", help="Most replicas to try."),
     rate_iterations: int = typer.Option(8, "--rate-iterations", help="Bisection steps of "
                                         "the sustainable-rate search."),
-    router: str = typer.Option("least-outstanding-tokens", "--router", help="Router between "
-                               "replicas: least-outstanding-tokens, round-robin, "
-                               "prefix-affinity."),
-    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
+    router: RouterName = typer.Option("least-outstanding-tokens", "--router",
+                                      help="Router between replicas."),
+    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens", min=1),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    max_model_len: Optional[int] = MAX_MODEL_LEN_OPTION,
+    long_prompt: Optional[LongPrompt] = LONG_PROMPT_OPTION,
     profile: Optional[str] = _opt("Calibration profile JSON for the cost model.", "--profile"),
     price_table: Optional[str] = _opt("JSON {gpu: USD per GPU-hour} overriding the catalog "
                                       "(and 'host-memory-gib': USD per GiB-hour).",
@@ -317,9 +350,9 @@ def plan_command(
     use_ray: bool = typer.Option(False, "--ray", help="Run candidates as Ray tasks."),
     ray_address: Optional[str] = _opt("Ray cluster to join ('auto' as Ray means it); implies "
                                       "--ray.", "--ray-address"),
-    workers: Optional[int] = _opt("Local processes or Ray CPUs (default min(4, CPUs)).",
-                                  "--workers"),
-    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    workers: Optional[int] = _opt("Local processes or Ray CPUs.", "--workers", min=1,
+                                  show_default="min(4, CPUs)"),
+    fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: Optional[float] = typer.Option(None, "--rate-scale", help="Load: request-rate "
                                                "multiplier of the trace (default 1)."),
@@ -335,15 +368,27 @@ def plan_command(
     from . import pipeline
     from .reports import plan as plan_report
     from .sim import plan_spec, planner, sweep
+    from .reports.outdir import OutputDir
     path, label = pipeline.resolve_trace(trace)
+    values = dict(
+        model=model, gpu=gpu, tp=tp, block_size=block_size, max_num_seqs=max_num_seqs,
+        enable_prefix_caching=enable_prefix_caching, eviction=eviction, dtype=dtype,
+        weight_dtype=weight_dtype, cpu_offload_gb=cpu_offload_gb, slo_ttft_p99=slo_ttft_p99,
+        slo_tpot_p99=slo_tpot_p99, slo_ttft_p50=slo_ttft_p50, slo_e2e_p99=slo_e2e_p99,
+        target_rate=target_rate, max_replicas=max_replicas, rate_iterations=rate_iterations,
+        router=router, max_num_batched_tokens=max_num_batched_tokens,
+        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+        long_prompt=long_prompt, profile=profile, price_table=price_table,
+        rate_scale=rate_scale, seed=seed)
     spec = plan_spec.spec_from_options(
         path, label, trace_options(fmt, limit, start, end, rate_scale or 1.0, sort, seed,
-                                   trace_model), locals())
+                                   trace_model), values)
     options = sweep.SweepOptions(workers or sweep.default_workers(),
                                  use_ray or ray_address is not None, ray_address)
-    with plan_report.PlanProgress(not (quiet or as_json)) as bar:
-        result = planner.plan(spec, options, bar.update)
-    plan_report.write_plan_outputs(out, result)
+    with OutputDir(out, plan_report.PLAN_FILES):
+        with plan_report.PlanProgress(not (quiet or as_json)) as bar:
+            result = planner.plan(spec, options, bar.update)
+        plan_report.write_plan_outputs(out, result)
     emit(result, as_json, None if quiet else lambda r: (
         plan_report.print_plan(r), typer.echo(f"wrote {out}/plan.json, plan.csv, report.html")))
 
@@ -362,7 +407,7 @@ def hitrate_command(
     eviction: str = typer.Option("lru,lfu,priority,hybrid,belady", "--eviction",
                                  help="Policies to compare, comma-separated."),
     out: Optional[str] = _opt("Directory for hitrate.json and hitrate.html.", "--out"),
-    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     sort: bool = SORT_OPTION, as_json: bool = JSON_OPTION,
 ) -> None:
@@ -396,10 +441,6 @@ def _progress(message: str) -> None:
 def _show_run(summary: dict, out: str) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
-    if summary["num_rejected"]:
-        typer.echo(f"warning: {summary['num_rejected']} requests were rejected: their prompt "
-                   f"is not shorter than max_model_len {summary['config']['max_model_len']:,}",
-                   err=True)
     typer.echo(f"wrote {out}/summary.json, requests.csv, timeline.csv, report.html")
 
 
@@ -414,10 +455,11 @@ def compare_command(
     ctx: typer.Context,
     config_file: Optional[str] = _opt("TOML file holding shared settings.", "--config"),
     out: str = typer.Option("kvsim-compare", "--out", metavar="DIR", help="Output directory."),
-    workers: Optional[int] = _opt("Worker processes (default min(4, CPUs)).", "--workers"),
+    workers: Optional[int] = _opt("Worker processes.", "--workers", min=1,
+                                  show_default="min(4, CPUs)"),
     slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
     slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
-    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
     trace_model: Optional[str] = TRACE_MODEL_OPTION,
@@ -433,9 +475,12 @@ def compare_command(
     from .reports.compare_table import render_compare_table
     from .sim.sweep import default_workers
     slo = slo_targets(slo_ttft_p99, slo_tpot_p99)
+    from .reports.terminal import ProgressLines
     spec = compare.spec_from_cli(ctx.args, config_file, trace_options(
         fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None)
-    result = compare.run_compare(spec, workers or default_workers())
+    with ProgressLines("compare") as lines:
+        result = compare.run_compare(spec, workers or default_workers(), None if (
+            quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
     emit(result, as_json, None if quiet else lambda r: typer.echo(render_compare_table(
         [run["label"] for run in r["runs"]], [run["summary"] for run in r["runs"]])
         + f"\nwrote {out}/compare.json, report.html and {len(r['runs'])} run directories"))
@@ -515,7 +560,7 @@ def validate_command(
     num_cpu_blocks: Optional[int] = NUM_CPU_BLOCKS_OPTION,
     offload_write: Optional[str] = OFFLOAD_WRITE_OPTION,
     preemption_mode: Optional[str] = PREEMPTION_MODE_OPTION,
-    fmt: Optional[str] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
+    fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
     as_json: bool = JSON_OPTION,
@@ -541,23 +586,53 @@ def validate_command(
              f"\nwrote {p}" for p in r.get("outputs", {}).values())))
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived (a BaseException, so no ``except Exception`` swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame) -> None:
+    raise Interrupted(signum)
+
+
 def main() -> None:
-    """Console entry point: run the app, turning user errors into one line and exit status 2."""
+    """Console entry point: run the app, turning user errors into one line and exit status 2,
+    and SIGINT / SIGTERM into one line and exit status 130 / 143."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
     try:
         app(standalone_mode=False)
+    except Interrupted as e:
+        left = getattr(e, "left", "") or "no result was written"
+        sys.stderr.write(f"kvsim: interrupted by {signal.Signals(e.signum).name}; {left}\n")
+        sys.exit(128 + e.signum)
     except KvsimError as e:
         sys.stderr.write(f"kvsim: error: {e.one_line()}\n")
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
-        sys.stderr.write("kvsim: aborted\n")
-        sys.exit(130)
+    except OSError as e:     # the disk, not the input: a full disk, a vanished directory
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"kvsim: error: {where}{e.strerror or e}\n")
+        sys.exit(1)
     except Exception as e:
+        if _is_validation_error(e):     # settings built outside a schema check point
+            from .sim.config import validation_error
+            sys.stderr.write(f"kvsim: error: {validation_error(e).one_line()}\n")
+            sys.exit(2)
         if not _is_usage_error(e):
             raise
         sys.stderr.write(f"kvsim: error: {' '.join(e.format_message().split())}\n")
         sys.exit(e.exit_code)
+
+
+def _is_validation_error(e: Exception) -> bool:
+    from pydantic import ValidationError
+    return isinstance(e, ValidationError)
 
 
 def _is_usage_error(e: Exception) -> bool:

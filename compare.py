@@ -43,8 +43,13 @@ def field_types() -> dict[str, Any]:
 
 
 def _base_type(tp: Any) -> tuple[type, bool]:
-    """``(type, may be None)`` of a field type such as ``int`` or ``int | None``."""
+    """``(type, may be None)`` of a field type such as ``int`` or ``int | None`` (a choice,
+    ``Literal[...]``, is a ``str``)."""
+    if typing.get_origin(tp) is typing.Literal:
+        return str, False
     args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args and typing.get_origin(args[0]) is typing.Literal:
+        return str, len(args) < len(typing.get_args(tp))
     if args:
         return args[0], len(args) < len(typing.get_args(tp))
     return tp, False
@@ -203,10 +208,12 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     from .reports.html import render_compare_report
     from .reports.io import write_json_atomic
     from .sim.sweep import SweepOptions, run_tasks
+    from .reports.outdir import OutputDir
     points = grid_points(spec)
-    outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
-    result = compare_result(spec, points, [summary for summary, _, _ in outputs])
-    render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
-                          spec.out_dir / "report.html", spec.slo)
-    write_json_atomic(spec.out_dir / COMPARE_FILE, result)
+    with OutputDir(spec.out_dir, (COMPARE_FILE, "report.html"), subdirs=True):
+        outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
+        result = compare_result(spec, points, [summary for summary, _, _ in outputs])
+        render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
+                              spec.out_dir / "report.html", spec.slo)
+        write_json_atomic(spec.out_dir / COMPARE_FILE, result)
     return result

@@ -5,16 +5,20 @@ Here and not in ``cli.py`` so tests (and notebooks) can run a job without a shel
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
-from dataclasses import dataclass, replace
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
-from .reports.io import write_run_outputs
-from .reports.terminal import RunProgress
+from .errors import ConfigError, TraceError
+from .reports.io import RUN_FILES, write_run_outputs
+from .reports.outdir import OutputDir
+from .reports.terminal import ProgressLines, RunProgress
 from .sim import results
 from .sim.config import RunConfig
-from .sim.runner import simulate
+from .sim.runner import resolve_deployment, simulate
 from .workloads import TraceOptions, load_trace, sample_path
 
 DEFAULT_SAMPLE = "mooncake"
@@ -33,59 +37,158 @@ class RunJob:
 
 
 def resolve_trace(trace: str | None) -> tuple[Path, str]:
-    """The trace file to read and its label (``sample:NAME`` for a bundled sample)."""
+    """The trace file to read and its label: ``sample:NAME`` for a bundled sample, ``-`` for
+    standard input (copied to a temporary file, so it can be read more than once), else a
+    path, which must be a regular file (not a FIFO, a device or a directory)."""
     if trace is None:
         return sample_path(DEFAULT_SAMPLE), f"sample:{DEFAULT_SAMPLE}"
     if trace.startswith("sample:"):
         return sample_path(trace.split(":", 1)[1]), trace
+    if trace == "-":
+        return _stdin_copy(), "-"
+    check_regular_file(trace)
     return Path(trace), trace
 
 
+def _stdin_copy() -> Path:
+    import atexit
+    import shutil
+    import tempfile
+    with tempfile.NamedTemporaryFile("wb", prefix="kvsim-stdin-", suffix=".trace",
+                                     delete=False) as fh:
+        atexit.register(os.unlink, fh.name)
+        shutil.copyfileobj(sys.stdin.buffer, fh)
+    return Path(fh.name)
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "trace file") -> None:
+    """A :class:`TraceError` unless ``path`` is an existing regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise TraceError("no such file", location=str(path)) from None
+    except OSError as e:
+        raise TraceError(f"cannot read: {e.strerror}", location=str(path)) from None
+    if stat.S_ISDIR(mode):
+        raise TraceError(f"is a directory, not a {what}", location=str(path))
+    if not stat.S_ISREG(mode):
+        raise TraceError("not a regular file (a FIFO or device?); give a file, or '-' for "
+                         "standard input", location=str(path))
+
+
 def read_config_file(path: str) -> dict:
-    """Settings from a TOML file (top level, or a ``[run]`` table)."""
+    """Settings from a TOML file: top-level keys, or a ``[run]`` table holding them."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:
+        check_regular_file(path, "TOML file")
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError("no such config file", location=path) from None
+    except TraceError as e:
+        raise ConfigError(e.message, location=path, field="config") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", location=path) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"not valid TOML: {e}", location=path) from None
-    return data.get("run", data)
+        raise ConfigError(f"not valid TOML: {' '.join(str(e).split())}",
+                          location=path) from None
+    if "run" not in data:
+        return data
+    if not isinstance(data["run"], dict):
+        raise ConfigError("must be a table ([run]) of settings", location=path, field="run")
+    extra = sorted(set(data) - {"run"})
+    if extra:
+        raise ConfigError("settings go inside the [run] table (or all at the top level)",
+                          location=path, field=extra[0])
+    return dict(data["run"])
 
 
-def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None) -> dict:
+def config_from_sources(trace: str | None, config_file: str | None,
+                        given: dict) -> tuple[RunConfig, Path]:
+    """The run's settings (defaults < TOML file < command-line options) and its trace file."""
+    settings = read_config_file(config_file) if config_file else {}
+    in_file = settings.pop("trace", None)
+    if in_file is not None and not isinstance(in_file, str):
+        raise ConfigError(f"expected a string, got {in_file!r}", location=config_file,
+                          field="trace")
+    path, label = resolve_trace(trace or in_file)
+    options = {k: v for k, v in given.items() if v is not None}
+    config = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "command line")
+    config = RunConfig.from_dict({**config.to_dict(), **options}, source="command line")
+    return config, path
+
+
+def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,
+            notes: bool = False) -> dict:
     """Simulate the job's trace and write its outputs; returns the summary.
 
-    The trace streams through the simulator; only when a progress bar may be shown is it
-    scanned once beforehand for its length and time span. A bad line aborts the run before
-    anything is written.
+    ``--out`` is checked and locked before anything else; a bad setting or trace line aborts
+    the run before a result is written (and an interrupt removes what was). ``notes``
+    announces requests that will be rejected or truncated before the simulation starts.
     """
-    return run_job_frames(job, quiet, progress)[0]
+    return run_job_frames(job, quiet, progress, notes)[0]
 
 
-def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None):
+def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None,
+                   notes: bool = False):
     """:func:`run_job`, returning ``(summary, requests frame, timeline frame)``."""
     console = _stderr_console()
-    show = not quiet and (progress if progress is not None else console.is_terminal)
-    span, count = _scan(job) if show else (0.0, 0)
-    with RunProgress(span, count, show, console=console) as bar:
-        result = simulate(load_trace(job.trace_path, job.trace_options), job.config,
-                          progress=bar.update if show else None)
-    summary, requests_df, timeline_df = run_outputs(result)
-    if job.slo:
-        summary["slo"] = job.slo
-    write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html)
+    bar = not quiet and (progress if progress is not None else console.is_terminal)
+    with OutputDir(job.out_dir, RUN_FILES):
+        deployment = resolve_deployment(job.config)
+        scan = scan_trace(job, deployment.max_model_len) if (bar or notes or not quiet) \
+            else None
+        if notes and scan.num_long:
+            say(long_prompt_note(scan, job.config, deployment.max_model_len))
+        show = (RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
+                else None if quiet else ProgressLines("simulating", scan.num_requests))
+        with show or nullcontext():
+            result = simulate(load_trace(job.trace_path, job.trace_options), job.config,
+                              progress=show.update if show else None)
+        summary, requests_df, timeline_df = run_outputs(result)
+        if job.slo:
+            summary["slo"] = job.slo
+        write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html)
     return summary, requests_df, timeline_df
 
 
-def _scan(job: RunJob) -> tuple[float, int]:
-    span = count = 0
+@dataclass(frozen=True)
+class TraceScan:
+    """One pass over the trace before the run: its size, time span and too-long prompts."""
+
+    num_requests: int
+    span_s: float
+    num_long: int
+    longest_prompt: int
+
+
+def scan_trace(job: RunJob, max_model_len: int) -> TraceScan:
+    """Count the job's requests, their span and those whose prompt is ``max_model_len`` tokens
+    or more (vLLM rejects those)."""
+    count = span = long = longest = 0
     for request in load_trace(job.trace_path, job.trace_options):
-        span, count = request.arrival_s, count + 1
-    return span, count
+        count, span = count + 1, request.arrival_s
+        longest = max(longest, request.prompt_tokens)
+        long += request.prompt_tokens >= max_model_len
+    return TraceScan(count, span, long, longest)
+
+
+def long_prompt_note(scan: TraceScan, config: RunConfig, max_model_len: int) -> str:
+    """One line saying how many prompts do not fit ``max_model_len``, what happens to them and
+    what to do about it."""
+    share = f"{scan.num_long:,} of {scan.num_requests:,} requests"
+    fit = (f"have prompts of {max_model_len:,} tokens or more (max_model_len; the longest "
+           f"has {scan.longest_prompt:,})")
+    if config.long_prompt == "truncate":
+        return f"{share} {fit}: truncating them (--long-prompt truncate)"
+    return (f"{share} {fit} and will be rejected; raise --max-model-len or pass "
+            "--long-prompt truncate")
+
+
+def say(message: str) -> None:
+    """A note for the person at the terminal, on stderr."""
+    sys.stderr.write(f"kvsim: {message}\n")
+    sys.stderr.flush()
 
 
 def run_outputs(result):
@@ -97,10 +200,6 @@ def run_outputs(result):
                                          result.deployment.num_gpu_blocks,
                                          result.config.block_size, result.config.replicas)
     return summary, requests_df, timeline_df
-
-
-def with_trace_label(config: RunConfig, label: str) -> RunConfig:
-    return replace(config, trace=label)
 
 
 def _stderr_console():

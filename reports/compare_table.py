@@ -49,6 +49,7 @@ def table_metrics(summary: dict) -> dict:
         "frag_token_states": frag.get("token_states"), "frag_internal": frag.get("internal"),
         "frag_external": frag.get("external"),
         "bytes_moved": bytes_moved(summary),
+        "num_rejected": get(summary, "num_rejected"),
     }
 
 
@@ -61,11 +62,12 @@ def _cells(m: dict) -> list[str]:
             f"{fmt_seconds(m['ttft_p50_s'])} / {fmt_seconds(m['ttft_p99_s'])}",
             f"{fmt_seconds(m['tpot_p50_s'])} / {fmt_seconds(m['tpot_p99_s'])}",
             fmt_pct(m["prefix_hit_rate"]), fmt_num(m["preemptions"]),
-            fmt_num(m["mean_batch_size"], 1), frag, fmt_bytes(m["bytes_moved"])]
+            fmt_num(m["mean_batch_size"], 1), frag, fmt_bytes(m["bytes_moved"]),
+            fmt_num(m["num_rejected"])]
 
 
 HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hit rate",
-           "preempt", "batch", "frag tok/int/ext", "moved")
+           "preempt", "batch", "frag tok/int/ext", "moved", "rejected")
 
 
 def render_compare_table(labels: Sequence[str], summaries: Sequence[dict]) -> str:

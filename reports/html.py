@@ -20,7 +20,8 @@ from . import compare as cmp
 from . import figures as figs
 from .io import DEFAULT_MAX_POINTS, downsample
 from .page import cards, card, esc, figure_div, panel, render_page, settings_block
-from .style import fmt_num, fmt_pct, fmt_seconds, get, is_number, tier_text
+from .style import (fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text, tier_text,
+                    truncated_text)
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-throughput-queue", "fig-kv-pool", "fig-frag-time",
@@ -109,8 +110,12 @@ def run_header(summary: dict, slo: dict | None) -> str:
         slo_note = ('<p class="note">SLO targets: ' + ", ".join(
             f"{esc(m.replace('_s', '').upper())} p{p:g} ≤ {esc(fmt_seconds(t))}"
             for m, p, t in targets) + "</p>")
+    warnings = "".join(f'<p class="note"><b>{esc(name.capitalize())}:</b> {esc(text)}</p>'
+                       for name, text in (("rejected", rejected_text(summary)),
+                                          ("truncated", truncated_text(summary))) if text)
     return (f"<h1>kvsim run report</h1><p class=\"subtitle\">{_subtitle(summary, config)}</p>"
-            f"{summary_cards(summary, slo)}{slo_note}{settings_block(config, open_=True)}")
+            f"{warnings}{summary_cards(summary, slo)}{slo_note}"
+            f"{settings_block(config, open_=True)}")
 
 
 def _downsample_note(before: int, after: int) -> str:

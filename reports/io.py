@@ -24,12 +24,15 @@ SUMMARY_FILE = "summary.json"
 REQUESTS_FILE = "requests.csv"
 TIMELINE_FILE = "timeline.csv"
 REPORT_FILE = "report.html"
+#: The files of one run's result (``kvsim run --out DIR``).
+RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE)
 
-#: Columns of requests.csv (docs/frames.md).
+#: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority", "replica",
-    "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
-    "cached_tokens", "num_preemptions", "completed",
+    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
+    "finish_reason", "priority", "replica", "first_scheduled_s", "first_token_s", "finish_s",
+    "ttft_s", "tpot_s", "e2e_s", "cached_tokens", "num_preemptions", "completed", "rejected",
+    "truncated",
 )
 #: Columns of timeline.csv (docs/frames.md).
 TIMELINE_COLUMNS = (

@@ -24,6 +24,7 @@ from .page import card, cards, esc, figure_div, panel, render_page
 from .style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
 
 PLAN_FILE, PLAN_CSV, PLAN_REPORT = "plan.json", "plan.csv", "report.html"
+PLAN_FILES = (PLAN_FILE, PLAN_CSV, PLAN_REPORT)
 PLAN_FIGURE_IDS = ("fig-pareto", "fig-max-rate")
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
@@ -155,8 +156,9 @@ def print_plan(result: dict, console: Optional[Console] = None) -> None:
 
 
 class PlanProgress:
-    """``with PlanProgress(enabled) as p: p.update(done, total)``: candidates done / total on
-    stderr (nothing when not ``enabled``)."""
+    """``with PlanProgress(enabled) as p: p.update(done, total, row)``: one line per finished
+    candidate on stderr (its verdict), under a bar of candidates done when stderr is a
+    terminal; nothing when not ``enabled``."""
 
     def __init__(self, enabled: bool, console: Optional[Console] = None):
         self.enabled = enabled
@@ -165,7 +167,7 @@ class PlanProgress:
         self._task = None
 
     def __enter__(self) -> "PlanProgress":
-        if self.enabled:
+        if self.enabled and self.console.is_terminal:
             self._progress = Progress(TextColumn("[bold]planning"), BarColumn(),
                                       MofNCompleteColumn(), TextColumn("candidates ·"),
                                       TimeElapsedColumn(), console=self.console)
@@ -176,7 +178,12 @@ class PlanProgress:
         if self._progress is not None:
             self._progress.stop()
 
-    def update(self, done: int, total: int) -> None:
+    def update(self, done: int, total: int, row: dict | None = None) -> None:
+        if not self.enabled:
+            return
+        if row is not None:
+            self.console.print(f"kvsim: plan: [{done}/{total}] {candidate_line(row)}",
+                               highlight=False, markup=False)
         if self._progress is None:
             return
         if self._task is None:
@@ -184,7 +191,13 @@ class PlanProgress:
         self._progress.update(self._task, completed=done)
 
 
-# --- files -----------------------------------------------------------------------------------
+def candidate_line(row: dict) -> str:
+    """``a100-80gb TP1: 3 replicas, $9.12/h`` or ``h100-80gb TP2: infeasible (reason)``."""
+    if row.get("feasible"):
+        return (f"{row['label']}: meets the SLOs with {row['replicas']} replica(s), "
+                f"{_money(row.get('cost_per_hour_usd'))}/h")
+    return f"{row['label']}: no ({row.get('reason') or 'misses an SLO'})"
+
 
 def plan_frame(result: dict) -> pd.DataFrame:
     """``plan.csv``: one row of raw numbers per candidate, best first."""

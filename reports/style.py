@@ -124,3 +124,21 @@ def tier_text(summary: dict) -> str:
             f"to host {fmt_bytes(t.get('bytes_to_host'))} · "
             f"to GPU {fmt_bytes(t.get('bytes_to_device'))} · "
             f"copies {fmt_seconds(t.get('transfer_time_s'))}")
+
+
+def rejected_text(summary: dict) -> str:
+    """Why requests were rejected and what to do, or ``""`` when none were."""
+    n = summary.get("num_rejected") or 0
+    if not n:
+        return ""
+    limit = get(summary, "kv", "max_model_len")
+    limit_text = f" {fmt_num(limit)}" if limit else ""
+    return (f"{fmt_num(n)} of {fmt_num(summary.get('num_requests'))} requests: prompt of "
+            f"max_model_len{limit_text} tokens or more (raise --max-model-len, or "
+            "--long-prompt truncate)")
+
+
+def truncated_text(summary: dict) -> str:
+    """How many requests were cut to fit ``max_model_len`` (``--long-prompt truncate``)."""
+    n = summary.get("num_truncated") or 0
+    return f"{fmt_num(n)} requests cut to fit max_model_len (as Vidur does)" if n else ""

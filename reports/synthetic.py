@@ -49,6 +49,8 @@ def _requests(rng: np.random.Generator, n: int, unfinished: int) -> pd.DataFrame
         "tpot_s": np.where(done, tpot, nan), "e2e_s": np.where(done, finish - arrival, nan),
         "cached_tokens": (prompt * rng.uniform(0, 0.6, n)).astype(int) // 16 * 16,
         "num_preemptions": rng.poisson(0.1, n), "completed": completed,
+        "generated_tokens": np.where(done, output, 0),
+        "finish_reason": np.where(done, "stop", ""), "rejected": 0, "truncated": 0,
     })
     return df[list(REQUEST_COLUMNS)]
 

@@ -11,7 +11,8 @@ from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from .style import FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, tier_text
+from .style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, rejected_text, tier_text,
+                    truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -36,6 +37,7 @@ def summary_table(summary: dict) -> Table:
     table.add_column("value", no_wrap=False)
     frag = get(summary, "fragmentation", default={}) or {}
     rows = [
+        *run_rows(summary),
         ("throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} output tok/s"),
         ("request rate", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s  "
                          f"({fmt_num(get(summary, 'num_completed'))} of "
@@ -61,6 +63,23 @@ def summary_table(summary: dict) -> Table:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def run_rows(summary: dict) -> list[tuple[str, str]]:
+    """What ran (trace, model, deployment) and which requests did not run as asked."""
+    cfg = summary.get("config") or {}
+    rows = [("trace", str(cfg.get("trace", "?"))),
+            ("deployment", deployment_text(cfg))]
+    return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
+                                                     ("truncated", truncated_text(summary)))
+                   if text]
+
+
+def deployment_text(cfg: dict) -> str:
+    """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16, max_model_len 131,072``."""
+    text = (f"{cfg.get('model', '?')} on {cfg.get('replicas', 1)} x {cfg.get('gpu', '?')} "
+            f"(tp {cfg.get('tp', 1)}), {cfg.get('dtype', '?')}")
+    return text
 
 
 def _tiering_rows(summary: dict) -> list[tuple[str, str]]:
@@ -157,3 +176,48 @@ class RunProgress:
         total_req = fmt_num(self.total_requests) if self.total_requests else "?"
         return {"sim": f"{fmt_seconds(self.sim_time_s)} / {fmt_seconds(self.total_sim_s)}",
                 "reqs": f"{fmt_num(self.requests_done)} / {total_req}"}
+
+
+class ProgressLines:
+    """Progress for a log or a pipe: one short line on stderr at most every ``every_s`` of
+    wall time (nothing for runs shorter than that), in place of a bar.
+
+    ``with ProgressLines("simulating", total) as p: p.update(sim_s, done)``.
+    """
+
+    def __init__(self, what: str, total: int = 0, every_s: float = 10.0, file=None) -> None:
+        self.what, self.total, self.every_s = what, total, every_s
+        self.file = file
+        self._start = self._next = 0.0
+
+    def __enter__(self) -> "ProgressLines":
+        self._start = time.monotonic()
+        self._next = self._start + self.every_s
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        pass
+
+    def update(self, sim_time_s: float, requests_done: int) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        total = f" of {fmt_num(self.total)}" if self.total else ""
+        self.line(f"{fmt_num(requests_done)}{total} requests done, "
+                  f"{fmt_seconds(sim_time_s)} simulated")
+
+    def update_count(self, done: int, total: int) -> None:
+        """Record ``done`` of ``total`` tasks (configurations, candidates) finished."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        self.line(f"{done} of {total} done")
+
+    def line(self, text: str) -> None:
+        """Print ``kvsim: WHAT: TEXT (N s elapsed)`` now."""
+        import sys
+        elapsed = time.monotonic() - self._start
+        print(f"kvsim: {self.what}: {text} ({elapsed:.0f} s elapsed)",
+              file=self.file or sys.stderr, flush=True)

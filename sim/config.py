@@ -1,9 +1,19 @@
-"""Every setting of a simulated run, named as vLLM names them where it has a name."""
+"""Every setting of a simulated run, named as vLLM names them where it has a name.
+
+:class:`RunConfig` is the one schema of a run's settings: the command line, a TOML file and a
+Python caller all build it, and it checks types, choices and ranges when it is built (a
+pydantic dataclass in strict mode: ``"4"`` is not an integer, ``1.5`` is not a block size,
+``"no"`` is not a boolean). Choices (``Literal`` types) are also the CLI's choices.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Annotated, Literal, Optional, get_args, get_origin
+
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from kvsim.cache.contiguous import RESERVE_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
@@ -11,124 +21,186 @@ from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 
-from .models import DTYPE_BYTES, weight_dtype_bytes
+from .models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
+from .router import ROUTERS
 
 LAYOUTS = ("paged", "contiguous", "hybrid")
+#: What to do with a request whose prompt does not fit ``max_model_len``: ``reject`` it (vLLM
+#: answers such a request with an error) or ``truncate`` it as Vidur does (prompt and output
+#: shortened in proportion until they fit).
+LONG_PROMPT_ACTIONS = ("reject", "truncate")
+KV_DTYPES = tuple(sorted(DTYPE_BYTES))
+WEIGHT_DTYPES = tuple(sorted(WEIGHT_DTYPE_BYTES))
+
+Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+NonNegative = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# The choices, also used as the CLI's option types (``--help`` lists them, shells complete them).
+RouterName = Literal[tuple(ROUTERS)]
+SchedulingPolicy = Literal["fcfs", "priority"]
+KvDtype = Literal[KV_DTYPES]
+WeightDtype = Literal[WEIGHT_DTYPES]
+EvictionPolicy = Literal[POLICY_NAMES]
+Layout = Literal[LAYOUTS]
+ReservePolicy = Literal[RESERVE_POLICIES]
+OffloadWrite = Literal[WRITE_POLICIES]
+PreemptionMode = Literal[PREEMPTION_MODES]
+LongPrompt = Literal[LONG_PROMPT_ACTIONS]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid"))
 class RunConfig:
     """Settings of one ``kvsim run`` (all of them end up in ``summary.json``'s ``config``)."""
 
     trace: str = "sample:mooncake"
-    model: str = "llama-3.1-8b"
-    gpu: str = "a100-80gb"
-    tp: int = 1
-    replicas: int = 1
-    router: str = "round-robin"
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
-    long_prefill_token_threshold: int = 0
+    model: Annotated[str, Field(min_length=1)] = "llama-3.1-8b"
+    gpu: Annotated[str, Field(min_length=1)] = "a100-80gb"
+    tp: Annotated[int, Field(ge=1, le=1024)] = 1
+    replicas: Annotated[int, Field(ge=1, le=100_000)] = 1
+    router: RouterName = "round-robin"
+    block_size: Annotated[int, Field(ge=1, le=1 << 20)] = 16
+    num_gpu_blocks: Optional[Count] = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_num_seqs: Count = 256
+    max_num_batched_tokens: Count = 8192
+    max_model_len: Optional[Count] = None
+    long_prefill_token_threshold: NonNegative = 0
     enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"
-    dtype: str = "bf16"                   # KV cache, and weights unless weight_dtype is set
-    weight_dtype: str | None = None       # bf16, fp16, fp8, int8, int4 (default: dtype)
-    profile: str | None = None
-    seed: int = 0
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    dtype: KvDtype = "bf16"              # KV cache, and weights unless weight_dtype
+    weight_dtype: Optional[WeightDtype] = None   # default: dtype
+    profile: Optional[str] = None
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     skip_ahead: bool = True
-    eviction: str = "lru"
-    layout: str = "paged"
-    reserve: str = "max"
-    hybrid_threshold: int = 256
-    compaction_threshold: float | None = None
-    num_cpu_blocks: int | None = None     # host tier size in blocks (per replica) ...
-    cpu_offload_gb: float = 0.0           # ... or in GiB of host memory per GPU
-    offload_write: str = "back"           # demote on eviction (back) or on fill (through)
-    preemption_mode: str = "recompute"
+    eviction: EvictionPolicy = "lru"
+    layout: Layout = "paged"
+    reserve: ReservePolicy = "max"
+    hybrid_threshold: Count = 256
+    compaction_threshold: Optional[Annotated[float, Field(ge=0, lt=1)]] = None
+    num_cpu_blocks: Optional[NonNegative] = None    # host tier size in blocks (per replica) ...
+    cpu_offload_gb: Annotated[float, Field(ge=0, le=1e6)] = 0.0   # ... or GiB per GPU
+    offload_write: OffloadWrite = "back"  # demote on eviction / on fill
+    preemption_mode: PreemptionMode = "recompute"
+    long_prompt: LongPrompt = "reject"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict, source: str = "config") -> "RunConfig":
-        """Build from a mapping (a TOML file, CLI options); unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        for key in values:
-            if key.replace("-", "_") not in known:
+        """Build from a mapping (a TOML file, CLI options) and check it; any bad key or value
+        is a :class:`ConfigError` naming ``source`` and the key."""
+        known = setting_names()
+        clean = {}
+        for key, value in values.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
                 raise ConfigError(f"unknown setting; known: {', '.join(sorted(known))}",
-                                  location=source, field=key)
-        return cls(**{k.replace("-", "_"): v for k, v in values.items()})
+                                  location=source, field=str(key))
+            clean[name] = value
+        config = build(cls, clean, source)
+        config.validate(source)
+        return config
 
-    def validate(self) -> None:
-        positive = ("tp", "replicas", "block_size", "max_num_seqs", "max_num_batched_tokens")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", field=name)
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"must be in (0, 1], got {self.gpu_memory_utilization}",
-                              field="gpu_memory_utilization")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ConfigError(f"expected 'fcfs' or 'priority', got {self.scheduling_policy!r}",
-                              field="scheduling_policy")
-        if self.eviction not in POLICY_NAMES:
-            raise ConfigError(f"expected one of {', '.join(POLICY_NAMES)}, got "
-                              f"{self.eviction!r}", field="eviction")
-        self._validate_layout()
-        self._validate_tiering()
-        self._validate_dtypes()
-        if self.profile is not None and not Path(self.profile).is_file():
-            raise ConfigError("no such profile file", location=str(self.profile),
-                              field="profile")
+    def validate(self, source: str | None = None) -> None:
+        """Checks that involve more than one setting (each value was checked when built)."""
+        try:
+            self._validate_layout()
+            self._validate_tiering()
+            if self.profile is not None and not Path(self.profile).is_file():
+                raise ConfigError("no such profile file", location=str(self.profile),
+                                  field="profile")
+        except ConfigError as e:
+            if source and e.location is None:
+                e.location = source
+                e.args = (e.one_line(),)
+            raise
 
     def _validate_layout(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ConfigError(f"expected one of {', '.join(LAYOUTS)}, got {self.layout!r}",
-                              field="layout")
-        if self.reserve not in RESERVE_POLICIES:
-            raise ConfigError(f"expected one of {', '.join(RESERVE_POLICIES)}, got "
-                              f"{self.reserve!r}", field="reserve")
-        if self.hybrid_threshold < 1:
-            raise ConfigError(f"must be at least 1, got {self.hybrid_threshold}",
-                              field="hybrid_threshold")
-        f = self.compaction_threshold
-        if f is not None and not 0 <= f < 1:
-            raise ConfigError(f"must be in [0, 1), got {f}", field="compaction_threshold")
-        if f is not None and self.layout != "contiguous":
+        if self.compaction_threshold is not None and self.layout != "contiguous":
             raise ConfigError("compaction needs --layout contiguous", field="compaction_threshold")
         if self.layout == "hybrid" and self.eviction != "lru":
             raise ConfigError("the hybrid layout pages with lru eviction only", field="eviction")
-
-    def _validate_dtypes(self) -> None:
-        if self.dtype.lower() not in DTYPE_BYTES:
-            raise ConfigError(f"expected one of {', '.join(sorted(DTYPE_BYTES))}, got "
-                              f"{self.dtype!r}", field="dtype")
-        if self.weight_dtype is not None:
-            weight_dtype_bytes(self.weight_dtype)
 
     @property
     def has_host_tier(self) -> bool:
         return bool(self.num_cpu_blocks) or self.cpu_offload_gb > 0
 
     def _validate_tiering(self) -> None:
-        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
-            raise ConfigError(f"must be >= 0, got {self.num_cpu_blocks}", field="num_cpu_blocks")
-        if self.cpu_offload_gb < 0:
-            raise ConfigError(f"must be >= 0, got {self.cpu_offload_gb}", field="cpu_offload_gb")
         if self.num_cpu_blocks and self.cpu_offload_gb:
             raise ConfigError("give the host tier in blocks or in GiB, not both",
                               field="cpu_offload_gb")
-        if self.offload_write not in WRITE_POLICIES:
-            raise ConfigError(f"expected one of {', '.join(WRITE_POLICIES)}, got "
-                              f"{self.offload_write!r}", field="offload_write")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ConfigError(f"expected one of {', '.join(PREEMPTION_MODES)}, got "
-                              f"{self.preemption_mode!r}", field="preemption_mode")
         if self.has_host_tier and self.layout != "paged":
             raise ConfigError("a host tier needs --layout paged", field="layout")
         if self.preemption_mode == "swap" and not self.has_host_tier:
             raise ConfigError("swap preemption needs a host tier (--num-cpu-blocks or "
                               "--cpu-offload-gb)", field="preemption_mode")
+
+
+def setting_names() -> set[str]:
+    """The names of every run setting."""
+    return {f.name for f in fields(RunConfig)}
+
+
+def default_of(name: str):
+    """The default value of run setting ``name``."""
+    return next(f.default for f in fields(RunConfig) if f.name == name)
+
+
+def choices_of(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a choice setting (``None`` for a free one)."""
+    tp = next(f.type for f in fields(RunConfig) if f.name == name)
+    return literal_values(tp)
+
+
+def literal_values(tp) -> tuple | None:
+    """The values of a ``Literal`` type, also inside ``Optional[...]``; else ``None``."""
+    if isinstance(tp, str):  # postponed annotation
+        tp = eval(tp, globals())  # noqa: S307 - our own annotations only
+    if get_origin(tp) is Literal:
+        return get_args(tp)
+    for arg in get_args(tp):
+        values = literal_values(arg)
+        if values:
+            return values
+    return None
+
+
+def build(cls, values: dict, source: str | None = None):
+    """``cls(**values)`` with pydantic's complaint turned into one :class:`ConfigError` line."""
+    try:
+        return cls(**values)
+    except ValidationError as e:
+        raise validation_error(e, source) from None
+
+
+def validation_error(error: ValidationError, source: str | None = None) -> ConfigError:
+    """The first problem of a pydantic ``ValidationError`` as a one-line :class:`ConfigError`."""
+    first = error.errors(include_url=False)[0]
+    loc = [str(p) for p in first.get("loc", ()) if not isinstance(p, int)]
+    field = loc[0] if loc else None
+    return ConfigError(f"{_message(first)}, got {_show(first.get('input'))}",
+                       location=source, field=field)
+
+
+def _message(err: dict) -> str:
+    kind, ctx = err.get("type", ""), err.get("ctx") or {}
+    if kind == "literal_error":
+        return f"expected one of {ctx.get('expected', '').replace(' or ', ', ')}"
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
+    if kind in bounds:
+        word, key = bounds[kind]
+        return f"must be {word} {ctx.get(key)}"
+    words = {"int_type": "expected an integer", "int_from_float": "expected an integer",
+             "float_type": "expected a number", "bool_type": "expected true or false",
+             "string_type": "expected a string", "finite_number": "expected a finite number",
+             "unexpected_keyword_argument": "unknown setting"}
+    if kind in words:
+        return words[kind]
+    text = str(err.get("msg", "invalid value"))
+    return text[0].lower() + text[1:] if text else "invalid value"
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

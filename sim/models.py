@@ -164,9 +164,16 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` of a llama, mistral, qwen2
     or opt model."""
     try:
-        cfg = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read model config '{path}': {exc}", field="model") from None
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("no such model config file", location=str(path),
+                          field="model") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        text = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        raise ConfigError(f"cannot read model config: {text}", location=str(path),
+                          field="model") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("expected a JSON object", location=str(path), field="model")
     family = _HF_FAMILIES.get(str(cfg.get("model_type", "")).lower())
     if family is None:
         raise ConfigError(f"model_type '{cfg.get('model_type')}' is not supported "
@@ -176,17 +183,56 @@ def model_from_hf_config(path: Path) -> ModelSpec:
                      family=family, **build(cfg, path))
 
 
-def _need(cfg: dict, key: str, path: Path):
+def _need(cfg: dict, key: str, path: Path) -> int:
     if key not in cfg:
         raise ConfigError(f"config is missing '{key}'", location=str(path), field=key)
-    return cfg[key]
+    return _size(cfg, key, path)
+
+
+def _size(cfg: dict, key: str, path: Path, default=None) -> int:
+    """``cfg[key]`` as a positive integer (``default`` when absent or null)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected a positive integer, got {value!r}", location=str(path),
+                          field=key)
+    if not 1 <= value <= 1 << 40:
+        raise ConfigError(f"must be a positive integer, got {value}", location=str(path),
+                          field=key)
+    return value
+
+
+def _head_dim(cfg: dict, hidden: int, heads: int, path: Path) -> int:
+    """``head_dim`` when given, else ``hidden_size / num_attention_heads`` (which must divide)."""
+    given = _size(cfg, "head_dim", path)
+    if given is None and hidden % heads:
+        raise ConfigError(f"hidden_size {hidden} is not a multiple of {heads} heads (and no "
+                          "head_dim is given)", location=str(path), field="num_attention_heads")
+    return given or hidden // heads
+
+
+def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """vLLM's rules: the attention heads divide evenly over the ``tp`` GPUs, and the KV heads
+    either divide evenly too or are replicated (``tp`` a multiple of their count)."""
+    if model.num_heads % tp:
+        raise ConfigError(f"{model.name} has {model.num_heads} attention heads, which do not "
+                          f"divide over {tp} GPUs (vLLM refuses this)", field="tp")
+    kv = model.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise ConfigError(f"{model.name} has {kv} KV heads: tp must divide them or be a "
+                          f"multiple of them, got {tp} (vLLM refuses this)", field="tp")
 
 
 def _llama_fields(cfg: dict, path: Path) -> dict:
     hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
+    kv_heads = _size(cfg, "num_key_value_heads", path, heads)
+    if heads % kv_heads:
+        raise ConfigError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads",
+                          location=str(path), field="num_key_value_heads")
     return dict(num_layers=_need(cfg, "num_hidden_layers", path), hidden_size=hidden,
-                num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or hidden // heads,
+                num_heads=heads, num_kv_heads=kv_heads,
+                head_dim=_head_dim(cfg, hidden, heads, path),
                 intermediate_size=_need(cfg, "intermediate_size", path),
                 vocab_size=_need(cfg, "vocab_size", path),
                 max_model_len=_need(cfg, "max_position_embeddings", path), gated_mlp=True,
@@ -198,7 +244,8 @@ def _opt_fields(cfg: dict, path: Path) -> dict:
     hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
     max_len = _need(cfg, "max_position_embeddings", path)
     return dict(num_layers=_need(cfg, "num_hidden_layers", path), hidden_size=hidden,
-                num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+                num_heads=heads, num_kv_heads=heads,
+                head_dim=_head_dim({}, hidden, heads, path),
                 intermediate_size=_need(cfg, "ffn_dim", path),
                 vocab_size=_need(cfg, "vocab_size", path), max_model_len=max_len,
                 gated_mlp=False, linear_bias=True, norm="layernorm",

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from kvsim.errors import ConfigError
 from kvsim.workloads import TraceOptions, load_trace
 
-from .config import RunConfig
+from .config import RunConfig, build
 from .gpus import list_gpus, resolve_gpu
 from .models import resolve_model
 from .router import ROUTERS
@@ -223,11 +223,14 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
     each other."""
     if values.get("target_rate") is not None and values.get("rate_scale") is not None:
         raise ConfigError("give --rate-scale or --target-rate, not both", field="target_rate")
-    base = RunConfig(trace=trace_label, model=values["model"],
-                     router=values.get("router") or DEFAULT_ROUTER,
-                     max_num_batched_tokens=values["max_num_batched_tokens"],
-                     gpu_memory_utilization=values["gpu_memory_utilization"],
-                     profile=values.get("profile"), seed=values.get("seed", 0))
+    base = build(RunConfig, dict(
+        trace=trace_label, model=values["model"], router=values.get("router") or DEFAULT_ROUTER,
+        max_num_batched_tokens=values["max_num_batched_tokens"],
+        gpu_memory_utilization=values["gpu_memory_utilization"],
+        max_model_len=values.get("max_model_len"),
+        long_prompt=values.get("long_prompt") or "reject",
+        profile=values.get("profile"), seed=values.get("seed", 0)), "command line")
+    base.validate("command line")
     dims = {"gpu": parse_list(values["gpu"], "gpu"), "tp": parse_list(values["tp"], "tp", int),
             "block_size": parse_list(values["block_size"], "block_size", int),
             "max_num_seqs": parse_list(values["max_num_seqs"], "max_num_seqs", int),

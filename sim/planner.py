@@ -37,6 +37,8 @@ from .plan_bounds import floor_percentiles, fmt_latency, impossible_reason, late
 from .plan_bounds import suggested_block_size
 from .plan_search import fewest_passing, largest_passing
 from .plan_spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, reported_keys
+from kvsim.workloads.truncate import truncate
+
 from .runner import resolve_deployment, simulate
 from .sweep import SweepOptions, run_tasks
 
@@ -98,10 +100,13 @@ def evaluate_task(task: tuple[PlanSpec, int]) -> dict:
         return _infeasible(row, e.message)
     requests = list(load_trace(spec.trace_path, spec.trace_options))
     too_long = sum(r.prompt_tokens >= deployment.max_model_len for r in requests)
-    if too_long:
+    if too_long and config.long_prompt == "reject":
         return _infeasible(row, f"{too_long} of {len(requests)} prompts are not shorter than "
                            f"max_model_len {deployment.max_model_len:,} (the KV pool or the "
-                           "model limit); they would be rejected")
+                           "model limit); they would be rejected (--max-model-len, "
+                           "--long-prompt truncate)")
+    row["num_truncated"] = sum(truncate(r, deployment.max_model_len) for r in requests) \
+        if config.long_prompt == "truncate" else 0
     floors = latency_floors(requests, config, deployment.max_model_len)
     row["latency_floor"] = floor_percentiles(floors, spec.targets)
     reason = impossible_reason(floors, spec.targets)
@@ -118,7 +123,7 @@ def _row_head(spec: PlanSpec, index: int, config: RunConfig) -> dict:
             "reason": None, "replicas": None, "gpus": None, "cost_per_hour_usd": None,
             "latency": None, "headroom": None, "min_headroom": None, "hit_rate": None,
             "latency_floor": None, "max_rate": None, "evaluations": [], "num_simulations": 0,
-            "run_config": None, "kvsim_run": None}
+            "run_config": None, "kvsim_run": None, "num_truncated": 0}
 
 
 def _infeasible(row: dict, reason: str) -> dict:

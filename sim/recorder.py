@@ -23,8 +23,11 @@ REQUEST_COLUMNS = {
     "request_id": "q", "arrival_s": "d", "prompt_tokens": "q", "output_tokens": "q",
     "priority": "q", "replica": "q", "first_scheduled_s": "d", "first_token_s": "d",
     "finish_s": "d", "cached_tokens": "q", "num_preemptions": "q", "completed": "q",
-    "rejected": "q",
+    "rejected": "q", "truncated": "q", "generated_tokens": "q", "finish_reason": "q",
 }
+#: ``finish_reason`` codes of the log, and their words in ``requests.csv`` (vLLM's ``stop``
+#: and ``length``; ``rejected`` where vLLM answers with an error; empty while unfinished).
+FINISH_REASONS = ("", "stop", "length", "rejected")
 
 
 class StepLog:
@@ -58,12 +61,18 @@ class RequestLog:
         self._row[request.request_id] = len(self)
         values = (request.request_id, request.arrival_s, request.prompt_tokens,
                   request.output_tokens, request.priority, replica, math.nan, math.nan,
-                  math.nan, 0, 0, 0, 0)
+                  math.nan, 0, 0, 0, 0, 0, 0, 0)
         for column, value in zip(self.columns.values(), values):
             column.append(value)
 
     def _set(self, request_id: int, name: str, value) -> None:
         self.columns[name][self._row[request_id]] = value
+
+    def on_routed(self, request_id: int, replica: int) -> None:
+        self._set(request_id, "replica", replica)
+
+    def on_truncated(self, request_id: int) -> None:
+        self._set(request_id, "truncated", 1)
 
     def on_scheduled(self, request_id: int, now: float) -> None:
         row = self._row[request_id]
@@ -79,8 +88,12 @@ class RequestLog:
         self._set(rid, "completed", 1)
         self._set(rid, "cached_tokens", max(seq.num_cached_tokens, 0))
         self._set(rid, "num_preemptions", seq.num_preemptions)
+        self._set(rid, "generated_tokens", seq.num_output_tokens)
+        self._set(rid, "finish_reason", FINISH_REASONS.index(
+            "stop" if seq.num_output_tokens >= seq.max_tokens else "length"))
         del self._row[rid]
 
     def on_rejected(self, request_id: int) -> None:
         self._set(request_id, "rejected", 1)
+        self._set(request_id, "finish_reason", FINISH_REASONS.index("rejected"))
         del self._row[request_id]

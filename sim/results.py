@@ -7,7 +7,10 @@ import numpy as np
 import pandas as pd
 
 from .models import resolve_model
-from .recorder import REQUEST_COLUMNS, STEP_COLUMNS
+from kvsim.reports.io import REQUEST_COLUMNS
+
+from .recorder import FINISH_REASONS, STEP_COLUMNS
+from .recorder import REQUEST_COLUMNS as LOG_COLUMNS
 from .runner import RunResult
 
 MAX_TIMELINE_ROWS = 2000
@@ -17,17 +20,15 @@ FRAGMENT_COLUMNS = ("frag_token_states", "frag_reservation", "frag_internal", "f
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
     """One row per request, in arrival order, with its latencies."""
-    df = pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if REQUEST_COLUMNS[k] == "d"
+    df = pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d"
                                          else np.int64) for k, v in result.requests.columns.items()})
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2e_s"] = df["finish_s"] - df["arrival_s"]
-    decode = df["output_tokens"].clip(lower=2) - 1
-    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / decode).where(
-        df["output_tokens"] > 1)
-    order = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority", "replica",
-             "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
-             "cached_tokens", "num_preemptions", "completed", "rejected"]
-    return df[order]
+    generated = df["generated_tokens"]
+    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (generated.clip(lower=2) - 1)
+                    ).where(generated > 1)
+    df["finish_reason"] = np.asarray(FINISH_REASONS, dtype=object)[df["finish_reason"]]
+    return df[list(REQUEST_COLUMNS)]
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
@@ -62,7 +63,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
     cfg, dep = result.config, result.deployment
     done = requests[requests["completed"] == 1]
     duration = result.duration_s
-    out_tokens = int(done["output_tokens"].sum())
+    out_tokens = int(done["generated_tokens"].sum())
     kvs = [r.kv for r in result.replicas]
     queries = sum(kv.prefix_stats.num_queries_tokens for kv in kvs)
     hits = sum(kv.prefix_stats.num_hit_tokens for kv in kvs)
@@ -73,6 +74,8 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
         "num_requests": int(len(requests)),
         "num_completed": int(len(done)),
         "num_rejected": int(requests["rejected"].sum()),
+        "num_truncated": int(requests["truncated"].sum()),
+        "num_stopped_by_length": int((done["finish_reason"] == "length").sum()),
         "num_steps": int(len(steps)),
         "duration_s": duration,
         "wall_time_s": result.wall_time_s,
@@ -93,7 +96,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
                "mean_usage": float(np.average(usage, weights=w)) if w.sum() else 0.0,
                "peak_usage": float(usage.max()) if len(usage) else 0.0,
                "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
-               "pool": dep.pool_explanation},
+               "pool": dep.pool_explanation, "max_model_len": dep.max_model_len},
         "fragmentation": _fragmentation(steps, pool * cfg.block_size),
         "compaction": _compaction(result),
         "tiering": _tiering(result, steps),

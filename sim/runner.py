@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -18,11 +17,12 @@ from kvsim.cache.sequence import Sequence
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
 from kvsim.workloads.request import Request
+from kvsim.workloads.truncate import truncate
 
 from .config import RunConfig
 from .cost_model import CostModel
 from .memory import cpu_offload_blocks, kv_pool
-from .models import resolve_model
+from .models import check_tensor_parallel, resolve_model
 from .recorder import RequestLog, StepLog
 from .replica import Replica
 from .router import make_router
@@ -54,6 +54,7 @@ class RunResult:
 def resolve_deployment(config: RunConfig) -> Deployment:
     """Size the KV pool (or take ``num_gpu_blocks``) and check ``max_model_len`` against it."""
     model = resolve_model(config.model)
+    check_tensor_parallel(model, config.tp)
     if config.num_gpu_blocks is not None:
         blocks, text = config.num_gpu_blocks, f"{config.num_gpu_blocks} blocks (given)"
     else:
@@ -92,8 +93,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                         config.skip_ahead and config.layout == "paged")
                 for i in range(config.replicas)]
-    env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
-                          config.block_size, deployment.max_model_len))
+    env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
+                          deployment.max_model_len))
     start = time.perf_counter()
     _run(env, replicas, progress)
     return RunResult(config, deployment, steps, log, replicas, env.now,
@@ -127,23 +128,37 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
         policy=config.scheduling_policy, preemption_mode=config.preemption_mode))
 
 
-def _arrivals(env, requests, replicas, router, log: RequestLog, block_size, max_model_len):
+def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfig,
+              max_model_len: int):
+    truncating = config.long_prompt == "truncate"
     for request in requests:
         if request.arrival_s > env.now:
             yield env.timeout(request.arrival_s - env.now)
-        seq = Sequence(request, block_size)
-        index = router.choose(replicas, seq)
-        log.on_arrival(request, index)
+        log.on_arrival(request, -1)
+        if truncating and truncate(request, max_model_len):
+            log.on_truncated(request.request_id)
+        seq = Sequence(request, config.block_size)
+        index = router.choose(replicas, seq)     # a replica answers the rejection, as in vLLM
+        log.on_routed(request.request_id, index)
         if request.prompt_tokens >= max_model_len:
             log.on_rejected(request.request_id)
             continue
         replicas[index].submit(seq)
 
 
-def _run(env: simpy.Environment, replicas, progress) -> None:
+def _run(env: simpy.Environment, replicas, progress, every_events: int = 512) -> None:
+    """Run until no event is left, calling ``progress(sim_s, finished)`` every
+    ``every_events`` events and once at the end (the caller throttles drawing)."""
     if progress is None:
         env.run()
         return
-    while env.peek() != math.inf:
-        env.run(until=env.now + 1.0)
-        progress(env.now, sum(r.num_finished for r in replicas))
+    step, count = env.step, 0
+    try:
+        while True:
+            step()
+            count += 1
+            if count % every_events == 0:
+                progress(env.now, sum(r.num_finished for r in replicas))
+    except simpy.core.EmptySchedule:
+        pass
+    progress(env.now, sum(r.num_finished for r in replicas))

@@ -13,20 +13,21 @@ every backend:
   ``kvsim`` and read the trace at the same path.
 
 ``fn`` and the items must be picklable (a module-level function, frozen dataclasses).
-``progress(done, total)`` is called after each finished task.
+``progress(done, total, result)`` is called after each finished task, with its result.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from kvsim.errors import ConfigError
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int, Any], None]
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def run_tasks(fn: Callable[[Any], Any], items: Sequence[Any], options: SweepOpti
     """``[fn(item) for item in items]``, computed on the backend of ``options``."""
     if options.workers < 1:
         raise ConfigError(f"must be at least 1, got {options.workers}", field="workers")
-    report = progress or (lambda done, total: None)
+    report = progress or (lambda done, total, result: None)
     if options.use_ray:
         return _run_ray(fn, items, options, report)
     if options.workers == 1 or len(items) <= 1:
@@ -60,19 +61,32 @@ def _run_serial(fn, items, report: Progress) -> list:
     out = []
     for item in items:
         out.append(fn(item))
-        report(len(out), len(items))
+        report(len(out), len(items), out[-1])
     return out
 
 
 def _run_pool(fn, items, workers: int, report: Progress) -> list:
     out: list = [None] * len(items)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context,
+                               initializer=_ignore_interrupts)
+    try:
         futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for done, future in enumerate(as_completed(futures), start=1):
             out[futures[future]] = future.result()
-            report(done, len(items))
+            report(done, len(items), out[futures[future]])
+    except BaseException:   # an error, Ctrl-C or SIGTERM: stop the workers now
+        for process in list((pool._processes or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return out
+
+
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def import_ray():
@@ -97,7 +111,7 @@ def _run_ray(fn, items, options: SweepOptions, report: Progress) -> list:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             out[index[ready[0]]] = ray.get(ready[0])
-            report(len(items) - len(pending), len(items))
+            report(len(items) - len(pending), len(items), out[index[ready[0]]])
         return out
     finally:
         if started:

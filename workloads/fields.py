@@ -12,6 +12,12 @@ from ..errors import TraceError
 MAX_TOKENS = 10_000_000
 """Lengths above this are taken for corrupt data (no model has a 10M-token context)."""
 
+MAX_SECONDS = 1e11
+"""Timestamps beyond this (~3,000 years, or epoch milliseconds misread as seconds twice over)
+are taken for corrupt data."""
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+"""Priorities are 32-bit integers, lower first, as vLLM's."""
+
 MISSING = object()
 
 
@@ -50,7 +56,7 @@ def length(value, name: str, loc: str, text: bool = False) -> int:
     return n
 
 
-def number(value, name: str, loc: str, text: bool = False) -> float:
+def number(value, name: str, loc: str, text: bool = False, limit: float = MAX_SECONDS) -> float:
     """A finite, non-negative number; with ``text`` (CSV) also its decimal text."""
     if text and isinstance(value, str):
         try:
@@ -63,7 +69,18 @@ def number(value, name: str, loc: str, text: bool = False) -> float:
         raise fail(loc, name, f"must be a finite number, got {value}")
     if value < 0:
         raise fail(loc, name, f"must not be negative, got {value}")
+    if value > limit:
+        raise fail(loc, name, f"{value:g} is absurd as a time (more than {limit:g})")
     return float(value)
+
+
+def priority(value, name: str, loc: str) -> int:
+    """A priority: an integer in :data:`PRIORITY_RANGE`."""
+    p = integer(value, name, loc)
+    low, high = PRIORITY_RANGE
+    if not low <= p <= high:
+        raise fail(loc, name, f"must be a 32-bit integer ({low}..{high}), got {_show(p)}")
+    return p
 
 
 def label(value, name: str, loc: str) -> str:
@@ -85,11 +102,15 @@ def id_array(value, name: str, loc: str) -> np.ndarray:
         arr = np.asarray(value)
     except (OverflowError, ValueError):
         arr = np.asarray([None])
+    if arr.ndim != 1:
+        raise fail(loc, name, "expected a flat list of integers, found a nested list")
     if arr.dtype.kind == "i":
         return arr.astype(np.int64, copy=False)
     if arr.dtype.kind == "u":
         return arr.astype(np.uint64).view(np.int64)
     bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), value[0])
+    if isinstance(bad, list):
+        raise fail(loc, name, "expected a flat list of integers, found a nested list")
     raise fail(loc, name, f"expected a list of 64-bit integers, found {_show(bad)}")
 
 

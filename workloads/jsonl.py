@@ -44,6 +44,8 @@ from .request import Request
 MOONCAKE_BLOCK = 512
 """Tokens per Mooncake ``hash_ids`` entry."""
 
+MAX_DEPTH = 4
+"""Deepest nesting a trace line may have (an object of lists of small objects at most)."""
 NATIVE_TIME_FIELD = "arrival_s"
 MOONCAKE_TIME_FIELD = "timestamp"
 _MOONCAKE_KEYS = ("input_length", "hash_ids", "output_length")
@@ -59,6 +61,9 @@ def parse_object(text: str, loc: str) -> dict:
     """One line as a JSON object, or an error for a truncated / non-JSON / non-object line."""
     try:
         record = json.loads(text)
+    except RecursionError:
+        raise TraceError(f"JSON nested more than {MAX_DEPTH} levels deep",
+                         location=loc) from None
     except json.JSONDecodeError as e:
         stripped = text.rstrip()
         hint = "; truncated line?" if stripped.startswith("{") and not stripped.endswith("}") \
@@ -68,7 +73,21 @@ def parse_object(text: str, loc: str) -> dict:
     if not isinstance(record, dict):
         raise TraceError(f"expected a JSON object per line, got {type(record).__name__}",
                          location=loc)
+    _check_depth(record, loc)
     return record
+
+
+def _check_depth(record: dict, loc: str) -> None:
+    """Trace values are numbers, strings and flat lists: anything nested deeper than
+    :data:`MAX_DEPTH` levels is an error (before a deep structure reaches numpy)."""
+    level = [record]
+    for _ in range(MAX_DEPTH):
+        level = [v for item in level
+                 for v in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(v, (dict, list))]
+        if not level:
+            return
+    raise TraceError(f"JSON nested more than {MAX_DEPTH} levels deep", location=loc)
 
 
 def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
@@ -80,10 +99,13 @@ def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
 
 def mooncake_request(record: dict, loc: str) -> Request:
     """A validated request from one Mooncake record."""
-    t_ms = F.number(F.require(record, "timestamp", loc), "timestamp", loc)
+    t_ms = F.number(F.require(record, "timestamp", loc), "timestamp", loc,
+                    limit=F.MAX_SECONDS * 1000)
     prompt = F.length(F.require(record, "input_length", loc), "input_length", loc)
     output = F.length(F.require(record, "output_length", loc), "output_length", loc)
     hashes = F.id_array(F.require(record, "hash_ids", loc), "hash_ids", loc)
+    if len(hashes) and hashes.min() < 0:
+        raise F.fail(loc, "hash_ids", f"ids must not be negative, found {int(hashes.min())}")
     F.hash_count(hashes, prompt, MOONCAKE_BLOCK, "hash_ids", loc)
     return Request(-1, t_ms / 1000.0, prompt, output, prefix_hashes=hashes,
                    hash_block_size=MOONCAKE_BLOCK)
@@ -140,7 +162,7 @@ def _native_hashes(record: dict, loc: str, request: Request) -> None:
 
 def _native_labels(record: dict, loc: str, request: Request) -> None:
     if record.get("priority") is not None:
-        request.priority = F.integer(record["priority"], "priority", loc)
+        request.priority = F.priority(record["priority"], "priority", loc)
     for name in ("session_id", "template_id"):
         if record.get(name) is not None:
             setattr(request, name, F.label(record[name], name, loc))

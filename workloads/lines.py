@@ -14,6 +14,9 @@ from typing import Iterator
 from ..errors import TraceError
 
 BOM = b"\xef\xbb\xbf"
+MAX_LINE_BYTES = 64 << 20
+"""Longest line read (64 MiB: a prompt of ~8M token ids); a longer one is taken for corrupt
+data (``/dev/zero``, a binary file) instead of being read into memory whole."""
 
 
 def where(path, line_no: int | None = None) -> str:
@@ -30,7 +33,7 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     path = Path(path)
     empty = True
     with _open(path) as f:
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, raw in enumerate(_raw_lines(f, path), start=1):
             if line_no == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
             text = _decode(raw, path, line_no).rstrip("\r\n")
@@ -39,6 +42,25 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
                 yield line_no, text
     if empty:
         raise TraceError("empty trace: the file has no lines", location=where(path))
+
+
+def _raw_lines(f, path: Path) -> Iterator[bytes]:
+    """The file's lines as bytes, each at most :data:`MAX_LINE_BYTES`; read errors (a failing
+    disk, a vanished network file) become one :class:`TraceError`."""
+    line_no = 0
+    while True:
+        line_no += 1
+        try:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+        except OSError as e:
+            raise TraceError(f"read error: {e.strerror or e}",
+                             location=where(path, line_no)) from None
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise TraceError(f"line longer than {MAX_LINE_BYTES >> 20} MiB; not a trace file?",
+                             location=where(path, line_no))
+        yield raw
 
 
 def _open(path: Path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from ..errors import TraceError
 
@@ -11,6 +12,8 @@ FORMATS = ("native", "mooncake", "azure", "burstgpt")
 """Trace formats :func:`kvsim.workloads.load_trace` reads (``--format`` values)."""
 
 FORMAT_ALIASES = {"kvsim": "native", "jsonl": "native", "azure-llm": "azure"}
+#: ``--format`` choices: the formats and their aliases.
+TraceFormat = Literal[FORMATS + tuple(FORMAT_ALIASES)]
 
 
 @dataclass(frozen=True)
