@@ -80,7 +80,7 @@ RATE_SCALE_OPTION = typer.Option(1.0, "--rate-scale", help="Request-rate multipl
                                  "doubles the rate (inter-arrival gaps halved).")
 SORT_OPTION = typer.Option(False, "--sort", help="Sort by arrival instead of rejecting "
                            "timestamps that go backwards.")
-SEED_OPTION = typer.Option(0, "--seed", help="Seed of every random draw.")
+SEED_OPTION = typer.Option(0, "--seed", min=0, help="Seed of every random draw.")
 MODEL_OPTION = typer.Option(None, "--model", help="BurstGPT only: keep this model's rows.")
 
 
@@ -620,19 +620,11 @@ def main() -> None:
         sys.stderr.write(f"kvsim: error: {where}{e.strerror or e}\n")
         sys.exit(1)
     except Exception as e:
-        if _is_validation_error(e):     # settings built outside a schema check point
-            from .sim.config import validation_error
-            sys.stderr.write(f"kvsim: error: {validation_error(e).one_line()}\n")
-            sys.exit(2)
         if not _is_usage_error(e):
             raise
-        sys.stderr.write(f"kvsim: error: {' '.join(e.format_message().split())}\n")
+        text = " ".join(e.format_message().split()).replace("Value error, ", "")
+        sys.stderr.write(f"kvsim: error: {text}\n")
         sys.exit(e.exit_code)
-
-
-def _is_validation_error(e: Exception) -> bool:
-    from pydantic import ValidationError
-    return isinstance(e, ValidationError)
 
 
 def _is_usage_error(e: Exception) -> bool:

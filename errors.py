@@ -1,8 +1,10 @@
 """Errors a user can act on. The CLI prints them as one line and exits with status 2."""
 
 
-class KvsimError(Exception):
+class KvsimError(ValueError):
     """A problem with the user's input or settings, worded for the user.
+
+    A ``ValueError``, so Python callers may catch either.
 
     ``location`` names where it was found (``file:line`` or ``file:row``) and ``field`` what was
     wrong there; both are optional.

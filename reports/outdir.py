@@ -29,9 +29,11 @@ class OutputDir:
         self.subdirs = subdirs      # results also live in sub-directories (compare, plan)
         self.left = ""              # what an aborted command left behind, in words
         self._lock = None
+        self._created = False
 
     def __enter__(self) -> "OutputDir":
         check_writable_dir(self.path)
+        self._created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = _lock(self.path)
@@ -45,11 +47,16 @@ class OutputDir:
         try:
             if exc_type is not None:
                 self._clear()
-                self.left = f"{self.path}/ holds no result (nothing partial left)"
-                if exc is not None:
-                    exc.left = self.left
         finally:
             _unlock(self.path, self._lock)
+        if exc_type is None:
+            return
+        if self._created and not any(self.path.iterdir()):
+            self.path.rmdir()
+        self.left = (f"{self.path}/ holds no result (nothing partial left)"
+                     if self.path.exists() else "nothing was written")
+        if exc is not None:
+            exc.left = self.left
 
     def _clear(self) -> None:
         for name in self.files:

@@ -110,10 +110,7 @@ class RunConfig:
                 raise ConfigError("no such profile file", location=str(self.profile),
                                   field="profile")
         except ConfigError as e:
-            if source and e.location is None:
-                e.location = source
-                e.args = (e.one_line(),)
-            raise
+            raise located(e, source) from None
 
     def _validate_layout(self) -> None:
         if self.compaction_threshold is not None and self.layout != "contiguous":
@@ -134,6 +131,21 @@ class RunConfig:
         if self.preemption_mode == "swap" and not self.has_host_tier:
             raise ConfigError("swap preemption needs a host tier (--num-cpu-blocks or "
                               "--cpu-offload-gb)", field="preemption_mode")
+
+
+def _checked_init(init):
+    def __init__(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as e:
+            raise validation_error(e) from None
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+# A bad value is a one-line ConfigError (a ValueError) however the config is built: by a
+# constructor call, dataclasses.replace or from_dict.
+RunConfig.__init__ = _checked_init(RunConfig.__init__)
 
 
 def setting_names() -> set[str]:
@@ -166,11 +178,19 @@ def literal_values(tp) -> tuple | None:
 
 
 def build(cls, values: dict, source: str | None = None):
-    """``cls(**values)`` with pydantic's complaint turned into one :class:`ConfigError` line."""
+    """``cls(**values)``; a bad value is a :class:`ConfigError` located at ``source``."""
     try:
         return cls(**values)
-    except ValidationError as e:
-        raise validation_error(e, source) from None
+    except ConfigError as e:
+        raise located(e, source) from None
+
+
+def located(error: ConfigError, source: str | None) -> ConfigError:
+    """``error``, naming ``source`` as where it was found unless it names a place already."""
+    if source and error.location is None:
+        error.location = source
+        error.args = (error.one_line(),)
+    return error
 
 
 def validation_error(error: ValidationError, source: str | None = None) -> ConfigError:

@@ -184,7 +184,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
 
 
 def _need(cfg: dict, key: str, path: Path) -> int:
-    if key not in cfg:
+    if cfg.get(key) is None:
         raise ConfigError(f"config is missing '{key}'", location=str(path), field=key)
     return _size(cfg, key, path)
 

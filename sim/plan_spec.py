@@ -150,8 +150,9 @@ def load_prices(path: str | None = None) -> dict[str, float | None]:
 def _read_prices(path: str) -> dict[str, float]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the price table: {e}", location=path) from None
+    except (OSError, ValueError, RecursionError) as e:
+        text = getattr(e, "strerror", None) or " ".join(str(e).split())
+        raise ConfigError(f"cannot read the price table: {text}", location=path) from None
     data = data.get("prices", data) if isinstance(data, dict) else data
     if not isinstance(data, dict):
         raise ConfigError('expected a JSON object {"gpu": price per GPU-hour}', location=path)
@@ -159,7 +160,8 @@ def _read_prices(path: str) -> dict[str, float]:
     for key, value in data.items():
         if str(key).startswith("_"):
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 <= value < math.inf:
             raise ConfigError(f"price must be a number >= 0, got {value!r}", location=path,
                               field=key)
         out[key if key == HOST_MEMORY_KEY else resolve_gpu(key).name] = float(value)

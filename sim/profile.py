@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,21 +109,58 @@ def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Pro
     if not path.exists():
         path = profile_path("a100-80gb")
     data = json.loads(path.read_text())
+    where = None if profile is None or isinstance(profile, dict) else str(profile)
     if profile is not None:
-        _overlay(data, profile if isinstance(profile, dict) else _read(Path(profile)))
+        override = profile if isinstance(profile, dict) else _read(Path(profile))
+        check_numbers(override, where)
+        _overlay(data, override)
     try:
         return _build(data)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"calibration profile is missing or has a bad value: {exc}",
-                          field="profile") from None
+                          location=where, field="profile") from None
+
+
+NUMBER_SECTIONS = ("gemm", "elementwise", "attention", "all_reduce", "transfers", "overhead",
+                   "fitted")
+
+
+def check_numbers(d: dict, where: str | None, prefix: str = "") -> None:
+    """Every value in the numeric sections of a profile is a finite number >= 0 (> 0 for an
+    efficiency); strings only under keys starting with ``_``. A :class:`ConfigError` names the
+    key (``gemm.compute_efficiency``) otherwise."""
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if str(key).startswith("_") or (not prefix and key not in NUMBER_SECTIONS):
+            continue
+        if isinstance(value, dict):
+            check_numbers(value, where, name + ".")
+        elif isinstance(value, list):
+            for item in value:
+                _check_number(item, name, where)
+        else:
+            _check_number(value, name, where)
+
+
+def _check_number(value, name: str, where: str | None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value >= 0 and not ("efficiency" in name and value == 0)
+    if not ok:
+        need = "> 0" if "efficiency" in name else ">= 0"
+        raise ConfigError(f"expected a finite number {need}, got {value!r}", location=where,
+                          field=name)
 
 
 def _read(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read calibration profile '{path}': {exc}",
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        text = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        raise ConfigError(f"cannot read calibration profile: {text}", location=str(path),
                           field="profile") from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object", location=str(path), field="profile")
+    return data
 
 
 def _overlay(base: dict, override: dict) -> None:

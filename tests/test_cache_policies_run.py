@@ -25,8 +25,10 @@ def test_every_policy_drives_a_simulation_under_cache_pressure(name):
 
 
 def test_an_unknown_policy_is_a_config_error():
-    with pytest.raises(ConfigError, match="eviction"):
-        RunConfig(eviction="fifo").validate()
+    with pytest.raises(ConfigError, match="field 'eviction': expected one of 'lru'"):
+        RunConfig.from_dict({"eviction": "fifo"})
+    with pytest.raises(ValueError, match="eviction"):
+        RunConfig(eviction="fifo")
 
 
 def test_run_takes_eviction_and_reports_it(tmp_path):

@@ -1,6 +1,7 @@
 """`kvsim run` end to end, on the bundled slices of real traces."""
 
 import json
+from pathlib import Path
 
 import pytest
 from clirun import kvsim
@@ -62,7 +63,8 @@ def test_a_config_file_sets_options_and_flags_override_it(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--model", "no-such-model"], "field 'model': unknown model 'no-such-model'"),
     (["--max-model-len", "100000000"], "exceeds the KV pool"),
-    (["--scheduling-policy", "random"], "field 'scheduling_policy'"),
+    (["--scheduling-policy", "random"], "'--scheduling-policy': 'random' is not one of 'fcfs', "
+                                        "'priority'"),
 ])
 def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
     done = kvsim("run", *args, "--out", str(tmp_path / "o"))
@@ -85,7 +87,7 @@ def test_a_bad_trace_line_writes_nothing(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["run", "--max-num-seqs", "abc"], "Invalid value for '--max-num-seqs'"),
     (["run", "--no-such-option"], "No such option: --no-such-option"),
-    (["trace-stats"], "Missing argument 'FILE'"),
+    (["trace-stats"], "Missing argument 'TRACE'"),
     (["no-such-command"], "No such command 'no-such-command'"),
 ])
 def test_usage_errors_are_one_line_with_exit_2(args, message):
@@ -93,3 +95,31 @@ def test_usage_errors_are_one_line_with_exit_2(args, message):
     assert done.returncode == 2
     assert done.stderr.startswith("kvsim: error: ") and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_example_config_runs_as_the_readme_shows(tmp_path):
+    example = Path(__file__).resolve().parents[1] / "docs" / "example-run.toml"
+    done = kvsim("run", "--config", example, "--replicas", "2", "--router", "prefix-affinity",
+                 "--limit", "30", "--out", tmp_path / "o", "--json")
+    assert done.returncode == 0, done.stderr
+    config = json.loads(done.stdout)["config"]
+    assert (config["trace"], config["model"], config["replicas"], config["router"]) == (
+        "sample:azure-conv", "llama-3.1-8b", 2, "prefix-affinity")
+
+
+def test_long_prompts_are_announced_counted_and_can_be_truncated(tmp_path):
+    done = kvsim("run", "--model", "llama-3-70b", "--gpu", "h100-80gb", "--tp", "4",
+                 "--limit", "40", "--out", tmp_path / "r", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    rejected = summary["num_rejected"]
+    assert rejected > 0 and summary["num_completed"] == 40 - rejected
+    assert done.stderr.startswith(f"kvsim: {rejected} of 40 requests have prompts of 8,192 "
+                                  "tokens or more")
+    rows = (tmp_path / "r" / "requests.csv").read_text().splitlines()
+    assert sum(",rejected," in row for row in rows[1:]) == rejected
+    cut = kvsim("run", "--model", "llama-3-70b", "--gpu", "h100-80gb", "--tp", "4",
+                "--limit", "40", "--long-prompt", "truncate", "--out", tmp_path / "t", "--json")
+    summary = json.loads(cut.stdout)
+    assert summary["num_rejected"] == 0 and summary["num_truncated"] >= rejected
+    assert summary["num_completed"] == 40

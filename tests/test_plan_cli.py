@@ -58,7 +58,8 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     assert "Recommended: h100-80gb TP1" in done.stdout and "$10.00" in done.stdout
     assert "[2] l4 TP1: TTFT p99 can never meet" in done.stdout
     assert "L2 rule" in done.stdout and "best in sweep 16" in done.stdout
-    assert "candidates" in done.stderr
+    assert done.stderr.startswith("kvsim: plan: [1/2] ")     # each candidate as it finishes
+    assert "kvsim: plan: [2/2] l4 TP1: no (TTFT p99 can never meet" in done.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -66,7 +67,7 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     (["--gpu", "b200"], "unknown GPU 'b200'"),
     (["--target-rate", "3"], "not both"),
     (["--max-replicas", "0"], "max-replicas"),
-    (["--router", "random"], "field 'router'"),
+    (["--router", "random"], "Invalid value for '--router': 'random' is not one of"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(args, message, tmp_path):
     done = kvsim(*SWEEP, *args, "--out", str(tmp_path))

@@ -94,5 +94,5 @@ def test_dtype_and_host_tier_candidates_are_labelled_priced_and_replayable():
         "h100-80gb TP4 · weights int4 · host 0 GiB", "h100-80gb TP4 · weights int4 · host 50 GiB"]
     prices = load_prices()
     assert gpu_hour_price(prices, configs[1]) == pytest.approx(2.99 + 50 * 0.0042)
-    with pytest.raises(ConfigError, match="weight dtype"):
+    with pytest.raises(ConfigError, match="field 'weight_dtype': expected one of"):
         expand_candidates(base, {"weight_dtype": ("int2",)})

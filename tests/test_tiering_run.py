@@ -100,7 +100,8 @@ def test_cli_refuses_bad_tier_settings_in_one_line(tmp_path):
     done = kvsim("run", "--offload-write", "sideways", "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "kvsim: error: field 'offload_write': expected one of back, through, got 'sideways'"]
+        "kvsim: error: Invalid value for '--offload-write': 'sideways' is not one of 'back', "
+        "'through'."]
     assert not (tmp_path / "o").exists()
 
 

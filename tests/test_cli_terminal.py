@@ -1,0 +1,134 @@
+"""A person at a terminal: commands finish under a pseudo-terminal, Ctrl-C and SIGTERM end in
+one line and 130 / 143 with nothing partial left, and two runs cannot share an --out."""
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from clirun import kvsim
+
+KVSIM = [sys.executable, "-m", "kvsim.cli"]
+
+
+def in_terminal(*args, cwd, timeout: float = 120) -> tuple[int, str]:
+    """Run kvsim with stdin, stdout and stderr on a pseudo-terminal; ``(status, screen)``."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        os.environ["COLUMNS"] = "100"
+        os.execv(sys.executable, [*KVSIM, *map(str, args)])
+    screen, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:      # the child closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"kvsim {' '.join(map(str, args))} did not finish in {timeout} s in a "
+                    f"terminal; screen ends {screen[-300:]!r}")
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), screen.decode("utf-8", "replace")
+
+
+def test_run_finishes_in_a_terminal_and_shows_what_ran(tmp_path):
+    status, screen = in_terminal("run", "--limit", "20", "--out", "o", cwd=tmp_path)
+    assert status == 0, screen
+    assert (tmp_path / "o" / "summary.json").is_file()
+    assert "sample:mooncake" in screen and "llama-3.1-8b" in screen and "a100-80gb" in screen
+
+
+@pytest.mark.parametrize("args", [
+    ["trace-stats", "sample:azure-conv"],
+    ["hitrate", "sample:mooncake", "--capacity", "100,1000", "--eviction", "lru,lfu"],
+    ["compare", "sample:azure-conv", "--limit", "20", "--eviction", "lru,lfu", "--workers", "1",
+     "--out", "cmp"],
+    ["plan", "sample:azure-conv", "--limit", "40", "--tp", "1", "--slo-ttft-p99", "5",
+     "--workers", "1", "--rate-iterations", "1", "--max-replicas", "2", "--out", "pl"],
+])
+def test_other_commands_finish_in_a_terminal(tmp_path, args):
+    status, screen = in_terminal(*args, cwd=tmp_path)
+    assert status == 0, screen
+    assert "Traceback" not in screen
+
+
+def test_plan_prints_each_candidate_as_it_finishes(tmp_path):
+    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--tp", "1,2", "--slo-ttft-p99",
+                 "5", "--workers", "1", "--rate-iterations", "1", "--max-replicas", "2",
+                 "--out", tmp_path / "pl", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("kvsim: plan: [")]
+    assert [ln.split("]")[0] for ln in lines] == ["kvsim: plan: [1/2", "kvsim: plan: [2/2"]
+
+
+def long_trace(path, n: int = 60_000):
+    """A length-only trace long enough to still be running seconds after it starts."""
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"arrival_s": i * 0.01, "prompt_tokens": 200 + i % 300,
+                                "output_tokens": 50 + i % 200}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig, status):
+    trace = long_trace(tmp_path / "long.jsonl")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")   # an earlier run's result: must not survive
+    proc = subprocess.Popen([*KVSIM, "run", str(trace), "--out", str(out), "--no-skip-ahead"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status
+    assert err.strip().splitlines() == [
+        f"kvsim: interrupted by {sig.name}; {out}/ holds no result (nothing partial left)"]
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):
+    trace = long_trace(tmp_path / "long.jsonl")
+    first = subprocess.Popen([*KVSIM, "run", str(trace), "--out", str(tmp_path / "o"), "-q"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(3)
+        start = time.monotonic()
+        second = kvsim("run", "--limit", "5", "--out", tmp_path / "o")
+        assert second.returncode == 2
+        assert "another kvsim process is writing to this directory" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert time.monotonic() - start < 20
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_out_naming_a_file_fails_before_simulating(tmp_path):
+    (tmp_path / "f").write_text("mine")
+    done = kvsim("run", "--out", tmp_path / "f")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"kvsim: error: {tmp_path / 'f'}: field 'out': exists and "
+                                   "is not a directory; --out needs a directory")
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_a_new_run_replaces_every_file_of_the_last_one(tmp_path):
+    assert kvsim("run", "--limit", "5", "--out", tmp_path, "-q").returncode == 0
+    assert kvsim("run", "--limit", "5", "--out", tmp_path, "-q", "--no-html").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.csv", "summary.json",
+                                                          "timeline.csv"]
