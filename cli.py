@@ -18,6 +18,7 @@ from . import __version__
 from .errors import KvsimError
 from .sim.config import (EvictionPolicy, KvDtype, Layout, LongPrompt, OffloadWrite,
                          PreemptionMode, ReservePolicy, RouterName, SchedulingPolicy, WeightDtype)
+from .workloads.generators.presets import PresetName
 from .workloads.options import TraceFormat
 
 app = typer.Typer(
@@ -113,8 +114,7 @@ def trace_stats_command(
 
 @app.command("gen")
 def gen_command(
-    preset: str = typer.Argument(..., metavar="PRESET", help="chat, customer-service, rag, "
-                                 "agent, sharegpt-like or long-doc."),
+    preset: PresetName = typer.Argument(..., metavar="PRESET", help="Workload preset."),
     out: str = typer.Option(..., "--out", metavar="FILE", help="Native JSONL file to write."),
     num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1),
     seed: int = SEED_OPTION,
@@ -493,7 +493,9 @@ DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda.")
 BACKEND_MODEL_OPTION = typer.Option("tiny-llama", "--model", help="tiny-llama (bundled), a "
                                     "Llama-like catalog name, or a path to a config.json.")
 BACKEND_BLOCK_OPTION = typer.Option(32, "--block-size", min=1, help="Tokens per KV block.")
-DTYPE_OPTION = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16.")
+BackendDtype = Literal["fp32", "bf16", "fp16"]
+Clock = Literal["wall", "cpu"]
+DTYPE_OPTION = typer.Option("fp32", "--dtype", help="Weights and KV cache dtype.")
 THREADS_OPTION = typer.Option(1, "--threads", min=1, help="torch CPU threads (keep equal "
                               "between profile and validate).")
 CLOCK_OPTION = typer.Option("wall", "--clock", help="wall (perf_counter; CUDA events on a "
@@ -512,8 +514,8 @@ def _backend_settings(model, device, dtype, block_size, threads, seed, clock):
 def profile_command(
     device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
     out: str = typer.Option("profile.json", "--out", metavar="FILE", help="Profile to write."),
-    block_size: int = BACKEND_BLOCK_OPTION, dtype: str = DTYPE_OPTION,
-    threads: int = THREADS_OPTION, clock: str = CLOCK_OPTION, seed: int = SEED_OPTION,
+    block_size: int = BACKEND_BLOCK_OPTION, dtype: BackendDtype = DTYPE_OPTION,
+    threads: int = THREADS_OPTION, clock: Clock = CLOCK_OPTION, seed: int = SEED_OPTION,
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Largest decode "
                                      "batch profiled."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=2,
@@ -542,8 +544,8 @@ def validate_command(
                                           "profile (kvsim profile); default: a quick one."),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write "
                                       "validation.json and validation.html here."),
-    block_size: int = BACKEND_BLOCK_OPTION, dtype: str = DTYPE_OPTION,
-    threads: int = THREADS_OPTION, clock: str = CLOCK_OPTION, seed: int = SEED_OPTION,
+    block_size: int = BACKEND_BLOCK_OPTION, dtype: BackendDtype = DTYPE_OPTION,
+    threads: int = THREADS_OPTION, clock: Clock = CLOCK_OPTION, seed: int = SEED_OPTION,
     repeats: int = typer.Option(1, "--repeats", min=1, help="Forward passes timed per step "
                                 "(median; tames noise)."),
     offline: bool = typer.Option(False, "--offline", help="Every request arrives at t=0."),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -214,3 +215,9 @@ def test_empty_run_round_trips_and_renders(tmp_path):
     assert len(requests) == 0 and len(timeline) == 0 and summary["num_completed"] == 0
     result = rerender_report(tmp_path, tmp_path / "again.html")
     assert result["num_requests"] == 0 and (tmp_path / "again.html").stat().st_size > 0
+
+
+def test_docs_list_exactly_the_request_columns():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "frames.md").read_text()
+    section = doc.split("## requests.csv")[1].split("`")[1]
+    assert [c.strip() for c in section.split(",")] == list(rio.REQUEST_COLUMNS)

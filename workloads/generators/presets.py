@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Literal
 
 import numpy as np
 
@@ -231,3 +231,5 @@ class LongDoc:
 PRESETS = {p.name: p for p in (Chat(), CustomerService(), Rag(), Agent(), ShareGptLike(),
                                LongDoc())}
 """The presets by name, with their default parameters."""
+#: The preset names, as a type (the CLI's choices).
+PresetName = Literal[tuple(PRESETS)]
