@@ -203,6 +203,14 @@ LONG_PROMPT_OPTION = setting(
     "long_prompt", "Prompts of max_model_len tokens or more: reject them (vLLM) or truncate "
     "prompt and output in proportion until they fit (Vidur).")
 QUIET_OPTION = typer.Option(False, "--quiet", "-q", help="No progress, no summary.")
+OutputFormat = Literal["csv", "parquet"]
+OUTPUT_FORMAT_OPTION = typer.Option(
+    "csv", "--output-format", help="How requests and timeline are stored: requests.csv and "
+    "timeline.csv, or requests.parquet and timeline.parquet (same columns; needs pyarrow: "
+    "pip install 'kvsim[parquet]').")
+BENCH_JSON_OPTION = typer.Option(
+    False, "--bench-json", help="Also write bench.json: the result in the fields and units of "
+    "`vllm bench serve --save-result --save-detailed` (see docs/api.md).")
 
 
 def slo_targets(ttft_p99: float | None, tpot_p99: float | None) -> dict:
@@ -272,6 +280,8 @@ def run_command(
     preemption_mode: Optional[PreemptionMode] = PREEMPTION_MODE_OPTION,
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
+    output_format: OutputFormat = OUTPUT_FORMAT_OPTION,
+    bench_json: bool = BENCH_JSON_OPTION,
     slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
     slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
     fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
@@ -300,9 +310,10 @@ def run_command(
     config, path = pipeline.config_from_sources(trace, config_file, given)
     job = pipeline.RunJob(config, path, trace_options(
         fmt, limit, start, end, rate_scale, sort, config.seed, trace_model), Path(out),
-        slo_targets(slo_ttft_p99, slo_tpot_p99) or None, html=html)
+        slo_targets(slo_ttft_p99, slo_tpot_p99) or None, html=html,
+        output_format=output_format, bench=bench_json)
     summary = pipeline.run_job(job, quiet=quiet or as_json, notes=not quiet)
-    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out))
+    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out, job))
 
 
 # --- kvsim plan (issue 8) ---
@@ -438,10 +449,14 @@ def _progress(message: str) -> None:
     typer.echo(f"kvsim: {message}", err=True)
 
 
-def _show_run(summary: dict, out: str) -> None:
+def _show_run(summary: dict, out: str, job=None) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
-    typer.echo(f"wrote {out}/summary.json, requests.csv, timeline.csv, report.html")
+    ext = job.output_format if job is not None else "csv"
+    names = ["summary.json", f"requests.{ext}", f"timeline.{ext}"]
+    names += ["bench.json"] * bool(job is not None and job.bench)
+    names += ["report.html"] * bool(job is None or job.html)
+    typer.echo(f"wrote {out}/{', '.join(names)}")
 
 
 # --- kvsim compare (issue 5) ---

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from .models import resolve_model
-from kvsim.reports.io import REQUEST_COLUMNS
+from kvsim.reports.io import REQUEST_COLUMNS, add_phase_columns
 
 from .recorder import FINISH_REASONS, STEP_COLUMNS
 from .recorder import REQUEST_COLUMNS as LOG_COLUMNS
@@ -28,7 +28,7 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
     df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (generated.clip(lower=2) - 1)
                     ).where(generated > 1)
     df["finish_reason"] = np.asarray(FINISH_REASONS, dtype=object)[df["finish_reason"]]
-    return df[list(REQUEST_COLUMNS)]
+    return add_phase_columns(df)[list(REQUEST_COLUMNS)]
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
