@@ -217,3 +217,17 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
                               spec.out_dir / "report.html", spec.slo)
         write_json_atomic(spec.out_dir / COMPARE_FILE, result)
     return result
+
+
+class _CallableModule(type(typing)):
+    """This module, callable: ``kvsim.compare(trace, ...)`` is the Python API's
+    :func:`kvsim.api_studies.compare` (the name is both this module and that function)."""
+
+    def __call__(self, *args, **kwargs):
+        from .api_studies import compare
+        return compare(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
