@@ -52,9 +52,10 @@ class Comparison:
 
     @property
     def table(self) -> pd.DataFrame:
-        from .reports.compare_table import table_metrics
-        rows = [{"label": label, **table_metrics(r.summary)}
-                for label, r in zip(self.labels, self.runs)]
+        from .reports.compare_table import identical_to, table_metrics
+        same = identical_to(self.labels, [r.summary for r in self.runs])
+        rows = [{"label": label, **table_metrics(r.summary), "identical_to": other or ""}
+                for label, r, other in zip(self.labels, self.runs, same)]
         return pd.DataFrame(rows).set_index("label")
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 from .pipeline import RunJob, read_config_file, resolve_trace, run_job_frames
-from .reports.compare_table import table_metrics
+from .reports.compare_table import identical_to, table_metrics
 from .sim.config import RunConfig
 from .workloads import TraceOptions
 
@@ -193,12 +193,13 @@ def compare_result(spec: CompareSpec, points: Sequence[GridPoint],
                    summaries: Sequence[dict]) -> dict:
     """``compare.json``: the trace, the dimensions and, per configuration in grid order, its
     label, settings, output directory, table numbers and full summary."""
+    same = identical_to([p.label for p in points], summaries)
     return {
         "trace": resolve_trace(spec.trace)[1],
         "dimensions": {k: v for k, v in spec.dims.items()},
         "runs": [{"label": p.label, "settings": p.settings, "dir": p.job.out_dir.name,
-                  "metrics": table_metrics(s), "summary": s}
-                 for p, s in zip(points, summaries)],
+                  "metrics": table_metrics(s), "identical_to": other, "summary": s}
+                 for p, s, other in zip(points, summaries, same)],
     }
 
 
