@@ -61,26 +61,29 @@ class Comparison:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
-        from .compare import COMPARE_FILE, compare_result
+        from .compare import COMPARE_FILE, COMPARE_FILES, compare_result
+        from .reports.html import render_compare_report
         from .reports.io import write_json_atomic, write_run_outputs
         from .reports.outdir import OutputDir
         out = Path(out_dir)
-        with OutputDir(out, (COMPARE_FILE, "report.html"), subdirs=True):
+        with OutputDir(out, COMPARE_FILES, subdirs=True):
             for point, r in zip(self.points, self.runs):
                 write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
-                                  r.timeline, html=html)
+                                  r.timeline, html=html, plotlyjs="parent")
             result = compare_result(self.spec, self.points, [r.summary for r in self.runs])
             if html:
-                self.report(out / "report.html")
+                render_compare_report(self._frames(), out / "report.html", self.spec.slo)
             write_json_atomic(out / COMPARE_FILE, result)
         return result
 
     def report(self, path: str | os.PathLike) -> Path:
         """Write the comparison's HTML report (every run overlaid) to ``path``."""
         from .reports.html import render_compare_report
-        return render_compare_report(
-            [(label, r.summary, r.requests, r.timeline) for label, r in
-             zip(self.labels, self.runs)], path, self.spec.slo)
+        return render_compare_report(self._frames(), path, self.spec.slo)
+
+    def _frames(self) -> list[tuple]:
+        return [(label, r.summary, r.requests, r.timeline)
+                for label, r in zip(self.labels, self.runs)]
 
     def __repr__(self) -> str:
         return f"<kvsim.Comparison of {len(self.runs)} runs: {', '.join(self.labels)}>"

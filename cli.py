@@ -370,6 +370,7 @@ def plan_command(
     sort: bool = SORT_OPTION, seed: int = SEED_OPTION,
     trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no table."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Find the cheapest deployment whose simulated latencies meet the SLO targets.
@@ -399,9 +400,10 @@ def plan_command(
     with OutputDir(out, plan_report.PLAN_FILES):
         with plan_report.PlanProgress(not (quiet or as_json)) as bar:
             result = planner.plan(spec, options, bar.update)
-        plan_report.write_plan_outputs(out, result)
+        plan_report.write_plan_outputs(out, result, html=html)
     emit(result, as_json, None if quiet else lambda r: (
-        plan_report.print_plan(r), typer.echo(f"wrote {out}/plan.json, plan.csv, report.html")))
+        plan_report.print_plan(r), typer.echo(f"wrote {out}/plan.json, plan.csv"
+                                              + ", report.html" * html)))
 
 
 # --- kvsim hitrate (issue 5) ---
@@ -420,7 +422,10 @@ def hitrate_command(
     out: Optional[str] = _opt("Directory for hitrate.json and hitrate.html.", "--out"),
     fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
-    sort: bool = SORT_OPTION, as_json: bool = JSON_OPTION,
+    sort: bool = SORT_OPTION,
+    html: bool = typer.Option(True, "--html/--no-html", help="With --out: also write "
+                              "hitrate.html."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Cache-only replay: prefix hit rate per eviction policy and capacity.
 
@@ -438,8 +443,9 @@ def hitrate_command(
         import pandas as pd
         from .reports.html import render_hitrate_report
         from .reports.io import write_json_atomic
-        render_hitrate_report(pd.DataFrame(result["rows"]), Path(out) / "hitrate.html",
-                              config={k: v for k, v in result.items() if k != "rows"})
+        if html:
+            render_hitrate_report(pd.DataFrame(result["rows"]), Path(out) / "hitrate.html",
+                                  config={k: v for k, v in result.items() if k != "rows"})
         write_json_atomic(Path(out) / "hitrate.json", result)
     emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
 
@@ -479,6 +485,8 @@ def compare_command(
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
     trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write the HTML reports "
+                              "(the comparison's and each run's; plotly.min.js once)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run a grid of `kvsim run` settings over TRACE and compare them in one table.
@@ -492,13 +500,14 @@ def compare_command(
     slo = slo_targets(slo_ttft_p99, slo_tpot_p99)
     from .reports.terminal import ProgressLines
     spec = compare.spec_from_cli(ctx.args, config_file, trace_options(
-        fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None)
+        fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None, html)
     with ProgressLines("compare") as lines:
         result = compare.run_compare(spec, workers or default_workers(), None if (
             quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
     emit(result, as_json, None if quiet else lambda r: typer.echo(render_compare_table(
         [run["label"] for run in r["runs"]], [run["summary"] for run in r["runs"]])
-        + f"\nwrote {out}/compare.json, report.html and {len(r['runs'])} run directories"))
+        + f"\nwrote {out}/compare.json{', report.html' if html else ''} and "
+        f"{len(r['runs'])} run directories"))
 
 
 # --- kvsim profile, kvsim validate (issue 7) ---

@@ -31,6 +31,9 @@ from .sim.config import RunConfig
 from .workloads import TraceOptions
 
 COMPARE_FILE = "compare.json"
+#: The files of a comparison directory besides its run directories: ``report.html`` is
+#: self-contained (one file to share); the run pages under it share one ``plotly.min.js``.
+COMPARE_FILES = (COMPARE_FILE, "report.html", "plotly.min.js")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 #: RunConfig fields that cannot be a dimension (the trace is the positional argument).
 NOT_DIMENSIONS = ("trace",)
@@ -155,16 +158,17 @@ class CompareSpec:
     trace_options: TraceOptions
     out_dir: Path
     slo: dict | None = None
+    html: bool = True
 
 
 def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: TraceOptions,
-                  out_dir: str, slo: dict | None = None) -> CompareSpec:
+                  out_dir: str, slo: dict | None = None, html: bool = True) -> CompareSpec:
     """A :class:`CompareSpec` from the grid arguments and the explicit options."""
     trace, dims = parse_grid_args(args)
     base = read_config_file(config_file) if config_file else {}
     trace = trace or base.pop("trace", None)
     base.pop("trace", None)
-    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo)
+    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html)
 
 
 def grid_points(spec: CompareSpec) -> list[GridPoint]:
@@ -179,7 +183,8 @@ def grid_points(spec: CompareSpec) -> list[GridPoint]:
                                      source="compare options")
         config.validate()
         job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
-                     spec.out_dir / point_dir(i, settings, varying), spec.slo)
+                     spec.out_dir / point_dir(i, settings, varying), spec.slo,
+                     html=spec.html, plotlyjs="parent")   # one plotly.js for the directory
         points.append(GridPoint(point_label(settings, varying), settings, job))
     return points
 
@@ -211,11 +216,12 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     from .sim.sweep import SweepOptions, run_tasks
     from .reports.outdir import OutputDir
     points = grid_points(spec)
-    with OutputDir(spec.out_dir, (COMPARE_FILE, "report.html"), subdirs=True):
+    with OutputDir(spec.out_dir, COMPARE_FILES, subdirs=True):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
-        render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
-                              spec.out_dir / "report.html", spec.slo)
+        if spec.html:
+            render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
+                                  spec.out_dir / "report.html", spec.slo)
         write_json_atomic(spec.out_dir / COMPARE_FILE, result)
     return result
 

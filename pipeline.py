@@ -36,6 +36,7 @@ class RunJob:
     html: bool = True
     output_format: str = "csv"     # requests/timeline as csv or parquet
     bench: bool = False            # also bench.json (vllm bench serve's result shape)
+    plotlyjs: str = "inline"       # report.html's plotly.js (reports.page.PLOTLYJS_MODES)
 
 
 def resolve_trace(trace: str | None) -> tuple[Path, str]:
@@ -153,7 +154,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         if job.slo:
             summary["slo"] = job.slo
         write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html,
-                          output_format=job.output_format, bench=job.bench)
+                          output_format=job.output_format, bench=job.bench,
+                          plotlyjs=job.plotlyjs)
     return summary, requests_df, timeline_df
 
 

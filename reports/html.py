@@ -54,7 +54,8 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
                                                                      "queries_tokens")
     return cards([
         card("Output throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} "
-             "tok/s", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s"),
+             "tok/s", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s"
+             + _input_total(summary)),
         card("Completed", f"{fmt_num(get(summary, 'num_completed'))} / "
              f"{fmt_num(get(summary, 'num_requests'))}",
              f"in {fmt_seconds(get(summary, 'duration_s'))} simulated, "
@@ -70,6 +71,15 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
              f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
         *_tier_cards(summary),
     ])
+
+
+def _input_total(summary: dict) -> str:
+    """`` · input 1,234 · total 5,678 tok/s`` where the summary has them (newer runs)."""
+    inp = get(summary, "throughput_input_tokens_per_s")
+    tot = get(summary, "throughput_total_tokens_per_s")
+    if inp is None or tot is None:
+        return ""
+    return f" · input {fmt_num(inp)} · total {fmt_num(tot)} tok/s"
 
 
 def _tier_cards(summary: dict) -> list[str]:
