@@ -125,3 +125,17 @@ def test_parquet_without_pyarrow_is_one_line_and_writes_nothing(tmp_path):
     assert done.stderr == ("kvsim: error: field 'output_format': Parquet output needs "
                            "pyarrow: pip install 'kvsim[parquet]' (or pip install pyarrow)\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_where_time_goes_splits_the_completed_requests_time():
+    from kvsim.reports.phases import phase_shares, time_split_figure, time_split_note
+    df = three_requests()
+    shares = phase_shares(df)           # queue 0.15 s, prefill 0.25 s, decode 0.08 s of 0.48 s
+    assert shares == pytest.approx({"queue_s": 0.15 / 0.48, "prefill_s": 0.25 / 0.48,
+                                    "decode_s": 0.08 / 0.48})
+    fig = time_split_figure(df)
+    assert [t.name for t in fig.data] == ["queueing", "prefill", "decode"]
+    assert fig.layout.barmode == "stack" and fig.layout.yaxis.title.text.endswith("(s)")
+    assert time_split_note(df).startswith(
+        "Of all completed requests' end-to-end time (mean 240.0 ms): queueing 31.2%, "
+        "prefill 52.1%, decode 16.7%.")
