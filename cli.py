@@ -612,6 +612,45 @@ def validate_command(
              f"\nwrote {p}" for p in r.get("outputs", {}).values())))
 
 
+# --- kvsim validate-real (issue 18) ---
+
+
+@app.command("validate-real")
+def validate_real_command(
+    result: str = typer.Argument(..., metavar="RESULT", help="A real run: `vllm bench serve "
+                                 "--save-result --save-detailed` JSON, or the output of "
+                                 "vllm-oracle's replay.py (--timed)."),
+    trace: Optional[str] = _opt("The requests' trace (token ids, arrivals); needed for a "
+                                "vllm-oracle replay (its input file).", "--trace"),
+    model: Optional[str] = _opt("Model (default: the run's; tiny-llama for vllm-oracle).",
+                                "--model"),
+    gpu: Optional[str] = _opt("GPU of the real run.", "--gpu"),
+    tp: Optional[int] = _opt("Tensor-parallel GPUs.", "--tp"),
+    block_size: Optional[int] = _opt("Tokens per KV block.", "--block-size"),
+    num_gpu_blocks: Optional[int] = _opt("KV blocks (the real engine's).", "--num-gpu-blocks"),
+    max_num_seqs: Optional[int] = _opt("Most requests in a batch.", "--max-num-seqs"),
+    max_num_batched_tokens: Optional[int] = _opt("Token budget per step.",
+                                                 "--max-num-batched-tokens"),
+    profile: Optional[str] = _opt("Calibration profile for the cost model.", "--profile"),
+    fit: Optional[str] = _opt("Fit the cost model's step terms to the measured engine steps "
+                              "(vllm-oracle) and write the profile here (for kvsim run "
+                              "--profile); also prints the error after fitting.", "--fit",
+                              metavar="FILE"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Replay a real vLLM run's requests in kvsim and print the error table.
+
+    Same requests, same engine settings; per metric (throughput, TTFT/TPOT/E2E
+    p50/p90/p99) the real value, kvsim's and the relative error."""
+    from .realrun import render_validation, validate_real
+    given = dict(model=model, gpu=gpu, tp=tp, block_size=block_size,
+                 num_gpu_blocks=num_gpu_blocks, max_num_seqs=max_num_seqs,
+                 max_num_batched_tokens=max_num_batched_tokens, profile=profile)
+    out = validate_real(result, trace, {k: v for k, v in given.items() if v is not None}, fit)
+    emit(out, as_json, lambda r: typer.echo(render_validation(r) + (
+        f"\nwrote {r['profile']}" if "profile" in r else "")))
+
+
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived (a BaseException, so no ``except Exception`` swallows it)."""
 
