@@ -55,8 +55,18 @@ def _load_json(path: Path) -> dict:
 
 
 def read_real_run(path: str | os.PathLike, trace: str | os.PathLike | None = None) -> RealRun:
-    """A :class:`RealRun` from a ``vllm bench serve`` result or a vllm-oracle replay."""
-    p = Path(path)
+    """A :class:`RealRun` from a ``vllm bench serve`` result or a vllm-oracle replay; a
+    malformed one is a one-line :class:`KvsimError` naming the file."""
+    try:
+        return _read_real_run(Path(path), trace)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        if isinstance(e, KvsimError):
+            raise
+        what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())
+        raise KvsimError(f"malformed result ({what})", location=str(path)) from None
+
+
+def _read_real_run(p: Path, trace) -> RealRun:
     data = _load_json(p)
     if {"summary", "steps", "requests"} <= set(data):
         beside = p.parent / str(data["summary"].get("trace", ""))
@@ -211,15 +221,20 @@ def fit_profile(real: RealRun, model) -> dict:
             "model_shape": {k: getattr(model, k) for k in MODEL_SHAPE_KEYS}}
 
 
+def _cell(value, unit: str) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:,.1f} ms" if unit == "s" else f"{value:,.1f}"
+
+
 def render_error_table(rows: list[dict], title: str) -> str:
-    """The rows as a text table."""
-    lines = [title, f"{'metric':<22}{'real':>12}{'kvsim':>12}{'error':>10}"]
+    """The rows as a text table (latencies in ms, throughputs per second)."""
+    lines = [title, f"{'metric':<27}{'real':>12}{'kvsim':>12}{'error':>10}"]
     for r in rows:
-        fmt = (lambda v: "—" if v is None else f"{v:,.1f}") if r["unit"] != "s" else \
-              (lambda v: "—" if v is None else f"{v * 1000:,.1f} ms")
+        name = r["metric"] if r["unit"] == "s" else f"{r['metric']} ({r['unit']})"
         err = "—" if r["error"] is None else f"{100 * r['error']:+.1f}%"
-        lines.append(f"{r['metric'] + ' (' + r['unit'] + ')' if r['unit'] != 's' else r['metric']:<22}"
-                     f"{fmt(r['real']):>12}{fmt(r['kvsim']):>12}{err:>10}")
+        lines.append(f"{name:<27}{_cell(r['real'], r['unit']):>12}"
+                     f"{_cell(r['kvsim'], r['unit']):>12}{err:>10}")
     return "\n".join(lines)
 
 
