@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "run": "api", "load_trace": "api", "Result": "api", "Trace": "api",
     "plan": "api_studies", "hitrate": "api_studies", "Comparison": "api_studies",
-    "Plan": "api_studies", "HitRates": "api_studies",
+    "Plan": "api_studies", "HitRates": "api_studies", "validate_real": "realrun",
     "RunConfig": "sim.config", "ConfigError": "errors", "KvsimError": "errors",
     "TraceError": "errors",
 }

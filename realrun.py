@@ -7,6 +7,10 @@ is needed for the requests' token ids and arrival times). kvsim replays the same
 the same engine settings and reports, per metric, the real value, kvsim's and the relative
 error. :func:`fit_profile` fits the cost model's step terms to the oracle's measured steps and
 returns a profile for ``kvsim run --profile``.
+
+Clocks differ slightly: kvsim counts TTFT and E2E from a request's arrival; the oracle's
+vLLM counts them from when its loop added the request, which happens between engine steps
+(after the step in flight), so its latencies leave out up to one step of waiting.
 """
 
 from __future__ import annotations

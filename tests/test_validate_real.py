@@ -24,6 +24,8 @@ def test_kvsim_against_its_own_bench_json_has_no_error(tmp_path):
     assert result["kind"] == "vllm bench serve" and result["settings"]["model"] == "llama-2-7b"
     assert [r["metric"] for r in result["before"]] == [m for m, _ in METRICS]
     assert all(abs(e) < 1e-9 for e in errors(result["before"]).values())
+    import kvsim as api
+    assert api.validate_real(tmp_path / "bench.json")["before"] == result["before"]
 
 
 @pytest.fixture(scope="module")
