@@ -200,11 +200,22 @@ def error_rows(real: RealRun, summary: dict, requests: pd.DataFrame) -> list[dic
     return rows
 
 
+def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: solve, drop the most negative term, solve
+    again over the rest, until none is negative (a handful of terms: no solver needed)."""
+    keep = list(range(X.shape[1]))
+    while True:
+        coef = np.zeros(X.shape[1])
+        coef[keep] = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
+        if coef.min() >= 0 or len(keep) == 1:
+            return np.clip(coef, 0.0, None)
+        keep.remove(int(np.argmin(coef)))
+
+
 def fit_profile(real: RealRun, model) -> dict:
     """A fitted profile (``"kind": "fitted"``) whose step terms (per step, request, new token,
     KV token read, attention unit) are the non-negative least-squares fit of the oracle's
     measured step times; ``model`` is the :class:`ModelSpec` it was measured on."""
-    from scipy.optimize import nnls
     from .sim.profile import MODEL_SHAPE_KEYS
     if real.steps is None or real.steps.empty:
         raise KvsimError("fitting needs the engine steps of a vllm-oracle replay",
@@ -212,7 +223,7 @@ def fit_profile(real: RealRun, model) -> dict:
     s = real.steps
     X = np.column_stack([np.ones(len(s)), s["seqs"], s["tokens"], s["kv_tokens"],
                          s["attn_units"]]).astype(float)
-    coef, _ = nnls(X, s["wall_s"].to_numpy(dtype=float))
+    coef = nonnegative_lstsq(X, s["wall_s"].to_numpy(dtype=float))
     names = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s")
     fitted = {k: float(v) for k, v in zip(names, coef)}
     fitted.update(host_copy_s_per_byte=0.0, device_copy_s_per_byte=0.0, copy_call_s=0.0)

@@ -88,3 +88,15 @@ def test_bad_results_are_one_line(tmp_path):
     done = kvsim("validate-real", lonely)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "field 'trace': a vllm-oracle result needs its input trace" in done.stderr
+
+
+def test_the_fit_keeps_every_term_non_negative():
+    import numpy as np
+    from kvsim.realrun import nonnegative_lstsq
+    x = np.arange(10.0)
+    X = np.column_stack([np.ones(10), x, x ** 2])
+    y = 2 + 3 * x - 0.01 * x ** 2               # a negative square term is not allowed
+    coef = nonnegative_lstsq(X, y)
+    assert coef[2] == 0.0 and (coef >= 0).all()
+    assert coef[:2] == pytest.approx(np.linalg.lstsq(X[:, :2], y, rcond=None)[0])
+    assert nonnegative_lstsq(X, 2 + 3 * x) == pytest.approx([2, 3, 0], abs=1e-9)
