@@ -632,10 +632,11 @@ def validate_real_command(
     max_num_batched_tokens: Optional[int] = _opt("Token budget per step.",
                                                  "--max-num-batched-tokens"),
     profile: Optional[str] = _opt("Calibration profile for the cost model.", "--profile"),
-    fit: Optional[str] = _opt("Fit the cost model's step terms to the measured engine steps "
-                              "(vllm-oracle) and write the profile here (for kvsim run "
-                              "--profile); also prints the error after fitting.", "--fit",
-                              metavar="FILE"),
+    fit: Optional[str] = _opt("Fit the cost model to the run and write the profile here (for "
+                              "kvsim run --profile): its step terms to the measured engine "
+                              "steps (vllm-oracle), or one speed factor to the median TPOT "
+                              "(vllm bench serve); also prints the error after fitting.",
+                              "--fit", metavar="FILE"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replay a real vLLM run's requests in kvsim and print the error table.

@@ -253,6 +253,47 @@ def render_error_table(rows: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
+#: Profile sections whose times scale with the speed of the hardware (not communication).
+SPEED_SECTIONS = ("gemm", "elementwise", "attention", "overhead")
+
+
+def scaled_profile(gpu: str, factor: float) -> dict:
+    """The GPU's default profile with every compute time ``factor`` times longer: its
+    efficiencies divided by ``factor``, its fixed latencies and overheads multiplied."""
+    from .sim._catalog import profile_path
+    from .sim.gpus import resolve_gpu
+
+    def scale(node: dict) -> dict:
+        out = {}
+        for key, value in node.items():
+            if isinstance(value, dict):
+                out[key] = scale(value)
+            elif isinstance(value, (int, float)) and not key.startswith("_"):
+                out[key] = value / factor if "efficiency" in key else value * factor
+        return out
+    base = json.loads(profile_path(resolve_gpu(gpu).name).read_text())
+    return {**{k: scale(base[k]) for k in SPEED_SECTIONS}, "_speed_factor": factor,
+            "_source": f"kvsim validate-real --fit: {gpu}'s profile, compute {factor:.4g}x "
+                       "slower (fitted to the real run's median TPOT)"}
+
+
+def fit_speed(real: RealRun, chosen: dict, path, iterations: int = 4) -> dict:
+    """Fit one speed factor of the cost model to a real run without engine steps (a
+    ``vllm bench serve`` result): TPOT scales with it, so a few fixed-point rounds
+    ``factor *= real median TPOT / kvsim's`` settle it. Writes the profile to ``path``."""
+    from .api import run
+    from .reports.io import write_json_atomic
+    gpu = chosen.get("gpu") or "a100-80gb"
+    factor, target = 1.0, float(real.measured["tpot_s"].median())
+    for _ in range(iterations):
+        write_json_atomic(path, scaled_profile(gpu, factor))
+        r = run(real.requests, **{**chosen, "profile": str(path)})
+        factor *= target / float(r.requests["tpot_s"].median())
+    profile = scaled_profile(gpu, factor)
+    write_json_atomic(path, profile)
+    return profile
+
+
 def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = None,
                   settings: dict | None = None, fit: str | os.PathLike | None = None) -> dict:
     """Replay a real run in kvsim; the error table, and with ``fit`` (a file to write) the
@@ -267,10 +308,14 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
            "settings": {k: first.summary["config"][k] for k in sorted(chosen)},
            "before": error_rows(real, first.summary, first.requests)}
     if fit is not None:
-        profile = fit_profile(real, resolve_model(first.config.model))
-        write_json_atomic(fit, profile)
+        if real.steps is None:
+            profile = fit_speed(real, chosen, fit)
+        else:
+            profile = fit_profile(real, resolve_model(first.config.model))
+            write_json_atomic(fit, profile)
         fitted = run(real.requests, **{**chosen, "profile": str(fit)})
-        out.update(profile=str(fit), fitted_terms=profile["fitted"],
+        out.update(profile=str(fit), fitted_terms=profile.get("fitted") or {
+                       "speed_factor": profile["_speed_factor"]},
                    after=error_rows(real, fitted.summary, fitted.requests))
     return out
 

@@ -28,6 +28,23 @@ def test_kvsim_against_its_own_bench_json_has_no_error(tmp_path):
     assert api.validate_real(tmp_path / "bench.json")["before"] == result["before"]
 
 
+def test_fit_without_engine_steps_finds_the_speed_of_the_real_gpu(tmp_path):
+    # the "real" run is kvsim on an A100; validated as if it had run on an H100
+    assert kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "30",
+                 "--bench-json", "--out", tmp_path, "-q").returncode == 0
+    done = kvsim("validate-real", tmp_path / "bench.json", "--gpu", "h100-80gb", "--fit",
+                 tmp_path / "speed.json", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    before, after = errors(result["before"]), errors(result["after"])
+    assert before["TPOT p50"] < -0.3                       # an H100 is faster
+    assert after["TPOT p50"] == pytest.approx(0.0, abs=0.01)
+    assert abs(after["E2E p50"]) < abs(before["E2E p50"]) / 4
+    assert result["fitted_terms"]["speed_factor"] > 1.3
+    profile = json.loads((tmp_path / "speed.json").read_text())
+    assert profile["_speed_factor"] == result["fitted_terms"]["speed_factor"]
+
+
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
     profile = tmp_path_factory.mktemp("fit") / "fit.json"
