@@ -302,7 +302,7 @@ def run_command(
         fmt, limit, start, end, rate_scale, sort, config.seed, trace_model), Path(out),
         slo_targets(slo_ttft_p99, slo_tpot_p99) or None, html=html)
     summary = pipeline.run_job(job, quiet=quiet or as_json, notes=not quiet)
-    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out))
+    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out, html))
 
 
 # --- kvsim plan (issue 8) ---
@@ -390,7 +390,8 @@ def plan_command(
             result = planner.plan(spec, options, bar.update)
         plan_report.write_plan_outputs(out, result)
     emit(result, as_json, None if quiet else lambda r: (
-        plan_report.print_plan(r), typer.echo(f"wrote {out}/plan.json, plan.csv, report.html")))
+        plan_report.print_plan(r),
+        typer.echo(f"wrote {Path(out) / 'plan.json'}, plan.csv, report.html")))
 
 
 # --- kvsim hitrate (issue 5) ---
@@ -438,10 +439,11 @@ def _progress(message: str) -> None:
     typer.echo(f"kvsim: {message}", err=True)
 
 
-def _show_run(summary: dict, out: str) -> None:
+def _show_run(summary: dict, out: str, html: bool) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
-    typer.echo(f"wrote {out}/summary.json, requests.csv, timeline.csv, report.html")
+    report = ", report.html" if html else ""
+    typer.echo(f"wrote {Path(out) / 'summary.json'}, requests.csv, timeline.csv{report}")
 
 
 # --- kvsim compare (issue 5) ---
@@ -483,7 +485,8 @@ def compare_command(
             quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
     emit(result, as_json, None if quiet else lambda r: typer.echo(render_compare_table(
         [run["label"] for run in r["runs"]], [run["summary"] for run in r["runs"]])
-        + f"\nwrote {out}/compare.json, report.html and {len(r['runs'])} run directories"))
+        + f"\nwrote {Path(out) / 'compare.json'}, report.html and {len(r['runs'])} run "
+        "directories"))
 
 
 # --- kvsim profile, kvsim validate (issue 7) ---
