@@ -219,6 +219,9 @@ def run_command(
     enable_prefix_caching: Optional[bool] = typer.Option(
         None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching."),
     scheduling_policy: Optional[str] = _opt("fcfs or priority.", "--scheduling-policy"),
+    enable_chunked_prefill: Optional[bool] = typer.Option(None, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Chunked prefill (default on; off needs --max-num-batched-tokens >= max_model_len)."),
+    scheduler_reserve_full_isl: Optional[bool] = typer.Option(None, "--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl", help="Admit a request only when its whole sequence fits (vLLM's default)."),
+    sampling: Optional[str] = _opt("Generated tokens without recorded ids: random (unique per request, default) or greedy (identical prompts generate identical blocks).", "--sampling"),
     profile: Optional[str] = _opt("Calibration profile JSON for the cost model.", "--profile"),
     seed: Optional[int] = _opt("Seed of every random choice.", "--seed"),
     skip_ahead: Optional[bool] = typer.Option(

@@ -10,6 +10,7 @@ from kvsim.cache.policies import POLICY_NAMES
 from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
+from kvsim.identity import SAMPLING_MODES
 
 from .models import DTYPE_BYTES, weight_dtype_bytes
 
@@ -35,6 +36,9 @@ class RunConfig:
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
+    enable_chunked_prefill: bool = True
+    scheduler_reserve_full_isl: bool = True   # admit only when the whole sequence fits
+    sampling: str = "random"              # ids of unrecorded generated tokens: random, greedy
     dtype: str = "bf16"                   # KV cache, and weights unless weight_dtype is set
     weight_dtype: str | None = None       # bf16, fp16, fp8, int8, int4 (default: dtype)
     profile: str | None = None
@@ -74,6 +78,9 @@ class RunConfig:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"expected 'fcfs' or 'priority', got {self.scheduling_policy!r}",
                               field="scheduling_policy")
+        if self.sampling not in SAMPLING_MODES:
+            raise ConfigError(f"expected one of {', '.join(SAMPLING_MODES)}, got "
+                              f"{self.sampling!r}", field="sampling")
         if self.eviction not in POLICY_NAMES:
             raise ConfigError(f"expected one of {', '.join(POLICY_NAMES)}, got "
                               f"{self.eviction!r}", field="eviction")

@@ -69,6 +69,11 @@ def resolve_deployment(config: RunConfig) -> Deployment:
             f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
             f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
             field="max_model_len")
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
+        raise ConfigError(
+            f"without chunked prefill the token budget ({config.max_num_batched_tokens:,}) "
+            f"must hold the longest prompt: raise it to max_model_len ({max_len:,}) or lower "
+            "that (vLLM refuses this too)", field="max_num_batched_tokens")
     host = config.num_cpu_blocks or cpu_offload_blocks(
         model, config.cpu_offload_gb, config.tp, config.block_size, config.dtype)
     return Deployment(blocks, max_len, text, host)
@@ -93,7 +98,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
                         config.skip_ahead and config.layout == "paged")
                 for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log,
-                          config.block_size, deployment.max_model_len))
+                          config.block_size, deployment.max_model_len,
+                          config.sampling == "greedy"))
     start = time.perf_counter()
     _run(env, replicas, progress)
     return RunResult(config, deployment, steps, log, replicas, env.now,
@@ -124,14 +130,17 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=deployment.max_model_len,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
-        policy=config.scheduling_policy, preemption_mode=config.preemption_mode))
+        policy=config.scheduling_policy, preemption_mode=config.preemption_mode,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        reserve_full_sequence=config.scheduler_reserve_full_isl))
 
 
-def _arrivals(env, requests, replicas, router, log: RequestLog, block_size, max_model_len):
+def _arrivals(env, requests, replicas, router, log: RequestLog, block_size, max_model_len,
+              greedy=False):
     for request in requests:
         if request.arrival_s > env.now:
             yield env.timeout(request.arrival_s - env.now)
-        seq = Sequence(request, block_size)
+        seq = Sequence(request, block_size, greedy)
         index = router.choose(replicas, seq)
         log.on_arrival(request, index)
         if request.prompt_tokens >= max_model_len:
