@@ -48,7 +48,7 @@ def make_scheduler(s: dict) -> Scheduler:
         max_model_len=s["max_model_len"], policy="priority" if s["priority"] else "fcfs",
         long_prefill_token_threshold=s.get("long_prefill_token_threshold", 0),
         enable_chunked_prefill=not s.get("no_enable_chunked_prefill", False),
-        reserve_full_sequence=s.get("scheduler_reserve_full_isl", True)))
+        reserve_full_sequence=not s.get("no_scheduler_reserve_full_isl", False)))
 
 
 def replay_fixture(requests: list[tuple[int, Request]], settings: dict,
