@@ -88,3 +88,8 @@ def test_the_issue_16_fixtures_exercise_what_they_are_named_for():
     assert summaries["identical_prompts"]["preemptions"] > 0
     assert summaries["priority_ties"]["preemptions"] > 0
     assert summaries["priority_ties"]["settings"]["priority"]
+    assert summaries["long_prefill"]["settings"]["long_prefill_token_threshold"] > 0
+    assert summaries["no_chunked_prefill"]["settings"]["no_enable_chunked_prefill"]
+    assert summaries["no_reserve_full_isl"]["settings"]["no_scheduler_reserve_full_isl"]
+    assert summaries["odd_max_model_len"]["settings"]["max_model_len"] % 32
+    assert summaries["multi_turn"]["prefix_hits"] > 0
