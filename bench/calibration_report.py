@@ -1,10 +1,13 @@
 """Per-operator error of the default calibration profiles against Vidur's measured timings.
 
     python bench/calibration_report.py [--min-tokens 16] [--fit]
+    python bench/calibration_report.py --data DIR [--gpu a100-80gb] [--profile FILE]
 
 Prints, per operator, GPU and model, the median and p90 of |predicted - measured| / measured over
 every (token count, TP degree) row of Vidur's ``mlp.csv``; then the 28 attention rows and the
-all-reduce fit. ``--fit`` refits the GEMM and elementwise parameters (needs scipy) and prints them
+all-reduce fit. ``--data DIR``: instead, median and p90 per operator and TP degree for every
+``mlp.csv`` (Vidur's format) under DIR; the GPU comes from a parent folder named ``a100``,
+``h100``, ... or ``--gpu``, the layer shape from the file's model columns. ``--fit`` refits the GEMM and elementwise parameters (needs scipy) and prints them
 for pasting into ``sim/profiles/<gpu>.json``.
 
 Data: Vidur (Agrawal et al., MLSys 2024), github.com/microsoft/vidur ``data/profiling/`` (MIT).
@@ -76,11 +79,38 @@ def fit(root) -> None:
             print(f"{gpu_name} {op}: memory_eff {e.x[0]:.3f} min_time {e.x[1]:.2f} us")
 
 
+def report_dir(args) -> int:
+    """``--data DIR``: per file, operator and TP, median and p90 relative error."""
+    from pathlib import Path
+
+    from kvsim.errors import KvsimError
+    try:
+        table = cal.error_table_by_tp(Path(args.data), args.gpu, args.min_tokens, args.profile)
+    except KvsimError as e:
+        print(f"calibration_report: {e}", file=sys.stderr)
+        return 2
+    if table.empty:
+        print(f"calibration_report: no mlp.csv under {args.data}", file=sys.stderr)
+        return 2
+    pd.set_option("display.width", 200)
+    print(f"Per-operator error by TP degree, rows with >= {args.min_tokens} tokens:")
+    print(table.round(3).to_string(index=False))
+    layer = table[table["operator"] == "layer (sum)"]
+    print(f"\nlayer (sum): worst p90 {layer['p90_rel_err'].max():.3f} "
+          f"({len(layer)} file/TP cells)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-tokens", type=int, default=1, help="ignore rows with fewer tokens")
     ap.add_argument("--fit", action="store_true", help="refit the parameters (needs scipy)")
+    ap.add_argument("--data", help="report every mlp.csv under this directory, per TP")
+    ap.add_argument("--gpu", help="with --data: the catalog GPU of every file")
+    ap.add_argument("--profile", help="with --data: a calibration profile JSON to evaluate")
     args = ap.parse_args(argv)
+    if args.data:
+        return report_dir(args)
     root = cal.calibration_dir()
     if root is None:
         print("calibration data not found: set KVSIM_CALIBRATION_DIR", file=sys.stderr)
