@@ -174,3 +174,15 @@ def test_chat_and_agent_turns_continue_the_previous_turn(tmp_path, preset):
         [r.continues.request_id if r.continues else None for r in requests]
     assert [block_ids(b, 16).tolist() for b in back] == \
         [block_ids(r, 16).tolist() for r in requests]
+
+
+def test_trace_stats_count_a_resent_reply_as_an_ideal_hit(tmp_path):
+    from kvsim.workloads.stats import trace_stats
+    lines = [{"prompt_tokens": 32, "output_tokens": 32, "request_id": "a"},
+             {"prompt_tokens": 80, "output_tokens": 4, "continues": "a"}]
+    stats = trace_stats(read_trace(write(tmp_path, lines)), block_size=16)
+    assert stats["full_blocks"] == 2 + 5
+    assert stats["ideal_prefix_hit_ratio"] == pytest.approx(4 / 7)
+    unlinked = [dict(x) for x in lines]
+    unlinked[1].pop("continues")
+    assert trace_stats(read_trace(write(tmp_path, unlinked)), 16)["ideal_prefix_hit_ratio"] == 0
