@@ -253,18 +253,20 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, hit: CacheHit) -> None:
         self.waiting.pop()
-        if not self.kv.enable_prefix_caching:
-            pass                # vLLM records no prefix statistics with caching off
-        elif seq.num_preemptions == 0:
-            self.kv.record_query(len(seq), hit)
-        elif not hit.swapped:   # a swap-in is the request's own blocks, not a lookup
-            self.num_resumed_queries_tokens += len(seq)
-            self.num_resumed_hit_tokens += hit.num_tokens
+        if self.kv.enable_prefix_caching:   # with caching off vLLM records no prefix stats
+            self._record_lookup(seq, hit)
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit.num_tokens
         seq.num_computed_tokens = hit.num_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+
+    def _record_lookup(self, seq: Sequence, hit: CacheHit) -> None:
+        if seq.num_preemptions == 0:
+            self.kv.record_query(len(seq), hit)
+        elif not hit.swapped:   # a swap-in is the request's own blocks, not a lookup
+            self.num_resumed_queries_tokens += len(seq)
+            self.num_resumed_hit_tokens += hit.num_tokens
 
     def _num_new_tokens(self, seq: Sequence, computed: int, threshold: int,
                         budget: int) -> int | None:
