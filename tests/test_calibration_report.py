@@ -48,3 +48,17 @@ def test_the_report_runs_on_any_directory_and_names_what_it_cannot_read(tmp_path
     done = subprocess.run([sys.executable, str(REPORT), "--data", str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "field 'gpu'" in done.stderr
+
+
+def test_leave_one_model_out_refits_on_the_other_files(tmp_path):
+    import pytest
+    pytest.importorskip("scipy")
+    sys.path.insert(0, str(REPORT.parent))
+    from calibration_report import cross_validate
+    write_mlp(tmp_path / "h100" / "a", 1.0)
+    write_mlp(tmp_path / "h100" / "b", 1.0)
+    write_mlp(tmp_path / "a100" / "c", 1.0)
+    table = cross_validate(tmp_path)
+    h100 = table[table["gpu"] == "h100-80gb"]
+    assert (h100["train_files"] == 1).all() and (h100["p90_rel_err"] < 0.15).all()
+    assert table[table["gpu"] == "a100-80gb"]["p90_rel_err"].isna().all()
