@@ -17,7 +17,8 @@ import typer
 from . import __version__
 from .errors import KvsimError
 from .sim.config import (EvictionPolicy, KvDtype, Layout, LongPrompt, OffloadWrite,
-                         PreemptionMode, ReservePolicy, RouterName, SchedulingPolicy, WeightDtype)
+                         PreemptionMode, ReservePolicy, RouterName, Sampling,
+                         SchedulingPolicy, WeightDtype)
 from .workloads.generators.presets import PresetName
 from .workloads.options import TraceFormat
 
@@ -246,6 +247,15 @@ def run_command(
         "--no-enable-prefix-caching"),
     scheduling_policy: Optional[SchedulingPolicy] = setting("scheduling_policy",
                                                             "Queue order."),
+    enable_chunked_prefill: Optional[bool] = setting(
+        "enable_chunked_prefill", "Chunked prefill (off needs --max-num-batched-tokens >= "
+        "max_model_len).", "--enable-chunked-prefill/--no-enable-chunked-prefill"),
+    scheduler_reserve_full_isl: Optional[bool] = setting(
+        "scheduler_reserve_full_isl", "Admit a request only when its whole sequence fits "
+        "(vLLM's default).", "--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl"),
+    sampling: Optional[Sampling] = setting(
+        "sampling", "Generated tokens without recorded ids: random (unique per request) or "
+        "greedy (identical prompts generate identical blocks)."),
     profile: Optional[str] = setting("profile", "Calibration profile JSON for the cost model."),
     seed: Optional[int] = setting("seed", "Seed of every random choice."),
     skip_ahead: Optional[bool] = setting(
@@ -292,6 +302,8 @@ def run_command(
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         long_prompt=long_prompt, long_prefill_token_threshold=long_prefill_token_threshold,
         enable_prefix_caching=enable_prefix_caching, scheduling_policy=scheduling_policy,
+        enable_chunked_prefill=enable_chunked_prefill,
+        scheduler_reserve_full_isl=scheduler_reserve_full_isl, sampling=sampling,
         profile=profile, seed=seed, skip_ahead=skip_ahead, eviction=eviction, layout=layout,
         hybrid_threshold=hybrid_threshold, reserve=reserve,
         compaction_threshold=compaction_threshold, num_cpu_blocks=num_cpu_blocks,
