@@ -91,9 +91,10 @@ class RunConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict, source: str = "config") -> "RunConfig":
-        """Build from a mapping (a TOML file, CLI options) and check it; any bad key or value
-        is a :class:`ConfigError` naming ``source`` and the key."""
+    def from_dict(cls, values: dict, source: str = "config", check: bool = True) -> "RunConfig":
+        """Build from a mapping (a TOML file, CLI options); any bad key or value is a
+        :class:`ConfigError` naming ``source`` and the key. ``check`` also runs the checks
+        that involve several settings (:meth:`validate`)."""
         known = setting_names()
         clean = {}
         for key, value in values.items():
@@ -103,7 +104,8 @@ class RunConfig:
                                   location=source, field=str(key))
             clean[name] = value
         config = build(cls, clean, source)
-        config.validate(source)
+        if check:
+            config.validate(source)
         return config
 
     def validate(self, source: str | None = None) -> None:
