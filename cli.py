@@ -17,7 +17,8 @@ import typer
 from . import __version__
 from .errors import KvsimError
 from .sim.config import (EvictionPolicy, KvDtype, Layout, LongPrompt, OffloadWrite,
-                         PreemptionMode, ReservePolicy, RouterName, SchedulingPolicy, WeightDtype)
+                         PreemptionMode, ReservePolicy, RouterName, Sampling,
+                         SchedulingPolicy, WeightDtype)
 from .workloads.generators.presets import PresetName
 from .workloads.options import TraceFormat
 
@@ -254,6 +255,15 @@ def run_command(
         "--no-enable-prefix-caching"),
     scheduling_policy: Optional[SchedulingPolicy] = setting("scheduling_policy",
                                                             "Queue order."),
+    enable_chunked_prefill: Optional[bool] = setting(
+        "enable_chunked_prefill", "Chunked prefill (off needs --max-num-batched-tokens >= "
+        "max_model_len).", "--enable-chunked-prefill/--no-enable-chunked-prefill"),
+    scheduler_reserve_full_isl: Optional[bool] = setting(
+        "scheduler_reserve_full_isl", "Admit a request only when its whole sequence fits "
+        "(vLLM's default).", "--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl"),
+    sampling: Optional[Sampling] = setting(
+        "sampling", "Generated tokens without recorded ids: random (unique per request) or "
+        "greedy (identical prompts generate identical blocks)."),
     profile: Optional[str] = setting("profile", "Calibration profile JSON for the cost model."),
     seed: Optional[int] = setting("seed", "Seed of every random choice."),
     skip_ahead: Optional[bool] = setting(
@@ -302,6 +312,8 @@ def run_command(
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         long_prompt=long_prompt, long_prefill_token_threshold=long_prefill_token_threshold,
         enable_prefix_caching=enable_prefix_caching, scheduling_policy=scheduling_policy,
+        enable_chunked_prefill=enable_chunked_prefill,
+        scheduler_reserve_full_isl=scheduler_reserve_full_isl, sampling=sampling,
         profile=profile, seed=seed, skip_ahead=skip_ahead, eviction=eviction, layout=layout,
         hybrid_threshold=hybrid_threshold, reserve=reserve,
         compaction_threshold=compaction_threshold, num_cpu_blocks=num_cpu_blocks,
@@ -402,8 +414,8 @@ def plan_command(
             result = planner.plan(spec, options, bar.update)
         plan_report.write_plan_outputs(out, result, html=html)
     emit(result, as_json, None if quiet else lambda r: (
-        plan_report.print_plan(r), typer.echo(f"wrote {out}/plan.json, plan.csv"
-                                              + ", report.html" * html)))
+        plan_report.print_plan(r),
+        typer.echo(f"wrote {Path(out) / 'plan.json'}, plan.csv" + ", report.html" * html)))
 
 
 # --- kvsim hitrate (issue 5) ---
@@ -459,10 +471,10 @@ def _show_run(summary: dict, out: str, job=None) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
     ext = job.output_format if job is not None else "csv"
-    names = ["summary.json", f"requests.{ext}", f"timeline.{ext}"]
+    names = [f"requests.{ext}", f"timeline.{ext}"]
     names += ["bench.json"] * bool(job is not None and job.bench)
     names += ["report.html"] * bool(job is None or job.html)
-    typer.echo(f"wrote {out}/{', '.join(names)}")
+    typer.echo(f"wrote {Path(out) / 'summary.json'}, {', '.join(names)}")
 
 
 # --- kvsim compare (issue 5) ---
@@ -506,7 +518,7 @@ def compare_command(
             quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
     emit(result, as_json, None if quiet else lambda r: typer.echo(render_compare_table(
         [run["label"] for run in r["runs"]], [run["summary"] for run in r["runs"]])
-        + f"\nwrote {out}/compare.json{', report.html' if html else ''} and "
+        + f"\nwrote {Path(out) / 'compare.json'}{', report.html' if html else ''} and "
         f"{len(r['runs'])} run directories"))
 
 

@@ -116,9 +116,10 @@ def config_from_sources(trace: str | None, config_file: str | None,
                           field="trace")
     path, label = resolve_trace(trace or in_file)
     options = {k: v for k, v in given.items() if v is not None}
-    config = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "command line")
-    config = RunConfig.from_dict({**config.to_dict(), **options}, source="command line")
-    return config, path
+    in_toml = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "",
+                                  check=False)    # each value checked, naming the file
+    where = f"{config_file} with the command line" if config_file else "command line"
+    return RunConfig.from_dict({**in_toml.to_dict(), **options}, where), path
 
 
 def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,
@@ -141,12 +142,12 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         require_parquet()
     with OutputDir(job.out_dir, RUN_FILES):
         deployment = resolve_deployment(job.config)
-        scan = scan_trace(job, deployment.max_model_len) if (bar or notes or not quiet) \
-            else None
+        scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and scan.num_long:
             say(long_prompt_note(scan, job.config, deployment.max_model_len))
-        show = (RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
-                else None if quiet else ProgressLines("simulating", scan.num_requests))
+        show = None if quiet else (
+            RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
+            else ProgressLines("simulating", scan.num_requests))
         with show or nullcontext():
             result = simulate(load_trace(job.trace_path, job.trace_options), job.config,
                               progress=show.update if show else None)

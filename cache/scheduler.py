@@ -148,12 +148,9 @@ class Scheduler:
             return True
         seq = self.waiting.peek()
         hit = self._lookup(seq)
-        if not self.config.enable_chunked_prefill and len(seq) - hit.num_tokens > \
-                decode_budget_left:
-            return True
         n = self._num_new_tokens(seq, hit.num_tokens, self._prefill_threshold(),
                                  decode_budget_left)
-        if not self._can_admit(seq, hit):
+        if n is None or not self._can_admit(seq, hit):
             return True
         return not self.kv.can_allocate(seq.request_id, n, hit)
 
@@ -233,11 +230,8 @@ class Scheduler:
         while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.peek()
             hit = self._lookup(seq)
-            n = len(seq) - hit.num_tokens
-            if not self.config.enable_chunked_prefill and n > budget:
-                break
             n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
-            if not self._can_admit(seq, hit) or self.kv.allocate(
+            if n is None or not self._can_admit(seq, hit) or self.kv.allocate(
                     seq.request_id, seq, n, hit) is None:
                 break
             self._admit(seq, hit)
@@ -259,22 +253,30 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, hit: CacheHit) -> None:
         self.waiting.pop()
-        if seq.num_preemptions == 0:
-            self.kv.record_query(len(seq), hit)
-        elif not hit.swapped:   # a swap-in is the request's own blocks, not a lookup
-            self.num_resumed_queries_tokens += len(seq)
-            self.num_resumed_hit_tokens += hit.num_tokens
+        if self.kv.enable_prefix_caching:   # with caching off vLLM records no prefix stats
+            self._record_lookup(seq, hit)
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit.num_tokens
         seq.num_computed_tokens = hit.num_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    @staticmethod
-    def _num_new_tokens(seq: Sequence, computed: int, threshold: int, budget: int) -> int:
+    def _record_lookup(self, seq: Sequence, hit: CacheHit) -> None:
+        if seq.num_preemptions == 0:
+            self.kv.record_query(len(seq), hit)
+        elif not hit.swapped:   # a swap-in is the request's own blocks, not a lookup
+            self.num_resumed_queries_tokens += len(seq)
+            self.num_resumed_hit_tokens += hit.num_tokens
+
+    def _num_new_tokens(self, seq: Sequence, computed: int, threshold: int,
+                        budget: int) -> int | None:
+        """Tokens a waiting request would be scheduled; None when, without chunked prefill,
+        they (capped by the threshold first, as vLLM does) do not fit the budget."""
         n = seq.num_prompt_tokens + seq.num_output_tokens - computed
         if 0 < threshold < n:
             n = threshold
+        if n > budget and not self.config.enable_chunked_prefill:
+            return None
         return min(n, budget)
 
     # --- finishing -----------------------------------------------------------------------

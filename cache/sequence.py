@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-from kvsim.workloads.request import Request
+from kvsim.identity import block_ids
 
-# Salt of the ids of blocks holding generated tokens: no trace names those tokens, so such a
-# block is unique to its request (Python's hash of a tuple of ints is stable across runs).
-_GENERATED = 0x3B5D7F91
+if TYPE_CHECKING:
+    from kvsim.workloads.request import Request
 
 
 class SequenceStatus(enum.Enum):
@@ -21,16 +21,17 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """Scheduling state of one :class:`~kvsim.workloads.Request`.
 
-    A :class:`~kvsim.cache.BlockHashSource`: its prompt blocks carry the trace's prefix ids at the
-    engine block size (computed once, on first use); a block reaching into generated tokens
-    gets an id unique to the request. ``len(seq)`` is the number of tokens it has now (prompt plus generated).
+    A :class:`~kvsim.cache.BlockHashSource`: its blocks, prompt or generated, carry the ids of
+    :func:`kvsim.identity.block_ids` at the engine block size (computed once, on first use);
+    ``greedy`` is the sampling mode of generated tokens the trace does not record.
+    ``len(seq)`` is the number of tokens it has now (prompt plus generated).
     """
 
     __slots__ = ("request", "request_id", "arrival_s", "priority", "num_prompt_tokens",
                  "max_tokens", "num_output_tokens", "num_computed_tokens", "status",
-                 "num_preemptions", "num_cached_tokens", "block_size", "_prompt_hashes")
+                 "num_preemptions", "num_cached_tokens", "block_size", "greedy", "_hashes")
 
-    def __init__(self, request: Request, block_size: int):
+    def __init__(self, request: "Request", block_size: int, greedy: bool = False):
         self.request = request
         self.request_id = request.request_id
         self.arrival_s = request.arrival_s
@@ -43,7 +44,8 @@ class Sequence:
         self.num_preemptions = 0
         self.num_cached_tokens = -1
         self.block_size = block_size
-        self._prompt_hashes: list[int] | None = None
+        self.greedy = greedy
+        self._hashes: list[int] | None = None
 
     def __len__(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
@@ -63,18 +65,16 @@ class Sequence:
                 < (other.priority, other.arrival_s, other.request_id))
 
     def block_hashes(self, start: int, end: int) -> list[int]:
-        prompt = self._prompt_hashes
-        if prompt is None:
-            prompt = self._prompt_hashes = self.request.block_hashes(self.block_size).tolist()
-        if end <= len(prompt):
-            return prompt[start:end]
-        rid = self.request_id
-        extra = [hash((_GENERATED, rid, i)) for i in range(max(start, len(prompt)), end)]
-        return prompt[start:] + extra if start < len(prompt) else extra
+        hashes = self._hashes
+        if hashes is None:
+            total = self.num_prompt_tokens + self.max_tokens
+            hashes = self._hashes = block_ids(self.request, self.block_size, total,
+                                              self.greedy).tolist()
+        return hashes[start:end]
 
     def release_hashes(self) -> None:
-        """Drop the cached prompt ids (a finished request no longer needs them)."""
-        self._prompt_hashes = None
+        """Drop the cached ids (a finished request no longer needs them)."""
+        self._hashes = None
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id}, {self.status.value}, "

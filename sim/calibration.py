@@ -96,6 +96,67 @@ def error_table(root: Path, min_tokens: int = 1, profile=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# --- any directory of mlp.csv files (Vidur's format) ----------------------------------------------
+GPU_FOLDERS = {"a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200", "l4": "l4",
+               "l40s": "l40s", "a100-40gb": "a100-40gb"}
+"""Vidur's GPU folder names (``compute/<gpu>/<model>/mlp.csv``) and the catalog GPU of each."""
+
+
+def find_mlp_files(data_dir: Path, gpu: str | None = None) -> list[tuple[Path, str]]:
+    """Every ``mlp.csv`` under ``data_dir`` with its catalog GPU: ``gpu`` when given, else the
+    nearest parent folder named as in :data:`GPU_FOLDERS`. A file whose GPU cannot be told is
+    an error naming it."""
+    from kvsim.errors import ConfigError
+    found = []
+    for path in sorted(Path(data_dir).rglob("mlp.csv")):
+        name = gpu or next((GPU_FOLDERS[p.lower()] for p in reversed(path.parent.parts)
+                            if p.lower() in GPU_FOLDERS), None)
+        if name is None:
+            raise ConfigError(f"no GPU folder ({', '.join(GPU_FOLDERS)}) above it; pass --gpu",
+                              location=str(path), field="gpu")
+        found.append((path, name))
+    return found
+
+
+def model_from_mlp(raw: pd.DataFrame, label: str) -> ModelSpec:
+    """The layer shape a Vidur ``mlp.csv`` was measured on, from its model columns."""
+    row = raw.iloc[0]
+    heads, embd = int(row["n_head"]), int(row["n_embd"])
+    return ModelSpec(label, 1, embd, heads, int(row["n_kv_head"]), embd // heads,
+                     int(row["n_expanded_embd"]), int(row["vocab_size"]), 4096,
+                     gated_mlp=bool(row["use_gated_mlp"]))
+
+
+def load_mlp_file(path: Path) -> tuple[pd.DataFrame, ModelSpec]:
+    """One ``mlp.csv``: the frame of :func:`load_mlp` and the model it was measured on."""
+    raw = pd.read_csv(path)
+    out = pd.DataFrame({"num_tokens": raw["num_tokens"], "tp": raw["num_tensor_parallel_workers"]})
+    for op in GEMM_OPS + ELEMENTWISE_OPS:
+        out[op] = raw[f"time_stats.{op}.median"] / 1e3
+    out = out.drop_duplicates(["num_tokens", "tp"]).sort_values(["tp", "num_tokens"])
+    return out, model_from_mlp(raw, path.parent.name)
+
+
+def error_table_by_tp(data_dir: Path, gpu: str | None = None, min_tokens: int = 1,
+                      profile=None) -> pd.DataFrame:
+    """Median and p90 relative error per file, operator (and group) and TP degree."""
+    groups = [(op, (op,)) for op in GEMM_OPS + ELEMENTWISE_OPS]
+    groups += [("linear (sum)", GEMM_OPS), ("elementwise (sum)", ELEMENTWISE_OPS),
+               ("layer (sum)", GEMM_OPS + ELEMENTWISE_OPS)]
+    rows = []
+    for path, gpu_name in find_mlp_files(data_dir, gpu):
+        df, model = load_mlp_file(path)
+        spec, prof = resolve_gpu(gpu_name), load_profile(gpu_name, profile)
+        for tp, part in df[df["num_tokens"] >= min_tokens].groupby("tp"):
+            for name, ops in groups:
+                err = relative_errors(part, model, spec, prof, ops)
+                rows.append({"file": str(path.relative_to(data_dir)), "gpu": gpu_name,
+                             "tp": int(tp), "operator": name,
+                             "median_rel_err": float(np.median(err)),
+                             "p90_rel_err": float(np.quantile(err, 0.9)), "rows": len(err)})
+    return pd.DataFrame(rows)
+
+
 # --- attention sample ----------------------------------------------------------------------------
 def load_attention_rows(root: Path) -> pd.DataFrame:
     """The 28 hand-copied Llama-3-8B A100 attention rows (times converted to seconds)."""

@@ -20,6 +20,7 @@ from kvsim.cache.policies import POLICY_NAMES
 from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
+from kvsim.identity import SAMPLING_MODES
 
 from .models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
 from .router import ROUTERS
@@ -45,6 +46,7 @@ ReservePolicy = Literal[RESERVE_POLICIES]
 OffloadWrite = Literal[WRITE_POLICIES]
 PreemptionMode = Literal[PREEMPTION_MODES]
 LongPrompt = Literal[LONG_PROMPT_ACTIONS]
+Sampling = Literal[SAMPLING_MODES]
 
 
 @dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid"))
@@ -66,6 +68,9 @@ class RunConfig:
     long_prefill_token_threshold: NonNegative = 0
     enable_prefix_caching: bool = True
     scheduling_policy: SchedulingPolicy = "fcfs"
+    enable_chunked_prefill: bool = True
+    scheduler_reserve_full_isl: bool = True   # admit only when the whole sequence fits
+    sampling: Sampling = "random"             # ids of unrecorded generated tokens
     dtype: KvDtype = "bf16"              # KV cache, and weights unless weight_dtype
     weight_dtype: Optional[WeightDtype] = None   # default: dtype
     profile: Optional[str] = None
@@ -86,9 +91,10 @@ class RunConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict, source: str = "config") -> "RunConfig":
-        """Build from a mapping (a TOML file, CLI options) and check it; any bad key or value
-        is a :class:`ConfigError` naming ``source`` and the key."""
+    def from_dict(cls, values: dict, source: str = "config", check: bool = True) -> "RunConfig":
+        """Build from a mapping (a TOML file, CLI options); any bad key or value is a
+        :class:`ConfigError` naming ``source`` and the key. ``check`` also runs the checks
+        that involve several settings (:meth:`validate`)."""
         known = setting_names()
         clean = {}
         for key, value in values.items():
@@ -98,7 +104,8 @@ class RunConfig:
                                   location=source, field=str(key))
             clean[name] = value
         config = build(cls, clean, source)
-        config.validate(source)
+        if check:
+            config.validate(source)
         return config
 
     def validate(self, source: str | None = None) -> None:

@@ -6,12 +6,11 @@ the KV pool sizing need: parameter count, weight bytes, KV bytes per token, line
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.sim._catalog import close_matches, load_catalog
+from kvsim.sim._catalog import close_matches, load_catalog, read_json_object
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
                "half": 2, "fp8": 1, "int8": 1}
@@ -176,17 +175,7 @@ _HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "opt":
 def model_from_hf_config(path: Path) -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` of a llama, mistral, qwen2
     or opt model."""
-    try:
-        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError("no such model config file", location=str(path),
-                          field="model") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        text = getattr(exc, "strerror", None) or " ".join(str(exc).split())
-        raise ConfigError(f"cannot read model config: {text}", location=str(path),
-                          field="model") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError("expected a JSON object", location=str(path), field="model")
+    cfg = read_json_object(path, "model config", "model")
     family = _HF_FAMILIES.get(str(cfg.get("model_type", "")).lower())
     if family is None:
         arch = cfg.get("architectures")

@@ -9,16 +9,15 @@ path and :class:`TraceOptions`, never request objects, and load the trace themse
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Sequence
 
 from kvsim.errors import ConfigError
 from kvsim.workloads import TraceOptions, load_trace
 
+from ._catalog import read_json_object
 from .config import RunConfig, build
 from .gpus import list_gpus, resolve_gpu
 from .models import resolve_model
@@ -148,12 +147,8 @@ def load_prices(path: str | None = None) -> dict[str, float | None]:
 
 
 def _read_prices(path: str) -> dict[str, float]:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        text = getattr(e, "strerror", None) or " ".join(str(e).split())
-        raise ConfigError(f"cannot read the price table: {text}", location=path) from None
-    data = data.get("prices", data) if isinstance(data, dict) else data
+    data = read_json_object(path, "price table", "price_table")
+    data = data.get("prices", data)
     if not isinstance(data, dict):
         raise ConfigError('expected a JSON object {"gpu": price per GPU-hour}', location=path)
     out = {}

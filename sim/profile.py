@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.sim._catalog import profile_path
+from kvsim.sim._catalog import profile_path, read_json_object
 
 ELEMENTWISE_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
 
@@ -152,15 +152,7 @@ def _check_number(value, name: str, where: str | None) -> None:
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        text = getattr(exc, "strerror", None) or " ".join(str(exc).split())
-        raise ConfigError(f"cannot read calibration profile: {text}", location=str(path),
-                          field="profile") from None
-    if not isinstance(data, dict):
-        raise ConfigError("expected a JSON object", location=str(path), field="profile")
-    return data
+    return read_json_object(path, "calibration profile", "profile")
 
 
 def _overlay(base: dict, override: dict) -> None:

@@ -70,6 +70,11 @@ def resolve_deployment(config: RunConfig) -> Deployment:
             f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
             f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
             field="max_model_len")
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
+        raise ConfigError(
+            f"without chunked prefill the token budget ({config.max_num_batched_tokens:,}) "
+            f"must hold the longest prompt: raise it to max_model_len ({max_len:,}) or lower "
+            "that (vLLM refuses this too)", field="max_num_batched_tokens")
     host = config.num_cpu_blocks or cpu_offload_blocks(
         model, config.cpu_offload_gb, config.tp, config.block_size, config.dtype)
     return Deployment(blocks, max_len, text, host)
@@ -125,19 +130,22 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=deployment.max_model_len,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
-        policy=config.scheduling_policy, preemption_mode=config.preemption_mode))
+        policy=config.scheduling_policy, preemption_mode=config.preemption_mode,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        reserve_full_sequence=config.scheduler_reserve_full_isl))
 
 
 def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfig,
               max_model_len: int):
     truncating = config.long_prompt == "truncate"
+    greedy = config.sampling == "greedy"
     for request in requests:
         if request.arrival_s > env.now:
             yield env.timeout(request.arrival_s - env.now)
         log.on_arrival(request, -1)
         if truncating and truncate(request, max_model_len):
             log.on_truncated(request.request_id)
-        seq = Sequence(request, config.block_size)
+        seq = Sequence(request, config.block_size, greedy)
         index = router.choose(replicas, seq)     # a replica answers the rejection, as in vLLM
         log.on_routed(request.request_id, index)
         if request.prompt_tokens >= max_model_len:

@@ -2,8 +2,9 @@
 vLLM, replayed through kvsim's scheduler with the oracle's settings and arrival clock.
 
 A fixture is ``NAME.jsonl`` (one request per line: ``prompt_token_ids``, ``output_tokens``,
-optional ``arrival_step`` and ``priority``) beside ``NAME.vllm.json`` (vLLM's record; its
-``summary.settings`` are the engine settings). Used by the parity test and by
+optional ``arrival_step``, ``priority`` and ``output_token_ids``, the tokens vLLM generated)
+beside ``NAME.vllm.json`` (vLLM's record; its ``summary.settings`` are the engine settings). The
+oracle decodes greedily, so generated blocks are identified as ``--sampling greedy`` does. Used by the parity test and by
 ``kvsim.real_backend.vllm_reference``; nothing here needs torch or vLLM.
 """
 
@@ -27,21 +28,27 @@ def load_fixture(path: Path) -> tuple[list[tuple[int, Request]], dict]:
     for i, line in enumerate(x for x in path.read_text().splitlines() if x.strip()):
         r = json.loads(line)
         ids = np.array(r["prompt_token_ids"], dtype=np.int64)
-        reqs.append((r.get("arrival_step", 0), Request(i, 0.0, len(ids), r["output_tokens"],
-                                                        prompt_token_ids=ids,
-                                                        priority=r.get("priority", 0))))
+        request = Request(i, 0.0, len(ids), r["output_tokens"], prompt_token_ids=ids,
+                          priority=r.get("priority", 0))
+        if r.get("output_token_ids") is not None:
+            request.output_token_ids = np.array(r["output_token_ids"], dtype=np.int64)
+        reqs.append((r.get("arrival_step", 0), request))
     oracle = json.loads(path.with_name(path.name[:-len(".jsonl")] + ".vllm.json").read_text())
     return reqs, oracle
 
 
 def make_scheduler(s: dict) -> Scheduler:
-    """The oracle's settings: ``num_blocks - 1`` usable blocks (block 0 is vLLM's null block)."""
+    """The oracle's settings: ``num_blocks - 1`` usable blocks (block 0 is vLLM's null block);
+    every scheduler option kvsim has, where the record names it (else vLLM's default)."""
     kv = KVCacheManager(s["num_blocks"] - 1, s["block_size"],
                         enable_prefix_caching=not s["no_prefix_caching"],
                         max_model_len=s["max_model_len"])
     return Scheduler(kv, SchedulerConfig(
         max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
-        max_model_len=s["max_model_len"], policy="priority" if s["priority"] else "fcfs"))
+        max_model_len=s["max_model_len"], policy="priority" if s["priority"] else "fcfs",
+        long_prefill_token_threshold=s.get("long_prefill_token_threshold", 0),
+        enable_chunked_prefill=not s.get("no_enable_chunked_prefill", False),
+        reserve_full_sequence=not s.get("no_scheduler_reserve_full_isl", False)))
 
 
 def replay_fixture(requests: list[tuple[int, Request]], settings: dict,
@@ -54,7 +61,7 @@ def replay_fixture(requests: list[tuple[int, Request]], settings: dict,
     pending, clock, seqs = list(requests), 0, {}
     while pending or sched.has_unfinished():
         while pending and pending[0][0] <= clock:
-            seq = Sequence(pending.pop(0)[1], settings["block_size"])
+            seq = Sequence(pending.pop(0)[1], settings["block_size"], greedy=True)
             seqs[seq.request_id] = seq
             sched.add(seq)
         if not sched.has_unfinished():

@@ -179,7 +179,7 @@ CLI = [
     (["hitrate", "sample:mooncake", "--capacity", "x"], "capacity"),
     (["trace-stats", "sample:nope"], "sample"), (["gen", "chat", "--out", "g.jsonl",
                                                   "--arrival", "x"], "--arrival"),
-    (["gen", "nope", "--out", "g.jsonl"], "preset"),
+    (["gen", "nope", "--out", "g.jsonl"], "'PRESET': 'nope' is not one of"),
 ]
 
 

@@ -83,6 +83,17 @@ def long_trace(path, n: int = 60_000):
     return path
 
 
+def wait_for_lock(out, proc, timeout: float = 120) -> None:
+    """Wait until ``proc`` holds ``out`` (its lock file exists), then a little longer."""
+    deadline = time.monotonic() + timeout
+    while not (out / ".kvsim.lock").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "kvsim never took the --out lock"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert proc.poll() is None, proc.communicate()
+
+
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig, status):
     trace = long_trace(tmp_path / "long.jsonl")
@@ -91,8 +102,7 @@ def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig,
     (out / "summary.json").write_text("{}")   # an earlier run's result: must not survive
     proc = subprocess.Popen([*KVSIM, "run", str(trace), "--out", str(out), "--no-skip-ahead"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
-    assert proc.poll() is None, proc.communicate()
+    wait_for_lock(out, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status
@@ -106,7 +116,7 @@ def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):
     first = subprocess.Popen([*KVSIM, "run", str(trace), "--out", str(tmp_path / "o"), "-q"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(3)
+        wait_for_lock(tmp_path / "o", first)
         start = time.monotonic()
         second = kvsim("run", "--limit", "5", "--out", tmp_path / "o")
         assert second.returncode == 2

@@ -67,3 +67,19 @@ def test_progress_shows_sim_time_requests_and_eta():
     text = buf.getvalue()
     assert "100.00 s / 100.00 s" in text and "40 / 40 requests" in text
     assert "ETA" in text and "100%" in text
+
+
+def test_progress_lines_for_a_pipe_are_throttled_and_say_what_is_done():
+    import io
+    from kvsim.reports.terminal import ProgressLines
+    out = io.StringIO()
+    with ProgressLines("simulating", 300, every_s=3600, file=out) as p:
+        p.update(12.0, 10)                       # within the first interval: silent
+    assert out.getvalue() == ""
+    with ProgressLines("simulating", 300, every_s=0, file=out) as p:
+        p.update(90.0, 150)
+        p.update_count(3, 8)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("kvsim: simulating: 150 of 300 requests done, 90.00 s "
+                               "simulated (") and lines[0].endswith(" s elapsed)")
+    assert lines[1].startswith("kvsim: simulating: 3 of 8 done (")

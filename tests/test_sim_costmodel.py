@@ -129,7 +129,7 @@ def test_profile_overrides_from_dict_and_file(tmp_path, a100):
     path.write_text(json.dumps({"gemm": {"memory_efficiency": "fast"}}))
     with pytest.raises(ConfigError, match="profile"):
         CostModel("llama-2-7b", "a100-80gb", profile=path)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="no such calibration profile file"):
         CostModel("llama-2-7b", "a100-80gb", profile=tmp_path / "missing.json")
 
 

@@ -20,15 +20,26 @@ def load(name):
     return load_fixture(FIXTURES / f"{name}.jsonl")
 
 
-def replay(requests, settings):
-    """Step the scheduler with the oracle's arrival clock; record what each step did."""
+def replay(requests, settings, record=None):
+    """Step the scheduler with the oracle's arrival clock; record what each step did (and,
+    into ``record``, the step's counts, usage, prefix stats, first tokens and finishes)."""
     steps = []
 
     def step(sched):
+        stats = sched.kv.prefix_stats
+        before = (stats.num_queries_tokens, stats.num_hit_tokens)
         plan = sched.schedule()
-        sched.update_from_output()
+        outcome = sched.update_from_output()
         steps.append(({s.request_id: s.num_new_tokens for s in plan.scheduled},
                       list(plan.preempted)))
+        if record is not None:
+            record.append(dict(
+                running=sched.num_running, waiting=sched.num_waiting,
+                kv_usage=1 - sched.kv.num_free_blocks / sched.kv.num_blocks,
+                prefix_queries=stats.num_queries_tokens - before[0],
+                prefix_hits=stats.num_hit_tokens - before[1],
+                first=[s.request_id for s in outcome.first_tokens],
+                finished=[s.request_id for s in outcome.finished]))
 
     return steps, replay_fixture(requests, settings, step)
 
@@ -54,3 +65,31 @@ def test_fixtures_cover_the_interesting_cases():
     assert summaries["preemption_heavy"]["preemptions"] > 0
     assert summaries["shared_prefix"]["cached_tokens"] > 0
     assert summaries["mixed_arrivals"]["cached_tokens"] > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kvsim_matches_vllms_step_stats_and_request_timeline(name):
+    requests, oracle = load(name)
+    record = []
+    replay(requests, oracle["summary"]["settings"], record)
+    for i, (got, want) in enumerate(zip(record, oracle["steps"])):
+        for key in ("running", "waiting", "prefix_queries", "prefix_hits"):
+            assert got[key] == want[key], f"step {i}: {key}"
+        assert got["kv_usage"] == pytest.approx(want["kv_usage"], abs=1e-9), f"step {i}"
+    first = {r: i for i, s in enumerate(record) for r in s["first"]}
+    finish = {r: i for i, s in enumerate(record) for r in s["finished"]}
+    for r in oracle["requests"]:
+        assert (first[r["index"]], finish[r["index"]]) == \
+            (r["first_token_step"], r["finish_step"]), f"request {r['index']}"
+
+
+def test_the_issue_16_fixtures_exercise_what_they_are_named_for():
+    summaries = {n: load(n)[1]["summary"] for n in NAMES}
+    assert summaries["identical_prompts"]["preemptions"] > 0
+    assert summaries["priority_ties"]["preemptions"] > 0
+    assert summaries["priority_ties"]["settings"]["priority"]
+    assert summaries["long_prefill"]["settings"]["long_prefill_token_threshold"] > 0
+    assert summaries["no_chunked_prefill"]["settings"]["no_enable_chunked_prefill"]
+    assert summaries["no_reserve_full_isl"]["settings"]["no_scheduler_reserve_full_isl"]
+    assert summaries["odd_max_model_len"]["settings"]["max_model_len"] % 32
+    assert summaries["multi_turn"]["prefix_hits"] > 0

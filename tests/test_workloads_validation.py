@@ -190,3 +190,42 @@ def test_window_that_keeps_nothing(tmp_path):
 ])
 def test_bad_options(tmp_path, opts, field):
     assert trace_error(tmp_path, lines(MOON), opts).field == field
+
+
+def test_a_line_longer_than_the_limit_is_refused_without_reading_it_whole(tmp_path,
+                                                                           monkeypatch):
+    from kvsim.workloads import lines
+    monkeypatch.setattr(lines, "MAX_LINE_BYTES", 1024)
+    err = trace_error(tmp_path, json.dumps(NATIVE) + "\n" + "x" * 5000 + "\n")
+    assert err.one_line() == f"{tmp_path / 't.jsonl'}:2: line longer than 1,024 bytes; not a trace file?"
+
+
+def test_a_read_error_mid_trace_is_one_line(tmp_path, monkeypatch):
+    from kvsim.workloads import lines
+
+    class Failing:
+        def __init__(self):
+            self.calls = 0
+
+        def readline(self, limit):
+            self.calls += 1
+            if self.calls > 1:
+                raise OSError(5, "Input/output error")
+            return (json.dumps(NATIVE) + "\n").encode()
+
+    got = lines._raw_lines(Failing(), tmp_path / "t.jsonl")
+    assert next(got) == (json.dumps(NATIVE) + "\n").encode()
+    with pytest.raises(TraceError, match=r"t.jsonl:2: read error: Input/output error"):
+        next(got)
+
+
+@pytest.mark.parametrize("line, field", [
+    ({**NATIVE, "priority": 2**31}, "priority"),
+    ({**NATIVE, "prompt_token_ids": [[1, 2], [3, 4]], "prompt_tokens": None}, "prompt_token_ids"),
+    ({**MOON, "hash_ids": [[1], [2]]}, "hash_ids"),
+    ({**MOON, "hash_ids": [1, -2]}, "hash_ids"),
+    ({**MOON, "timestamp": 1e300}, "timestamp"),
+])
+def test_ranges_and_flat_id_lists(tmp_path, line, field):
+    err = trace_error(tmp_path, json.dumps(line) + "\n")
+    assert err.field == field and err.location == f"{tmp_path / 't.jsonl'}:1"

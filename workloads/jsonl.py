@@ -18,6 +18,10 @@ key                 required  meaning
 ``priority``        no        integer, lower = more important (as vLLM); default 0
 ``session_id``      no        string (or integer) naming a conversation / agent task
 ``template_id``     no        string (or integer) naming a shared system-prompt template
+``output_token_ids`` no       the generated tokens, when recorded (see :mod:`.links`)
+``request_id``      no        a name for ``continues`` (see :mod:`.links`)
+``continues``       no        ``request_id`` of an earlier line whose prompt + output this
+                              prompt starts with (see :mod:`.links`)
 ==================  ========  ===========================================================
 
 .. [1] unless ``prompt_token_ids`` is given.
@@ -29,7 +33,8 @@ shares no prefix with any other. ``{"prompt_token_ids": [...], "output_tokens": 
 
 **Mooncake JSONL** (FAST'25 traces): ``timestamp`` (integer ms since the trace start),
 ``input_length``, ``output_length``, ``hash_ids`` (one prefix id per 512-token block, the last
-partial block included: ``len(hash_ids) == ceil(input_length / 512)``).
+partial block included: ``len(hash_ids) == ceil(input_length / 512)``); optionally
+``request_id`` and ``continues`` as in native lines.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Iterator
 
 from ..errors import TraceError
 from . import fields as F
+from .links import Links
 from .request import Request
 
 MOONCAKE_BLOCK = 512
@@ -92,9 +98,13 @@ def _check_depth(record: dict, loc: str) -> None:
 
 def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per Mooncake line; ``arrival_s`` is the absolute timestamp in s."""
+    links = Links()
     for line_no, text in lines:
         loc = f"{path}:{line_no}"
-        yield line_no, mooncake_request(parse_object(text, loc), loc)
+        record = parse_object(text, loc)
+        request = mooncake_request(record, loc)
+        links.read(record, loc, line_no, request)
+        yield line_no, request
 
 
 def mooncake_request(record: dict, loc: str) -> Request:
@@ -113,9 +123,13 @@ def mooncake_request(record: dict, loc: str) -> Request:
 
 def native_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per native line; ``arrival_s`` as written in the file."""
+    links = Links()
     for line_no, text in lines:
         loc = f"{path}:{line_no}"
-        yield line_no, native_request(parse_object(text, loc), loc)
+        record = parse_object(text, loc)
+        request = native_request(record, loc)
+        links.read(record, loc, line_no, request)
+        yield line_no, request
 
 
 def native_request(record: dict, loc: str) -> Request:

@@ -58,7 +58,7 @@ def _raw_lines(f, path: Path) -> Iterator[bytes]:
         if not raw:
             return
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise TraceError(f"line longer than {MAX_LINE_BYTES >> 20} MiB; not a trace file?",
+            raise TraceError(f"line longer than {MAX_LINE_BYTES:,} bytes; not a trace file?",
                              location=where(path, line_no))
         yield raw
 

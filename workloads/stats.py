@@ -40,11 +40,17 @@ class _DistinctCounter:
         self.pending_size = 0
         self.total = 0
         self.unique = 0
+        self.generated = 0
 
-    def add(self, ids: np.ndarray) -> None:
+    def add(self, ids: np.ndarray, counted: bool = True) -> None:
+        """Add ids; ``counted=False``: ids unique to a request's generated tokens, seen (a
+        later prompt resending them hits) but no looked-up block themselves."""
         self.pending.append(ids)
         self.pending_size += len(ids)
-        self.total += len(ids)
+        if counted:
+            self.total += len(ids)
+        else:
+            self.generated += len(ids)
         if self.pending_size >= _MERGE_EVERY:
             self._merge()
 
@@ -54,8 +60,9 @@ class _DistinctCounter:
         self.unique += count
 
     def distinct(self) -> int:
+        """Distinct looked-up ids (generated-only ids, each distinct, left out)."""
         self._merge()
-        return len(self.seen) + self.unique
+        return len(self.seen) + self.unique - self.generated
 
     def _merge(self) -> None:
         if self.pending:
@@ -76,11 +83,13 @@ def trace_stats(requests: Iterable[Request], block_size: int = 16) -> dict:
     """Statistics of ``requests`` (any iterable, consumed once) as a JSON-ready dict."""
     arrivals, prompts, outputs = [], [], []
     blocks = _DistinctCounter()
+    parents: set[int] = set()
     for request in requests:
         arrivals.append(request.arrival_s)
         prompts.append(request.prompt_tokens)
         outputs.append(request.output_tokens)
-        if request.prompt_token_ids is None and request.prefix_hashes is None:
+        _add_generated(blocks, request.continues, block_size, parents)
+        if _counted_unique(request):
             blocks.add_unique(request.prompt_tokens // block_size)
         else:
             blocks.add(request.block_hashes(block_size))
@@ -91,6 +100,25 @@ def trace_stats(requests: Iterable[Request], block_size: int = 16) -> dict:
         "output_tokens": length_summary(outputs),
         **_prefix(blocks, block_size, sum(prompts)),
     }
+
+
+def _add_generated(blocks: _DistinctCounter, parent: Request | None, block_size: int,
+                   done: set[int]) -> None:
+    """The generated blocks of a continued request (random sampling: unique to it), once, so
+    the prompt resending them hits; recorded outputs are left out (they may repeat)."""
+    if parent is None or id(parent) in done or parent.output_token_ids is not None:
+        return
+    done.add(id(parent))
+    whole = parent.block_hashes(block_size, parent.total_tokens)
+    start = 0 if _counted_unique(parent) else parent.prompt_tokens // block_size
+    blocks.add(whole[start:], counted=False)   # (prompt ids counted as unique: now seen)
+
+
+def _counted_unique(request: Request) -> bool:
+    """Whether ``request``'s prompt blocks are counted without their ids (nothing shares them
+    unless a later request continues it)."""
+    return (request.prompt_token_ids is None and request.prefix_hashes is None
+            and request.continues is None)
 
 
 def trace_file_stats(path: str | os.PathLike, opts: TraceOptions | None = None,

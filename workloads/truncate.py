@@ -34,6 +34,8 @@ def truncate(request: Request, max_len: int) -> bool:
     request.prompt_tokens, request.output_tokens = prompt, output
     if request.prompt_token_ids is not None:
         request.prompt_token_ids = request.prompt_token_ids[:prompt]
+    if request.output_token_ids is not None:
+        request.output_token_ids = request.output_token_ids[:output]
     if request.prefix_hashes is not None:
         request.prefix_hashes = request.prefix_hashes[:-(-prompt // request.hash_block_size)]
     return True

@@ -12,8 +12,9 @@ from ..errors import KvsimError
 from .request import Request
 
 
-def native_record(request: Request) -> dict:
-    """The native JSONL object of ``request`` (optional keys only when set)."""
+def native_record(request: Request, named: bool = False) -> dict:
+    """The native JSONL object of ``request`` (optional keys only when set); ``named``: write
+    its ``request_id`` (a later request continues it)."""
     record = {"arrival_s": round(float(request.arrival_s), 6),
               "prompt_tokens": int(request.prompt_tokens),
               "output_tokens": int(request.output_tokens)}
@@ -22,6 +23,12 @@ def native_record(request: Request) -> dict:
     elif request.prefix_hashes is not None:
         record["block_hashes"] = request.prefix_hashes.tolist()
         record["hash_block_size"] = int(request.hash_block_size)
+    if request.output_token_ids is not None:
+        record["output_token_ids"] = request.output_token_ids.tolist()
+    if named:
+        record["request_id"] = int(request.request_id)
+    if request.continues is not None:
+        record["continues"] = int(request.continues.request_id)
     if request.priority:
         record["priority"] = int(request.priority)
     for name in ("session_id", "template_id"):
@@ -37,6 +44,8 @@ def write_native(requests: Iterable[Request], path: str | os.PathLike) -> int:
     replaces it only once every request is written.
     """
     path = Path(path)
+    requests = list(requests)
+    continued = {id(r.continues) for r in requests if r.continues is not None}
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -46,7 +55,7 @@ def write_native(requests: Iterable[Request], path: str | os.PathLike) -> int:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             for count, request in enumerate(requests, start=1):
-                f.write(json.dumps(native_record(request), separators=(", ", ": ")) + "\n")
+                f.write(json.dumps(native_record(request, id(request) in continued), separators=(", ", ": ")) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

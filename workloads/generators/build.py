@@ -150,7 +150,11 @@ def _finish(drafts: list[Draft], shares_prefixes: bool, config: GenConfig) -> li
     if config.token_ids:
         for request, d in zip(requests, drafts):
             request.prompt_token_ids = token_ids(d.segments, config.vocab_size)
-    elif shares_prefixes:
+        return requests
+    by_draft = {id(d): r for d, r in zip(drafts, requests)}
+    for request, d in zip(requests, drafts):
+        request.continues = by_draft.get(id(d.continues))
+    if shares_prefixes:
         block = config.hash_block_size
         named = rename_first_seen([prefix_ids(d.segments, block) for d in drafts])
         for request, ids in zip(requests, named):

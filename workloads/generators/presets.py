@@ -33,6 +33,7 @@ class Draft:
     session_id: str | None = None
     template_id: str | None = None
     priority: int = 0
+    continues: "Draft | None" = None    # the earlier turn whose prompt + reply this resends
 
     @property
     def prompt_tokens(self) -> int:
@@ -49,8 +50,9 @@ def zipf_weights(n: int, exponent: float) -> np.ndarray:
 class Chat:
     """Multi-turn conversations. Every conversation starts with the shared system prompt
     (``system_tokens``); turn ``t``'s prompt is the system prompt plus all earlier user
-    messages and replies plus the new user message, so each turn reuses the previous turn's
-    whole prompt. ``turns`` per conversation; the next turn arrives an exponential
+    messages and replies plus the new user message, so each turn resends the previous turn's
+    whole prompt and reply (it ``continues`` that request: the reply's KV blocks are the ones
+    the previous turn generated). ``turns`` per conversation; the next turn arrives an exponential
     ``think_time_s`` (mean) after the previous one (reply time included). A conversation ends
     early when its prompt would pass ``max_context_tokens``. ``rate``: new conversations/s."""
 
@@ -76,7 +78,8 @@ class Chat:
             if sum(n for _, n in history) > self.max_context_tokens:
                 break
             reply = self.output_tokens.one(rng)
-            drafts.append(Draft(t, list(history), reply, session_id=session))
+            drafts.append(Draft(t, list(history), reply, session_id=session,
+                                continues=drafts[-1] if drafts else None))
             history.append((keys.new(), reply))
             t += rng.exponential(self.think_time_s)
         return drafts
@@ -145,7 +148,8 @@ class Agent:
     descriptions (``toolset_tokens``, Zipf ``zipf_exponent``) plus the task (``task_tokens``).
     Each of ``steps`` model calls outputs a tool call (``output_tokens``; the last call the
     final answer, ``final_tokens``); the next call's prompt is the previous prompt plus that
-    tool call plus the tool's result (``input_tokens``), arriving an exponential
+    tool call (the blocks the previous call generated: it ``continues`` it) plus the tool's
+    result (``input_tokens``), arriving an exponential
     ``tool_time_s`` (mean) later. A task ends early past ``max_context_tokens``.
     ``rate``: new tasks/s."""
 
@@ -179,7 +183,8 @@ class Agent:
                 break
             out = (self.final_tokens if step == steps - 1 else self.output_tokens).one(rng)
             drafts.append(Draft(t, list(prompt), out, session_id=session,
-                                template_id=f"toolset-{k}"))
+                                template_id=f"toolset-{k}",
+                                continues=drafts[-1] if drafts else None))
             prompt += [(keys.new(), out), (keys.new(), self.input_tokens.one(rng))]
             t += rng.exponential(self.tool_time_s)
         return drafts
