@@ -204,6 +204,14 @@ LONG_PROMPT_OPTION = setting(
     "long_prompt", "Prompts of max_model_len tokens or more: reject them (vLLM) or truncate "
     "prompt and output in proportion until they fit (Vidur).")
 QUIET_OPTION = typer.Option(False, "--quiet", "-q", help="No progress, no summary.")
+OutputFormat = Literal["csv", "parquet"]
+OUTPUT_FORMAT_OPTION = typer.Option(
+    "csv", "--output-format", help="How requests and timeline are stored: requests.csv and "
+    "timeline.csv, or requests.parquet and timeline.parquet (same columns; needs pyarrow: "
+    "pip install 'kvsim[parquet]').")
+BENCH_JSON_OPTION = typer.Option(
+    False, "--bench-json", help="Also write bench.json: the result in the fields and units of "
+    "`vllm bench serve --save-result --save-detailed` (see docs/api.md).")
 
 
 def slo_targets(ttft_p99: float | None, tpot_p99: float | None) -> dict:
@@ -282,6 +290,8 @@ def run_command(
     preemption_mode: Optional[PreemptionMode] = PREEMPTION_MODE_OPTION,
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
+    output_format: OutputFormat = OUTPUT_FORMAT_OPTION,
+    bench_json: bool = BENCH_JSON_OPTION,
     slo_ttft_p99: Optional[float] = SLO_TTFT_P99_OPTION,
     slo_tpot_p99: Optional[float] = SLO_TPOT_P99_OPTION,
     fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
@@ -312,9 +322,10 @@ def run_command(
     config, path = pipeline.config_from_sources(trace, config_file, given)
     job = pipeline.RunJob(config, path, trace_options(
         fmt, limit, start, end, rate_scale, sort, config.seed, trace_model), Path(out),
-        slo_targets(slo_ttft_p99, slo_tpot_p99) or None, html=html)
+        slo_targets(slo_ttft_p99, slo_tpot_p99) or None, html=html,
+        output_format=output_format, bench=bench_json)
     summary = pipeline.run_job(job, quiet=quiet or as_json, notes=not quiet)
-    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out, html))
+    emit(summary, as_json, None if quiet else lambda s: _show_run(s, out, job))
 
 
 # --- kvsim plan (issue 8) ---
@@ -371,6 +382,7 @@ def plan_command(
     sort: bool = SORT_OPTION, seed: int = SEED_OPTION,
     trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no table."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Find the cheapest deployment whose simulated latencies meet the SLO targets.
@@ -400,10 +412,10 @@ def plan_command(
     with OutputDir(out, plan_report.PLAN_FILES):
         with plan_report.PlanProgress(not (quiet or as_json)) as bar:
             result = planner.plan(spec, options, bar.update)
-        plan_report.write_plan_outputs(out, result)
+        plan_report.write_plan_outputs(out, result, html=html)
     emit(result, as_json, None if quiet else lambda r: (
         plan_report.print_plan(r),
-        typer.echo(f"wrote {Path(out) / 'plan.json'}, plan.csv, report.html")))
+        typer.echo(f"wrote {Path(out) / 'plan.json'}, plan.csv" + ", report.html" * html)))
 
 
 # --- kvsim hitrate (issue 5) ---
@@ -422,7 +434,10 @@ def hitrate_command(
     out: Optional[str] = _opt("Directory for hitrate.json and hitrate.html.", "--out"),
     fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
-    sort: bool = SORT_OPTION, as_json: bool = JSON_OPTION,
+    sort: bool = SORT_OPTION,
+    html: bool = typer.Option(True, "--html/--no-html", help="With --out: also write "
+                              "hitrate.html."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Cache-only replay: prefix hit rate per eviction policy and capacity.
 
@@ -440,8 +455,9 @@ def hitrate_command(
         import pandas as pd
         from .reports.html import render_hitrate_report
         from .reports.io import write_json_atomic
-        render_hitrate_report(pd.DataFrame(result["rows"]), Path(out) / "hitrate.html",
-                              config={k: v for k, v in result.items() if k != "rows"})
+        if html:
+            render_hitrate_report(pd.DataFrame(result["rows"]), Path(out) / "hitrate.html",
+                                  config={k: v for k, v in result.items() if k != "rows"})
         write_json_atomic(Path(out) / "hitrate.json", result)
     emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
 
@@ -451,11 +467,14 @@ def _progress(message: str) -> None:
     typer.echo(f"kvsim: {message}", err=True)
 
 
-def _show_run(summary: dict, out: str, html: bool) -> None:
+def _show_run(summary: dict, out: str, job=None) -> None:
     from .reports.terminal import print_summary
     print_summary(summary)
-    report = ", report.html" if html else ""
-    typer.echo(f"wrote {Path(out) / 'summary.json'}, requests.csv, timeline.csv{report}")
+    ext = job.output_format if job is not None else "csv"
+    names = [f"requests.{ext}", f"timeline.{ext}"]
+    names += ["bench.json"] * bool(job is not None and job.bench)
+    names += ["report.html"] * bool(job is None or job.html)
+    typer.echo(f"wrote {Path(out) / 'summary.json'}, {', '.join(names)}")
 
 
 # --- kvsim compare (issue 5) ---
@@ -478,6 +497,8 @@ def compare_command(
     rate_scale: float = RATE_SCALE_OPTION, sort: bool = SORT_OPTION,
     trace_model: Optional[str] = TRACE_MODEL_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write the HTML reports "
+                              "(the comparison's and each run's; plotly.min.js once)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run a grid of `kvsim run` settings over TRACE and compare them in one table.
@@ -491,14 +512,14 @@ def compare_command(
     slo = slo_targets(slo_ttft_p99, slo_tpot_p99)
     from .reports.terminal import ProgressLines
     spec = compare.spec_from_cli(ctx.args, config_file, trace_options(
-        fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None)
+        fmt, limit, start, end, rate_scale, sort, 0, trace_model), out, slo or None, html)
     with ProgressLines("compare") as lines:
         result = compare.run_compare(spec, workers or default_workers(), None if (
             quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
     emit(result, as_json, None if quiet else lambda r: typer.echo(render_compare_table(
         [run["label"] for run in r["runs"]], [run["summary"] for run in r["runs"]])
-        + f"\nwrote {Path(out) / 'compare.json'}, report.html and {len(r['runs'])} run "
-        "directories"))
+        + f"\nwrote {Path(out) / 'compare.json'}{', report.html' if html else ''} and "
+        f"{len(r['runs'])} run directories"))
 
 
 # --- kvsim profile, kvsim validate (issue 7) ---
@@ -601,6 +622,46 @@ def validate_command(
     emit(validate_job(trace, opts, job, out, html, _progress), as_json,
          lambda r: typer.echo(render_table(r) + "".join(
              f"\nwrote {p}" for p in r.get("outputs", {}).values())))
+
+
+# --- kvsim validate-real (issue 18) ---
+
+
+@app.command("validate-real")
+def validate_real_command(
+    result: str = typer.Argument(..., metavar="RESULT", help="A real run: `vllm bench serve "
+                                 "--save-result --save-detailed` JSON, or the output of "
+                                 "vllm-oracle's replay.py (--timed)."),
+    trace: Optional[str] = _opt("The requests' trace (token ids, arrivals); needed for a "
+                                "vllm-oracle replay (its input file).", "--trace"),
+    model: Optional[str] = _opt("Model (default: the run's; tiny-llama for vllm-oracle).",
+                                "--model"),
+    gpu: Optional[str] = _opt("GPU of the real run.", "--gpu"),
+    tp: Optional[int] = _opt("Tensor-parallel GPUs.", "--tp"),
+    block_size: Optional[int] = _opt("Tokens per KV block.", "--block-size"),
+    num_gpu_blocks: Optional[int] = _opt("KV blocks (the real engine's).", "--num-gpu-blocks"),
+    max_num_seqs: Optional[int] = _opt("Most requests in a batch.", "--max-num-seqs"),
+    max_num_batched_tokens: Optional[int] = _opt("Token budget per step.",
+                                                 "--max-num-batched-tokens"),
+    profile: Optional[str] = _opt("Calibration profile for the cost model.", "--profile"),
+    fit: Optional[str] = _opt("Fit the cost model to the run and write the profile here (for "
+                              "kvsim run --profile): its step terms to the measured engine "
+                              "steps (vllm-oracle), or one speed factor to the median TPOT "
+                              "(vllm bench serve); also prints the error after fitting.",
+                              "--fit", metavar="FILE"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Replay a real vLLM run's requests in kvsim and print the error table.
+
+    Same requests, same engine settings; per metric (throughput, TTFT/TPOT/E2E
+    p50/p90/p99) the real value, kvsim's and the relative error."""
+    from .realrun import render_validation, validate_real
+    given = dict(model=model, gpu=gpu, tp=tp, block_size=block_size,
+                 num_gpu_blocks=num_gpu_blocks, max_num_seqs=max_num_seqs,
+                 max_num_batched_tokens=max_num_batched_tokens, profile=profile)
+    out = validate_real(result, trace, {k: v for k, v in given.items() if v is not None}, fit)
+    emit(out, as_json, lambda r: typer.echo(render_validation(r) + (
+        f"\nwrote {r['profile']}" if "profile" in r else "")))
 
 
 class Interrupted(BaseException):

@@ -26,11 +26,14 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 from .pipeline import RunJob, read_config_file, resolve_trace, run_job_frames
-from .reports.compare_table import table_metrics
+from .reports.compare_table import identical_to, table_metrics
 from .sim.config import RunConfig
 from .workloads import TraceOptions
 
 COMPARE_FILE = "compare.json"
+#: The files of a comparison directory besides its run directories: ``report.html`` is
+#: self-contained (one file to share); the run pages under it share one ``plotly.min.js``.
+COMPARE_FILES = (COMPARE_FILE, "report.html", "plotly.min.js")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 #: RunConfig fields that cannot be a dimension (the trace is the positional argument).
 NOT_DIMENSIONS = ("trace",)
@@ -155,16 +158,17 @@ class CompareSpec:
     trace_options: TraceOptions
     out_dir: Path
     slo: dict | None = None
+    html: bool = True
 
 
 def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: TraceOptions,
-                  out_dir: str, slo: dict | None = None) -> CompareSpec:
+                  out_dir: str, slo: dict | None = None, html: bool = True) -> CompareSpec:
     """A :class:`CompareSpec` from the grid arguments and the explicit options."""
     trace, dims = parse_grid_args(args)
     base = read_config_file(config_file) if config_file else {}
     trace = trace or base.pop("trace", None)
     base.pop("trace", None)
-    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo)
+    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html)
 
 
 def grid_points(spec: CompareSpec) -> list[GridPoint]:
@@ -179,7 +183,8 @@ def grid_points(spec: CompareSpec) -> list[GridPoint]:
                                      source="compare options")
         config.validate()
         job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
-                     spec.out_dir / point_dir(i, settings, varying), spec.slo)
+                     spec.out_dir / point_dir(i, settings, varying), spec.slo,
+                     html=spec.html, plotlyjs="parent")   # one plotly.js for the directory
         points.append(GridPoint(point_label(settings, varying), settings, job))
     return points
 
@@ -193,12 +198,13 @@ def compare_result(spec: CompareSpec, points: Sequence[GridPoint],
                    summaries: Sequence[dict]) -> dict:
     """``compare.json``: the trace, the dimensions and, per configuration in grid order, its
     label, settings, output directory, table numbers and full summary."""
+    same = identical_to([p.label for p in points], summaries)
     return {
         "trace": resolve_trace(spec.trace)[1],
         "dimensions": {k: v for k, v in spec.dims.items()},
         "runs": [{"label": p.label, "settings": p.settings, "dir": p.job.out_dir.name,
-                  "metrics": table_metrics(s), "summary": s}
-                 for p, s in zip(points, summaries)],
+                  "metrics": table_metrics(s), "identical_to": other, "summary": s}
+                 for p, s, other in zip(points, summaries, same)],
     }
 
 
@@ -210,10 +216,25 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     from .sim.sweep import SweepOptions, run_tasks
     from .reports.outdir import OutputDir
     points = grid_points(spec)
-    with OutputDir(spec.out_dir, (COMPARE_FILE, "report.html"), subdirs=True):
+    with OutputDir(spec.out_dir, COMPARE_FILES, subdirs=True):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
-        render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
-                              spec.out_dir / "report.html", spec.slo)
+        if spec.html:
+            render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
+                                  spec.out_dir / "report.html", spec.slo)
         write_json_atomic(spec.out_dir / COMPARE_FILE, result)
     return result
+
+
+class _CallableModule(type(typing)):
+    """This module, callable: ``kvsim.compare(trace, ...)`` is the Python API's
+    :func:`kvsim.api_studies.compare` (the name is both this module and that function)."""
+
+    def __call__(self, *args, **kwargs):
+        from .api_studies import compare
+        return compare(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

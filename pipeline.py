@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, TraceError
-from .reports.io import RUN_FILES, write_run_outputs
+from .reports.io import RUN_FILES, require_parquet, write_run_outputs
 from .reports.outdir import OutputDir
 from .reports.terminal import ProgressLines, RunProgress
 from .sim import results
@@ -34,6 +34,9 @@ class RunJob:
     out_dir: Path
     slo: dict | None = None
     html: bool = True
+    output_format: str = "csv"     # requests/timeline as csv or parquet
+    bench: bool = False            # also bench.json (vllm bench serve's result shape)
+    plotlyjs: str = "inline"       # report.html's plotly.js (reports.page.PLOTLYJS_MODES)
 
 
 def resolve_trace(trace: str | None) -> tuple[Path, str]:
@@ -135,6 +138,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
     """:func:`run_job`, returning ``(summary, requests frame, timeline frame)``."""
     console = _stderr_console()
     bar = not quiet and (progress if progress is not None else console.is_terminal)
+    if job.output_format == "parquet":
+        require_parquet()
     with OutputDir(job.out_dir, RUN_FILES):
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
@@ -149,7 +154,9 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         summary, requests_df, timeline_df = run_outputs(result)
         if job.slo:
             summary["slo"] = job.slo
-        write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html)
+        write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html,
+                          output_format=job.output_format, bench=job.bench,
+                          plotlyjs=job.plotlyjs)
     return summary, requests_df, timeline_df
 
 

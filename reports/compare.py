@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .compare_table import identical_to, result_fingerprint
 from .figures import parse_slo
 from .page import esc, flatten, fmt_setting
 from .style import (empty_figure, fmt_num, fmt_pct, fmt_seconds, get, is_number, series_color,
@@ -144,15 +145,21 @@ def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
     order = rank_runs(runs, slo)
     varying = varying_settings(runs)
     has_slo = any(meets_slo(s, slo) is not None for _, s, _, _ in runs)
+    same = identical_to([label for label, *_ in runs], [s for _, s, _, _ in runs])
+    first_rank: dict[str, int] = {}
     head = ['<th>#</th>', '<th class="label">Run</th>']
     head += [f'<th class="label">{esc(k)}</th>' for k in varying]
     head += [f"<th>{esc(name)}</th>" for name, _ in _RANK_COLUMNS]
     head += ["<th>SLO</th>"] if has_slo else []
+    head += ['<th class="label">Identical to</th>'] if any(same) else []
     rows = []
     for rank, i in enumerate(order, start=1):
         label, summary = runs[i][0], runs[i][1]
         flat = flatten(get(summary, "config", default={}) or {})
-        cells = [f"<td>{rank}</td>", f'<td class="label"><span class="swatch" style="background:'
+        key = result_fingerprint(summary)
+        shown = f"={first_rank[key]}" if key in first_rank else str(rank)
+        first_rank.setdefault(key, rank)
+        cells = [f"<td>{shown}</td>", f'<td class="label"><span class="swatch" style="background:'
                  f'{series_color(i)}"></span>{esc(label)}</td>']
         cells += [f'<td class="label">{esc(fmt_setting(flat.get(k)))}</td>' for k in varying]
         cells += [f"<td>{esc(fn(summary))}</td>" for _, fn in _RANK_COLUMNS]
@@ -160,6 +167,10 @@ def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
             ok = meets_slo(summary, slo)
             cells.append('<td>—</td>' if ok is None else
                          ('<td>met</td>' if ok else '<td class="bad">missed</td>'))
+        if any(same):
+            twin = next((runs[j][0] for j in order[:rank - 1]
+                         if result_fingerprint(runs[j][1]) == key), "")
+            cells.append(f'<td class="label">{esc(twin)}</td>')
         row_attr = ' class="best"' if rank == 1 else ""
         rows.append(f'<tr{row_attr}>{"".join(cells)}</tr>')
     return (f'<div class="table-scroll"><table class="ranked" id="ranked-table"><thead><tr>'

@@ -55,6 +55,29 @@ def table_metrics(summary: dict) -> dict:
 
 
 
+#: Summary keys left out when deciding that two runs gave identical results.
+NOT_RESULTS = ("wall_time_s", "config")
+
+
+def result_fingerprint(summary: dict) -> str:
+    """The summary's results (everything but :data:`NOT_RESULTS`) as canonical text."""
+    import json
+    return json.dumps({k: v for k, v in summary.items() if k not in NOT_RESULTS},
+                      sort_keys=True, default=str)
+
+
+def identical_to(labels: Sequence[str], summaries: Sequence[dict]) -> list[str | None]:
+    """Per run, the label of the first earlier run whose results are identical (``None``
+    for the first of its kind): settings that made no difference are flagged, not ranked."""
+    first: dict[str, str] = {}
+    out = []
+    for label, summary in zip(labels, summaries):
+        key = result_fingerprint(summary)
+        out.append(first.get(key))
+        first.setdefault(key, str(label))
+    return out
+
+
 def _cells(m: dict) -> list[str]:
     frag = "/".join(fmt_pct(m[k], 0) if is_number(m[k]) else "—" for k in
                     ("frag_token_states", "frag_internal", "frag_external"))
@@ -72,10 +95,17 @@ HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hi
 
 def render_compare_table(labels: Sequence[str], summaries: Sequence[dict]) -> str:
     """One header line and one line per run, in the given order, columns padded to fit."""
+    headers = list(HEADERS)
     rows = [[str(label), *_cells(table_metrics(s))] for label, s in zip(labels, summaries)]
-    widths = [max(len(r[i]) for r in [list(HEADERS), *rows]) for i in range(len(HEADERS))]
+    same = identical_to(labels, summaries)
+    if any(same):
+        headers.append("identical to")
+        rows = [[*row, other or ""] for row, other in zip(rows, same)]
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+
+    left = {0, len(HEADERS)}           # labels: the configuration and "identical to"
 
     def line(cells: Sequence[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))]).rstrip()
-    return "\n".join([line(HEADERS), line(["-" * w for w in widths]), *map(line, rows)])
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])

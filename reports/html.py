@@ -18,14 +18,15 @@ import pandas as pd
 
 from . import compare as cmp
 from . import figures as figs
+from . import phases
 from .io import DEFAULT_MAX_POINTS, downsample
 from .page import cards, card, esc, figure_div, panel, render_page, settings_block
 from .style import (fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text, tier_text,
                     truncated_text)
 
 #: div ids of the figures in a run report, in page order.
-RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-throughput-queue", "fig-kv-pool", "fig-frag-time",
-                  "fig-frag-bar", "fig-prefix-hit-rate", "fig-events")
+RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",
+                  "fig-frag-time", "fig-frag-bar", "fig-prefix-hit-rate", "fig-events")
 #: div ids of the figures in a compare report, in page order.
 COMPARE_FIGURE_IDS = ("fig-tradeoff", "fig-latency-cdf", "fig-throughput-queue", "fig-kv-usage",
                       "fig-frag-bar", "fig-prefix-hit-rate", "fig-events")
@@ -54,7 +55,8 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
                                                                      "queries_tokens")
     return cards([
         card("Output throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} "
-             "tok/s", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s"),
+             "tok/s", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s"
+             + _input_total(summary)),
         card("Completed", f"{fmt_num(get(summary, 'num_completed'))} / "
              f"{fmt_num(get(summary, 'num_requests'))}",
              f"in {fmt_seconds(get(summary, 'duration_s'))} simulated, "
@@ -70,6 +72,15 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
              f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
         *_tier_cards(summary),
     ])
+
+
+def _input_total(summary: dict) -> str:
+    """`` · input 1,234 · total 5,678 tok/s`` where the summary has them (newer runs)."""
+    inp = get(summary, "throughput_input_tokens_per_s")
+    tot = get(summary, "throughput_total_tokens_per_s")
+    if inp is None or tot is None:
+        return ""
+    return f" · input {fmt_num(inp)} · total {fmt_num(tot)} tok/s"
 
 
 def _tier_cards(summary: dict) -> list[str]:
@@ -140,20 +151,23 @@ def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFr
         panel("Latency", figure_div(figs.latency_cdf_figure([("run", requests)], slo),
                                     RUN_FIGURE_IDS[0]),
               "Cumulative distribution over completed requests; dashed lines mark SLO targets."),
+        panel("Where time goes", figure_div(phases.time_split_figure(requests),
+                                            RUN_FIGURE_IDS[1]),
+              phases.time_split_note(requests)),
         panel("Throughput and queue", figure_div(figs.throughput_queue_figure(runs_tl),
-                                                 RUN_FIGURE_IDS[1])),
+                                                 RUN_FIGURE_IDS[2])),
         panel("KV cache pool", figure_div(figs.kv_pool_figure(
-            tl, get(summary, "kv", "num_gpu_blocks")), RUN_FIGURE_IDS[2]),
+            tl, get(summary, "kv", "num_gpu_blocks")), RUN_FIGURE_IDS[3]),
               "Blocks used by running requests, cached but idle (reusable prefixes), and free."),
         panel("Fragmentation", '<div class="grid-3-1">'
-              + figure_div(figs.fragmentation_time_figure(tl), RUN_FIGURE_IDS[3])
+              + figure_div(figs.fragmentation_time_figure(tl), RUN_FIGURE_IDS[4])
               + figure_div(figs.fragmentation_bar_figure(
-                  [("this run", get(summary, "fragmentation", default={}))]), RUN_FIGURE_IDS[4])
+                  [("this run", get(summary, "fragmentation", default={}))]), RUN_FIGURE_IDS[5])
               + "</div>",
               "Shares of the GPU KV pool: slots holding tokens, reserved for tokens still to "
               "come, lost inside blocks (internal), unusable free space (external), free."),
-        panel("Prefix cache", figure_div(figs.hit_rate_figure(runs_tl), RUN_FIGURE_IDS[5])),
-        panel("Preemptions and transfers", figure_div(figs.events_figure(tl), RUN_FIGURE_IDS[6])),
+        panel("Prefix cache", figure_div(figs.hit_rate_figure(runs_tl), RUN_FIGURE_IDS[6])),
+        panel("Preemptions and transfers", figure_div(figs.events_figure(tl), RUN_FIGURE_IDS[7])),
         _downsample_note(len(timeline), len(tl)),
     ]
     title = f"kvsim · {Path(str(get(summary, 'config', 'trace', default='run'))).name}"

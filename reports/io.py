@@ -24,16 +24,28 @@ SUMMARY_FILE = "summary.json"
 REQUESTS_FILE = "requests.csv"
 TIMELINE_FILE = "timeline.csv"
 REPORT_FILE = "report.html"
-#: The files of one run's result (``kvsim run --out DIR``).
-RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE)
+BENCH_FILE = "bench.json"
+#: ``--output-format``: how the two frames are stored (same columns either way).
+OUTPUT_FORMATS = ("csv", "parquet")
+#: The files a run's result may consist of (``kvsim run --out DIR``): a new run removes them.
+RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE, "requests.parquet",
+             "timeline.parquet", BENCH_FILE)
 
 #: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
     "finish_reason", "priority", "replica", "first_scheduled_s", "first_token_s", "finish_s",
-    "ttft_s", "tpot_s", "e2e_s", "cached_tokens", "num_preemptions", "completed", "rejected",
-    "truncated",
+    "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "cached_tokens",
+    "num_preemptions", "completed", "rejected", "truncated",
 )
+#: A request's time split into vLLM's three phases (its ``request_queue_time_seconds``,
+#: ``request_prefill_time_seconds`` and ``request_decode_time_seconds``; Vidur's scheduling
+#: delay, prefill time and decode time): column -> (from, to). They sum to ``e2e_s``.
+PHASE_COLUMNS = {
+    "queue_s": ("arrival_s", "first_scheduled_s"),
+    "prefill_s": ("first_scheduled_s", "first_token_s"),
+    "decode_s": ("first_token_s", "finish_s"),
+}
 #: Columns of timeline.csv (docs/frames.md).
 TIMELINE_COLUMNS = (
     "time_s", "interval_s", "num_steps", "num_running", "num_waiting", "batch_size",
@@ -50,6 +62,14 @@ TIMELINE_SUM_COLUMNS = frozenset({
     "compact_blocks", "transfer_s",
 })
 DEFAULT_MAX_POINTS = 2000
+
+
+def add_phase_columns(requests: pd.DataFrame) -> pd.DataFrame:
+    """Set the :data:`PHASE_COLUMNS` of a requests frame from its timestamps (NaN until the
+    phase has ended); returns the frame."""
+    for column, (start, end) in PHASE_COLUMNS.items():
+        requests[column] = requests[end] - requests[start]
+    return requests
 
 
 # --- atomic writers ----------------------------------------------------------------------------
@@ -136,22 +156,55 @@ def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame, *,
 
 # --- a run's output directory --------------------------------------------------------------------
 
+def require_parquet() -> None:
+    """A one-line :class:`KvsimError` unless pyarrow (Parquet support) is installed."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise KvsimError("Parquet output needs pyarrow: pip install 'kvsim[parquet]' (or "
+                         "pip install pyarrow)", field="output_format") from None
+
+
+def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame) -> Path:
+    """Write ``df`` as Parquet (pyarrow, no index) to ``path`` atomically."""
+    require_parquet()
+    return _atomic_write(path, lambda fh: df.to_parquet(fh, index=False, engine="pyarrow"),
+                         binary=True)
+
+
+def write_frames(out: Path, requests_df: pd.DataFrame, timeline_df: pd.DataFrame,
+                 output_format: str = "csv") -> dict[str, Path]:
+    """``requests`` and ``timeline`` as CSV or Parquet files in ``out``."""
+    if output_format not in OUTPUT_FORMATS:
+        raise KvsimError(f"expected one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}",
+                         field="output_format")
+    if output_format == "parquet":
+        return {"requests": write_parquet_atomic(out / "requests.parquet", requests_df),
+                "timeline": write_parquet_atomic(out / "timeline.parquet", timeline_df)}
+    return {"requests": write_csv_atomic(out / REQUESTS_FILE, requests_df),
+            "timeline": write_csv_atomic(out / TIMELINE_FILE, timeline_df)}
+
+
 def write_run_outputs(out_dir: str | os.PathLike, summary: dict, requests_df: pd.DataFrame,
                       timeline_df: pd.DataFrame, html: bool = True, *,
-                      plotlyjs: str = "inline") -> dict[str, Path]:
+                      plotlyjs: str = "inline", output_format: str = "csv",
+                      bench: bool = False) -> dict[str, Path]:
     """Write a run's result files into ``out_dir``; returns ``{name: path}``.
 
-    Order: a stale ``summary.json`` is removed, then requests.csv, timeline.csv, report.html
-    (when ``html``), and ``summary.json`` last, each atomically. A run interrupted part-way thus
-    leaves no ``summary.json``, the marker of a complete run.
+    Order: a stale ``summary.json`` is removed, then requests and timeline (``output_format``
+    csv or parquet), bench.json (when ``bench``), report.html (when ``html``), and
+    ``summary.json`` last, each atomically. A run interrupted part-way thus leaves no
+    ``summary.json``, the marker of a complete run.
     """
     out = Path(out_dir)
+    if output_format == "parquet":
+        require_parquet()  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     (out / SUMMARY_FILE).unlink(missing_ok=True)
-    written = {
-        "requests": write_csv_atomic(out / REQUESTS_FILE, requests_df),
-        "timeline": write_csv_atomic(out / TIMELINE_FILE, timeline_df),
-    }
+    written = write_frames(out, requests_df, timeline_df, output_format)
+    if bench:
+        from .bench import write_bench_json
+        written["bench"] = write_bench_json(out / BENCH_FILE, summary, requests_df)
     if html:
         from .html import render_run_report  # late: html imports this module
         written["report"] = render_run_report(
@@ -159,6 +212,23 @@ def write_run_outputs(out_dir: str | os.PathLike, summary: dict, requests_df: pd
             slo=summary.get("slo"), plotlyjs=plotlyjs)
     written["summary"] = write_json_atomic(out / SUMMARY_FILE, summary)
     return written
+
+
+def _read_frame(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """``path`` (a .csv), or the .parquet beside it when only that exists."""
+    parquet = path.with_suffix(".parquet")
+    if path.is_file() or not parquet.is_file():
+        return _read_csv(path, columns)
+    require_parquet()
+    try:
+        df = pd.read_parquet(parquet, engine="pyarrow")
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise KvsimError(f"not a readable Parquet file ({' '.join(str(e).split())})",
+                         location=str(parquet)) from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise KvsimError(f"missing columns: {', '.join(missing)}", location=str(parquet))
+    return df
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -203,8 +273,11 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
     if not out.is_dir():
         raise KvsimError("no such run directory", location=str(out))
     summary = read_summary(out / SUMMARY_FILE)
-    requests = _read_csv(out / REQUESTS_FILE, REQUEST_COLUMNS)
-    timeline = _read_csv(out / TIMELINE_FILE, TIMELINE_COLUMNS)
+    older = tuple(c for c in REQUEST_COLUMNS if c not in PHASE_COLUMNS)  # before the phases
+    requests = _read_frame(out / REQUESTS_FILE, older)
+    if not set(PHASE_COLUMNS) <= set(requests.columns):
+        requests = add_phase_columns(requests)[list(REQUEST_COLUMNS)]
+    timeline = _read_frame(out / TIMELINE_FILE, TIMELINE_COLUMNS)
     return summary, requests, timeline
 
 

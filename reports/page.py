@@ -2,7 +2,8 @@
 
 plotly.js is never loaded from a network: ``plotlyjs="inline"`` puts it in the page (one
 self-contained file, ~5 MB), ``plotlyjs="sibling"`` writes ``plotly.min.js`` beside the page and
-links it by relative path.
+links it by relative path, ``plotlyjs="parent"`` writes it one directory up (``../plotly.min.js``:
+the pages of a ``kvsim compare`` directory's runs share the comparison's one copy).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .style import fmt_num, is_number
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 PLOTLY_JS_FILE = "plotly.min.js"
-PLOTLYJS_MODES = ("inline", "sibling")
+PLOTLYJS_MODES = ("inline", "sibling", "parent")
 FIGURE_CONFIG = {"displaylogo": False, "responsive": True,
                  "toImageButtonOptions": {"format": "png", "scale": 2}}
 
@@ -53,10 +54,12 @@ def plotly_head_script(mode: str, page_path: Path) -> str:
     js = get_plotlyjs()
     if mode == "inline":
         return f'<script type="text/javascript">{js}</script>'
-    sibling = page_path.parent / PLOTLY_JS_FILE
-    if not sibling.is_file() or sibling.stat().st_size != len(js.encode("utf-8")):
-        write_text_atomic(sibling, js)
-    return f'<script type="text/javascript" src="{PLOTLY_JS_FILE}"></script>'
+    folder, src = ((page_path.parent, PLOTLY_JS_FILE) if mode == "sibling"
+                   else (page_path.parent.parent, f"../{PLOTLY_JS_FILE}"))
+    shared = folder / PLOTLY_JS_FILE
+    if not shared.is_file() or shared.stat().st_size != len(js.encode("utf-8")):
+        write_text_atomic(shared, js)
+    return f'<script type="text/javascript" src="{src}"></script>'
 
 
 def card(label: str, value: str, sub: str = "", status: str | None = None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .io import REQUEST_COLUMNS, TIMELINE_COLUMNS
+from .io import REQUEST_COLUMNS, TIMELINE_COLUMNS, add_phase_columns
 
 
 def synthetic_run(num_requests: int = 300, timeline_rows: int = 500, *, seed: int = 0,
@@ -52,7 +52,7 @@ def _requests(rng: np.random.Generator, n: int, unfinished: int) -> pd.DataFrame
         "generated_tokens": np.where(done, output, 0),
         "finish_reason": np.where(done, "stop", ""), "rejected": 0, "truncated": 0,
     })
-    return df[list(REQUEST_COLUMNS)]
+    return add_phase_columns(df)[list(REQUEST_COLUMNS)]
 
 
 def _timeline(rng: np.random.Generator, rows: int, duration: float, gpu: int,

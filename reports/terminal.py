@@ -11,8 +11,8 @@ from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from .style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, rejected_text, tier_text,
-                    truncated_text)
+from .style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text,
+                    tier_text, truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -29,6 +29,15 @@ def _frag_text(frag: dict) -> str:
     return " · ".join(f"{_SHORT_FRAG[k]} {fmt_pct(frag.get(k))}" for k in FRAG_KEYS)
 
 
+def _in_total(summary: dict) -> str:
+    """``  (1,234 input, 5,678 total tok/s)`` where the summary has them (newer runs)."""
+    inp, tot = (get(summary, k) for k in ("throughput_input_tokens_per_s",
+                                          "throughput_total_tokens_per_s"))
+    if not (is_number(inp) and is_number(tot)):
+        return ""
+    return f"  ({fmt_num(inp)} input, {fmt_num(tot)} total tok/s)"
+
+
 def summary_table(summary: dict) -> Table:
     """A two-column rich table of a run's headline numbers (see :func:`print_summary`)."""
     table = Table(box=box.SIMPLE_HEAD, show_header=True, header_style="bold", pad_edge=False,
@@ -38,7 +47,8 @@ def summary_table(summary: dict) -> Table:
     frag = get(summary, "fragmentation", default={}) or {}
     rows = [
         *run_rows(summary),
-        ("throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} output tok/s"),
+        ("throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} output tok/s"
+                       + _in_total(summary)),
         ("request rate", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s  "
                          f"({fmt_num(get(summary, 'num_completed'))} of "
                          f"{fmt_num(get(summary, 'num_requests'))} completed)"),

@@ -6,7 +6,7 @@ the KV pool sizing need: parameter count, weight bytes, KV bytes per token, line
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvsim.errors import ConfigError
@@ -149,10 +149,23 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
         index.update({a.lower(): key for a in entry.get("aliases", ())})
     key = index.get(text.lower())
     if key is None:
-        hint = close_matches(text.lower(), index)
-        raise ConfigError(f"unknown model '{text}'{hint}; known: {', '.join(sorted(models))}, "
-                          "or a path to a Hugging Face config.json", field="model")
+        return _from_hub_cache(text, index, models)
     return _from_entry(key, models[key])
+
+
+def _from_hub_cache(text: str, index: dict, models: dict) -> ModelSpec:
+    """A Hugging Face id that is no catalog alias, from the local Hugging Face cache."""
+    from .hf_cache import cached_config, hub_cache_dir, is_repo_id
+    config = cached_config(text) if is_repo_id(text) else None
+    if config is not None:
+        spec = model_from_hf_config(config)
+        return spec if spec.name == text else replace(spec, name=text)
+    hint = close_matches(text.lower(), index)
+    cache = (f", not in the local Hugging Face cache ({hub_cache_dir()}; `huggingface-cli "
+             f"download {text} config.json` puts it there)") if is_repo_id(text) else ""
+    raise ConfigError(f"unknown model '{text}'{hint}{cache}; known: "
+                      f"{', '.join(sorted(models))}, a Hugging Face id in the local cache, "
+                      "or a path to a Hugging Face config.json", field="model")
 
 
 # --- Hugging Face config.json -------------------------------------------------------------------
@@ -165,8 +178,13 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     cfg = read_json_object(path, "model config", "model")
     family = _HF_FAMILIES.get(str(cfg.get("model_type", "")).lower())
     if family is None:
-        raise ConfigError(f"model_type '{cfg.get('model_type')}' is not supported "
-                          f"(supported: {', '.join(_HF_FAMILIES)})", location=str(path))
+        arch = cfg.get("architectures")
+        named = f"{', '.join(map(str, arch))} (model_type '{cfg.get('model_type')}')" if (
+            isinstance(arch, list) and arch) else f"model_type '{cfg.get('model_type')}'"
+        raise ConfigError(f"{named} is not supported; supported model types: "
+                          f"{', '.join(_HF_FAMILIES)} (LlamaForCausalLM, MistralForCausalLM, "
+                          "Qwen2ForCausalLM, OPTForCausalLM)", location=str(path),
+                          field="model")
     build = _opt_fields if family == "opt" else _llama_fields
     return ModelSpec(name=str(cfg.get("_name_or_path") or Path(path).parent.name or "custom"),
                      family=family, **build(cfg, path))

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from .models import resolve_model
-from kvsim.reports.io import REQUEST_COLUMNS
+from kvsim.reports.io import REQUEST_COLUMNS, add_phase_columns
 
 from .recorder import FINISH_REASONS, STEP_COLUMNS
 from .recorder import REQUEST_COLUMNS as LOG_COLUMNS
@@ -28,7 +28,7 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
     df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (generated.clip(lower=2) - 1)
                     ).where(generated > 1)
     df["finish_reason"] = np.asarray(FINISH_REASONS, dtype=object)[df["finish_reason"]]
-    return df[list(REQUEST_COLUMNS)]
+    return add_phase_columns(df)[list(REQUEST_COLUMNS)]
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
@@ -64,6 +64,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
     done = requests[requests["completed"] == 1]
     duration = result.duration_s
     out_tokens = int(done["generated_tokens"].sum())
+    in_tokens = int(done["prompt_tokens"].sum())
     kvs = [r.kv for r in result.replicas]
     queries = sum(kv.prefix_stats.num_queries_tokens for kv in kvs)
     hits = sum(kv.prefix_stats.num_hit_tokens for kv in kvs)
@@ -81,6 +82,10 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
         "wall_time_s": result.wall_time_s,
         "throughput_output_tokens_per_s": out_tokens / duration if duration else 0.0,
         "request_throughput_per_s": len(done) / duration if duration else 0.0,
+        # vLLM's bench serve counts prompt tokens of completed requests, cached or not
+        "throughput_input_tokens_per_s": in_tokens / duration if duration else 0.0,
+        "throughput_total_tokens_per_s": (in_tokens + out_tokens) / duration if duration
+        else 0.0,
         "ttft_s": _percentiles(done["ttft_s"]),
         "tpot_s": _percentiles(done["tpot_s"]),
         "e2e_s": _percentiles(done["e2e_s"]),

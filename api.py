@@ -1,0 +1,192 @@
+"""kvsim from Python: ``kvsim.run``, ``kvsim.load_trace`` and the result they return.
+
+Every setting is checked before any work by the one settings schema
+(:class:`~kvsim.sim.config.RunConfig`, shared with the command line and TOML files): an unknown
+name or a bad value raises :class:`~kvsim.errors.ConfigError` (a ``ValueError``, one line of
+text naming the setting). Nothing is written to disk unless a ``write``/``report`` method is
+called. See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+from .errors import ConfigError
+from .sim.config import RunConfig, located
+from .workloads import Request, TraceOptions
+
+#: Keyword arguments that say how to read the trace (the CLI's trace options); every other
+#: keyword of :func:`run` is a run setting.
+TRACE_KEYWORDS = ("format", "limit", "start", "end", "rate_scale", "sort", "trace_model")
+
+
+class Trace(list):
+    """The requests of a trace (a list of :class:`~kvsim.workloads.Request`), remembering the
+    file and reading options they came from (``None`` for requests built in Python)."""
+
+    def __init__(self, requests: Iterable[Request], path: Path | None = None,
+                 label: str = "python", options: TraceOptions | None = None) -> None:
+        super().__init__(requests)
+        self.path, self.label, self.options = path, label, options
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per request: id, arrival (s), prompt and output tokens, priority."""
+        return pd.DataFrame({
+            "request_id": [r.request_id for r in self], "arrival_s": [r.arrival_s for r in self],
+            "prompt_tokens": [r.prompt_tokens for r in self],
+            "output_tokens": [r.output_tokens for r in self],
+            "priority": [r.priority for r in self]})
+
+    def __repr__(self) -> str:
+        return f"<kvsim.Trace {self.label}: {len(self)} requests>"
+
+
+def trace_options(values: dict, seed: int = 0) -> TraceOptions:
+    """:class:`TraceOptions` from :data:`TRACE_KEYWORDS`, checked."""
+    return TraceOptions(fmt=values.get("format"), limit=values.get("limit"),
+                        start_s=values.get("start"), end_s=values.get("end"),
+                        rate_scale=values.get("rate_scale", 1.0), sort=values.get("sort", False),
+                        seed=seed, model_filter=values.get("trace_model")).checked()
+
+
+def split_keywords(keywords: dict) -> tuple[dict, dict]:
+    """(trace options, run settings) of a call's keyword arguments."""
+    reading = {k: v for k, v in keywords.items() if k in TRACE_KEYWORDS}
+    return reading, {k: v for k, v in keywords.items() if k not in TRACE_KEYWORDS}
+
+
+def load_trace(trace: str | os.PathLike | None = None, **reading: Any) -> Trace:
+    """Read a trace file (any supported format), ``sample:NAME`` or ``None`` (the default
+    sample) into a :class:`Trace`; ``reading`` takes :data:`TRACE_KEYWORDS` (``limit=100``,
+    ``rate_scale=2``, ...). A bad line is a :class:`~kvsim.errors.TraceError` naming it."""
+    unknown = sorted(set(reading) - set(TRACE_KEYWORDS))
+    if unknown:
+        raise ConfigError(f"not a trace option; known: {', '.join(TRACE_KEYWORDS)}",
+                          location="kvsim.load_trace", field=unknown[0])
+    from .pipeline import resolve_trace
+    from .workloads import load_trace as read
+    path, label = resolve_trace(None if trace is None else os.fspath(trace))
+    options = trace_options(reading)
+    return Trace(read(path, options), path, label, options)
+
+
+def run_config(trace_label: str, settings: dict, config: Any = None,
+               source: str = "kvsim.run") -> RunConfig:
+    """The run's :class:`RunConfig`: defaults < ``config`` (a TOML file, a dict or a
+    RunConfig) < ``settings``; checked."""
+    from .pipeline import read_config_file
+    if isinstance(config, RunConfig):
+        base = config.to_dict()
+    elif isinstance(config, dict):
+        base = dict(config)
+    else:
+        base = read_config_file(os.fspath(config)) if config is not None else {}
+    base.pop("trace", None)
+    return RunConfig.from_dict({**base, **settings, "trace": trace_label}, source=source)
+
+
+@dataclass
+class Result:
+    """One simulated run: ``summary`` (the ``summary.json`` dict), ``requests`` (one row per
+    request: ``requests.csv``'s columns), ``steps`` (one row per engine step, per replica),
+    ``timeline`` (``timeline.csv``: the steps on a uniform time grid) and the ``config``."""
+
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    timeline: pd.DataFrame
+    config: RunConfig
+
+    def write(self, out_dir: str | os.PathLike, *, html: bool = True,
+              output_format: str = "csv", bench: bool = False) -> dict[str, Path]:
+        """Write the run's files into ``out_dir`` exactly as ``kvsim run --out`` does
+        (``output_format`` csv or parquet; ``bench``: also ``bench.json``); returns
+        ``{name: path}``."""
+        from .reports.io import RUN_FILES, require_parquet, write_run_outputs
+        from .reports.outdir import OutputDir
+        if output_format == "parquet":
+            require_parquet()
+        with OutputDir(out_dir, RUN_FILES):
+            return write_run_outputs(out_dir, self.summary, self.requests, self.timeline,
+                                     html=html, output_format=output_format, bench=bench)
+
+    def report(self, path: str | os.PathLike) -> Path:
+        """Write the run's interactive HTML report to ``path``; returns the path."""
+        from .reports.html import render_run_report
+        return render_run_report(self.summary, self.requests, self.timeline, path,
+                                 slo=self.summary.get("slo"))
+
+    def bench(self, detailed: bool = True) -> dict:
+        """The result in ``vllm bench serve --save-result`` form (see ``bench.json``)."""
+        from .reports.bench import bench_result
+        return bench_result(self.summary, self.requests, detailed=detailed)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"<kvsim.Result {s['config']['trace']} on {s['config']['model']}: "
+                f"{s['num_completed']}/{s['num_requests']} requests, "
+                f"{s['throughput_output_tokens_per_s']:.1f} output tok/s, "
+                f"TTFT p50 {s['ttft_s']['p50']}>")
+
+
+def _source(trace: Any, reading: dict) -> tuple[str, Any]:
+    """(label, source) of ``run``'s ``trace`` argument: the source is a trace file's path, or
+    the list of requests given."""
+    from .pipeline import resolve_trace
+    if trace is None or isinstance(trace, (str, os.PathLike)):
+        return resolve_trace(None if trace is None else os.fspath(trace))[::-1]
+    if reading:
+        raise ConfigError("trace options apply to a trace file; filter the requests in "
+                          "Python instead", location="kvsim.run", field=sorted(reading)[0])
+    return getattr(trace, "label", "python"), list(trace)
+
+
+def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
+        **settings: Any) -> Result:
+    """Simulate ``trace`` (a file, ``sample:NAME``, ``None`` for the default sample, a
+    :class:`Trace` or any list of requests) with ``settings`` (the ``kvsim run`` settings by
+    their Python names: ``model="llama-2-7b"``, ``max_num_seqs=64``, ...; trace files also take
+    :data:`TRACE_KEYWORDS`). ``config``: a TOML file, dict or RunConfig under the settings.
+    ``slo``: targets such as ``{"ttft_p99_s": 2.0}``, kept in the summary and the report.
+
+    Everything is checked first (a :class:`ConfigError` before any work); nothing is written.
+    """
+    from .sim.runner import resolve_deployment, simulate
+    from .workloads import load_trace as read
+    reading, settings = split_keywords(settings)
+    label, source = _source(trace, reading)
+    run_cfg = run_config(label, settings, config)
+    options = None if isinstance(source, list) else trace_options(reading, run_cfg.seed)
+    try:
+        resolve_deployment(run_cfg)           # model, GPU, TP and pool, before the trace
+    except ConfigError as e:
+        raise located(e, "kvsim.run") from None
+    requests = iter(source) if options is None else read(source, options)
+    frames = run_frames(simulate(requests, run_cfg))
+    if slo:
+        frames[0]["slo"] = dict(slo)
+    return Result(*frames, config=run_cfg)
+
+
+def run_frames(result) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(summary, requests, steps, timeline) of a finished simulation."""
+    from .sim import results
+    requests = results.requests_frame(result)
+    steps = results.steps_frame(result)
+    summary = results.build_summary(result, requests, steps)
+    timeline = results.timeline_frame(steps, result.duration_s,
+                                      result.deployment.num_gpu_blocks,
+                                      result.config.block_size, result.config.replicas)
+    return summary, requests, steps, timeline
+
+
+def iter_requests(trace: Any) -> Iterator[Request]:
+    """The requests of a :class:`Trace`, a list of requests, or a trace file / sample name."""
+    if trace is None or isinstance(trace, (str, os.PathLike)):
+        return iter(load_trace(trace))
+    return iter(trace)

@@ -1,0 +1,258 @@
+"""``kvsim.compare``, ``kvsim.plan`` and ``kvsim.hitrate``: the studies of many runs, from Python.
+
+Like :func:`kvsim.run`: every input is checked before any work (a one-line
+:class:`~kvsim.errors.ConfigError`, a ``ValueError``), nothing is written unless a ``write`` or
+``report`` method is called, and the numbers equal the command line's (``kvsim compare``,
+``kvsim plan``, ``kvsim hitrate``). See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from .api import Result, Trace, load_trace, run_config, run_frames, split_keywords, \
+    trace_options
+from .errors import ConfigError
+
+_DEFAULT_POLICIES = ("lru", "lfu", "priority", "hybrid", "belady")
+
+
+def _trace_file(trace: Any, reading: dict, where: str) -> tuple[str | None, Any]:
+    """(the trace argument as a file name or sample, its :class:`TraceOptions`). A
+    :class:`Trace` loaded from a file stands for that file and its reading options."""
+    if isinstance(trace, Trace):
+        if trace.path is None or reading:
+            raise ConfigError("needs a trace file (a path, sample:NAME or a Trace from "
+                              "kvsim.load_trace, without further trace options)",
+                              location=where, field="trace")
+        return str(trace.path), trace.options
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise ConfigError("needs a trace file: a path, sample:NAME or a Trace from "
+                          "kvsim.load_trace", location=where, field="trace")
+    return (None if trace is None else os.fspath(trace)), trace_options(reading)
+
+
+# --- compare ------------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """A grid of runs: ``runs`` (a :class:`Result` per configuration, in grid order, first
+    dimension slowest), ``labels`` (``eviction=lru block_size=16``), ``table`` (one row per
+    run: the ``kvsim compare`` table's numbers)."""
+
+    labels: list[str]
+    runs: list[Result]
+    spec: Any
+    points: list
+
+    @property
+    def table(self) -> pd.DataFrame:
+        from .reports.compare_table import identical_to, table_metrics
+        same = identical_to(self.labels, [r.summary for r in self.runs])
+        rows = [{"label": label, **table_metrics(r.summary), "identical_to": other or ""}
+                for label, r, other in zip(self.labels, self.runs, same)]
+        return pd.DataFrame(rows).set_index("label")
+
+    def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
+        """Write what ``kvsim compare --out`` writes (a run directory per configuration,
+        ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
+        from .compare import COMPARE_FILE, COMPARE_FILES, compare_result
+        from .reports.html import render_compare_report
+        from .reports.io import write_json_atomic, write_run_outputs
+        from .reports.outdir import OutputDir
+        out = Path(out_dir)
+        with OutputDir(out, COMPARE_FILES, subdirs=True):
+            for point, r in zip(self.points, self.runs):
+                write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
+                                  r.timeline, html=html, plotlyjs="parent")
+            result = compare_result(self.spec, self.points, [r.summary for r in self.runs])
+            if html:
+                render_compare_report(self._frames(), out / "report.html", self.spec.slo)
+            write_json_atomic(out / COMPARE_FILE, result)
+        return result
+
+    def report(self, path: str | os.PathLike) -> Path:
+        """Write the comparison's HTML report (every run overlaid) to ``path``."""
+        from .reports.html import render_compare_report
+        return render_compare_report(self._frames(), path, self.spec.slo)
+
+    def _frames(self) -> list[tuple]:
+        return [(label, r.summary, r.requests, r.timeline)
+                for label, r in zip(self.labels, self.runs)]
+
+    def __repr__(self) -> str:
+        return f"<kvsim.Comparison of {len(self.runs)} runs: {', '.join(self.labels)}>"
+
+
+def _simulate_point(point) -> tuple:
+    """One grid point's frames (module level: runs in a worker process)."""
+    from .sim.runner import simulate
+    from .workloads import load_trace as read
+    return run_frames(simulate(read(point.job.trace_path, point.job.trace_options),
+                               point.job.config))
+
+
+def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
+            slo: dict | None = None, **settings: Any) -> Comparison:
+    """Run every combination of the settings given as lists (``eviction=["lru", "lfu"],
+    block_size=[16, 32]``); a single value is shared by all runs. ``trace``, ``config``,
+    ``slo`` and the trace keywords as in :func:`kvsim.run`; ``workers`` processes."""
+    from .compare import CompareSpec, grid_points
+    from .sim.sweep import SweepOptions, run_tasks
+    reading, settings = split_keywords(settings)
+    path, options = _trace_file(trace, reading, "kvsim.compare")
+    dims = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in settings.items()}
+    if any(not v for v in dims.values()):
+        raise ConfigError("needs at least one value", location="kvsim.compare",
+                          field=next(k for k, v in dims.items() if not v))
+    base = run_config("python", {}, config, "kvsim.compare").to_dict()
+    base.pop("trace")
+    spec = CompareSpec(path, dims, base, options, Path("."), slo)
+    points = grid_points(spec)                # every configuration checked before any run
+    frames = run_tasks(_simulate_point, points, SweepOptions(workers=workers))
+    runs = []
+    for point, (summary, requests, steps, timeline) in zip(points, frames):
+        if slo:
+            summary["slo"] = dict(slo)
+        runs.append(Result(summary, requests, steps, timeline, point.job.config))
+    return Comparison([p.label for p in points], runs, spec, points)
+
+
+# --- plan ---------------------------------------------------------------------------------------
+
+#: ``kvsim.plan``'s candidate settings and their defaults (lists are candidates to try).
+PLAN_DEFAULTS = dict(
+    model="llama-3.1-8b", gpu="a100-80gb", tp=1, block_size=16, max_num_seqs=256,
+    enable_prefix_caching=True, eviction=None, dtype=None, weight_dtype=None,
+    cpu_offload_gb=None, router=None, max_num_batched_tokens=8192, gpu_memory_utilization=0.9,
+    max_model_len=None, long_prompt=None, profile=None, seed=0)
+PLAN_SLO_KEYS = ("ttft_p99_s", "tpot_p99_s", "ttft_p50_s", "e2e_p99_s")
+_LISTS = ("gpu", "tp", "block_size", "max_num_seqs", "eviction", "dtype", "weight_dtype",
+          "cpu_offload_gb")
+
+
+@dataclass
+class Plan:
+    """The ranked plan: ``result`` (the ``plan.json`` dict), ``table`` (``plan.csv``, best
+    first), ``recommended`` (the cheapest candidate meeting every SLO, or ``None``)."""
+
+    result: dict
+
+    @property
+    def table(self) -> pd.DataFrame:
+        from .reports.plan import plan_frame
+        return plan_frame(self.result)
+
+    @property
+    def recommended(self) -> dict | None:
+        return self.result["recommended"]
+
+    def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
+        """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
+        from .reports.outdir import OutputDir
+        from .reports.plan import PLAN_FILES, write_plan_outputs
+        with OutputDir(out_dir, PLAN_FILES):
+            return write_plan_outputs(out_dir, self.result, html=html)
+
+    def report(self, path: str | os.PathLike) -> Path:
+        from .reports.plan import render_plan_report
+        return render_plan_report(self.result, path)
+
+    def __repr__(self) -> str:
+        best = self.recommended
+        return f"<kvsim.Plan: {best['label'] if best else 'no candidate meets the SLOs'}>"
+
+
+def _plan_values(slo: dict, candidates: dict, extra: dict) -> dict:
+    unknown = sorted(set(candidates) - set(PLAN_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"not a plan setting; known: {', '.join(PLAN_DEFAULTS)}",
+                          location="kvsim.plan", field=unknown[0])
+    bad = sorted(set(slo) - set(PLAN_SLO_KEYS))
+    if bad or not slo:
+        raise ConfigError(f"SLO targets are some of {', '.join(PLAN_SLO_KEYS)}",
+                          location="kvsim.plan", field=bad[0] if bad else "slo")
+    values = {**PLAN_DEFAULTS, **candidates, **extra}
+    for name in _LISTS:
+        if values[name] is not None and not isinstance(values[name], (list, tuple, str)):
+            values[name] = [values[name]]
+    values.update({f"slo_{k[:-2]}": v for k, v in slo.items()})
+    return values
+
+
+def plan(trace: Any = None, *, slo: dict, target_rate: float | None = None,
+         price_table: str | None = None, max_replicas: int = 32, rate_iterations: int = 8,
+         workers: int = 1, **candidates: Any) -> Plan:
+    """The cheapest deployment meeting ``slo`` (``{"ttft_p99_s": 2, "tpot_p99_s": 0.1}``) for
+    ``trace`` at its own rate (``rate_scale=`` scales it) or at ``target_rate`` requests/s.
+    Candidate settings take a value or a list (``gpu=["a100-80gb", "h100-80gb"], tp=[1, 2]``);
+    see :data:`PLAN_DEFAULTS`."""
+    from .sim import plan_spec, planner
+    from .sim.sweep import SweepOptions
+    reading, candidates = split_keywords(candidates)
+    path, options = _trace_file(trace, reading, "kvsim.plan")
+    from .pipeline import resolve_trace
+    file, label = resolve_trace(path)
+    extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
+                 rate_iterations=rate_iterations,
+                 rate_scale=reading.get("rate_scale"))
+    values = _plan_values(slo, candidates, extra)
+    spec = plan_spec.spec_from_options(file, label, options, values)
+    return Plan(planner.plan(spec, SweepOptions(workers=workers)))
+
+
+# --- hitrate ------------------------------------------------------------------------------------
+
+@dataclass
+class HitRates:
+    """Cache-only replay: ``table`` (policy, capacity_blocks, capacity_tokens, hit_tokens,
+    hit_rate), ``result`` (the ``hitrate.json`` dict)."""
+
+    result: dict
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.result["rows"])
+
+    def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
+        """Write ``hitrate.json`` and ``hitrate.html`` as ``kvsim hitrate --out``."""
+        from .reports.io import write_json_atomic
+        out = Path(out_dir)
+        written = {"report": self.report(out / "hitrate.html")} if html else {}
+        written["json"] = write_json_atomic(out / "hitrate.json", self.result)
+        return written
+
+    def report(self, path: str | os.PathLike) -> Path:
+        from .reports.html import render_hitrate_report
+        return render_hitrate_report(self.table, path, config={
+            k: v for k, v in self.result.items() if k != "rows"})
+
+
+def _csv(values: Sequence | int | str | None) -> str | None:
+    if values is None or isinstance(values, str):
+        return values
+    if isinstance(values, int):
+        return str(values)
+    return ",".join(str(v) for v in values)
+
+
+def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
+            capacity_tokens: Sequence[int] | int | None = None, block_size: int = 16,
+            eviction: Sequence[str] | str = _DEFAULT_POLICIES, **reading: Any) -> HitRates:
+    """Prefix hit rate of each eviction policy at each cache capacity (blocks, or
+    ``capacity_tokens``), replaying the cache only (no timing). ``trace`` as in
+    :func:`kvsim.run`, or a list of requests."""
+    from .cache import hitrate as hr
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"must be a positive integer, got {block_size!r}",
+                          location="kvsim.hitrate", field="block_size")
+    caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)
+    policies = hr.parse_policies(_csv(eviction))
+    requests = trace if isinstance(trace, list) else load_trace(trace, **reading)
+    result = hr.hitrate_curves(iter(requests), caps, policies, block_size)
+    return HitRates({**result, "trace": getattr(requests, "label", "python")})

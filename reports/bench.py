@@ -1,0 +1,127 @@
+"""A run's result in the shape of ``vllm bench serve --save-result --save-detailed``.
+
+Same field names and units as vLLM's benchmark result file, so that the tools people already use
+on real runs (diff, pandas, vLLM's own comparison scripts) read a kvsim run too: durations and
+per-request ``ttfts`` / ``itls`` / ``start_times`` in seconds, the ``mean_/median_/std_/pNN_``
+statistics of TTFT, TPOT, ITL and E2EL in milliseconds, throughputs per second.
+
+What differs, because kvsim is a simulator: ``backend`` is ``"kvsim"``; there are no
+``generated_texts``; ``errors`` says why a request did not complete (vLLM rejects a prompt of
+``max_model_len`` tokens or more). kvsim does not time individual tokens, so each completed
+request's ``itls`` are its ``generated_tokens - 1`` output gaps, each equal to the request's
+mean gap (its TPOT). The ITL mean is then exact (total decode time over all gaps), but the ITL
+median and tail are smoother than a real run's, whose gaps spike when a prefill joins the
+batch. ``kvsim`` holds kvsim's own notes and the run's settings.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+
+import numpy as np
+import pandas as pd
+
+BENCH_FILE = "bench.json"
+#: vLLM's latency metrics, as its result file names them, and kvsim's requests.csv column.
+METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": None, "e2el": "e2e_s"}
+PERCENTILES = (50, 90, 99)
+ITL_NOTE = ("derived: kvsim does not time single tokens; each of a request's output gaps is "
+            "its mean gap (TPOT), so the ITL mean is exact and its median/p99 are smoother "
+            "than a real run's")
+
+
+def metric_stats(name: str, seconds: np.ndarray) -> dict:
+    """``mean_NAME_ms``, ``median_NAME_ms``, ``std_NAME_ms`` and ``pNN_NAME_ms`` of a sample in
+    seconds, as vLLM computes them (population std; 0 for an empty sample)."""
+    ms = np.asarray(seconds, dtype=float) * 1000.0
+    if not len(ms):
+        ms = np.zeros(1)
+    out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
+           f"std_{name}_ms": float(ms.std())}
+    for p in PERCENTILES:
+        out[f"p{p}_{name}_ms"] = float(np.percentile(ms, p))
+    return out
+
+
+def itl_lists(done: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(number of output gaps, mean gap in s) per completed request (see the module note)."""
+    gaps = (done["generated_tokens"].to_numpy(dtype=np.int64) - 1).clip(min=0)
+    mean_gap = done["tpot_s"].fillna(0.0).to_numpy(dtype=float)
+    return gaps, mean_gap
+
+
+def request_errors(requests: pd.DataFrame) -> list[str]:
+    """vLLM's ``errors`` list: empty for a completed request, else why it did not complete."""
+    def reason(row) -> str:
+        if row.completed:
+            return ""
+        if row.rejected:
+            return "rejected: the prompt does not fit max_model_len"
+        return "unfinished when the simulation ended"
+    return [reason(r) for r in requests[["completed", "rejected"]].itertuples()]
+
+
+def bench_result(summary: dict, requests: pd.DataFrame, *, detailed: bool = True,
+                 date: str | None = None) -> dict:
+    """The benchmark-shaped dict of a run (``summary.json``'s dict and its requests frame);
+    ``detailed`` adds the per-request lists (vLLM's ``--save-detailed``)."""
+    config = summary.get("config", {})
+    done = requests[requests["completed"] == 1]
+    duration = float(summary.get("duration_s") or 0.0)
+    total_in = int(done["prompt_tokens"].sum())
+    total_out = int(done["generated_tokens"].sum())
+    gaps, mean_gap = itl_lists(done)
+    result = {
+        "date": date or _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "backend": "kvsim", "label": None, "model_id": config.get("model"),
+        "tokenizer_id": None, "num_prompts": int(len(requests)),
+        "request_rate": _arrival_rate(requests), "burstiness": None, "max_concurrency": None,
+        "duration": duration, "completed": int(len(done)),
+        "failed": int(len(requests) - len(done)),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": _per_s(len(done), duration), "request_goodput": None,
+        "output_throughput": _per_s(total_out, duration),
+        "total_token_throughput": _per_s(total_in + total_out, duration),
+    }
+    for name, column in METRICS.items():
+        sample = np.repeat(mean_gap, gaps) if column is None else done[column].dropna()
+        result.update(metric_stats(name, sample))
+    if detailed:
+        result.update(_per_request(requests, gaps, mean_gap))
+    result["kvsim"] = {"itls": ITL_NOTE, "trace": config.get("trace"), "config": config}
+    return result
+
+
+def _per_request(requests: pd.DataFrame, gaps: np.ndarray, mean_gap: np.ndarray) -> dict:
+    completed = requests["completed"].to_numpy() == 1
+    itls: list[list[float]] = [[] for _ in range(len(requests))]
+    for i, n, gap in zip(np.flatnonzero(completed), gaps, mean_gap):
+        itls[i] = [float(gap)] * int(n)
+    ttfts = requests["ttft_s"].where(requests["completed"] == 1, 0.0).fillna(0.0)
+    return {
+        "input_lens": requests["prompt_tokens"].astype(int).tolist(),
+        "output_lens": requests["generated_tokens"].where(completed, 0).astype(int).tolist(),
+        "ttfts": ttfts.astype(float).tolist(), "itls": itls,
+        "start_times": requests["arrival_s"].astype(float).tolist(),
+        "errors": request_errors(requests),
+    }
+
+
+def _per_s(count: float, duration: float) -> float:
+    return float(count) / duration if duration else 0.0
+
+
+def _arrival_rate(requests: pd.DataFrame) -> float | str:
+    """The trace's mean request rate (requests over the arrival span); ``"inf"`` when every
+    request arrives at once (vLLM's word for an unthrottled client)."""
+    arrivals = requests["arrival_s"].to_numpy(dtype=float)
+    span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else "inf"
+
+
+def write_bench_json(path: str | os.PathLike, summary: dict, requests: pd.DataFrame,
+                     detailed: bool = True):
+    """Write :func:`bench_result` to ``path`` atomically; returns the path."""
+    from .io import write_json_atomic
+    return write_json_atomic(path, bench_result(summary, requests, detailed=detailed))

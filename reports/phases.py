@@ -1,0 +1,64 @@
+"""Where a request's time goes: queueing, prefill and decode (requests.csv's ``queue_s``,
+``prefill_s``, ``decode_s``), for the run report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .io import PHASE_COLUMNS, add_phase_columns
+from .style import empty_figure, fmt_pct, fmt_seconds, style_figure
+
+PHASES = (("queue_s", "queueing", "#dc2626"), ("prefill_s", "prefill", "#f59e0b"),
+          ("decode_s", "decode", "#2563eb"))
+MAX_BARS = 120
+
+
+def completed_phases(requests: pd.DataFrame) -> pd.DataFrame:
+    """The completed requests with their phase columns (computed if the frame lacks them)."""
+    done = requests[requests.get("completed", pd.Series(dtype=int)) == 1]
+    if not set(PHASE_COLUMNS) <= set(done.columns):
+        done = add_phase_columns(done.copy())
+    return done.sort_values("arrival_s")
+
+
+def phase_shares(requests: pd.DataFrame) -> dict[str, float]:
+    """Each phase's share of all completed requests' end-to-end time."""
+    done = completed_phases(requests)
+    totals = {col: float(done[col].sum()) for col, _, _ in PHASES}
+    whole = sum(totals.values())
+    return {col: (t / whole if whole else 0.0) for col, t in totals.items()}
+
+
+def time_split_figure(requests: pd.DataFrame) -> go.Figure:
+    """Mean queueing, prefill and decode seconds of the requests arriving in each of at most
+    :data:`MAX_BARS` arrival-time bins, stacked: a bar's height is their mean E2E latency."""
+    done = completed_phases(requests)
+    if done.empty:
+        return empty_figure("Where time goes", "no completed requests")
+    bins = min(MAX_BARS, len(done))
+    groups = np.arange(len(done)) * bins // len(done)
+    means = done.groupby(groups)[[c for c, _, _ in PHASES] + ["arrival_s"]].mean()
+    count = done.groupby(groups).size()
+    fig = go.Figure()
+    for col, name, color in PHASES:
+        fig.add_trace(go.Bar(
+            x=means["arrival_s"], y=means[col], name=name, marker_color=color,
+            customdata=count, hovertemplate=f"{name} %{{y:.3f}} s (mean of %{{customdata}} "
+            "requests arriving near %{x:.1f} s)<extra></extra>"))
+    fig.update_layout(barmode="stack", bargap=0.05)
+    fig.update_xaxes(title_text="arrival time (simulated s)")
+    fig.update_yaxes(title_text="mean time per request (s)")
+    return style_figure(fig, "Where time goes, by arrival time", height=380)
+
+
+def time_split_note(requests: pd.DataFrame) -> str:
+    """One sentence: the phases' shares of all end-to-end time, and what each measures."""
+    shares = phase_shares(requests)
+    done = completed_phases(requests)
+    mean = float(done["e2e_s"].mean()) if len(done) else float("nan")
+    parts = ", ".join(f"{name} {fmt_pct(shares[col])}" for col, name, _ in PHASES)
+    return (f"Of all completed requests' end-to-end time (mean {fmt_seconds(mean)}): {parts}. "
+            "Queueing: arrival to first scheduled; prefill: first scheduled to first token "
+            "(chunks and preemptions included); decode: first to last token.")

@@ -1,0 +1,158 @@
+"""The Python API (docs/api.md): same numbers as the command line, checked up front, no files
+unless asked."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from clirun import kvsim as kvsim_cli
+
+import kvsim
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+AZURE = dict(model="llama-2-7b", limit=30, max_num_seqs=16)
+
+
+def test_the_worked_example_in_docs_api_md_runs(tmp_path, monkeypatch, capsys):
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert len(blocks) == 1
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], str(DOC), "exec"), {"__name__": "docs_api"})
+    out = capsys.readouterr().out
+    assert "kvsim.run: field 'max_num_seq': unknown setting; known: " in out
+    assert list(tmp_path.iterdir()) == []                 # wrote only in its temp directory
+
+
+def test_import_kvsim_imports_no_simulator():
+    code = ("import sys, kvsim; heavy = [m for m in ('pandas', 'numpy', 'simpy', 'plotly', "
+            "'pydantic') if m in sys.modules]; print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+@pytest.fixture(scope="module")
+def result():
+    return kvsim.run("sample:azure-conv", **AZURE)
+
+
+def test_run_equals_kvsim_run(result, tmp_path):
+    done = kvsim_cli("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "30",
+                     "--max-num-seqs", "16", "--out", tmp_path, "--json")
+    assert done.returncode == 0, done.stderr
+    cli = json.loads(done.stdout)
+    ours = json.loads(json.dumps(result.summary, default=float))
+    for summary in (cli, ours):
+        summary.pop("wall_time_s")
+    assert ours == cli
+    csv = pd.read_csv(tmp_path / "requests.csv")
+    pd.testing.assert_frame_equal(result.requests.drop(columns="finish_reason"),
+                                  csv.drop(columns="finish_reason"), check_dtype=False)
+
+
+def test_result_frames(result):
+    assert len(result.requests) == 30 and len(result.steps) == result.summary["num_steps"]
+    assert result.steps["output_tokens"].sum() == result.requests["generated_tokens"].sum()
+    assert len(result.timeline) <= 2000 and result.config.max_num_seqs == 16
+    assert repr(result).startswith("<kvsim.Result sample:azure-conv on llama-2-7b: 30/30")
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(max_num_seq=3), "kvsim.run: field 'max_num_seq': unknown setting; known: "),
+    (dict(block_size="16"), "kvsim.run: field 'block_size': expected an integer, got '16'"),
+    (dict(gpu_memory_utilization=1.5), "kvsim.run: field 'gpu_memory_utilization': must be "
+     "at most 1.0, got 1.5"),
+    (dict(model="nope"), "kvsim.run: field 'model': unknown model 'nope'"),
+    (dict(tp=3), "kvsim.run: field 'tp': llama-3.1-8b has 32 attention heads, which do not "
+     "divide over 3 GPUs (vLLM refuses this)"),
+    (dict(limit=0), "field 'limit': must be a positive integer, got 0"),
+])
+def test_bad_settings_fail_before_any_work_in_one_line(settings, message, monkeypatch):
+    import kvsim.sim.runner as runner
+    monkeypatch.setattr(runner, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    with pytest.raises(ValueError) as info:
+        kvsim.run("sample:azure-conv", **settings)
+    assert isinstance(info.value, kvsim.KvsimError)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_load_trace_and_run_a_filtered_list(tmp_path):
+    trace = kvsim.load_trace("sample:azure-conv", limit=30)
+    assert repr(trace) == "<kvsim.Trace sample:azure-conv: 30 requests>"
+    frame = trace.to_frame()
+    assert list(frame.columns) == ["request_id", "arrival_s", "prompt_tokens",
+                                   "output_tokens", "priority"]
+    short = [r for r in trace if r.prompt_tokens < 1000]
+    r = kvsim.run(short, model="llama-2-7b")
+    assert r.summary["num_requests"] == len(short) == (frame["prompt_tokens"] < 1000).sum()
+    assert r.summary["config"]["trace"] == "python"
+    with pytest.raises(kvsim.ConfigError, match="field 'limit': trace options apply to a trace"):
+        kvsim.run(short, limit=3)
+
+
+def test_write_and_report_write_only_when_asked(result, tmp_path):
+    written = result.write(tmp_path / "run", html=False)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "requests.csv", "summary.json", "timeline.csv"]
+    assert set(written) == {"requests", "timeline", "summary"}
+    assert result.report(tmp_path / "r.html").stat().st_size > 10_000
+    bench = result.bench(detailed=False)
+    assert "ttfts" not in bench and bench["completed"] == 30
+
+
+def test_a_toml_config_sits_under_the_keywords(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "llama-2-7b"\nmax_num_seqs = 8\nblock_size = 32\n')
+    r = kvsim.run("sample:azure-conv", config=toml, limit=10, max_num_seqs=4)
+    assert (r.config.model, r.config.max_num_seqs, r.config.block_size) == (
+        "llama-2-7b", 4, 32)
+
+
+def test_compare_equals_kvsim_compare_and_flags_identical_runs(tmp_path):
+    grid = kvsim.compare("sample:azure-conv", model="llama-2-7b", limit=20,
+                         eviction=["lru", "lfu"], max_num_seqs=[4, 64])
+    assert grid.labels == ["eviction=lru max_num_seqs=4", "eviction=lru max_num_seqs=64",
+                           "eviction=lfu max_num_seqs=4", "eviction=lfu max_num_seqs=64"]
+    assert grid.table["identical_to"].tolist() == [
+        "", "", "eviction=lru max_num_seqs=4", "eviction=lru max_num_seqs=64"]
+    written = grid.write(tmp_path / "api")
+    done = kvsim_cli("compare", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "20",
+                     "--eviction", "lru,lfu", "--max-num-seqs", "4,64", "--out",
+                     tmp_path / "cli", "--json")
+    assert done.returncode == 0, done.stderr
+    cli = json.loads(done.stdout)
+    for ours, theirs in zip(written["runs"], cli["runs"]):
+        assert ours["dir"] == theirs["dir"] and ours["identical_to"] == theirs["identical_to"]
+        assert ours["metrics"] == theirs["metrics"]
+
+
+def test_compare_checks_every_configuration_first(monkeypatch):
+    with pytest.raises(kvsim.ConfigError, match="field 'evicton': unknown setting"):
+        kvsim.compare("sample:azure-conv", evicton=["lru", "lfu"])
+    with pytest.raises(kvsim.ConfigError, match="field 'layout': a host tier needs"):
+        kvsim.compare("sample:azure-conv", layout=["paged", "contiguous"],
+                      num_cpu_blocks=100)
+
+
+def test_hitrate_equals_kvsim_hitrate():
+    ours = kvsim.hitrate("sample:mooncake", capacity=[100, 1000], eviction=["lru", "lfu"],
+                         limit=100)
+    done = kvsim_cli("hitrate", "sample:mooncake", "--capacity", "100,1000", "--eviction",
+                     "lru,lfu", "--limit", "100", "--json")
+    assert done.returncode == 0, done.stderr
+    assert ours.result == json.loads(done.stdout)
+    assert list(ours.table["policy"]) == ["lru", "lru", "lfu", "lfu"]
+
+
+def test_plan_ranks_candidates_and_checks_its_targets(tmp_path):
+    p = kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 5}, limit=30, model="llama-2-7b",
+                   gpu=["a100-80gb", "h100-80gb"], max_replicas=2, rate_iterations=1)
+    assert p.recommended is not None and list(p.table["rank"]) == [1, 2]
+    assert sorted(p.write(tmp_path)) == ["csv", "plan", "report"]
+    with pytest.raises(kvsim.ConfigError, match="field 'ttft_p95_s': SLO targets are some of"):
+        kvsim.plan("sample:azure-conv", slo={"ttft_p95_s": 5})
+    with pytest.raises(kvsim.ConfigError, match="field 'gpus': not a plan setting"):
+        kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 5}, gpus=["h200"])

@@ -1,0 +1,119 @@
+"""kvsim validate-real: kvsim's prediction against a real vLLM run (bench JSON, timed oracle)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from clirun import kvsim
+
+from kvsim.realrun import METRICS, oracle_steps, read_real_run
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm_timed" / "timed_chat.vllm.json"
+
+
+def errors(rows):
+    return {r["metric"]: r["error"] for r in rows}
+
+
+def test_kvsim_against_its_own_bench_json_has_no_error(tmp_path):
+    assert kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "30",
+                 "--bench-json", "--out", tmp_path, "-q").returncode == 0
+    done = kvsim("validate-real", tmp_path / "bench.json", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["kind"] == "vllm bench serve" and result["settings"]["model"] == "llama-2-7b"
+    assert [r["metric"] for r in result["before"]] == [m for m, _ in METRICS]
+    assert all(abs(e) < 1e-9 for e in errors(result["before"]).values())
+    import kvsim as api
+    assert api.validate_real(tmp_path / "bench.json")["before"] == result["before"]
+
+
+def test_fit_without_engine_steps_finds_the_speed_of_the_real_gpu(tmp_path):
+    # the "real" run is kvsim on an A100; validated as if it had run on an H100
+    assert kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "30",
+                 "--bench-json", "--out", tmp_path, "-q").returncode == 0
+    done = kvsim("validate-real", tmp_path / "bench.json", "--gpu", "h100-80gb", "--fit",
+                 tmp_path / "speed.json", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    before, after = errors(result["before"]), errors(result["after"])
+    assert before["TPOT p50"] < -0.3                       # an H100 is faster
+    assert after["TPOT p50"] == pytest.approx(0.0, abs=0.01)
+    assert abs(after["E2E p50"]) < abs(before["E2E p50"]) / 4
+    assert result["fitted_terms"]["speed_factor"] > 1.3
+    profile = json.loads((tmp_path / "speed.json").read_text())
+    assert profile["_speed_factor"] == result["fitted_terms"]["speed_factor"]
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    profile = tmp_path_factory.mktemp("fit") / "fit.json"
+    done = kvsim("validate-real", FIXTURE, "--fit", profile, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), profile
+
+
+def test_the_timed_oracle_run_before_and_after_fitting(oracle):
+    result, _ = oracle
+    assert result["kind"] == "vllm-oracle" and result["num_requests"] == 40
+    assert result["settings"]["num_gpu_blocks"] == 256 and result["settings"]["block_size"] == 32
+    before, after = errors(result["before"]), errors(result["after"])
+    # kvsim's default A100 roofline is ~40x faster than vLLM's CPU build
+    assert before["TPOT p50"] < -0.9 and before["E2E p50"] < -0.9
+    # fitted to the oracle's 152 measured steps
+    assert after["output throughput"] == pytest.approx(-0.019, abs=0.005)
+    assert after["TPOT p50"] == pytest.approx(-0.114, abs=0.01)
+    assert after["E2E p50"] == pytest.approx(-0.203, abs=0.01)
+    assert after["TTFT p50"] == pytest.approx(-0.418, abs=0.01)   # prefill underestimated
+
+
+def test_the_fitted_profile_drives_kvsim_run(oracle, tmp_path):
+    result, profile = oracle
+    fitted = json.loads(profile.read_text())
+    assert fitted["kind"] == "fitted" and fitted["fitted"] == result["fitted_terms"]
+    done = kvsim("run", FIXTURE.with_name("timed_chat.jsonl"), "--model",
+                 result["settings"]["model"], "--block-size", "32", "--num-gpu-blocks", "256",
+                 "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--profile",
+                 profile, "--out", tmp_path, "--json")
+    assert done.returncode == 0, done.stderr
+    real = read_real_run(FIXTURE)
+    ours = json.loads(done.stdout)["throughput_output_tokens_per_s"]
+    theirs = real.measured["output_tokens"].sum() / real.duration_s
+    assert ours / theirs - 1 == pytest.approx(result["after"][0]["error"], abs=1e-9)
+
+
+def test_step_features_restart_after_preemption_and_start_at_cached_tokens():
+    data = {"requests": [{"index": 0, "num_cached_tokens": 32},
+                         {"index": 1, "num_cached_tokens": 0}],
+            "steps": [{"scheduled": {"0": 16, "1": 8}, "preempted": [], "wall_s": 0.1},
+                      {"scheduled": {"0": 1}, "preempted": [1], "wall_s": 0.2},
+                      {"scheduled": {"1": 9}, "preempted": [], "wall_s": 0.3}]}
+    steps = oracle_steps(data, [])
+    assert steps.to_dict("list") == {
+        "seqs": [2, 1, 1], "tokens": [24, 1, 9],
+        "kv_tokens": [48 + 8, 49, 9], "attn_units": [16 * 81 + 8 * 9, 1 * 98, 9 * 10],
+        "wall_s": [0.1, 0.2, 0.3]}
+
+
+def test_bad_results_are_one_line(tmp_path):
+    (tmp_path / "x.json").write_text('{"completed": 3}')
+    done = kvsim("validate-real", tmp_path / "x.json")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"kvsim: error: {tmp_path / 'x.json'}: neither a `vllm bench")
+    lonely = tmp_path / "r.vllm.json"
+    lonely.write_text(FIXTURE.read_text())
+    done = kvsim("validate-real", lonely)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "field 'trace': a vllm-oracle result needs its input trace" in done.stderr
+
+
+def test_the_fit_keeps_every_term_non_negative():
+    import numpy as np
+    from kvsim.realrun import nonnegative_lstsq
+    x = np.arange(10.0)
+    X = np.column_stack([np.ones(10), x, x ** 2])
+    y = 2 + 3 * x - 0.01 * x ** 2               # a negative square term is not allowed
+    coef = nonnegative_lstsq(X, y)
+    assert coef[2] == 0.0 and (coef >= 0).all()
+    assert coef[:2] == pytest.approx(np.linalg.lstsq(X[:, :2], y, rcond=None)[0])
+    assert nonnegative_lstsq(X, 2 + 3 * x) == pytest.approx([2, 3, 0], abs=1e-9)
