@@ -15,20 +15,16 @@ __version__ = "0.1.0"
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "run": "api", "load_trace": "api", "Result": "api", "Trace": "api",
-    "plan": "api_studies", "hitrate": "api_studies", "Comparison": "api_studies",
+    "compare": "api_studies", "plan": "api_studies", "hitrate": "api_studies", "Comparison": "api_studies",
     "Plan": "api_studies", "HitRates": "api_studies", "validate_real": "realrun",
     "RunConfig": "sim.config", "ConfigError": "errors", "KvsimError": "errors",
     "TraceError": "errors",
 }
-__all__ = sorted([*_EXPORTS, "compare"])
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
     import importlib
-    if name == "compare":
-        # ``kvsim.compare`` is also the module of ``kvsim compare``; that module is callable
-        # (calling it is :func:`kvsim.api_studies.compare`), so both meanings work.
-        return importlib.import_module(".compare", __name__)
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value

@@ -61,7 +61,7 @@ class Comparison:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
-        from .compare import COMPARE_FILE, COMPARE_FILES, compare_result
+        from .grid import COMPARE_FILE, COMPARE_FILES, compare_result
         from .reports.html import render_compare_report
         from .reports.io import write_json_atomic, write_run_outputs
         from .reports.outdir import OutputDir
@@ -72,7 +72,8 @@ class Comparison:
                                   r.timeline, html=html, plotlyjs="parent")
             result = compare_result(self.spec, self.points, [r.summary for r in self.runs])
             if html:
-                render_compare_report(self._frames(), out / "report.html", self.spec.slo)
+                render_compare_report(self._frames(), out / "report.html", self.spec.slo,
+                                      plotlyjs="sibling")
             write_json_atomic(out / COMPARE_FILE, result)
         return result
 
@@ -102,7 +103,7 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     """Run every combination of the settings given as lists (``eviction=["lru", "lfu"],
     block_size=[16, 32]``); a single value is shared by all runs. ``trace``, ``config``,
     ``slo`` and the trace keywords as in :func:`kvsim.run`; ``workers`` processes."""
-    from .compare import CompareSpec, grid_points
+    from .grid import CompareSpec, grid_points
     from .sim.sweep import SweepOptions, run_tasks
     reading, settings = split_keywords(settings)
     path, options = _trace_file(trace, reading, "kvsim.compare")

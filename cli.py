@@ -478,7 +478,7 @@ def _show_run(summary: dict, out: str, job=None) -> None:
 
 
 # --- kvsim compare (issue 5) ---
-# Grid options (--eviction lru,lfu --block-size 16,32 ...) are parsed by kvsim.compare from the
+# Grid options (--eviction lru,lfu --block-size 16,32 ...) are parsed by kvsim.grid from the
 # remaining arguments, so every RunConfig field can vary without an option here.
 
 
@@ -506,7 +506,7 @@ def compare_command(
     Any run setting takes a comma-separated list (e.g. --eviction lru,priority
     --enable-prefix-caching true,false); one value is shared. Writes compare.json,
     report.html and one run directory per configuration into --out."""
-    from . import compare
+    from . import grid as compare
     from .reports.compare_table import render_compare_table
     from .sim.sweep import default_workers
     slo = slo_targets(slo_ttft_p99, slo_tpot_p99)

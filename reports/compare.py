@@ -52,6 +52,8 @@ def events_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:
                                  np.zeros(len(df)), mode="lines", name=label, legendgroup=label,
                                  showlegend=False, line=dict(color=color)), row=1, col=2)
     fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(title_text="preemptions", row=1, col=1)
+    fig.update_yaxes(title_text="blocks", row=1, col=2)
     return style_figure(fig, "Preemptions and transfers over time", height=360)
 
 
@@ -71,17 +73,19 @@ def tradeoff_scatter(runs: Sequence[Run]) -> go.Figure:
             y = _p99(summary, metric)
             if not is_number(x) or y is None:
                 continue
-            fig.add_trace(go.Scatter(
-                x=[x], y=[y], mode="markers+text", text=[label], textposition="top center",
-                name=label, legendgroup=label, showlegend=col == 1,
-                marker=dict(size=13, color=series_color(i), line=dict(width=1, color="white")),
+            fig.add_trace(go.Scatter(      # numbered points: long labels live in the legend
+                x=[x], y=[y], mode="markers+text", text=[str(i + 1)], textposition="middle center",
+                textfont=dict(color="white", size=10), name=f"{i + 1}. {label}",
+                legendgroup=label, showlegend=col == 1,
+                marker=dict(size=18, color=series_color(i), line=dict(width=1, color="white")),
                 hovertemplate=f"{esc(label)}<br>%{{x:,.0f}} tok/s<br>p99 %{{y:.3g}} s"
                               "<extra></extra>"), row=1, col=col)
             drawn = True
     if not drawn:
         return empty_figure("Throughput vs p99 latency", "no completed requests in any run")
-    fig.update_xaxes(title_text="output tokens/s")
-    fig.update_yaxes(title_text="p99 latency (s)", row=1, col=1)
+    fig.update_xaxes(title_text="output throughput (tokens/s)")
+    fig.update_yaxes(title_text="p99 TTFT (s)", row=1, col=1)
+    fig.update_yaxes(title_text="p99 E2E (s)", row=1, col=2)
     return style_figure(fig, "Throughput vs tail latency (up-left is better)", height=420,
                         hovermode="closest")
 

@@ -85,8 +85,8 @@ def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> go.Figure:
         fig.update_xaxes(title_text="seconds", row=1, col=col)
     _add_slo_lines(fig, runs, slo)
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=1, title_text="requests ≤ x")
-    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2)
-    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=3)
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2, title_text="requests ≤ x")
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=3, title_text="requests ≤ x")
     return style_figure(fig, "Latency distribution (CDF)", height=380, hovermode="closest")
 
 
@@ -132,6 +132,8 @@ def throughput_queue_figure(runs: Runs) -> go.Figure:
                 showlegend=single, line=dict(color="#dc2626" if single else color,
                                              dash="solid" if single else "dot")), row=2, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+    fig.update_yaxes(title_text="tokens/s", row=1, col=1)
+    fig.update_yaxes(title_text="requests", row=2, col=1)
     return style_figure(fig, "Throughput and queue length over time", height=480)
 
 
@@ -161,6 +163,9 @@ def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None) -> go.Fig
                                  mode="lines", fill="tozeroy",
                                  line=dict(width=1, color=KV_COLORS["host"])), row=2, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=2 if host else 1, col=1)
+    fig.update_yaxes(title_text="blocks", row=1, col=1)
+    if host:
+        fig.update_yaxes(title_text="blocks", row=2, col=1)
     return style_figure(fig, "KV pool over time", height=480 if host else 380)
 
 
@@ -195,7 +200,8 @@ def fragmentation_bar_figure(items: Sequence[tuple[str, dict]]) -> go.Figure:
                              hovertemplate=f"{FRAG_LABELS[key]}: %{{x:.1%}}<extra>%{{y}}</extra>"))
     fig.update_layout(barmode="stack", uniformtext=dict(minsize=9, mode="hide"),
                       legend_traceorder="normal")
-    fig.update_xaxes(tickformat=".0%", range=[0, 1])
+    fig.update_xaxes(tickformat=".0%", range=[0, 1], title_text="share of GPU KV pool "
+                     "(time-averaged)")
     fig.update_yaxes(autorange="reversed")
     height = 170 + 46 * len(items)
     return style_figure(fig, "Time-averaged breakdown", height=max(height, 300),
@@ -262,4 +268,6 @@ def events_figure(df: pd.DataFrame) -> go.Figure:
         fig.update_yaxes(range=[0, 1], row=2, col=1)
     fig.update_layout(bargap=0)
     fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+    fig.update_yaxes(title_text="preemptions", row=1, col=1)
+    fig.update_yaxes(title_text="blocks", row=2, col=1)
     return style_figure(fig, "Preemptions and transfers over time", height=460)

@@ -266,8 +266,7 @@ def pareto_figure(result: dict) -> go.Figure:
     for col, key in enumerate(keys, start=1):
         _pareto_panel(fig, points, key, result["slo"][key], col)
     fig.update_xaxes(title_text="cost per hour (USD)")
-    fig.update_yaxes(title_text="latency (s)", type="log", col=1)
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="latency (s)", type="log")
     return style_figure(fig, "Cost vs latency (lower left is better; filled: meets every SLO)",
                         height=440, hovermode="closest", legend="bottom")
 

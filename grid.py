@@ -1,4 +1,4 @@
-"""``kvsim compare``: run a grid of configurations over one trace, every other setting shared.
+"""The grid of ``kvsim compare``: run a grid of configurations over one trace, every other setting shared.
 
 A *dimension* is a :class:`~kvsim.sim.config.RunConfig` field given on the command line as
 ``--field-name V1,V2,...`` (``--field-name=V1,V2`` too). Each value is converted with the
@@ -31,8 +31,8 @@ from .sim.config import RunConfig
 from .workloads import TraceOptions
 
 COMPARE_FILE = "compare.json"
-#: The files of a comparison directory besides its run directories: ``report.html`` is
-#: self-contained (one file to share); the run pages under it share one ``plotly.min.js``.
+#: The files of a comparison directory besides its run directories: ``report.html`` and the
+#: run pages under it share one ``plotly.min.js`` (share the directory, or zip it).
 COMPARE_FILES = (COMPARE_FILE, "report.html", "plotly.min.js")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 #: RunConfig fields that cannot be a dimension (the trace is the positional argument).
@@ -221,20 +221,6 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
         if spec.html:
             render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
-                                  spec.out_dir / "report.html", spec.slo)
+                                  spec.out_dir / "report.html", spec.slo, plotlyjs="sibling")
         write_json_atomic(spec.out_dir / COMPARE_FILE, result)
     return result
-
-
-class _CallableModule(type(typing)):
-    """This module, callable: ``kvsim.compare(trace, ...)`` is the Python API's
-    :func:`kvsim.api_studies.compare` (the name is both this module and that function)."""
-
-    def __call__(self, *args, **kwargs):
-        from .api_studies import compare
-        return compare(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule
