@@ -155,8 +155,9 @@ def test_compare_report(tmp_path):
     best = max(runs[:3], key=lambda x: x[1]["throughput_output_tokens_per_s"])[0]
     first_row = table.split("<tbody>")[1].split("</tr>")[0]
     assert best in first_row
-    scatter = figure_data(html, "fig-tradeoff")
-    assert {t["name"] for t in scatter} == {r[0] for r in runs[:3]}
+    scatter = figure_data(html, "fig-tradeoff")     # numbered points, named in the legend
+    assert {t["name"] for t in scatter} == {f"{i}. {r[0]}" for i, r in enumerate(runs[:3], 1)}
+    assert {t["text"][0] for t in scatter} == {"1", "2", "3"}
     cdf = figure_data(html, "fig-latency-cdf")
     assert {t["name"] for t in cdf} == {r[0] for r in runs[:3]}
 
