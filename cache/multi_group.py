@@ -60,12 +60,19 @@ class MultiGroupKVManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, groups: tuple[LayerGroup, ...],
-                 enable_prefix_caching: bool = True, max_model_len: int | None = None):
+                 enable_prefix_caching: bool = True, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None):
+        """``max_num_batched_tokens`` (with ``max_model_len``) caps what :meth:`can_allocate`
+        asks of a windowed group, as vLLM's admission gate does
+        (``max_admission_blocks_per_request``): a request never holds more of its blocks."""
         if block_size < 1 or not groups:
             raise ValueError("need block_size >= 1 and at least one group")
         self.block_size, self.groups = block_size, tuple(groups)
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
+        self._caps = [g.max_blocks_per_request(block_size, max_num_batched_tokens, max_model_len)
+                      if g.kind != FULL and max_num_batched_tokens and max_model_len else None
+                      for g in self.groups]
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self.prefix_stats = PrefixCacheStats()
         self._requests: dict[object, _Entry] = {}
@@ -122,42 +129,46 @@ class MultiGroupKVManager:
 
     # --- lookup --------------------------------------------------------------------------
     def lookup(self, tokens) -> GroupHit:
-        """The longest block-aligned prefix every group can serve (never the last token)."""
+        """The longest block-aligned prefix every group can serve (never the last token):
+        full-attention groups first (left to right), then each windowed group right to left,
+        until all agree (vLLM's ``find_longest_cache_hit``)."""
         max_blocks = (len(tokens) - 1) // self.block_size
         if not self.enable_prefix_caching or max_blocks <= 0:
             return GroupHit()
-        base = list(_hashes(tokens, self.block_size, 0, max_blocks))
-        cached = [self._cached_ids(g, base) for g in range(len(self.groups))]
-        n = max_blocks
-        while True:
-            shorter = min(self._longest(g, ids, n) for g, ids in enumerate(cached))
+        base = _hashes(tokens, self.block_size, 0, max_blocks)
+        n, index = max_blocks, self.pool.index
+        for g, group in enumerate(self.groups):
+            if group.kind == FULL:
+                n = len(index.find_prefix(_group_hash(h, g) for h in base[:n]))
+        while n:
+            shorter = min(self._longest(g, base, n) for g in range(len(self.groups)))
             if shorter == n:
                 break
             n = shorter
-        return self._hit(cached, n)
+        return self._hit(base, n)
 
-    def _cached_ids(self, g: int, base: list[int]) -> list[int | None]:
-        index = self.pool.index
-        return [index.get(_group_hash(h, g)) for h in base]
-
-    def _longest(self, g: int, ids: list, n: int) -> int:
-        """The longest hit of at most ``n`` blocks group ``g`` can serve."""
-        run = 0
-        runs = [0]
-        for block in ids[:n]:
-            run = run + 1 if block is not None else 0
-            runs.append(run)
-        group = self.groups[g]
-        for m in range(n, 0, -1):
-            if runs[m] >= m - group.skipped_tokens(m * self.block_size) // self.block_size:
+    def _longest(self, g: int, base, n: int) -> int:
+        """The longest hit of at most ``n`` blocks windowed group ``g`` can serve: its blocks
+        from the window's (chunk's) start to ``n`` cached. A miss at block ``j`` rules out
+        every length above ``j`` (their windows start at or before ``j``)."""
+        group, bs, index = self.groups[g], self.block_size, self.pool.index
+        if group.kind == FULL:
+            return n
+        m = n
+        while m > 0:
+            start = min(group.skipped_tokens(m * bs) // bs, m)
+            miss = next((j for j in range(m - 1, start - 1, -1)
+                         if index.get(_group_hash(base[j], g)) is None), None)
+            if miss is None:
                 return m
+            m = miss
         return 0
 
-    def _hit(self, cached, n: int) -> GroupHit:
-        tables = []
-        for group, ids in zip(self.groups, cached):
+    def _hit(self, base, n: int) -> GroupHit:
+        tables, get = [], self.pool.index.get
+        for g, group in enumerate(self.groups):
             skip = min(group.skipped_tokens(n * self.block_size) // self.block_size, n)
-            tables.append([NULL] * skip + list(ids[skip:n]))
+            tables.append([NULL] * skip + [get(_group_hash(h, g)) for h in base[skip:n]])
         return GroupHit(tables, n * self.block_size)
 
     # --- allocation ----------------------------------------------------------------------
@@ -169,10 +180,13 @@ class MultiGroupKVManager:
 
     def can_allocate(self, request_id, num_new_tokens: int, hit: CacheHit | None = None,
                      reserve: int = 0) -> bool:
-        return self.num_blocks_needed(request_id, num_new_tokens, hit) + reserve \
-            <= self.pool.num_free_blocks
+        """Whether the blocks for ``num_new_tokens`` more tokens are free, a windowed group
+        counted at most at its admission cap (it frees blocks as the request advances)."""
+        entry = self._requests.get(request_id)
+        needed = self._plan(entry, num_new_tokens, hit, None, capped=True)[0]
+        return needed + reserve <= self.pool.num_free_blocks
 
-    def _plan(self, entry, n: int, hit, num_computed):
+    def _plan(self, entry, n: int, hit, num_computed, capped: bool = False):
         """``(net blocks taken, target slots, computed tokens)`` of an allocation."""
         adopting = entry is None and hit is not None and hit.num_tokens
         base = hit.num_tokens if adopting else (entry.num_slots if entry else 0)
@@ -182,7 +196,12 @@ class MultiGroupKVManager:
         if self.max_model_len is not None:
             target = min(target, self.max_model_len)
         tables = hit.tables if adopting else (entry.tables if entry else [[]] * len(self.groups))
-        want = sum(max(cdiv(target, self.block_size) - len(t), 0) for t in tables)
+        want = 0
+        for table, cap in zip(tables, self._caps):
+            blocks = cdiv(target, self.block_size)
+            if capped and cap is not None:
+                blocks = min(blocks, cap + sum(1 for b in table if b == NULL))
+            want += max(blocks - len(table), 0)
         refs = self.pool.ref_counts
         if adopting:
             want += sum(1 for b in hit.block_ids if refs[b] == 0)

@@ -136,7 +136,7 @@ def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
     if deployment.multi_group:
         return MultiGroupKVManager(deployment.num_gpu_blocks, config.block_size,
                                    deployment.layout.groups, config.enable_prefix_caching,
-                                   deployment.max_model_len)
+                                   deployment.max_model_len, config.max_num_batched_tokens)
     if config.layout == "contiguous":
         return ContiguousKVManager(deployment.num_gpu_blocks, config.block_size,
                                    deployment.max_model_len, config.reserve,
