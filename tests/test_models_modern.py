@@ -202,3 +202,35 @@ def test_mla_config_needs_its_latent_rank(tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="kv_lora_rank"):
         resolve_model(path)
+
+
+def test_cli_run_of_a_hybrid_model_reports_groups_and_active_params(tmp_path):
+    from clirun import kvsim
+    out = tmp_path / "oss"
+    done = kvsim("run", "sample:azure-conv", "--limit", "40", "--model", "gpt-oss-20b",
+                 "--gpu", "h100-80gb", "--out", out)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    kv = summary["kv"]
+    assert kv["bytes_per_token"] == 2 * 24 * 8 * 64 * 2                     # 49,152
+    assert kv["bytes_per_block_per_gpu"] == 12 * 16 * 2 * 8 * 64 * 2        # 12-layer blocks
+    assert [g["kind"] for g in kv["groups"]] == ["sliding", "full"]
+    assert summary["model"]["active_params"] == resolve_model("gpt-oss-20b").active_params
+    assert summary["num_completed"] == 40
+
+
+def test_cli_bad_hybrid_config_and_unsupported_layout_exit_2(tmp_path):
+    from clirun import kvsim
+    from kvsim.sim._catalog import load_catalog
+    cfg = dict(load_catalog("hf_models.json")["models"]["gpt-oss-20b"]["config"])
+    cfg["layer_types"] = cfg["layer_types"][:5]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    done = kvsim("run", "sample:azure-conv", "--model", path, "--out", tmp_path / "x")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"kvsim: error: {path}: field 'layer_types': expected a list of 24 layer types "
+        "(one per layer)"]
+    done = kvsim("run", "sample:azure-conv", "--model", "gpt-oss-20b", "--layout", "contiguous",
+                 "--out", tmp_path / "y")
+    assert done.returncode == 2 and "field 'layout'" in done.stderr
