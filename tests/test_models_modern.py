@@ -234,3 +234,29 @@ def test_cli_bad_hybrid_config_and_unsupported_layout_exit_2(tmp_path):
     done = kvsim("run", "sample:azure-conv", "--model", "gpt-oss-20b", "--layout", "contiguous",
                  "--out", tmp_path / "y")
     assert done.returncode == 2 and "field 'layout'" in done.stderr
+
+
+def test_chunked_local_group_frees_the_blocks_before_the_current_chunk():
+    m = MultiGroupKVManager(40, 4, (LayerGroup("chunked", 1, 8), LayerGroup("full", 1)))
+    m.allocate("a", list(range(8)), 8)                                   # 2 + 2 blocks
+    # computed 8 = one whole chunk: the chunked group drops blocks 0-1 (8 // 8 * 8 tokens)
+    m.allocate("a", list(range(9)), 1, num_computed_tokens=8)
+    assert m.tables("a")[0][:2] == [NULL, NULL] and m.num_blocks_held("a") == 1 + 3
+    # computed 12, still in the second chunk: nothing more to free; 13th token opens block 3
+    m.allocate("a", list(range(13)), 1, num_computed_tokens=12)
+    assert m.num_blocks_held("a") == 2 + 4
+
+
+def test_a_simulated_hybrid_run_gives_every_block_back():
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.runner import simulate
+    from kvsim.workloads.loader import read_trace, sample_path
+    from kvsim.workloads.options import TraceOptions
+    requests = read_trace(sample_path("mooncake"), TraceOptions(limit=60))
+    result = simulate(requests, RunConfig(model="gpt-oss-20b", gpu="h100-80gb",
+                                          num_gpu_blocks=3000))
+    kv = result.replicas[0].kv
+    assert isinstance(kv, MultiGroupKVManager)
+    assert kv.num_free_blocks == 3000 and not kv._requests
+    too_long = sum(r.prompt_tokens >= result.deployment.max_model_len for r in requests)
+    assert too_long == 2 and result.replicas[0].num_finished == 60 - too_long
