@@ -27,7 +27,7 @@ LM head), and transfers by measured copy times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from kvsim.errors import ConfigError
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
 from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
+from kvsim.sim import moe
 
 
 def gemm_params(model: ModelSpec) -> dict[str, int]:
@@ -77,6 +78,9 @@ class _Coeffs:
     attn_unit_s: float = 0.0  # additive, per attention unit (fitted profiles only)
     batch_s: tuple[float, ...] = ()  # additive, seconds for 1, 2, ... requests (fitted only)
     batch_slope_s: float = 0.0       # per request beyond the batch_s table
+    moe_expert_s: float = 0.0   # per distinct routed expert touched (all MoE layers), per step
+    moe_experts: int = 0        # routed experts E (0: not a mixture of experts)
+    moe_top_k: int = 0
 
 
 def batch_time(table, slope: float, seqs):
@@ -97,7 +101,11 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     t = c.fixed_s + seqs * c.per_seq_s
     if c.batch_s:
         t = t + batch_time(c.batch_s, c.batch_slope_s, seqs)
-    t = t + maximum(tokens * c.gemm_flop_s, c.gemm_byte_s)
+    gemm_bytes = c.gemm_byte_s
+    if c.moe_experts:
+        gemm_bytes = gemm_bytes + c.moe_expert_s * moe.expected_experts(
+            c.moe_experts, c.moe_top_k, tokens)
+    t = t + maximum(tokens * c.gemm_flop_s, gemm_bytes)
     t = t + maximum(seqs * c.head_flop_s, c.head_byte_s)
     for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
         t = t + maximum(floor, tokens * per_token)
@@ -186,7 +194,7 @@ class CostModel:
         ops = [p.elementwise[op] for op in ELEMENTWISE_OPS]
         fixed = (p.step_overhead_s + L * (4 * p.gemm.latency_s + p.attn_latency_s + ar_lat)
                  + p.gemm.latency_s)
-        return _Coeffs(
+        c = _Coeffs(
             fixed_s=fixed, per_seq_s=p.per_seq_overhead_s,
             gemm_flop_s=L * 2 * layer_w / pc,
             gemm_byte_s=L * layer_w * weight_dtype_bytes(self.weight_dtype) / pm,
@@ -197,6 +205,26 @@ class CostModel:
             attn_flop_s=L * 2 * m.num_heads * m.head_dim / tp / (peak * p.attn_prefill_compute_efficiency),
             attn_byte_s=kv_token / (bw * p.attn_decode_memory_efficiency),
             ar_tok_s=ar_bytes * L * m.hidden_size * b)
+        return self._architecture_terms(c, kv_token) if moe.is_special(m) else c
+
+    def _architecture_terms(self, c: _Coeffs, kv_token: int) -> _Coeffs:
+        """MoE, MLA and windowed-attention terms (see :mod:`kvsim.sim.moe`: models, not
+        measurements)."""
+        m, g, p, tp = self.model, self.gpu, self.profile, self.tp
+        pc = g.dense_bf16_flops * p.gemm.compute_efficiency
+        pm = g.hbm_bandwidth_bytes_per_s * p.gemm.memory_efficiency
+        wb = weight_dtype_bytes(self.weight_dtype)
+        always, per_expert, active = moe.gemm_weights(m)
+        attn_bw = g.hbm_bandwidth_bytes_per_s * p.attn_decode_memory_efficiency
+        full_share = moe.full_attention_layers(m) / m.num_layers
+        window_s = moe.windowed_bytes_per_request(m, tp, self.dtype) / attn_bw
+        return replace(
+            c, gemm_flop_s=2 * active / tp / pc, gemm_byte_s=always / tp * wb / pm,
+            moe_expert_s=per_expert / tp * wb / pm, moe_experts=m.num_experts if m.is_moe else 0,
+            moe_top_k=m.experts_per_token, per_seq_s=c.per_seq_s + window_s,
+            attn_flop_s=moe.attention_flops_per_unit(m, tp) / (
+                g.dense_bf16_flops * p.attn_prefill_compute_efficiency),
+            attn_byte_s=kv_token * full_share / attn_bw)
 
     def _fitted_coefficients(self, f) -> _Coeffs:
         """A fitted profile's measured coefficients (linear terms only; tp must be 1)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvsim.errors import ConfigError
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
+from kvsim.sim.kv_layout import KvLayout, kv_layout
 from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model
 
 GIB = 1 << 30
@@ -28,6 +29,7 @@ class KvPool:
     activation_reserve_bytes: int
     kv_bytes: int
     explanation: str
+    layout: KvLayout | None = None
 
     @property
     def num_token_slots(self) -> int:
@@ -67,7 +69,8 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     reserve = activation_reserve
     if reserve is None:
         reserve = estimate_activation_bytes(model, tp, dtype, max_num_batched_tokens, max_num_seqs)
-    per_block = block_size * model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
+    layout = kv_layout(model, tp, block_size, kv_dtype or dtype)
+    per_block = layout.bytes_per_block
     kv = usable - weights - reserve
     if kv < per_block:
         raise ConfigError(_no_room(model, gpu, tp, gpu_memory_utilization, usable, weights,
@@ -76,8 +79,17 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     text = (f"{gpu_memory_utilization:g} x {_gib(gpu.memory_bytes)} ({gpu.name}) = {_gib(usable)}"
             f" - weights {_gib(weights)} ({model.name}/tp{tp})"
             f" - activations {_gib(reserve)} = {_gib(kv)} for KV; / {per_block:,} bytes per block"
-            f" ({block_size} tokens) = {blocks:,} blocks ({blocks * block_size:,} tokens) per GPU")
-    return KvPool(blocks, block_size, per_block, usable, weights, reserve, kv, text)
+            f" ({block_size} tokens{_groups_text(layout)}) = {blocks:,} blocks"
+            f" ({blocks * block_size:,} tokens) per GPU")
+    return KvPool(blocks, block_size, per_block, usable, weights, reserve, kv, text, layout)
+
+
+def _groups_text(layout: KvLayout) -> str:
+    if not layout.is_hybrid:
+        return ""
+    kinds = ", ".join(f"{g.kind} {g.num_layers}" for g in layout.groups)
+    return (f"; {len(layout.groups)} layer groups ({kinds}) of {layout.group_size} layers"
+            " share the pool")
 
 
 def cpu_offload_blocks(model: ModelSpec | str, cpu_offload_gb: float, tp: int = 1,

@@ -58,6 +58,25 @@ class ModelSpec:
     learned_positions: int = 0
     tied_embeddings: bool = False
     aliases: tuple[str, ...] = field(default=(), compare=False)
+    # --- attention other than full, MLA, mixture of experts (see kvsim.sim.arch) ---------------
+    #: Per layer ``full``, ``sliding`` or ``chunked``; empty: every layer full attention.
+    layer_kinds: tuple[str, ...] = ()
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    #: Multi-head latent attention (DeepSeek): the cache holds kv_lora_rank + qk_rope_head_dim.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    #: Mixture of experts: ``num_moe_layers`` layers route each token to ``experts_per_token``
+    #: of ``num_experts`` experts of width ``moe_intermediate_size``, plus shared experts of
+    #: total width ``shared_expert_intermediate_size``; other layers have a dense MLP.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_moe_layers: int = 0
 
     # --- per layer ----------------------------------------------------------------------------
     @property
@@ -95,18 +114,63 @@ class ModelSpec:
         return emb + head + self.learned_positions * self.hidden_size + final_norm
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.num_moe_layers > 0
+
+    @property
+    def linear_params_total(self) -> int:
+        """Weights of every layer's GEMMs (all experts counted)."""
+        if self.is_mla or self.is_moe:
+            from kvsim.sim.arch import linear_params
+            return linear_params(self, active=False)
+        return self.num_layers * self.linear_params_per_layer
+
+    @property
+    def active_linear_params_total(self) -> int:
+        """Weights one token passes through (top-k routed experts plus shared ones)."""
+        if self.is_mla or self.is_moe:
+            from kvsim.sim.arch import linear_params
+            return linear_params(self, active=True)
+        return self.linear_params_total
+
+    @property
     def num_params(self) -> int:
         """Total parameter count."""
-        per_layer = self.linear_params_per_layer + self.bias_params_per_layer
-        return self.num_layers * per_layer + self.embedding_params
+        per_layer = self.bias_params_per_layer
+        return self.linear_params_total + self.num_layers * per_layer + self.embedding_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token activates (equal to :attr:`num_params` for a dense model)."""
+        inactive = self.linear_params_total - self.active_linear_params_total
+        return self.num_params - inactive
 
     def weight_bytes(self, dtype: str = "bf16") -> int:
         """Bytes of all weights stored in ``dtype`` (``int4`` included, scales counted)."""
         return int(-(-self.num_params * weight_dtype_bytes(dtype) // 1))
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
-        """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes."""
+        """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes
+        (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes, one latent "head", no V)."""
+        if self.is_mla:
+            return self.num_layers * self.mla_cache_dim * dtype_bytes(dtype)
         return 2 * self.num_layers * self.kv_size * dtype_bytes(dtype)
+
+    @property
+    def mla_cache_dim(self) -> int:
+        """Elements MLA caches per token per layer: the latent plus the shared rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def kv_bytes_per_token_per_layer_per_gpu(self, tp: int, dtype: str = "bf16") -> int:
+        """One token's KV bytes in one layer on one of ``tp`` GPUs (vLLM's page size / block
+        size). MLA's latent is not split over tensor-parallel ranks: each holds all of it."""
+        if self.is_mla:
+            return self.mla_cache_dim * dtype_bytes(dtype)
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes(dtype)
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads each of ``tp`` GPUs holds (replicated when tp exceeds the KV head count)."""
@@ -114,12 +178,12 @@ class ModelSpec:
 
     def kv_bytes_per_token_per_gpu(self, tp: int, dtype: str = "bf16") -> int:
         """KV cache bytes of one token on one of ``tp`` tensor-parallel GPUs, all layers."""
-        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * dtype_bytes(dtype)
+        return self.num_layers * self.kv_bytes_per_token_per_layer_per_gpu(tp, dtype)
 
     @property
     def linear_flops_per_token(self) -> int:
         """FLOPs of the linear layers for one token: 2 * linear weights (all layers, LM head excluded)."""
-        return 2 * self.num_layers * self.linear_params_per_layer
+        return 2 * self.active_linear_params_total
 
     @property
     def lm_head_params(self) -> int:
@@ -132,8 +196,8 @@ def _from_entry(name: str, entry: dict) -> ModelSpec:
 
 
 def list_models() -> list[str]:
-    """Catalog names, sorted."""
-    return sorted(load_catalog("models.json")["models"])
+    """Catalog names, sorted (``models.json`` and the Hugging Face configs of ``hf_models.json``)."""
+    return sorted([*load_catalog("models.json")["models"], *load_catalog("hf_models.json")["models"]])
 
 
 def resolve_model(name_or_path: str | Path) -> ModelSpec:
@@ -144,16 +208,24 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     if path.suffix == ".json" or (path / "config.json").is_file():
         return model_from_hf_config(path / "config.json" if path.is_dir() else path)
     models = load_catalog("models.json")["models"]
-    index = {k.lower(): k for k in models}
-    for key, entry in models.items():
-        index.update({a.lower(): key for a in entry.get("aliases", ())})
+    hf_models = load_catalog("hf_models.json")["models"]
+    index = {}
+    for catalog in (models, hf_models):
+        index.update({k.lower(): k for k in catalog})
+        for key, entry in catalog.items():
+            index.update({a.lower(): key for a in entry.get("aliases", ())})
     key = index.get(text.lower())
     if key is None:
-        return _from_hub_cache(text, index, models)
+        return _from_hub_cache(text, index, list_models())
+    if key in hf_models:
+        from kvsim.sim.arch import spec_from_hf
+        entry = hf_models[key]
+        return spec_from_hf(key, entry["config"], f"catalog hf_models.json:{key}",
+                            tuple(entry.get("aliases", ())))
     return _from_entry(key, models[key])
 
 
-def _from_hub_cache(text: str, index: dict, models: dict) -> ModelSpec:
+def _from_hub_cache(text: str, index: dict, known: list[str]) -> ModelSpec:
     """A Hugging Face id that is no catalog alias, from the local Hugging Face cache."""
     from .hf_cache import cached_config, hub_cache_dir, is_repo_id
     config = cached_config(text) if is_repo_id(text) else None
@@ -164,12 +236,20 @@ def _from_hub_cache(text: str, index: dict, models: dict) -> ModelSpec:
     cache = (f", not in the local Hugging Face cache ({hub_cache_dir()}; `huggingface-cli "
              f"download {text} config.json` puts it there)") if is_repo_id(text) else ""
     raise ConfigError(f"unknown model '{text}'{hint}{cache}; known: "
-                      f"{', '.join(sorted(models))}, a Hugging Face id in the local cache, "
+                      f"{', '.join(known)}, a Hugging Face id in the local cache, "
                       "or a path to a Hugging Face config.json", field="model")
 
 
 # --- Hugging Face config.json -------------------------------------------------------------------
 _HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "opt": "opt"}
+# The other families (qwen3, MoE, MLA, sliding-window and chunked attention) are read by
+# :mod:`kvsim.sim.arch`.
+
+
+def _architecture_name(cfg: dict) -> str:
+    """``MixtralForCausalLM (model_type 'mixtral')``, or the model type alone."""
+    arch, kind = cfg.get("architectures"), f"model_type '{cfg.get('model_type')}'"
+    return f"{', '.join(map(str, arch))} ({kind})" if isinstance(arch, list) and arch else kind
 
 
 def model_from_hf_config(path: Path) -> ModelSpec:
@@ -177,17 +257,22 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     or opt model."""
     cfg = read_json_object(path, "model config", "model")
     family = _HF_FAMILIES.get(str(cfg.get("model_type", "")).lower())
-    if family is None:
-        arch = cfg.get("architectures")
-        named = f"{', '.join(map(str, arch))} (model_type '{cfg.get('model_type')}')" if (
-            isinstance(arch, list) and arch) else f"model_type '{cfg.get('model_type')}'"
-        raise ConfigError(f"{named} is not supported; supported model types: "
-                          f"{', '.join(_HF_FAMILIES)} (LlamaForCausalLM, MistralForCausalLM, "
-                          "Qwen2ForCausalLM, OPTForCausalLM)", location=str(path),
-                          field="model")
+    from kvsim.sim.arch import HF_FAMILIES, spec_from_hf
+    if family is None or _is_hybrid_config(cfg):
+        if str(cfg.get("model_type", "")).lower() not in HF_FAMILIES:
+            raise ConfigError(f"{_architecture_name(cfg)} is not supported; supported model "
+                              f"types: {', '.join(dict.fromkeys([*_HF_FAMILIES, *HF_FAMILIES]))}",
+                              location=str(path), field="model")
+        name = str(cfg.get("_name_or_path") or Path(path).parent.name or "custom")
+        return spec_from_hf(name, cfg, str(path))
     build = _opt_fields if family == "opt" else _llama_fields
     return ModelSpec(name=str(cfg.get("_name_or_path") or Path(path).parent.name or "custom"),
                      family=family, **build(cfg, path))
+
+
+def _is_hybrid_config(cfg: dict) -> bool:
+    """A mistral config with a sliding window (every layer sliding, as vLLM reads it)."""
+    return cfg.get("model_type") == "mistral" and cfg.get("sliding_window") is not None
 
 
 def _need(cfg: dict, key: str, path: Path) -> int:

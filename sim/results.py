@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .model_summary import kv_extra, model_info
 from .models import resolve_model
 from kvsim.reports.io import REQUEST_COLUMNS, add_phase_columns
 
@@ -101,7 +102,9 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
                "mean_usage": float(np.average(usage, weights=w)) if w.sum() else 0.0,
                "peak_usage": float(usage.max()) if len(usage) else 0.0,
                "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
-               "pool": dep.pool_explanation, "max_model_len": dep.max_model_len},
+               "pool": dep.pool_explanation, "max_model_len": dep.max_model_len,
+               **kv_extra(cfg, dep)},
+        "model": model_info(cfg),
         "fragmentation": _fragmentation(steps, pool * cfg.block_size),
         "compaction": _compaction(result),
         "tiering": _tiering(result, steps),

@@ -11,6 +11,7 @@ import simpy
 from kvsim.cache.contiguous import ContiguousKVManager
 from kvsim.cache.hybrid import HybridKVManager
 from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.multi_group import MultiGroupKVManager
 from kvsim.cache.policies import make_policy, prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
@@ -21,6 +22,7 @@ from kvsim.workloads.truncate import truncate
 
 from .config import RunConfig
 from .cost_model import CostModel
+from .kv_layout import KvLayout, kv_layout, longest_request
 from .memory import cpu_offload_blocks, kv_pool
 from .models import check_tensor_parallel, resolve_model
 from .recorder import RequestLog, StepLog
@@ -36,6 +38,12 @@ class Deployment:
     max_model_len: int
     pool_explanation: str
     num_cpu_blocks: int = 0
+    layout: KvLayout | None = None
+
+    @property
+    def multi_group(self) -> bool:
+        """True when the model needs vLLM's hybrid KV cache manager (several layer groups)."""
+        return self.layout is not None and self.layout.is_hybrid
 
 
 @dataclass
@@ -63,7 +71,12 @@ def resolve_deployment(config: RunConfig) -> Deployment:
                        max_num_batched_tokens=config.max_num_batched_tokens,
                        max_num_seqs=config.max_num_seqs, weight_dtype=config.weight_dtype)
         blocks, text = pool.num_gpu_blocks, pool.explanation
+    layout = kv_layout(model, config.tp, config.block_size, config.dtype)
     slots = blocks * config.block_size
+    if layout.is_hybrid:
+        _check_multi_group(config, model.name)
+        slots = longest_request(layout, blocks, config.max_num_batched_tokens,
+                                config.max_model_len or model.max_model_len)
     max_len = config.max_model_len or min(model.max_model_len, slots)
     if max_len > slots:
         raise ConfigError(
@@ -77,7 +90,17 @@ def resolve_deployment(config: RunConfig) -> Deployment:
             "that (vLLM refuses this too)", field="max_num_batched_tokens")
     host = config.num_cpu_blocks or cpu_offload_blocks(
         model, config.cpu_offload_gb, config.tp, config.block_size, config.dtype)
-    return Deployment(blocks, max_len, text, host)
+    return Deployment(blocks, max_len, text, host, layout)
+
+
+def _check_multi_group(config: RunConfig, name: str) -> None:
+    """The hybrid manager is simulated for the paged layout with LRU and no CPU tier only."""
+    if config.layout != "paged" or config.eviction != "lru" or config.num_cpu_blocks \
+            or config.preemption_mode == "swap" \
+            or config.cpu_offload_gb:
+        raise ConfigError(f"{name} has sliding-window or chunked-local layers (vLLM's hybrid "
+                          "KV cache manager): kvsim simulates it with --layout paged, "
+                          "--eviction lru and no CPU tier", field="layout")
 
 
 def default_executor(config: RunConfig) -> CostModel:
@@ -96,7 +119,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     env = simpy.Environment()
     steps, log = StepLog(), RequestLog()
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
-                        config.skip_ahead and config.layout == "paged")
+                        config.skip_ahead and config.layout == "paged"
+                        and not deployment.multi_group)
                 for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
                           deployment.max_model_len))
@@ -107,7 +131,12 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
 
 
 def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
-    """The KV manager of ``config.layout``: paged (vLLM's), contiguous or hybrid."""
+    """The KV manager of ``config.layout``: paged (vLLM's), contiguous or hybrid; a model with
+    sliding-window or chunked-local layers gets vLLM's hybrid manager (one table per group)."""
+    if deployment.multi_group:
+        return MultiGroupKVManager(deployment.num_gpu_blocks, config.block_size,
+                                   deployment.layout.groups, config.enable_prefix_caching,
+                                   deployment.max_model_len, config.max_num_batched_tokens)
     if config.layout == "contiguous":
         return ContiguousKVManager(deployment.num_gpu_blocks, config.block_size,
                                    deployment.max_model_len, config.reserve,

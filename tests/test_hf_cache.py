@@ -67,14 +67,14 @@ def test_an_id_not_in_the_cache_says_where_it_looked(hub):
 
 
 def test_an_unsupported_architecture_lists_the_supported_ones(hub):
-    path = put(hub, "mistralai/Mixtral-8x7B-v0.1", {"model_type": "mixtral",
-                                                     "architectures": ["MixtralForCausalLM"]})
+    path = put(hub, "google-bert/bert-base-uncased", {"model_type": "bert",
+                                                       "architectures": ["BertForMaskedLM"]})
     with pytest.raises(ConfigError) as err:
-        resolve_model("mistralai/Mixtral-8x7B-v0.1")
+        resolve_model("google-bert/bert-base-uncased")
     assert str(err.value) == (
-        f"{path}: field 'model': MixtralForCausalLM (model_type 'mixtral') is not supported; "
-        "supported model types: llama, mistral, qwen2, opt (LlamaForCausalLM, "
-        "MistralForCausalLM, Qwen2ForCausalLM, OPTForCausalLM)")
+        f"{path}: field 'model': BertForMaskedLM (model_type 'bert') is not supported; "
+        "supported model types: llama, mistral, qwen2, opt, qwen3, qwen3_moe, qwen2_moe, "
+        "mixtral, deepseek_v2, deepseek_v3, gpt_oss, gemma3, gemma3_text, llama4, llama4_text")
 
 
 def test_kvsim_run_takes_a_cached_id(tmp_path):
