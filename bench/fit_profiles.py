@@ -13,7 +13,9 @@ model of that GPU:
 - then the GEMMs (``attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj``) on the
   layer's total time, the kernels held: ``latency + max(FLOPs(rows) / (peak * eff_c), weight
   bytes / (bw * eff_m))`` with ``rows = tokens + a * (ceil(tokens / 128) * 128 - tokens)``
-  (wave quantization: the ridge region, where a hard roofline was ~20% too fast).
+  beyond one tile (wave quantization), and rows = max(that, curve(tokens)), the curve
+  piecewise-linear through (0, 0) and its fitted points at :data:`KNOTS` (never decreasing):
+  the ridge region, where a hard roofline was ~20% too fast.
 
 It writes those sections into ``sim/profiles/<gpu>.json`` and into the profiles copied from it
 (:data:`COPIES`: same architecture, not measured here); every other section is left alone.

@@ -36,7 +36,7 @@ class Roofline:
     points, slope 1 beyond the last: a GEMM over ``tokens`` rows runs at the efficiency of
     ``rows`` rows at ``compute_eff``, which models the soft corner at the roofline's ridge
     (rows above tokens there). ``padded`` is wave quantization: with ``tile_tokens`` T and
-    ``tile_padding`` a, ``tokens + a * (ceil(tokens / T) * T - tokens)``. Both never decrease,
+    ``tile_padding`` a, ``tokens + a * (ceil(tokens / T) * T - tokens)`` beyond one tile. Both never decrease,
     so more tokens never take less time; without either, rows = tokens."""
 
     compute_efficiency: float
@@ -73,11 +73,15 @@ def curve_rows_array(tokens: np.ndarray, knots, rows) -> np.ndarray:
 
 
 def padded_rows(tokens, tile: float, padding: float):
-    """``tokens + padding * (ceil(tokens / tile) * tile - tokens)`` (``tokens`` when ``tile``
-    is 0), for numpy arrays and scalars alike; never decreasing in ``tokens``."""
+    """``tokens + padding * (ceil(tokens / tile) * tile - tokens)`` beyond one tile, ``tokens``
+    up to it (a GEMM of at most one tile of rows runs small-M kernels) or when ``tile`` is 0;
+    numpy arrays and scalars alike; never decreasing in ``tokens``."""
     if not tile:
         return tokens
-    return tokens + padding * (np.ceil(tokens / tile) * tile - tokens)
+    padded = tokens + padding * (np.ceil(tokens / tile) * tile - tokens)
+    if isinstance(tokens, np.ndarray):
+        return np.where(tokens > tile, padded, tokens)
+    return padded if tokens > tile else tokens
 
 
 @dataclass(frozen=True)

@@ -86,13 +86,14 @@ def test_every_layer_within_eleven_percent_at_every_tp_degree():
 
 def test_the_efficiency_curve_and_tiles_give_rows_exactly():
     """Curve through (0, 0), (16, 32), (128, 160), slope 1 beyond; tiles of 128, half the
-    padding paid (n + 0.5 * (ceil(n / 128) * 128 - n)); rows are the larger of the two."""
+    padding paid beyond the first tile (n + 0.5 * (ceil(n / 128) * 128 - n)); rows are the
+    larger of the two."""
     from kvsim.sim.profile import Roofline, curve_rows
     assert [curve_rows(n, (16.0, 128.0), (32.0, 160.0)) for n in (1, 8, 72, 129, 200)] == [
         2.0, 16.0, 96.0, 161.0, 232.0]
     g = Roofline(0.7, 0.8, 0.0, 128, 0.5, (16.0, 128.0), (32.0, 160.0))
     assert [g.rows(n) for n in (1, 8, 16, 72, 128, 129, 200, 256)] == [
-        64.5, 68.0, 72.0, 100.0, 160.0, 192.5, 232.0, 288.0]
+        2.0, 16.0, 32.0, 96.0, 160.0, 192.5, 232.0, 288.0]
     assert Roofline(0.7, 0.8, 0.0).rows(37) == 37          # neither: rows = tokens
 
 
