@@ -16,8 +16,8 @@ import typer
 
 from . import __version__
 from .errors import KvsimError
-from .sim.config import (EvictionPolicy, KvDtype, Layout, LongPrompt, OffloadWrite,
-                         PreemptionMode, ReservePolicy, RouterName, Sampling,
+from .sim.config import (AllocatorName, EvictionPolicy, KvDtype, Layout, LongPrompt,
+                         OffloadWrite, PreemptionMode, ReservePolicy, RouterName, Sampling,
                          SchedulingPolicy, WeightDtype)
 from .workloads.generators.presets import PresetName
 from .workloads.options import TraceFormat
@@ -279,7 +279,11 @@ def run_command(
         "contiguous region."),
     reserve: Optional[ReservePolicy] = setting(
         "reserve", "Contiguous/hybrid reservation: max (max_model_len), pow2 (next power of "
-        "two of the final length), oracle (exact)."),
+        "two of the final length), oracle (exact), pow2-output (prompt + next power of two "
+        "of the output: the vLLM paper's Orca (Pow2))."),
+    allocator: Optional[AllocatorName] = setting(
+        "allocator", "Contiguous: where regions go: first-fit (lowest gap that holds the "
+        "region) or buddy (power-of-two blocks, as the vLLM paper's Orca baselines)."),
     compaction_threshold: Optional[float] = setting(
         "compaction_threshold", "Contiguous: compact when free slots unusable by the next "
         "request exceed this share of the pool (none: never)."),
@@ -315,7 +319,7 @@ def run_command(
         enable_chunked_prefill=enable_chunked_prefill,
         scheduler_reserve_full_isl=scheduler_reserve_full_isl, sampling=sampling,
         profile=profile, seed=seed, skip_ahead=skip_ahead, eviction=eviction, layout=layout,
-        hybrid_threshold=hybrid_threshold, reserve=reserve,
+        hybrid_threshold=hybrid_threshold, reserve=reserve, allocator=allocator,
         compaction_threshold=compaction_threshold, num_cpu_blocks=num_cpu_blocks,
         cpu_offload_gb=cpu_offload_gb, offload_write=offload_write,
         preemption_mode=preemption_mode)

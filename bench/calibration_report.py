@@ -8,9 +8,11 @@ every (token count, TP degree) row of Vidur's ``mlp.csv``; then the 28 attention
 all-reduce fit. ``--data DIR``: instead, median and p90 per operator and TP degree for every
 ``mlp.csv`` (Vidur's format) under DIR; the GPU comes from a parent folder named ``a100``,
 ``h100``, ... or ``--gpu``, the layer shape from the file's model columns; with ``--cv``,
-leave-one-model-out: each file's error after refitting its GPU's parameters on the others
-(needs scipy). ``--fit`` refits the GEMM and elementwise parameters (needs scipy) and prints them
-for pasting into ``sim/profiles/<gpu>.json``.
+held-out error: each file's error after refitting its GPU's parameters (``bench/fit_profiles.py``)
+on the other models of that GPU, or, for a GPU with one model, each TP degree's error after
+refitting on the other TP degrees (needs scipy). ``--fit`` refits the GEMM and elementwise
+parameters (needs scipy) and prints them (``bench/fit_profiles.py`` writes them into
+``sim/profiles/``).
 
 Data: Vidur (Agrawal et al., MLSys 2024), github.com/microsoft/vidur ``data/profiling/`` (MIT).
 """
@@ -18,6 +20,7 @@ Data: Vidur (Agrawal et al., MLSys 2024), github.com/microsoft/vidur ``data/prof
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import numpy as np
@@ -56,91 +59,56 @@ def print_all_reduce(root) -> None:
 
 
 def fit(root) -> None:
-    """Least-squares (log error, soft-L1) fit per GPU of the GEMM roofline and each kernel."""
-    from scipy.optimize import least_squares
+    """Refit (``bench/fit_profiles.py``) and print the parameters of every GPU with data."""
+    from fit_profiles import datasets, fit_gpu
 
-    for gpu_dir, gpu_name in (("a100", "a100-80gb"), ("h100", "h100-80gb")):
-        gpu = resolve_gpu(gpu_name)
-        sets = [(cal.load_mlp(root, g, md), resolve_model(mn))
-                for g, _, md, mn in cal.DATASETS if g == gpu_dir]
-
-        def residuals(ops, override):
-            prof = load_profile(gpu_name, override)
-            return np.concatenate([np.log(cal.predict_op(m, gpu, prof, op, df["num_tokens"], df["tp"])
-                                          / df[op].to_numpy()) for df, m in sets for op in ops])
-
-        g = least_squares(lambda x: residuals(cal.GEMM_OPS, {"gemm": {
-            "compute_efficiency": x[0], "memory_efficiency": x[1], "latency_s": x[2] * 1e-6}}),
-            [0.7, 0.75, 3.0], bounds=([0.1, 0.1, 0], [1, 1, 50]), loss="soft_l1", f_scale=0.1)
-        print(f"{gpu_name} gemm: compute_eff {g.x[0]:.3f} memory_eff {g.x[1]:.3f} "
-              f"latency {g.x[2]:.2f} us")
-        for op in ELEMENTWISE_OPS:
-            e = least_squares(lambda x: residuals((op,), {"elementwise": {op: {
-                "memory_efficiency": x[0], "min_time_s": x[1] * 1e-6}}}),
-                [0.5, 4.0], bounds=([0.05, 0], [1.0, 50]), loss="soft_l1", f_scale=0.1)
-            print(f"{gpu_name} {op}: memory_eff {e.x[0]:.3f} min_time {e.x[1]:.2f} us")
+    for gpu, sets in sorted(datasets(root / "vidur").items()):
+        print(f"{gpu}: {json.dumps(fit_gpu(gpu, sets))}")
 
 
-def fit_profile(gpu_name: str, sets) -> dict:
-    """Profile overrides (GEMM roofline, each elementwise kernel) fitted by least squares on
-    log error to ``sets`` (``[(frame, model)]``, all measured on ``gpu_name``; needs scipy)."""
-    from scipy.optimize import least_squares
+def _held_out_rows(path, g, tp, part, model, train) -> dict:
+    """One held-out cell: the refitted profile's per-layer error on ``part``."""
+    from fit_profiles import fit_gpu
 
-    gpu = resolve_gpu(gpu_name)
-
-    def residuals(ops, override):
-        prof = load_profile(gpu_name, override)
-        return np.concatenate([np.log(cal.predict_op(m, gpu, prof, op, df["num_tokens"], df["tp"])
-                                      / df[op].to_numpy()) for df, m in sets for op in ops])
-
-    def gemm(x):
-        return {"gemm": {"compute_efficiency": x[0], "memory_efficiency": x[1],
-                         "latency_s": x[2] * 1e-6}}
-
-    def elem(op, x):
-        return {"elementwise": {op: {"memory_efficiency": x[0], "min_time_s": x[1] * 1e-6}}}
-
-    g = least_squares(lambda x: residuals(cal.GEMM_OPS, gemm(x)), [0.7, 0.75, 3.0],
-                      bounds=([0.1, 0.1, 0], [1, 1, 50]), loss="soft_l1", f_scale=0.1)
-    out = gemm(g.x)
-    out["elementwise"] = {}
-    for op in ELEMENTWISE_OPS:
-        e = least_squares(lambda x: residuals((op,), elem(op, x)), [0.5, 4.0],
-                          bounds=([0.05, 0], [1.0, 50]), loss="soft_l1", f_scale=0.1)
-        out["elementwise"].update(elem(op, e.x)["elementwise"])
-    return out
+    prof = load_profile(g, fit_gpu(g, train))
+    err = cal.relative_errors(part, model, resolve_gpu(g), prof, cal.GEMM_OPS + ELEMENTWISE_OPS)
+    return {"gpu": g, "tp": int(tp), "median_rel_err": float(np.median(err)),
+            "p90_rel_err": float(np.quantile(err, 0.9))}
 
 
 def cross_validate(data_dir, gpu=None, min_tokens: int = 1) -> pd.DataFrame:
-    """Leave one model out: for each ``mlp.csv``, refit its GPU's parameters on the other
-    files of that GPU and report the held-out per-layer error per TP (no other file: n/a)."""
+    """Held-out per-layer error of the refitted profile per file and TP. Leave one model out
+    where the GPU has other files (refit on them: split ``model``); a GPU with one file is
+    left one TP degree out instead (refit on that file's other TP degrees: split ``tp``)."""
     from pathlib import Path
 
     files = [(path, g, *cal.load_mlp_file(path)) for path, g in cal.find_mlp_files(Path(data_dir),
                                                                                    gpu)]
     rows = []
     for path, g, df, model in files:
-        train = [(d, m) for p, gg, d, m in files if gg == g and p != path]
-        prof = load_profile(g, fit_profile(g, train)) if train else None
+        others = [(d, m) for p, gg, d, m in files if gg == g and p != path]
         for tp, part in df[df["num_tokens"] >= min_tokens].groupby("tp"):
-            err = (cal.relative_errors(part, model, resolve_gpu(g), prof, cal.GEMM_OPS
-                                       + ELEMENTWISE_OPS) if prof else np.full(1, np.nan))
-            rows.append({"held_out": str(path.relative_to(data_dir)), "gpu": g, "tp": int(tp),
-                         "train_files": len(train), "median_rel_err": float(np.median(err)),
-                         "p90_rel_err": float(np.quantile(err, 0.9))})
+            train = others or [(df[df["tp"] != tp], model)]
+            split = "model" if others else "tp"
+            row = (_held_out_rows(path, g, tp, part, model, train) if len(train[0][0])
+                   else {"gpu": g, "tp": int(tp), "median_rel_err": np.nan, "p90_rel_err": np.nan})
+            rows.append({"held_out": str(path.relative_to(data_dir)), "split": split,
+                         "train_files": len(others), **row})
     return pd.DataFrame(rows)
 
 
 def report_cv(args) -> int:
-    """``--data DIR --cv``: leave-one-model-out per-layer error of the refitted roofline."""
+    """``--data DIR --cv``: held-out per-layer error of the refitted profile."""
     table = cross_validate(args.data, args.gpu, args.min_tokens)
     pd.set_option("display.width", 200)
-    print("Leave-one-model-out, per-layer (sum of operators) error of the refitted roofline:")
+    print("Held-out per-layer (sum of operators) error of the refitted profile (split model: "
+          "leave one model out; split tp: the GPU has one model, leave one TP degree out):")
     print(table.round(3).to_string(index=False))
     done = table.dropna()
     if len(done):
-        print(f"\nworst held-out p90 {done['p90_rel_err'].max():.3f} "
-              f"({len(done)} file/TP cells; {len(table) - len(done)} without training data)")
+        for split, part in done.groupby("split"):
+            print(f"worst held-out p90, split {split}: {part['p90_rel_err'].max():.3f} "
+                  f"({len(part)} file/TP cells)")
     return 0
 
 
@@ -173,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", help="report every mlp.csv under this directory, per TP")
     ap.add_argument("--gpu", help="with --data: the catalog GPU of every file")
     ap.add_argument("--profile", help="with --data: a calibration profile JSON to evaluate")
-    ap.add_argument("--cv", action="store_true", help="with --data: leave-one-model-out "
+    ap.add_argument("--cv", action="store_true", help="with --data: held-out (leave one model, else one TP degree, out) "
                     "cross-validation of the refitted roofline (needs scipy)")
     args = ap.parse_args(argv)
     if args.data and args.cv:

@@ -1,14 +1,20 @@
 """Contiguous KV layouts: one reserved region of token slots per request, as the Orca baselines
 of the vLLM paper (§6), with optional compaction.
 
-The GPU pool of ``num_blocks * block_size`` slots is one linear slot space managed by a
-first-fit :class:`~kvsim.cache.slot_allocator.SlotAllocator`. At admission a request reserves
-one region, sized by ``reserve``:
+The GPU pool of ``num_blocks * block_size`` slots is one linear slot space managed by
+``allocator``: ``first-fit`` (:class:`~kvsim.cache.slot_allocator.SlotAllocator`, the default)
+or ``buddy`` (:class:`~kvsim.cache.buddy_allocator.BuddyAllocator`, what the vLLM paper's Orca
+re-implementation used: each region occupies a block of the next power of two slots, and the
+slack between region and block is counted as external fragmentation, as the paper's Fig. 2
+does). At admission a request reserves one region, sized by ``reserve``:
 
 - ``max``: ``max_model_len`` slots (Orca (Max));
 - ``pow2``: the next power of two of its final length (prompt + output, capped by
   ``max_model_len``) (Orca (Pow2));
-- ``oracle``: exactly its final length (Orca (Oracle)).
+- ``oracle``: exactly its final length (Orca (Oracle));
+- ``pow2-output``: its prompt plus the next power of two of its output (capped by
+  ``max_model_len``): the vLLM paper's own definition of Orca (Pow2), "over-reserves the space
+  for outputs by at most 2x" (an output of 25 tokens reserves 32 slots).
 
 Decode growth never fails inside the reservation, so requests are never preempted; admission
 fails (``allocate`` returns None) when no gap fits. There is no prefix sharing: ``lookup``
@@ -30,22 +36,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .buddy_allocator import BuddyAllocator, block_size_for
 from .kv_cache_manager import CacheHit, PrefixCacheStats
 from .slot_allocator import SlotAllocator
 from .step_plan import COMPACT, BlockTransfer
 
-RESERVE_POLICIES = ("max", "pow2", "oracle")
+RESERVE_POLICIES = ("max", "pow2", "oracle", "pow2-output")
+ALLOCATORS = ("first-fit", "buddy")
 
 
 @dataclass(slots=True)
 class Region:
-    """One request's reservation: ``size`` slots at ``offset``; it will hold ``final`` tokens
-    at most (``final <= size``) and holds ``num_slots`` now."""
+    """One request's reservation: ``size`` slots at ``offset`` (occupying ``block >= size``
+    slots of the pool); it will hold ``final`` tokens at most (``final <= size``) and holds
+    ``num_slots`` now."""
 
     offset: int
     size: int
     final: int
     num_slots: int = 0
+    block: int = 0
 
 
 @dataclass(slots=True)
@@ -83,18 +93,25 @@ def final_length(tokens, max_model_len: int) -> int:
     return min(tokens.num_prompt_tokens + tokens.max_tokens, max_model_len)
 
 
-def reservation_size(reserve: str, final: int, max_model_len: int) -> int:
-    """Slots a request of ``final`` tokens reserves under ``reserve``.
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
-    >>> [reservation_size(r, 300, 2048) for r in RESERVE_POLICIES]
-    [2048, 512, 300]
+
+def reservation_size(reserve: str, final: int, max_model_len: int, prompt: int = 0) -> int:
+    """Slots a request of ``final`` tokens (``prompt`` of them prompt) reserves under ``reserve``.
+
+    >>> [reservation_size(r, 300, 2048, prompt=100) for r in RESERVE_POLICIES]
+    [2048, 512, 300, 356]
     """
     if reserve == "max":
         return max_model_len
     if reserve == "pow2":
-        return min(1 << max(final - 1, 0).bit_length(), max_model_len)
+        return min(next_pow2(final), max_model_len)
     if reserve == "oracle":
         return final
+    if reserve == "pow2-output":
+        return min(prompt + next_pow2(final - prompt), max_model_len)
     raise ValueError(f"reserve must be one of {', '.join(RESERVE_POLICIES)}, got {reserve!r}")
 
 
@@ -105,18 +122,26 @@ class ContiguousKVManager:
     block_size = 1      # granularity the scheduler sees: it reports every token
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 reserve: str = "max", compaction_threshold: float | None = None):
+                 reserve: str = "max", compaction_threshold: float | None = None,
+                 allocator: str = "first-fit"):
         reservation_size(reserve, 1, 1)      # validates the name
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
+        if allocator == "buddy" and compaction_threshold is not None:
+            raise ValueError("the buddy allocator does not compact")
         self.engine_block_size = block_size
         self.num_pool_slots = num_blocks * block_size
         self.max_model_len = max_model_len
         self.reserve = reserve
         self.compaction_threshold = compaction_threshold
-        self.allocator = SlotAllocator(self.num_pool_slots)
+        self.allocator_name = allocator
+        self.allocator = (BuddyAllocator if allocator == "buddy" else SlotAllocator)(
+            self.num_pool_slots)
         self.pool = _SlotPool(self)
         self.prefix_stats = PrefixCacheStats()
         self.compaction = CompactionStats()
-        self.num_reserved_slots = 0
+        self.num_reserved_slots = 0     # pool slots occupied (blocks)
+        self._num_region_slots = 0      # slots of the regions inside them
         self._num_tokens = 0
         self._num_final = 0
         self._regions: dict[object, Region] = {}
@@ -152,16 +177,18 @@ class ContiguousKVManager:
     def size_for(self, tokens) -> int:
         """Slots a new request ``tokens`` would reserve."""
         return reservation_size(self.reserve, final_length(tokens, self.max_model_len),
-                                self.max_model_len)
+                                self.max_model_len, tokens.num_prompt_tokens)
 
     def fragmentation(self, running=None, next_request=None) -> tuple[int, int, int, int]:
         """Slot counts ``(token states, reservation, internal, external)``: tokens held,
         reserved slots still to be filled up to the final lengths, reserved slots beyond them,
-        and free slots in gaps too short for ``next_request`` (0 when none waits)."""
-        external = (self.allocator.unusable(self.size_for(next_request))
-                    if next_request is not None else 0)
+        and free slots in gaps too short for ``next_request`` (0 when none waits) plus the
+        buddy blocks' slack beyond their regions."""
+        external = self.num_reserved_slots - self._num_region_slots
+        if next_request is not None:
+            external += self.allocator.unusable(self.size_for(next_request))
         return (self._num_tokens, self._num_final - self._num_tokens,
-                self.num_reserved_slots - self._num_final, external)
+                self._num_region_slots - self._num_final, external)
 
     # --- allocation ----------------------------------------------------------------------
 
@@ -198,7 +225,8 @@ class ContiguousKVManager:
         if entry is None:
             return
         self.allocator.free(entry.offset, entry.size)
-        self.num_reserved_slots -= entry.size
+        self.num_reserved_slots -= entry.block
+        self._num_region_slots -= entry.size
         self._num_final -= entry.final
         self._num_tokens -= entry.num_slots
 
@@ -214,15 +242,17 @@ class ContiguousKVManager:
 
     def _reserve(self, request_id, tokens) -> Region | None:
         final = final_length(tokens, self.max_model_len)
-        size = reservation_size(self.reserve, final, self.max_model_len)
+        size = reservation_size(self.reserve, final, self.max_model_len, tokens.num_prompt_tokens)
         offset = self.allocator.allocate(size)
         if offset is None and self._compactable(size):
             self._compact(size)
             offset = self.allocator.allocate(size)
         if offset is None:
             return None
-        entry = self._regions[request_id] = Region(offset, size, min(final, size))
-        self.num_reserved_slots += size
+        block = block_size_for(size) if self.allocator_name == "buddy" else size
+        entry = self._regions[request_id] = Region(offset, size, min(final, size), block=block)
+        self.num_reserved_slots += block
+        self._num_region_slots += size
         self._num_final += entry.final
         return entry
 

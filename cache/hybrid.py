@@ -96,7 +96,8 @@ class HybridKVManager:
 
     def _blocks_for(self, tokens) -> tuple[int, int]:
         final = final_length(tokens, self.max_model_len)
-        size = reservation_size(self.reserve, final, min(self.threshold, self.max_model_len))
+        size = reservation_size(self.reserve, final, min(self.threshold, self.max_model_len),
+                                tokens.num_prompt_tokens)
         return -(-size // self.block_size), final
 
     # --- queries -------------------------------------------------------------------------

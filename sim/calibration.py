@@ -17,7 +17,8 @@ import pandas as pd
 from kvsim.sim.cost_model import elementwise_bytes, gemm_params
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.models import ModelSpec, resolve_model
-from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
+from kvsim.sim.profile import (ELEMENTWISE_OPS, Profile, curve_rows_array, load_profile,
+                              padded_rows)
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # (Vidur GPU folder, catalog GPU, Vidur model folder, catalog model)
@@ -49,7 +50,12 @@ def load_mlp(root: Path, gpu_dir: str, model_dir: str) -> pd.DataFrame:
 def predict_gemm(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, n, tp) -> np.ndarray:
     """Seconds of one GEMM of one layer for ``n`` tokens on one of ``tp`` GPUs (bf16)."""
     w = gemm_params(model)[op] / np.asarray(tp, dtype=float)
-    flops = 2.0 * np.asarray(n, dtype=float) * w / (gpu.dense_bf16_flops * prof.gemm.compute_efficiency)
+    n = np.asarray(n, dtype=float)
+    g = prof.gemm
+    rows = padded_rows(n, g.tile_tokens, g.tile_padding)
+    if g.curve_tokens:
+        rows = np.maximum(rows, curve_rows_array(n, g.curve_tokens, g.curve_rows))
+    flops = 2.0 * rows * w / (gpu.dense_bf16_flops * prof.gemm.compute_efficiency)
     mem = 2.0 * w / (gpu.hbm_bandwidth_bytes_per_s * prof.gemm.memory_efficiency)
     return prof.gemm.latency_s + np.maximum(flops, mem)
 
@@ -62,7 +68,7 @@ def predict_elementwise(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, 
         per_token = per_token / tp
     e = prof.elementwise[op]
     t = np.asarray(n, dtype=float) * per_token / (gpu.hbm_bandwidth_bytes_per_s * e.memory_efficiency)
-    return np.maximum(e.min_time_s, t)
+    return np.maximum(e.min_time_s + per_token * e.row_s_per_byte, t)
 
 
 def predict_op(model, gpu, prof, op, n, tp) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Optional, get_args, get_origin
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
-from kvsim.cache.contiguous import RESERVE_POLICIES
+from kvsim.cache.contiguous import ALLOCATORS, RESERVE_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
@@ -43,6 +43,7 @@ WeightDtype = Literal[WEIGHT_DTYPES]
 EvictionPolicy = Literal[POLICY_NAMES]
 Layout = Literal[LAYOUTS]
 ReservePolicy = Literal[RESERVE_POLICIES]
+AllocatorName = Literal[ALLOCATORS]
 OffloadWrite = Literal[WRITE_POLICIES]
 PreemptionMode = Literal[PREEMPTION_MODES]
 LongPrompt = Literal[LONG_PROMPT_ACTIONS]
@@ -79,6 +80,7 @@ class RunConfig:
     eviction: EvictionPolicy = "lru"
     layout: Layout = "paged"
     reserve: ReservePolicy = "max"
+    allocator: AllocatorName = "first-fit"     # contiguous regions: first-fit or buddy
     hybrid_threshold: Count = 256
     compaction_threshold: Optional[Annotated[float, Field(ge=0, lt=1)]] = None
     num_cpu_blocks: Optional[NonNegative] = None    # host tier size in blocks (per replica) ...
@@ -122,6 +124,10 @@ class RunConfig:
     def _validate_layout(self) -> None:
         if self.compaction_threshold is not None and self.layout != "contiguous":
             raise ConfigError("compaction needs --layout contiguous", field="compaction_threshold")
+        if self.allocator == "buddy" and self.compaction_threshold is not None:
+            raise ConfigError("the buddy allocator does not compact", field="compaction_threshold")
+        if self.allocator == "buddy" and self.layout != "contiguous":
+            raise ConfigError("--allocator buddy needs --layout contiguous", field="allocator")
         if self.layout == "hybrid" and self.eviction != "lru":
             raise ConfigError("the hybrid layout pages with lru eviction only", field="eviction")
 

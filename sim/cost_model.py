@@ -3,9 +3,9 @@
 Per step, on each of ``tp`` GPUs (weights, heads and KV split ``tp`` ways)::
 
     step_overhead + per_seq_overhead * seqs
-    + layers * (4 * gemm_latency + max(linear FLOPs / (peak * eff_c), weight bytes / (bw * eff_m)))
+    + layers * (4 * gemm_latency + max(linear FLOPs(rows) / (peak * eff_c), weight bytes / (bw * eff_m)))
     + LM head (a GEMM of ``seqs`` rows, same roofline)
-    + layers * sum_op max(min_time_op, tokens * bytes_op / (bw * eff_op))   # norms, rope, act, add
+    + layers * sum_op max(min_time_op + row_op, tokens * bytes_op / (bw * eff_op))  # norms, rope, ...
     + layers * (attn_latency + max(attn FLOPs / (peak * eff_p), KV bytes read / (bw * eff_d)))
     + layers * 2 * (ar_latency + tokens * hidden * bytes * 2(tp-1)/tp / bus_bw)   # tp > 1
     + block transfers: host<->device bytes / (pcie * eff), compaction 2 * bytes / (bw * eff)
@@ -23,6 +23,12 @@ is replaced by measured linear coefficients over the same four sums (the rooflin
 zero and ``kv_tok_s``/``attn_unit_s`` carry the attention), plus an optional measured table of
 seconds per batch size (``per_batch_s``: costs irregular in the number of requests, such as a CPU
 LM head), and transfers by measured copy times.
+
+``rows`` (:meth:`kvsim.sim.profile.Roofline.rows`) is the profile's measured compute-efficiency
+curve over tokens per step and its wave quantization: the rows whose FLOPs a GEMM over the
+step's tokens costs (more than the tokens near the roofline's ridge, where a hard corner was
+~20% too fast); ``row_op`` is a kernel's per-row time (bytes of one token's row times
+``row_s_per_byte``), its floor at small batches.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepP
 from kvsim.errors import ConfigError
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
-from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, load_profile
+from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, Roofline, load_profile
 from kvsim.sim import moe
 
 
@@ -81,6 +87,7 @@ class _Coeffs:
     moe_expert_s: float = 0.0   # per distinct routed expert touched (all MoE layers), per step
     moe_experts: int = 0        # routed experts E (0: not a mixture of experts)
     moe_top_k: int = 0
+    rows: object = None     # GEMM rows per token count (the profile's Roofline.rows)
 
 
 def batch_time(table, slope: float, seqs):
@@ -105,8 +112,8 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     if c.moe_experts:
         gemm_bytes = gemm_bytes + c.moe_expert_s * moe.expected_experts(
             c.moe_experts, c.moe_top_k, tokens)
-    t = t + maximum(tokens * c.gemm_flop_s, gemm_bytes)
-    t = t + maximum(seqs * c.head_flop_s, c.head_byte_s)
+    t = t + maximum(c.rows(tokens) * c.gemm_flop_s, gemm_bytes)
+    t = t + maximum(c.rows(seqs) * c.head_flop_s, c.head_byte_s)
     for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
         t = t + maximum(floor, tokens * per_token)
     t = t + tokens * c.ar_tok_s
@@ -199,12 +206,14 @@ class CostModel:
             gemm_flop_s=L * 2 * layer_w / pc,
             gemm_byte_s=L * layer_w * weight_dtype_bytes(self.weight_dtype) / pm,
             head_flop_s=2 * head_w / pc, head_byte_s=head_w * b / pm,
-            elem_min_s=tuple(L * e.min_time_s for e in ops),
+            elem_min_s=tuple(L * (e.min_time_s + elem[op] * e.row_s_per_byte)
+                             for op, e in zip(ELEMENTWISE_OPS, ops)),
             elem_tok_s=tuple(L * elem[op] / (bw * e.memory_efficiency)
                              for op, e in zip(ELEMENTWISE_OPS, ops)),
             attn_flop_s=L * 2 * m.num_heads * m.head_dim / tp / (peak * p.attn_prefill_compute_efficiency),
             attn_byte_s=kv_token / (bw * p.attn_decode_memory_efficiency),
-            ar_tok_s=ar_bytes * L * m.hidden_size * b)
+            ar_tok_s=ar_bytes * L * m.hidden_size * b,
+            rows=p.gemm.rows)
         return self._architecture_terms(c, kv_token) if moe.is_special(m) else c
 
     def _architecture_terms(self, c: _Coeffs, kv_token: int) -> _Coeffs:
@@ -237,7 +246,8 @@ class CostModel:
                        gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
                        elem_tok_s=(), attn_flop_s=0.0, attn_byte_s=0.0, ar_tok_s=0.0,
                        kv_tok_s=f.per_kv_token_s, attn_unit_s=f.per_attn_unit_s,
-                       batch_s=f.per_batch_s, batch_slope_s=f.per_batch_slope_s)
+                       batch_s=f.per_batch_s, batch_slope_s=f.per_batch_slope_s,
+                       rows=Roofline(1.0, 1.0, 0.0).rows)
 
     def _all_reduce_terms(self) -> tuple[float, float]:
         """(latency per layer, seconds per all-reduced byte per layer) for two all-reduces."""

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kvsim.errors import ConfigError
 from kvsim.sim._catalog import profile_path, read_json_object
 
@@ -26,19 +28,72 @@ ELEMENTWISE_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "
 
 @dataclass(frozen=True)
 class Roofline:
-    """``time = latency_s + max(flops / (peak * compute_eff), bytes / (bw * memory_eff))``."""
+    """``time = latency_s + max(flops(rows) / (peak * compute_eff), bytes / (bw * memory_eff))``.
+
+    ``rows`` is the measured compute-efficiency curve over tokens per step, both parts
+    optional: ``max(curve(tokens), padded(tokens))``. ``curve`` (JSON ``efficiency_curve:
+    {"tokens": [...], "rows": [...]}``) is piecewise-linear through ``(0, 0)`` and the listed
+    points, slope 1 beyond the last: a GEMM over ``tokens`` rows runs at the efficiency of
+    ``rows`` rows at ``compute_eff``, which models the soft corner at the roofline's ridge
+    (rows above tokens there). ``padded`` is wave quantization: with ``tile_tokens`` T and
+    ``tile_padding`` a, ``tokens + a * (ceil(tokens / T) * T - tokens)`` beyond one tile. Both never decrease,
+    so more tokens never take less time; without either, rows = tokens."""
 
     compute_efficiency: float
     memory_efficiency: float
     latency_s: float
+    tile_tokens: float = 0.0
+    tile_padding: float = 0.0
+    curve_tokens: tuple[float, ...] = ()
+    curve_rows: tuple[float, ...] = ()
+
+    def rows(self, tokens):
+        """Rows whose FLOPs a GEMM over ``tokens`` (a python or numpy scalar) costs."""
+        rows = padded_rows(tokens, self.tile_tokens, self.tile_padding)
+        if not self.curve_tokens:
+            return rows
+        return max(rows, curve_rows(tokens, self.curve_tokens, self.curve_rows))
+
+
+def curve_rows(tokens, knots, rows):
+    """The efficiency curve at ``tokens`` (a scalar): linear through (0, 0) and ``(knots[i],
+    rows[i])``, slope 1 beyond the last knot; pure python, so every path gets the same float."""
+    x0 = y0 = 0.0
+    for x1, y1 in zip(knots, rows):
+        if tokens <= x1:
+            return y0 + (tokens - x0) * (y1 - y0) / (x1 - x0)
+        x0, y0 = x1, y1
+    return y0 + (tokens - x0)
+
+
+def curve_rows_array(tokens: np.ndarray, knots, rows) -> np.ndarray:
+    """:func:`curve_rows` for an array of token counts."""
+    x, y = np.concatenate([[0.0], knots]), np.concatenate([[0.0], rows])
+    return np.interp(tokens, x, y) + np.maximum(tokens - x[-1], 0.0)
+
+
+def padded_rows(tokens, tile: float, padding: float):
+    """``tokens + padding * (ceil(tokens / tile) * tile - tokens)`` beyond one tile, ``tokens``
+    up to it (a GEMM of at most one tile of rows runs small-M kernels) or when ``tile`` is 0;
+    numpy arrays and scalars alike; never decreasing in ``tokens``."""
+    if not tile:
+        return tokens
+    padded = tokens + padding * (np.ceil(tokens / tile) * tile - tokens)
+    if isinstance(tokens, np.ndarray):
+        return np.where(tokens > tile, padded, tokens)
+    return padded if tokens > tile else tokens
 
 
 @dataclass(frozen=True)
 class Elementwise:
-    """``time = max(min_time_s, bytes / (bw * memory_efficiency))`` for one memory-bound kernel."""
+    """``time = max(min_time_s + row_bytes * row_s_per_byte, bytes / (bw * memory_efficiency))``
+    for one memory-bound kernel; ``row_bytes`` is what one token's row reads and writes (a
+    kernel that gives each row to one thread block takes longer for wider rows even when
+    the batch is tiny; 0 when the profile does not say)."""
 
     memory_efficiency: float
     min_time_s: float
+    row_s_per_byte: float = 0.0
 
 
 FITTED_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s",
@@ -169,10 +224,11 @@ def _build(d: dict) -> Profile:
                 for k, v in ar.get("measured", {}).items()}
     return Profile(
         gemm=Roofline(float(g["compute_efficiency"]), float(g["memory_efficiency"]),
-                      float(g["latency_s"])),
-        elementwise={op: Elementwise(float(d["elementwise"][op]["memory_efficiency"]),
-                                     float(d["elementwise"][op]["min_time_s"]))
-                     for op in ELEMENTWISE_OPS},
+                      float(g["latency_s"]), float(g.get("tile_tokens", 0.0)),
+                      float(g.get("tile_padding", 0.0)), *_curve(g.get("efficiency_curve"))),
+        elementwise={op: Elementwise(float(e["memory_efficiency"]), float(e["min_time_s"]),
+                                     float(e.get("row_s_per_byte", 0.0)))
+                     for op, e in ((op, d["elementwise"][op]) for op in ELEMENTWISE_OPS)},
         attn_prefill_compute_efficiency=float(a["prefill_compute_efficiency"]),
         attn_decode_memory_efficiency=float(a["decode_memory_efficiency"]),
         attn_latency_s=float(a["latency_s"]), all_reduce=measured,
@@ -182,6 +238,20 @@ def _build(d: dict) -> Profile:
         copy_memory_efficiency=float(t["copy_memory_efficiency"]),
         step_overhead_s=float(o["step_s"]), per_seq_overhead_s=float(o["per_seq_s"]), raw=d,
         fitted=_fitted(d) if d.get("kind") == "fitted" else None)
+
+
+def _curve(c: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(tokens, rows)`` of an ``efficiency_curve`` (none: empty), checked: tokens increasing
+    and > 0, rows never decreasing and as many."""
+    if not c:
+        return (), ()
+    tokens, rows = tuple(float(v) for v in c["tokens"]), tuple(float(v) for v in c["rows"])
+    if len(tokens) != len(rows) or not tokens or tokens[0] <= 0 or rows[0] < 0 or \
+            any(b <= a for a, b in zip(tokens, tokens[1:])) or \
+            any(b < a for a, b in zip(rows, rows[1:])):
+        raise ValueError("efficiency_curve needs increasing tokens > 0 and as many rows, "
+                         "never decreasing")
+    return tokens, rows
 
 
 def _fitted(d: dict) -> Fitted:

@@ -140,7 +140,7 @@ def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
     if config.layout == "contiguous":
         return ContiguousKVManager(deployment.num_gpu_blocks, config.block_size,
                                    deployment.max_model_len, config.reserve,
-                                   config.compaction_threshold)
+                                   config.compaction_threshold, config.allocator)
     if config.layout == "hybrid":
         return HybridKVManager(deployment.num_gpu_blocks, config.block_size,
                                deployment.max_model_len, config.hybrid_threshold,

@@ -60,5 +60,8 @@ def test_leave_one_model_out_refits_on_the_other_files(tmp_path):
     write_mlp(tmp_path / "a100" / "c", 1.0)
     table = cross_validate(tmp_path)
     h100 = table[table["gpu"] == "h100-80gb"]
-    assert (h100["train_files"] == 1).all() and (h100["p90_rel_err"] < 0.15).all()
-    assert table[table["gpu"] == "a100-80gb"]["p90_rel_err"].isna().all()
+    assert (h100["train_files"] == 1).all() and (h100["split"] == "model").all()
+    assert (h100["p90_rel_err"] < 0.25).all()      # 8 rows refit: the mechanism, not accuracy
+    a100 = table[table["gpu"] == "a100-80gb"]       # one model: leave one TP degree out
+    assert (a100["split"] == "tp").all() and list(a100["tp"]) == [1, 2]
+    assert a100["p90_rel_err"].notna().all()
