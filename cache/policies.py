@@ -12,6 +12,10 @@ findable by hash) are given up:
 - ``priority``: a block carries the best (numerically lowest) priority of the requests that
   used it since it was filled; the worst priority is evicted first, LRU within a class.
 - ``hybrid``: a GreedyDual-Size-Frequency score, see :class:`HybridPolicy`.
+- ``arc``, ``s3fifo``: the classical scan-resistant queue policies (ARC, S3-FIFO), run by a
+  :class:`~kvsim.cache.queue_pool.QueuePool`, see :mod:`kvsim.cache.queue_pool`.
+- ``lookahead``: online, for multi-turn traffic: protects blocks that queued requests will look
+  up and keeps reused chains one cache lifetime longer, see :mod:`kvsim.cache.lookahead`.
 - ``belady``: offline optimal, the block whose next use is farthest in the future goes first;
   needs a :class:`BeladyOracle` built from the whole trace, see :class:`BeladyPolicy`.
 
@@ -30,7 +34,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-POLICY_NAMES = ("lru", "lfu", "priority", "hybrid", "belady")
+POLICY_NAMES = ("lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead",
+                "belady")
 
 INF = math.inf
 
@@ -227,8 +232,11 @@ def make_policy(name: str, oracle: BeladyOracle | None = None) -> CachePolicy:
         if oracle is None:
             raise ValueError("the belady policy needs an oracle built from the whole trace")
         return BeladyPolicy(oracle)
+    from .lookahead import LookaheadPolicy
+    from .queue_pool import ARCPolicy, S3FIFOPolicy
     classes = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,
-               "hybrid": HybridPolicy}
+               "hybrid": HybridPolicy, "arc": ARCPolicy, "s3fifo": S3FIFOPolicy,
+               "lookahead": LookaheadPolicy}
     if name not in classes:
         raise ValueError(f"unknown eviction policy {name!r}; expected one of "
                          f"{', '.join(POLICY_NAMES)}")

@@ -104,7 +104,7 @@ def test_belady_is_at_least_every_other_policy_at_every_capacity(seed):
     trace = random_trace(seed + 10)
     for capacity in CAPACITIES:
         best = hits(trace, "belady", capacity)
-        for name in ("lru", "lfu", "priority", "hybrid"):
+        for name in ("lru", "lfu", "priority", "hybrid", "arc", "s3fifo"):
             assert best >= hits(trace, name, capacity), (name, capacity)
 
 
@@ -129,7 +129,7 @@ def test_capacities_and_policies_are_parsed_and_checked():
     assert parse_policies("lru, belady,lru") == ["lru", "belady"]
     with pytest.raises(ConfigError, match="fifo"):
         parse_policies("lru,fifo")
-    assert set(POLICY_NAMES) == {"lru", "lfu", "priority", "hybrid", "belady"}
+    assert set(POLICY_NAMES) >= {"lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "belady"}
 
 
 def test_command_prints_json_and_writes_the_report(tmp_path):
