@@ -218,9 +218,22 @@ def hitrate_curves(requests: Iterable, capacities: Sequence[int], policies: Sequ
             rows.append(dict(policy=name, capacity_blocks=int(capacity),
                              capacity_tokens=int(capacity) * block_size, hit_tokens=hit_tokens,
                              hit_rate=hit_tokens / queries if queries else 0.0))
+    add_belady_share(rows)
     return dict(num_requests=len(reqs), prompt_tokens=queries, block_size=block_size,
                 policies=list(policies), capacities_blocks=[int(c) for c in capacities],
-                rows=rows)
+                lookahead_s=lookahead_s, rows=rows)
+
+
+def add_belady_share(rows: list[dict]) -> None:
+    """Each row's ``belady_share``: its share of Belady's gain over LRU at its capacity,
+    ``(hits - lru) / (belady - lru)`` (1 = optimal, 0 = LRU, negative = worse than LRU); None
+    where lru or belady was not replayed or Belady gains nothing."""
+    hits = {(r["policy"], r["capacity_blocks"]): r["hit_tokens"] for r in rows}
+    for r in rows:
+        lru = hits.get(("lru", r["capacity_blocks"]))
+        best = hits.get(("belady", r["capacity_blocks"]))
+        gain = None if lru is None or best is None else best - lru
+        r["belady_share"] = (r["hit_tokens"] - lru) / gain if gain else None
 
 
 def _hits(reqs, name: str, capacities: Sequence[int], lookahead_s: float) -> list[int]:
@@ -240,4 +253,17 @@ def render_hitrate_table(result: dict) -> str:
     for c in caps:
         cells = " ".join(f"{100 * rate[p, c]:>8.2f}%" for p in policies)
         lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
+    share = {(r["policy"], r["capacity_blocks"]): r.get("belady_share") for r in result["rows"]}
+    if any(v is not None for v in share.values()):
+        lines.append("share of Belady's gain over LRU (0 = LRU, 1 = Belady)")
+        for c in caps:
+            cells = " ".join(f"{_share(share[p, c]):>9}" for p in policies)
+            lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
+    if "lookahead" in policies:
+        lines.append(f"lookahead sees as queued the requests arriving within "
+                     f"{result.get('lookahead_s', DEFAULT_LOOKAHEAD_S):g} s after each one")
     return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
