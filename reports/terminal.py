@@ -52,6 +52,7 @@ def summary_table(summary: dict) -> Table:
         ("KV usage mean/peak", f"{fmt_pct(get(summary, 'kv', 'mean_usage'))} / "
                                f"{fmt_pct(get(summary, 'kv', 'peak_usage'))} of "
                                f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+        ("cached idle KV", _idle_text(summary)),
         ("KV pool shares", _frag_text(frag)),
         *_tiering_rows(summary),
         ("steps", fmt_num(get(summary, "num_steps"))),
@@ -157,3 +158,13 @@ class RunProgress:
         total_req = fmt_num(self.total_requests) if self.total_requests else "?"
         return {"sim": f"{fmt_seconds(self.sim_time_s)} / {fmt_seconds(self.total_sim_s)}",
                 "reqs": f"{fmt_num(self.requests_done)} / {total_req}"}
+
+
+def _idle_text(summary: dict) -> str:
+    """Mean cached-but-idle blocks: the room eviction policies have (near 0: choice is moot)."""
+    blocks = get(summary, "kv", "mean_cached_idle_blocks")
+    if blocks is None:
+        return "-"
+    return (f"{fmt_num(round(blocks))} blocks on average "
+            f"({fmt_pct(get(summary, 'kv', 'mean_cached_idle_fraction'))}): the room an "
+            f"eviction policy chooses in")
