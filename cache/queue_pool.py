@@ -152,10 +152,12 @@ class S3FIFOPolicy(QueuePolicy):
     - a filled block enters ``M`` when its hash is in ``G`` (it came back soon), else ``S``;
     - every hit raises the block's frequency, capped at 3;
     - eviction, while ``S`` holds at least its share: ``S``'s oldest block moves to ``M`` if it
-      was hit since it entered (``freq >= 1``), else it is evicted and its hash goes to ``G``;
+      was hit since it entered (``freq >= 1``) or a request still holds it (in use is in use:
+      re-queueing it in ``S`` would make every eviction rescan the held blocks), else it is
+      evicted and its hash goes to ``G``;
       otherwise ``M``'s oldest block is evicted if its frequency is 0, else it is re-queued with
       the frequency lowered by one (CLOCK-like second chances);
-    - queues keep held blocks too (fill order is the FIFO order); a held block met at the
+    - queues keep held blocks too (fill order is the FIFO order); a held block met at ``M``'s
       eviction end is re-queued without a change (it cannot go yet).
 
     Scan resistance: a burst of one-off prompts passes through ``S`` only, so it cannot push
@@ -207,13 +209,11 @@ class S3FIFOPolicy(QueuePolicy):
         return self._from_main()
 
     def _from_small(self) -> int | None:
-        """Scan ``S`` once from its oldest block; None if every block was held or promoted."""
+        """Scan ``S`` once from its oldest block; None if every block was promoted."""
         small, refs = self.small, self.pool.ref_counts
         for _ in range(len(small)):
             block_id = next(iter(small))
-            if refs[block_id]:
-                small.move_to_end(block_id)
-            elif self.freq[block_id] >= 1:
+            if refs[block_id] or self.freq[block_id] >= 1:
                 del small[block_id]
                 self.in_main[block_id] = True
                 self.main[block_id] = None
