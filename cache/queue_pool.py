@@ -202,11 +202,17 @@ class S3FIFOPolicy(QueuePolicy):
         """Held blocks stay queued (skipped by eviction)."""
 
     def victim(self):
+        """Small queue first while it holds its share; a queue whose free blocks were all
+        promoted or held hands over to the other (at most three scans: the pool only asks
+        while a free cached block exists)."""
         if len(self.small) >= self.small_capacity or not self.main:
             block_id = self._from_small()
             if block_id is not None:
                 return block_id
-        return self._from_main()
+        block_id = self._from_main()
+        if block_id is None:
+            block_id = self._from_small()
+        return block_id if block_id is not None else self._from_main()
 
     def _from_small(self) -> int | None:
         """Scan ``S`` once from its oldest block; None if every block was promoted."""
@@ -223,16 +229,19 @@ class S3FIFOPolicy(QueuePolicy):
                 return block_id
         return None
 
-    def _from_main(self) -> int:
+    def _from_main(self) -> int | None:
+        """CLOCK over ``M``: the first free block of frequency 0 goes, free ones met on the way
+        lose one; None after enough passes to bring any free block to 0 (none was free)."""
         main, refs, freq = self.main, self.pool.ref_counts, self.freq
-        while True:     # ends: the pool only asks while a free cached block exists
+        for _ in range((self.max_freq + 1) * len(main)):
             block_id = next(iter(main))
-            if refs[block_id] == 0 and freq[block_id] == 0:
-                del main[block_id]
-                return block_id
             if refs[block_id] == 0:
+                if freq[block_id] == 0:
+                    del main[block_id]
+                    return block_id
                 freq[block_id] -= 1
             main.move_to_end(block_id)
+        return None
 
     def _ghost(self, block_hash: int) -> None:
         self.ghost[block_hash] = None

@@ -188,3 +188,16 @@ def test_reset_forgets_everything(name):
         put(pool, h)
     assert pool.reset_prefix_cache() and pool.num_cached_free_blocks == 0
     assert sorted(pool.free_queue()) == list(range(5)) and put(pool, 7) in range(5)
+
+
+def test_s3fifo_finds_the_free_block_in_s_when_every_block_of_m_is_held():
+    pool = BlockPool(10, policy=make_policy("s3fifo"))
+    s3 = pool.policy
+    for h in range(12):                  # hashes 0, 1 evicted into the ghost
+        put(pool, h)
+    back = pool.get_new_blocks(1)        # 0 comes back into M and stays held
+    pool.cache_blocks(back, [0])
+    assert list(s3.main) == back
+    s3.small_capacity = 100              # S under its share: M is asked first, has nothing
+    victim = put(pool, 30)
+    assert victim != back[0] and pool.index.get(0) == back[0]
