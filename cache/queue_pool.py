@@ -180,6 +180,7 @@ class S3FIFOPolicy(QueuePolicy):
         self.ghost: OrderedDict[int, None] = OrderedDict()
         self.freq = [0] * self.capacity
         self.in_main = [False] * self.capacity
+        self.num_main_free = 0          # free blocks in M: none -> skip its scan (O(1))
 
     def fill(self, block_id, block_hash):
         self.freq[block_id] = 0
@@ -197,9 +198,13 @@ class S3FIFOPolicy(QueuePolicy):
 
     def release(self, block_id):
         """Queue order is fill order: nothing moves."""
+        if self.in_main[block_id]:
+            self.num_main_free += 1
 
     def acquire(self, block_id):
         """Held blocks stay queued (skipped by eviction)."""
+        if self.in_main[block_id]:
+            self.num_main_free -= 1
 
     def victim(self):
         """Small queue first while it holds its share; a queue whose free blocks were all
@@ -223,6 +228,7 @@ class S3FIFOPolicy(QueuePolicy):
                 del small[block_id]
                 self.in_main[block_id] = True
                 self.main[block_id] = None
+                self.num_main_free += refs[block_id] == 0
             else:
                 del small[block_id]
                 self._ghost(self.pool.block_hashes[block_id])
@@ -233,11 +239,14 @@ class S3FIFOPolicy(QueuePolicy):
         """CLOCK over ``M``: the first free block of frequency 0 goes, free ones met on the way
         lose one; None after enough passes to bring any free block to 0 (none was free)."""
         main, refs, freq = self.main, self.pool.ref_counts, self.freq
+        if not self.num_main_free:
+            return None
         for _ in range((self.max_freq + 1) * len(main)):
             block_id = next(iter(main))
             if refs[block_id] == 0:
                 if freq[block_id] == 0:
                     del main[block_id]
+                    self.num_main_free -= 1
                     return block_id
                 freq[block_id] -= 1
             main.move_to_end(block_id)

@@ -175,6 +175,8 @@ class QueuePoolMachine(RuleBasedStateMachine):
         if arc.name == "arc":
             assert arc.num_t1 + arc.num_t2 == sum(pool.is_cached(b) for b in range(pool.num_blocks))
             assert len(arc.b1) <= pool.num_blocks and len(arc.b2) <= pool.num_blocks
+        else:
+            assert arc.num_main_free == sum(pool.ref_counts[b] == 0 for b in arc.main)
 
 
 TestQueuePoolMachine = QueuePoolMachine.TestCase
