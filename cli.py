@@ -433,9 +433,12 @@ def hitrate_command(
     capacity_tokens: Optional[str] = _opt("Cache capacities in tokens instead.",
                                           "--capacity-tokens"),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per block."),
-    eviction: str = typer.Option("lru,lfu,priority,hybrid,belady", "--eviction",
-                                 help="Policies to compare, comma-separated."),
+    eviction: str = typer.Option("lru,lfu,priority,hybrid,arc,s3fifo,lookahead,belady",
+                                 "--eviction", help="Policies to compare, comma-separated."),
     out: Optional[str] = _opt("Directory for hitrate.json and hitrate.html.", "--out"),
+    lookahead_s: float = typer.Option(30.0, "--lookahead-s", min=0,
+                                      help="lookahead policy: requests arriving within this "
+                                      "many seconds count as queued (a queueing delay)."),
     fmt: Optional[TraceFormat] = FORMAT_OPTION, limit: Optional[int] = LIMIT_OPTION,
     start: Optional[float] = START_OPTION, end: Optional[float] = END_OPTION,
     sort: bool = SORT_OPTION,
@@ -453,8 +456,8 @@ def hitrate_command(
     policies = hitrate.parse_policies(eviction)
     path, label = pipeline.resolve_trace(trace)
     opts = trace_options(fmt, limit, start, end, 1.0, sort, 0, None)
-    result = {**hitrate.hitrate_curves(load_trace(path, opts), caps, policies, block_size),
-              "trace": label}
+    result = {**hitrate.hitrate_curves(load_trace(path, opts), caps, policies, block_size,
+                                       lookahead_s), "trace": label}
     if out:
         import pandas as pd
         from .reports.html import render_hitrate_report

@@ -84,8 +84,16 @@ class BlockPool:
 
     def __new__(cls, num_blocks: int, enable_caching: bool = True, policy=None):
         if cls is BlockPool and policy is not None and not policy.is_lru:
-            from .scored_pool import ScoredBlockPool
-            cls = ScoredBlockPool
+            kind = getattr(policy, "pool_class", None)
+            if kind == "queue":
+                from .queue_pool import QueuePool
+                cls = QueuePool
+            elif kind == "lookahead":
+                from .lookahead import LookaheadPool
+                cls = LookaheadPool
+            else:
+                from .scored_pool import ScoredBlockPool
+                cls = ScoredBlockPool
         return super().__new__(cls)
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):

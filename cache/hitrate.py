@@ -27,6 +27,10 @@ from kvsim.errors import ConfigError
 from .block_pool import BlockPool
 from .policies import POLICY_NAMES, BeladyOracle, make_policy
 
+# the replay's stand-in for the waiting queue of a busy server: requests that arrive within
+# this many seconds after the one being served (see docs/eviction.md)
+DEFAULT_LOOKAHEAD_S = 30.0
+
 
 @dataclass(slots=True)
 class ReplayRequest:
@@ -37,13 +41,14 @@ class ReplayRequest:
     lookup_blocks: int
     prompt_tokens: int
     priority: int = 0
+    arrival_s: float = 0.0
 
 
 def replay_requests(requests: Iterable, block_size: int) -> list[ReplayRequest]:
     """:class:`~kvsim.workloads.Request` objects (arrival order) as replay requests."""
     return [ReplayRequest(np.asarray(r.block_hashes(block_size), dtype=np.int64),
                           max(r.prompt_tokens - 1, 0) // block_size, r.prompt_tokens,
-                          r.priority) for r in requests]
+                          r.priority, r.arrival_s) for r in requests]
 
 
 # --- LRU: one pass for every capacity ------------------------------------------------------
@@ -117,11 +122,18 @@ def _leading_hits(ids, last, tree: _Fenwick, alive: int, caps: np.ndarray) -> np
 # --- any policy: a direct replay through a block pool ----------------------------------------
 
 def policy_hits(reqs: Sequence[ReplayRequest], policy_name: str, capacity: int,
-                oracle: BeladyOracle | None = None) -> int:
-    """Hit blocks of one replay through a ``capacity``-block pool evicting by ``policy_name``."""
+                oracle: BeladyOracle | None = None, lookahead_s: float = 0.0) -> int:
+    """Hit blocks of one replay through a ``capacity``-block pool evicting by ``policy_name``.
+
+    A policy that reads the waiting queue (``lookahead``) sees as queued the requests that
+    arrive within ``lookahead_s`` seconds after the one being served (a queueing delay: the
+    replay itself has no queue)."""
     pool = BlockPool(capacity, policy=make_policy(policy_name, oracle))
+    queue = _Window(reqs, lookahead_s, pool.policy) if hasattr(pool.policy, "enqueue") else None
     hits = 0
     for position, r in enumerate(reqs):
+        if queue is not None:
+            queue.advance(position)
         hashes = r.hashes[:capacity].tolist()
         held = pool.index.find_prefix(hashes)
         hits += min(len(held), r.lookup_blocks)
@@ -132,6 +144,30 @@ def policy_hits(reqs: Sequence[ReplayRequest], policy_name: str, capacity: int,
         held += new
         pool.free_blocks(reversed(held))
     return hits
+
+
+class _Window:
+    """The replay's stand-in for a waiting queue: requests that arrived within ``seconds``
+    after the one being served, with their lookups."""
+
+    def __init__(self, reqs: Sequence[ReplayRequest], seconds: float, policy):
+        self.reqs, self.seconds, self.policy = reqs, seconds, policy
+        self.next = 0                   # first request not yet queued
+
+    def lookup(self, position: int) -> list[int]:
+        r = self.reqs[position]
+        return r.hashes[:r.lookup_blocks].tolist()
+
+    def advance(self, position: int) -> None:
+        """Request ``position`` is admitted; later ones inside the window join the queue."""
+        reqs, horizon = self.reqs, self.reqs[position].arrival_s + self.seconds
+        if position < self.next:
+            self.policy.dequeue(self.lookup(position))
+        else:
+            self.next = position + 1
+        while self.next < len(reqs) and reqs[self.next].arrival_s <= horizon:
+            self.policy.enqueue(self.lookup(self.next))
+            self.next += 1
 
 
 def replay_oracle(reqs: Sequence[ReplayRequest]) -> BeladyOracle:
@@ -170,28 +206,41 @@ def parse_policies(text: str) -> list[str]:
 
 
 def hitrate_curves(requests: Iterable, capacities: Sequence[int], policies: Sequence[str],
-                   block_size: int) -> dict:
+                   block_size: int, lookahead_s: float = DEFAULT_LOOKAHEAD_S) -> dict:
     """The replay's result: ``rows`` (policy, capacity_blocks, capacity_tokens, hit_tokens,
     hit_rate), the request and prompt-token counts and the settings."""
     reqs = replay_requests(requests, block_size)
     queries = sum(r.prompt_tokens for r in reqs)
     rows = []
     for name in policies:
-        for capacity, hit_blocks in zip(capacities, _hits(reqs, name, capacities)):
+        for capacity, hit_blocks in zip(capacities, _hits(reqs, name, capacities, lookahead_s)):
             hit_tokens = int(hit_blocks) * block_size
             rows.append(dict(policy=name, capacity_blocks=int(capacity),
                              capacity_tokens=int(capacity) * block_size, hit_tokens=hit_tokens,
                              hit_rate=hit_tokens / queries if queries else 0.0))
+    add_belady_share(rows)
     return dict(num_requests=len(reqs), prompt_tokens=queries, block_size=block_size,
                 policies=list(policies), capacities_blocks=[int(c) for c in capacities],
-                rows=rows)
+                lookahead_s=lookahead_s, rows=rows)
 
 
-def _hits(reqs, name: str, capacities: Sequence[int]) -> list[int]:
+def add_belady_share(rows: list[dict]) -> None:
+    """Each row's ``belady_share``: its share of Belady's gain over LRU at its capacity,
+    ``(hits - lru) / (belady - lru)`` (1 = optimal, 0 = LRU, negative = worse than LRU); None
+    where lru or belady was not replayed or Belady gains nothing."""
+    hits = {(r["policy"], r["capacity_blocks"]): r["hit_tokens"] for r in rows}
+    for r in rows:
+        lru = hits.get(("lru", r["capacity_blocks"]))
+        best = hits.get(("belady", r["capacity_blocks"]))
+        gain = None if lru is None or best is None else best - lru
+        r["belady_share"] = (r["hit_tokens"] - lru) / gain if gain else None
+
+
+def _hits(reqs, name: str, capacities: Sequence[int], lookahead_s: float) -> list[int]:
     if name == "lru":
         return [int(h) for h in lru_hits(reqs, capacities)]
     oracle = replay_oracle(reqs) if name == "belady" else None
-    return [policy_hits(reqs, name, c, oracle) for c in capacities]
+    return [policy_hits(reqs, name, c, oracle, lookahead_s) for c in capacities]
 
 
 def render_hitrate_table(result: dict) -> str:
@@ -204,4 +253,17 @@ def render_hitrate_table(result: dict) -> str:
     for c in caps:
         cells = " ".join(f"{100 * rate[p, c]:>8.2f}%" for p in policies)
         lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
+    share = {(r["policy"], r["capacity_blocks"]): r.get("belady_share") for r in result["rows"]}
+    if any(v is not None for v in share.values()):
+        lines.append("share of Belady's gain over LRU (0 = LRU, 1 = Belady)")
+        for c in caps:
+            cells = " ".join(f"{_share(share[p, c]):>9}" for p in policies)
+            lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
+    if "lookahead" in policies:
+        lines.append(f"lookahead sees as queued the requests arriving within "
+                     f"{result.get('lookahead_s', DEFAULT_LOOKAHEAD_S):g} s after each one")
     return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

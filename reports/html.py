@@ -70,6 +70,9 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
         card("Peak KV usage", fmt_pct(get(summary, "kv", "peak_usage")),
              f"mean {fmt_pct(get(summary, 'kv', 'mean_usage'))} of "
              f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+        card("Cached idle KV", fmt_pct(get(summary, "kv", "mean_cached_idle_fraction")),
+             "mean share of the pool cached but held by no request: the room eviction "
+             "policies choose in"),
         *_tier_cards(summary),
     ])
 

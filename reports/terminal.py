@@ -64,6 +64,7 @@ def summary_table(summary: dict) -> Table:
         ("KV usage mean/peak", f"{fmt_pct(get(summary, 'kv', 'mean_usage'))} / "
                                f"{fmt_pct(get(summary, 'kv', 'peak_usage'))} of "
                                f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+        ("cached idle KV", _idle_text(summary)),
         ("KV pool shares", _frag_text(frag)),
         *_tiering_rows(summary),
         ("steps", fmt_num(get(summary, "num_steps"))),
@@ -231,3 +232,13 @@ class ProgressLines:
         elapsed = time.monotonic() - self._start
         print(f"kvsim: {self.what}: {text} ({elapsed:.0f} s elapsed)",
               file=self.file or sys.stderr, flush=True)
+
+
+def _idle_text(summary: dict) -> str:
+    """Mean cached-but-idle blocks: the room eviction policies have (near 0: choice is moot)."""
+    blocks = get(summary, "kv", "mean_cached_idle_blocks")
+    if blocks is None:
+        return "-"
+    return (f"{fmt_num(round(blocks))} blocks on average "
+            f"({fmt_pct(get(summary, 'kv', 'mean_cached_idle_fraction'))}): the room an "
+            f"eviction policy chooses in")

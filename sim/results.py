@@ -72,6 +72,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
     pool = dep.num_gpu_blocks
     w = steps["duration"].to_numpy()
     usage = steps["kv_used_blocks"].to_numpy() / pool
+    idle = float(np.average(steps["kv_cached_idle_blocks"], weights=w)) if w.sum() else 0.0
     return {
         "num_requests": int(len(requests)),
         "num_completed": int(len(done)),
@@ -102,6 +103,9 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
                "mean_usage": float(np.average(usage, weights=w)) if w.sum() else 0.0,
                "peak_usage": float(usage.max()) if len(usage) else 0.0,
                "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
+               # cached blocks no request holds: the room an eviction policy has to choose in
+               "mean_cached_idle_blocks": idle,
+               "mean_cached_idle_fraction": idle / pool if pool else 0.0,
                "pool": dep.pool_explanation, "max_model_len": dep.max_model_len,
                **kv_extra(cfg, dep)},
         "model": model_info(cfg),

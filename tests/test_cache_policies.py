@@ -142,23 +142,36 @@ def test_priority_of_a_block_is_the_best_of_its_users():
     assert serve(m, "e", [1]) == 1
 
 
-def test_hybrid_keeps_a_deep_chain_over_a_shallow_leaf():
+def test_hybrid_does_not_pin_the_deep_tail_of_a_one_off_prompt():
     m = manager("hybrid", num_blocks=5)     # 3 + 1 content blocks and one for the tails
-    serve(m, "a", [1, 2, 3])                # leaf 3 at depth 2: value 3
-    serve(m, "b", [4])                      # leaf 4 at depth 0: value 1
-    serve(m, "c", [5])                      # evicts 4; LRU would evict 3 (released first)
-    assert serve(m, "d", [1, 2, 3]) == 3
+    serve(m, "a", [1, 2, 3])                # leaf 3 at depth 2, same worth as leaf 4
+    serve(m, "b", [4])
+    serve(m, "c", [5])                      # evicts 3 (released first), as LRU does
+    assert serve(m, "d", [4]) == 1
+    assert serve(m, "e", [1, 2, 3]) == 2
 
 
-def test_hybrid_score_is_gdsf_with_priority_weight():
+def test_hybrid_keeps_a_continued_chain_over_a_newer_one_off_prompt():
+    m = manager("hybrid", num_blocks=6)
+    serve(m, "a", [1, 2])
+    assert serve(m, "b", [1, 2, 3]) == 2    # continues a's prompt: the chain is reused
+    serve(m, "c", [7])
+    serve(m, "d", [8])                      # evicts 7 (LRU would evict the leaf 3)
+    assert serve(m, "e", [1, 2, 3]) == 3
+
+
+def test_hybrid_key_is_the_release_clock_plus_lifetimes_of_worth():
     pool = BlockPool(8, policy=make_policy("hybrid"))
     pool.begin("r", priority=1)
-    blocks = pool.get_new_blocks(3)
-    pool.cache_blocks(blocks, [11, 12, 13])
-    pool.touch([blocks[2]])
-    pool.free_blocks([blocks[2], blocks[2], blocks[1], blocks[0]])
-    assert pool._key[blocks[2]][0] == pytest.approx(2 * 3 * 0.5)
-    assert pool._key[blocks[0]][0] == pytest.approx(1 * 1 * 0.5)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_blocks(blocks, [11, 12])
+    pool.free_blocks([blocks[1], blocks[0]])
+    assert pool._key[blocks[1]] == (1 - 8, 1) and pool._key[blocks[0]] == (2 - 8, 2)
+    pool.begin("s", priority=-1)
+    pool.touch(blocks)                      # a 2-block hit: the chain is reused
+    pool.free_blocks([blocks[1], blocks[0]])
+    assert pool._key[blocks[1]] == (3 + 8 * (1 + 1), 3)   # reused, and priority -1 now
+    assert pool._key[blocks[0]] == (4 + 8 * 1, 4)         # the shared first block: not reused
 
 
 def test_belady_evicts_the_block_used_farthest_in_the_future():
@@ -194,10 +207,13 @@ def random_chains(rng, n_requests):
     return prompts, parent
 
 
+
+
 def check_invariants(m: KVCacheManager, parent):
     pool = m.pool
     for block_hash in pool.index._map:
-        assert parent[block_hash] is None or parent[block_hash] in pool.index._map
+        assert (parent[block_hash] is None or parent[block_hash] in pool.index._map
+                or m.pool.policy.name in ("arc", "s3fifo"))
     free = [b for b in range(pool.num_blocks) if pool.ref_counts[b] == 0]
     assert pool.num_free_blocks == len(free) == len(pool.free_queue())
     assert sorted(pool.free_queue()) == free

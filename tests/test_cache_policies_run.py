@@ -37,3 +37,16 @@ def test_run_takes_eviction_and_reports_it(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["config"]["eviction"] == "hybrid"
+
+
+def test_summary_reports_the_cached_idle_room_eviction_has():
+    requests = load_trace(sample_path("mooncake"), TraceOptions(limit=40))
+    summary, _, _ = run_outputs(simulate(requests, RunConfig(num_gpu_blocks=2500,
+                                                             max_num_seqs=8)))
+    kv = summary["kv"]
+    assert 0 < kv["mean_cached_idle_blocks"] <= kv["num_gpu_blocks"]
+    assert kv["mean_cached_idle_fraction"] == pytest.approx(
+        kv["mean_cached_idle_blocks"] / kv["num_gpu_blocks"])
+    assert {"mean_usage", "peak_usage", "mean_batch_size"} <= set(kv)   # old keys kept
+    from kvsim.reports.terminal import _idle_text
+    assert "blocks on average" in _idle_text(summary)

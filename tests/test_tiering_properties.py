@@ -165,7 +165,8 @@ ACTIONS = ["admit", "admit", "decode", "decode", "finish", "swap_out", "swap_in"
 
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(4, 12), st.integers(1, 10),
-       st.sampled_from(["lru", "lfu", "priority", "hybrid"]), st.sampled_from(["back", "through"]))
+       st.sampled_from(["lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead"]),
+       st.sampled_from(["back", "through"]))
 def test_every_lookup_and_copy_sees_the_right_data(data, gpu, host, policy, write):
     world = World(gpu, host, policy, write)
     for _ in range(data.draw(st.integers(5, 40))):

@@ -1,0 +1,82 @@
+"""The lookahead policy: queued lookups are protected, reused chains outlive one-off ones."""
+
+import numpy as np
+
+from kvsim.cache import BlockPool
+from kvsim.cache.hitrate import ReplayRequest, hitrate_curves, policy_hits
+from kvsim.cache.lookahead import LookaheadPool
+from kvsim.cache.policies import make_policy
+from kvsim.workloads.request import Request
+
+
+def put(pool, block_hash):
+    block_id = pool.get_new_blocks(1)[0]
+    pool.cache_block(block_id, block_hash)
+    pool.free_blocks([block_id])
+    return block_id
+
+
+def req(hashes, prompt_tokens, arrival_s):
+    return ReplayRequest(np.array(hashes, dtype=np.int64), (prompt_tokens - 1) // 4,
+                         prompt_tokens, 0, arrival_s)
+
+
+def test_a_block_a_queued_request_will_look_up_is_evicted_last():
+    pool = BlockPool(3, policy=make_policy("lookahead"))
+    assert type(pool) is LookaheadPool
+    a, b, c = put(pool, 1), put(pool, 2), put(pool, 3)
+    pool.policy.enqueue([1, 99])             # a queued request will look up 1 (then 99)
+    assert put(pool, 4) == b                 # LRU would take a, the oldest
+    assert pool.index.get(1) == a and pool.policy.wanted == {1: 1, 99: 1}
+    pool.policy.dequeue([1, 99])
+    assert pool.policy.wanted == {}
+
+
+def test_protection_yields_when_every_free_block_is_protected():
+    pool = BlockPool(2, policy=make_policy("lookahead"))
+    a, b = put(pool, 1), put(pool, 2)
+    pool.policy.enqueue([1]), pool.policy.enqueue([2])
+    assert put(pool, 3) == a                 # both protected: LRU among them
+
+
+def test_a_continued_chain_outlives_newer_one_off_prompts():
+    # turn 1 [1, 2], turn 2 continues it [1, 2, 3]: reused; then two one-off prompts
+    trace = [req([1, 2], 9, 0), req([1, 2, 3], 13, 100), req([7], 5, 200), req([8], 5, 300),
+             req([1, 2, 3, 4], 17, 400)]
+    assert policy_hits(trace, "lru", 4) == 2 + 2          # LRU drops 3 (released before 7)
+    assert policy_hits(trace, "lookahead", 4) == 2 + 3    # 7 goes: 3 has a lifetime's credit
+
+
+def test_the_reused_mark_skips_a_shared_first_block():
+    pool = BlockPool(6, policy=make_policy("lookahead"))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_blocks(blocks, [1, 2])
+    pool.free_blocks(reversed(blocks))
+    pool.touch(blocks[:1])                                # only the shared first block hit
+    new = pool.get_new_blocks(1)
+    pool.cache_blocks(new, [5], 1, blocks[0])
+    assert not pool.reused[new[0]] and not pool.reused[blocks[0]]
+    pool.touch(blocks[1:])                                # now a 2-block prefix: a continuation
+    pool.free_blocks(new + blocks)
+    pool.touch(blocks)
+    more = pool.get_new_blocks(1)
+    pool.cache_blocks(more, [3], 2, blocks[1])
+    assert pool.reused[blocks[1]] and pool.reused[more[0]] and not pool.reused[blocks[0]]
+
+
+def test_the_replay_window_stands_in_for_the_waiting_queue():
+    trace = [req([1], 5, 0), req([2], 5, 1), req([3], 5, 2), req([1], 5, 3)]
+    assert policy_hits(trace, "lru", 2) == 0
+    assert policy_hits(trace, "lookahead", 2, lookahead_s=0) == 0
+    assert policy_hits(trace, "lookahead", 2, lookahead_s=5) == 1   # 1 queued: B goes
+
+
+def test_hitrate_reports_each_policys_share_of_beladys_gain():
+    requests = [Request(i, float(i), 5, 1, prefix_hashes=np.array(h), hash_block_size=4)
+                for i, h in enumerate([[1], [2], [3], [1], [2]])]
+    result = hitrate_curves(requests, [2, 3], ["lru", "lookahead", "belady"], 4,
+                            lookahead_s=0.0)
+    share = {(r["policy"], r["capacity_blocks"]): r["belady_share"] for r in result["rows"]}
+    assert share[("lru", 2)] == 0.0 and share[("belady", 2)] == 1.0
+    assert share[("lru", 3)] is None          # capacity 3 holds everything: no gain to share
+    assert result["lookahead_s"] == 0.0
