@@ -20,7 +20,7 @@ def load(name):
     return load_fixture(FIXTURES / f"{name}.jsonl")
 
 
-def replay(requests, settings, record=None):
+def replay(requests, settings, record=None, model=None):
     """Step the scheduler with the oracle's arrival clock; record what each step did (and,
     into ``record``, the step's counts, usage, prefix stats, first tokens and finishes)."""
     steps = []
@@ -41,13 +41,14 @@ def replay(requests, settings, record=None):
                 first=[s.request_id for s in outcome.first_tokens],
                 finished=[s.request_id for s in outcome.finished]))
 
-    return steps, replay_fixture(requests, settings, step)
+    return steps, replay_fixture(requests, settings, step, model)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kvsim_makes_vllms_decisions(name):
     requests, oracle = load(name)
-    steps, seqs = replay(requests, oracle["summary"]["settings"])
+    steps, seqs = replay(requests, oracle["summary"]["settings"],
+                         model=oracle["summary"].get("model"))
     expected = [({int(k): v for k, v in s["scheduled"].items()}, s["preempted"])
                 for s in oracle["steps"]]
     assert len(steps) == len(expected)
@@ -71,7 +72,7 @@ def test_fixtures_cover_the_interesting_cases():
 def test_kvsim_matches_vllms_step_stats_and_request_timeline(name):
     requests, oracle = load(name)
     record = []
-    replay(requests, oracle["summary"]["settings"], record)
+    replay(requests, oracle["summary"]["settings"], record, oracle["summary"].get("model"))
     for i, (got, want) in enumerate(zip(record, oracle["steps"])):
         for key in ("running", "waiting", "prefix_queries", "prefix_hits"):
             assert got[key] == want[key], f"step {i}: {key}"
