@@ -94,3 +94,36 @@ def test_the_issue_16_fixtures_exercise_what_they_are_named_for():
     assert summaries["no_reserve_full_isl"]["settings"]["no_scheduler_reserve_full_isl"]
     assert summaries["odd_max_model_len"]["settings"]["max_model_len"] % 32
     assert summaries["multi_turn"]["prefix_hits"] > 0
+
+
+ISSUE_19 = {
+    # fixture: (model folder, KV group kinds kvsim forms, as vLLM's log showed them)
+    "sliding_window_hybrid": ("tiny-mistral-hybrid", ("sliding", "full")),
+    "sliding_window_all": ("tiny-mistral-swa", ("sliding",)),
+    "gemma3_local_global": ("tiny-gemma3", ("sliding",) * 5 + ("full",)),
+    "moe_qwen3": ("tiny-qwen3-moe", ("full",)),
+    "moe_mixtral": ("tiny-mixtral", ("full",)),
+    "mla_deepseek": ("tiny-deepseek-v3", ("full",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ISSUE_19 if n in NAMES))
+def test_the_issue_19_fixtures_replay_their_model_configs(name):
+    from kvsim.sim.vllm_fixture import MODELS, fixture_layout
+
+    model, kinds = ISSUE_19[name]
+    summary = load(name)[1]["summary"]
+    assert summary["model"] == model
+    assert (MODELS / model / "config.json").is_file()
+    layout = fixture_layout(model, summary["settings"]["block_size"])
+    assert tuple(g.kind for g in layout.groups) == kinds
+    assert layout.is_hybrid == ("sliding" in kinds)
+
+
+def test_the_issue_19_fixtures_exercise_windows_preemption_and_hits():
+    summaries = {n: load(n)[1]["summary"] for n in ISSUE_19 if n in NAMES}
+    assert {"sliding_window_hybrid", "mla_deepseek"} <= set(summaries)
+    hybrid = summaries["sliding_window_hybrid"]
+    assert hybrid["preemptions"] > 0 and hybrid["prefix_hits"] > 0
+    assert summaries["mla_deepseek"]["settings"]["block_size"] == 16
+    assert summaries["mla_deepseek"]["preemptions"] > 0
