@@ -237,10 +237,13 @@ class MultiGroupKVManager:
     def allocate(self, request_id, tokens, num_new_tokens: int, hit: CacheHit | None = None,
                  num_computed_tokens: int | None = None) -> list[int] | None:
         """Slots for ``num_new_tokens`` more tokens in every group; the NEW blocks, or None
-        (nothing changed) when the pool cannot give them."""
+        when the pool cannot give them (then only the blocks that left a window are freed, as
+        vLLM's ``allocate_slots`` frees them before it checks)."""
         entry = self._requests.get(request_id)
         net, target, computed = self._plan(entry, num_new_tokens, hit, num_computed_tokens)
         if net > self.pool.num_free_blocks:
+            if entry is not None:
+                self._free_skipped(entry, computed)
             return None
         if entry is None:
             entry = self._requests[request_id] = self._new_entry(hit)

@@ -3,7 +3,9 @@ vLLM, replayed through kvsim's scheduler with the oracle's settings and arrival 
 
 A fixture is ``NAME.jsonl`` (one request per line: ``prompt_token_ids``, ``output_tokens``,
 optional ``arrival_step``, ``priority`` and ``output_token_ids``, the tokens vLLM generated)
-beside ``NAME.vllm.json`` (vLLM's record; its ``summary.settings`` are the engine settings). The
+beside ``NAME.vllm.json`` (vLLM's record; its ``summary.settings`` are the engine settings, and
+``summary.model``, where present, names the tiny config ``models/MODEL/config.json`` it ran: its
+KV layer groups decide kvsim's cache manager). The
 oracle decodes greedily, so generated blocks are identified as ``--sampling greedy`` does. Used by the parity test and by
 ``kvsim.real_backend.vllm_reference``; nothing here needs torch or vLLM.
 """
