@@ -101,6 +101,7 @@ ISSUE_19 = {
     "sliding_window_hybrid": ("tiny-mistral-hybrid", ("sliding", "full")),
     "sliding_window_all": ("tiny-mistral-swa", ("sliding",)),
     "gemma3_local_global": ("tiny-gemma3", ("sliding",) * 5 + ("full",)),
+    "gpt_oss_alternating": ("tiny-gpt-oss", ("sliding", "full")),
     "moe_qwen3": ("tiny-qwen3-moe", ("full",)),
     "moe_mixtral": ("tiny-mixtral", ("full",)),
     "mla_deepseek": ("tiny-deepseek-v3", ("full",)),
