@@ -8,20 +8,25 @@ drawing from a shared LRU :class:`BlockPool` (``kv_cache_coordinator.py`` with
   sliding-window or chunked-local group frees the blocks wholly before its skipped tokens
   (``remove_skipped_blocks``) and leaves a null entry (``NULL``) in their place;
 * a full block is registered in the prefix index under its hash *and group* (vLLM's
-  ``BlockHashWithGroupId``), so groups never share blocks;
+  ``BlockHashWithGroupId``), so groups never share blocks. A sliding-window group registers
+  only the blocks a later hit can use (vLLM 0.32's default ``prefix_cache_retention_interval``
+  of 0, ``SlidingWindowManager.reachable_block_mask``): the ``cdiv(window - 1, block_size)``
+  blocks that end at the prompt's last full block (at ``num_prompt_tokens - 1``, where a resend
+  of the prompt resumes) and those that end at the request's shared-prefix boundary
+  (:class:`GroupHit`); its other blocks, decode blocks included, are never cached;
 * a prefix hit is the longest block-aligned length every group can serve: full-attention
   groups need every block before it cached, a sliding-window group only the blocks still in the
   window, a chunked-local group those of the current chunk (``find_longest_cache_hit``).
 
-Allocation is atomic (check, then mutate). Differences from vLLM, kept small on purpose: the
-scheduler calls :meth:`allocate` only when a step opens or fills a block, so a block that leaves
-the window in the middle of a block's decode is freed at the next such call (at most
-``block_size`` tokens late); the pool is LRU (no other eviction policy, no host tier).
+Allocation is atomic (check, then mutate). As vLLM's ``allocate_slots``, the scheduler calls
+:meth:`allocate` for every scheduled request every step when a group frees skipped blocks
+(:attr:`frees_skipped_blocks`), so a block is freed in the step its window leaves it. The
+pool is LRU (no other eviction policy, no host tier).
 """
 
 from __future__ import annotations
 
-from kvsim.cache.attention_groups import FULL, LayerGroup, cdiv
+from kvsim.cache.attention_groups import FULL, SLIDING, LayerGroup, cdiv
 from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.kv_cache_manager import CacheHit, PrefixCacheStats, _hashes
 
@@ -29,21 +34,27 @@ NULL = -1
 
 
 class GroupHit(CacheHit):
-    """A :class:`CacheHit` with one block table per group (``NULL`` for skipped blocks)."""
+    """A :class:`CacheHit` with one block table per group (``NULL`` for skipped blocks).
 
-    def __init__(self, tables=(), num_tokens: int = 0):
+    ``shared_prefix_boundary``: where the full-attention groups' own hit ends when a windowed
+    group cut the hit shorter (else 0), vLLM's ``request.shared_prefix_boundary``: a prefix
+    other requests share whose sliding-window tail this request then keeps cached."""
+
+    def __init__(self, tables=(), num_tokens: int = 0, shared_prefix_boundary: int = 0):
         flat = [b for t in tables for b in t if b != NULL]
         super().__init__(flat, num_tokens)
         self.tables = [list(t) for t in tables]
+        self.shared_prefix_boundary = shared_prefix_boundary
 
 
 class _Entry:
-    __slots__ = ("tables", "num_slots", "num_cached")
+    __slots__ = ("tables", "num_slots", "num_cached", "boundaries")
 
     def __init__(self, num_groups: int) -> None:
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
         self.num_slots = 0
         self.num_cached = [0] * num_groups
+        self.boundaries: tuple[int, ...] | None = None   # sliding groups' reachable tails
 
 
 class MultiGroupKVManager:
@@ -78,6 +89,11 @@ class MultiGroupKVManager:
         self._requests: dict[object, _Entry] = {}
         full = [i for i, g in enumerate(self.groups) if g.kind == FULL]
         self._table_group = full[0] if full else 0
+        self._table_group_is_full = bool(full)
+        #: Some group frees blocks that leave its window (sliding or chunked-local): the
+        #: scheduler then calls :meth:`allocate` for every scheduled request every step, as
+        #: vLLM's ``allocate_slots`` (which runs ``remove_skipped_blocks`` first) is.
+        self.frees_skipped_blocks = len(full) < len(self.groups)
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -140,12 +156,16 @@ class MultiGroupKVManager:
         for g, group in enumerate(self.groups):
             if group.kind == FULL:
                 n = len(index.find_prefix(_group_hash(h, g) for h in base[:n]))
+        longest = n if self._table_group_is_full else 0
         while n:
             shorter = min(self._longest(g, base, n) for g in range(len(self.groups)))
             if shorter == n:
                 break
             n = shorter
-        return self._hit(base, n)
+        hit = self._hit(base, n)
+        if longest > n:
+            hit.shared_prefix_boundary = longest * self.block_size
+        return hit
 
     def _longest(self, g: int, base, n: int) -> int:
         """The longest hit of at most ``n`` blocks windowed group ``g`` can serve: its blocks
@@ -217,13 +237,17 @@ class MultiGroupKVManager:
     def allocate(self, request_id, tokens, num_new_tokens: int, hit: CacheHit | None = None,
                  num_computed_tokens: int | None = None) -> list[int] | None:
         """Slots for ``num_new_tokens`` more tokens in every group; the NEW blocks, or None
-        (nothing changed) when the pool cannot give them."""
+        when the pool cannot give them (then only the blocks that left a window are freed, as
+        vLLM's ``allocate_slots`` frees them before it checks)."""
         entry = self._requests.get(request_id)
         net, target, computed = self._plan(entry, num_new_tokens, hit, num_computed_tokens)
         if net > self.pool.num_free_blocks:
+            if entry is not None:
+                self._free_skipped(entry, computed)
             return None
         if entry is None:
             entry = self._requests[request_id] = self._new_entry(hit)
+            entry.boundaries = self._boundaries(tokens, hit)
         else:
             self._free_skipped(entry, computed)
         entry.num_slots = target
@@ -240,10 +264,33 @@ class MultiGroupKVManager:
             entry.num_cached = [len(t) for t in hit.tables]
         return entry
 
+    def _boundaries(self, tokens, hit) -> tuple[int, ...] | None:
+        """Token positions whose sliding-window tail the request keeps cached: the prompt's
+        replay boundary and the shared-prefix boundary of its admission hit (None: cache every
+        block, for callers that pass plain token lists without a prompt length)."""
+        prompt = getattr(tokens, "num_prompt_tokens", None)
+        if prompt is None:
+            return None
+        shared = getattr(hit, "shared_prefix_boundary", 0) if hit is not None else 0
+        return (prompt - 1, shared) if shared else (prompt - 1,)
+
+    def _cacheable(self, g: int, entry: _Entry):
+        """The block indexes group ``g`` may register (None: all of them)."""
+        group = self.groups[g]
+        if group.kind != SLIDING or entry.boundaries is None:
+            return None
+        bs = self.block_size
+        need = cdiv(group.window - 1, bs)
+        keep = set()
+        for b in entry.boundaries:
+            end = b // bs
+            keep.update(range(max(end - need, 0), end))
+        return keep
+
     def _free_skipped(self, entry: _Entry, computed: int) -> None:
         for g, table in enumerate(entry.tables):
             stop = min(self.groups[g].skipped_tokens(computed) // self.block_size, len(table))
-            gone = [b for b in table[:stop] if b != NULL]
+            gone = [b for b in reversed(table[:stop]) if b != NULL]   # vLLM: last first
             if gone:
                 table[:stop] = [NULL] * stop
                 self.pool.free_blocks(gone)
@@ -266,8 +313,9 @@ class MultiGroupKVManager:
         base = list(_hashes(tokens, self.block_size, start, num_full))
         for g, table in enumerate(entry.tables):
             first = entry.num_cached[g]
+            keep = self._cacheable(g, entry)
             pairs = [(table[i], _group_hash(base[i - start], g)) for i in range(first, num_full)
-                     if table[i] != NULL]
+                     if table[i] != NULL and (keep is None or i in keep)]
             if pairs:
                 self.pool.cache_blocks([b for b, _ in pairs], [h for _, h in pairs])
             entry.num_cached[g] = max(first, num_full)

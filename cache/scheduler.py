@@ -163,6 +163,7 @@ class Scheduler:
     def _schedule_running(self, scheduled, preempted, threshold) -> int:
         budget, i = self.config.max_num_batched_tokens, 0
         bs, max_len = self.kv.block_size, self.config.max_model_len
+        every_step = getattr(self.kv, "frees_skipped_blocks", False)
         running = self.running
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -177,8 +178,10 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            if n > 1 or computed % bs == 0 or (computed + 1) % bs == 0:
-                # (a decode step inside a block neither opens nor fills one: nothing to do)
+            if n > 1 or computed % bs == 0 or (computed + 1) % bs == 0 or every_step:
+                # (a decode step inside a block neither opens nor fills one: nothing to do,
+                # unless a windowed group frees the blocks that left its window: vLLM's
+                # allocate_slots runs remove_skipped_blocks for every scheduled request)
                 fits, i, budget = self._allocate_or_preempt(seq, n, i, budget, scheduled,
                                                             preempted)
                 if not fits:

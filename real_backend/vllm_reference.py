@@ -9,6 +9,8 @@ traces all at step 0), each step executed by a :class:`TorchExecutor` on the bun
 sampling) and the whole iteration's (plus scheduling, as vLLM's step wall time includes).
 
     python -m kvsim.real_backend.vllm_reference [--fixtures DIR] [--out FILE] [--threads 1]
+
+Fixtures recorded on another tiny config (``summary.model``, issue 19) are skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from .executor import TorchExecutor
 from .session import BackendSettings, build_runner, device_name, prepare_device, warm_up
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm"
+
+
+def on_tiny_llama(path: Path) -> bool:
+    """Whether fixture ``path`` was recorded on the oracle's tiny Llama (the issue-19 fixtures
+    name another tiny config in ``summary.model``; this backend runs the tiny Llama only)."""
+    return load_fixture(path)[1]["summary"].get("model", "tiny-llama") == "tiny-llama"
 
 
 def replay(path: Path, settings: BackendSettings) -> dict:
@@ -72,7 +80,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--clock", default="wall")
     a = p.parse_args(argv)
     settings = BackendSettings(threads=a.threads, clock=a.clock)
-    rows = [replay(f, settings) for f in sorted(Path(a.fixtures).glob("*.jsonl"))]
+    rows = [replay(f, settings) for f in sorted(Path(a.fixtures).glob("*.jsonl"))
+            if on_tiny_llama(f)]
     print(render(rows))
     if a.out:
         from kvsim.reports.io import write_json_atomic

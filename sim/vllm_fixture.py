@@ -3,7 +3,9 @@ vLLM, replayed through kvsim's scheduler with the oracle's settings and arrival 
 
 A fixture is ``NAME.jsonl`` (one request per line: ``prompt_token_ids``, ``output_tokens``,
 optional ``arrival_step``, ``priority`` and ``output_token_ids``, the tokens vLLM generated)
-beside ``NAME.vllm.json`` (vLLM's record; its ``summary.settings`` are the engine settings). The
+beside ``NAME.vllm.json`` (vLLM's record; its ``summary.settings`` are the engine settings, and
+``summary.model``, where present, names the tiny config ``models/MODEL/config.json`` it ran: its
+KV layer groups decide kvsim's cache manager). The
 oracle decodes greedily, so generated blocks are identified as ``--sampling greedy`` does. Used by the parity test and by
 ``kvsim.real_backend.vllm_reference``; nothing here needs torch or vLLM.
 """
@@ -17,8 +19,11 @@ from typing import Callable
 import numpy as np
 
 from kvsim.cache import KVCacheManager
+from kvsim.cache.multi_group import MultiGroupKVManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
+from kvsim.sim.kv_layout import KvLayout, kv_layout
+from kvsim.sim.models import resolve_model
 from kvsim.workloads import Request
 
 
@@ -37,12 +42,32 @@ def load_fixture(path: Path) -> tuple[list[tuple[int, Request]], dict]:
     return reqs, oracle
 
 
-def make_scheduler(s: dict) -> Scheduler:
+MODELS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm" / "models"
+"""Where the fixtures' tiny model configs live (``models/NAME/config.json``)."""
+
+
+def fixture_layout(model: str | None, block_size: int) -> KvLayout | None:
+    """The KV layout of fixture model ``model`` (a folder name under :data:`MODELS`, as the
+    oracle's ``summary.model`` records it), or None for the default tiny Llama."""
+    if not model or model == "tiny-llama":
+        return None
+    return kv_layout(resolve_model(MODELS / model / "config.json"), block_size=block_size)
+
+
+def make_scheduler(s: dict, model: str | None = None) -> Scheduler:
     """The oracle's settings: ``num_blocks - 1`` usable blocks (block 0 is vLLM's null block);
-    every scheduler option kvsim has, where the record names it (else vLLM's default)."""
-    kv = KVCacheManager(s["num_blocks"] - 1, s["block_size"],
-                        enable_prefix_caching=not s["no_prefix_caching"],
-                        max_model_len=s["max_model_len"])
+    every scheduler option kvsim has, where the record names it (else vLLM's default). A
+    ``model`` with sliding-window (or chunked-local) layers gets vLLM's hybrid manager, one
+    block table per KV layer group, as ``kvsim run`` gives it."""
+    layout = fixture_layout(model, s["block_size"])
+    if layout is not None and layout.is_hybrid:
+        kv = MultiGroupKVManager(s["num_blocks"] - 1, s["block_size"], layout.groups,
+                                 not s["no_prefix_caching"], s["max_model_len"],
+                                 s["max_num_batched_tokens"])
+    else:
+        kv = KVCacheManager(s["num_blocks"] - 1, s["block_size"],
+                            enable_prefix_caching=not s["no_prefix_caching"],
+                            max_model_len=s["max_model_len"])
     return Scheduler(kv, SchedulerConfig(
         max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
         max_model_len=s["max_model_len"], policy="priority" if s["priority"] else "fcfs",
@@ -52,12 +77,13 @@ def make_scheduler(s: dict) -> Scheduler:
 
 
 def replay_fixture(requests: list[tuple[int, Request]], settings: dict,
-                   step: Callable[[Scheduler], None]) -> dict[int, Sequence]:
+                   step: Callable[[Scheduler], None],
+                   model: str | None = None) -> dict[int, Sequence]:
     """Run a scheduler with the oracle's ``settings`` until every request finished: requests
     join at their arrival step (an idle engine jumps to the next arrival), and ``step(sched)``
     performs one engine step (``schedule``, whatever executes it, ``update_from_output``).
     Returns the sequences by request id."""
-    sched = make_scheduler(settings)
+    sched = make_scheduler(settings, model)
     pending, clock, seqs = list(requests), 0, {}
     while pending or sched.has_unfinished():
         while pending and pending[0][0] <= clock:

@@ -20,7 +20,7 @@ def load(name):
     return load_fixture(FIXTURES / f"{name}.jsonl")
 
 
-def replay(requests, settings, record=None):
+def replay(requests, settings, record=None, model=None):
     """Step the scheduler with the oracle's arrival clock; record what each step did (and,
     into ``record``, the step's counts, usage, prefix stats, first tokens and finishes)."""
     steps = []
@@ -41,13 +41,14 @@ def replay(requests, settings, record=None):
                 first=[s.request_id for s in outcome.first_tokens],
                 finished=[s.request_id for s in outcome.finished]))
 
-    return steps, replay_fixture(requests, settings, step)
+    return steps, replay_fixture(requests, settings, step, model)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kvsim_makes_vllms_decisions(name):
     requests, oracle = load(name)
-    steps, seqs = replay(requests, oracle["summary"]["settings"])
+    steps, seqs = replay(requests, oracle["summary"]["settings"],
+                         model=oracle["summary"].get("model"))
     expected = [({int(k): v for k, v in s["scheduled"].items()}, s["preempted"])
                 for s in oracle["steps"]]
     assert len(steps) == len(expected)
@@ -71,7 +72,7 @@ def test_fixtures_cover_the_interesting_cases():
 def test_kvsim_matches_vllms_step_stats_and_request_timeline(name):
     requests, oracle = load(name)
     record = []
-    replay(requests, oracle["summary"]["settings"], record)
+    replay(requests, oracle["summary"]["settings"], record, oracle["summary"].get("model"))
     for i, (got, want) in enumerate(zip(record, oracle["steps"])):
         for key in ("running", "waiting", "prefix_queries", "prefix_hits"):
             assert got[key] == want[key], f"step {i}: {key}"
@@ -93,3 +94,38 @@ def test_the_issue_16_fixtures_exercise_what_they_are_named_for():
     assert summaries["no_reserve_full_isl"]["settings"]["no_scheduler_reserve_full_isl"]
     assert summaries["odd_max_model_len"]["settings"]["max_model_len"] % 32
     assert summaries["multi_turn"]["prefix_hits"] > 0
+
+
+ISSUE_19 = {
+    # fixture: (model folder, KV group kinds kvsim forms, as vLLM's log showed them)
+    "sliding_window_hybrid": ("tiny-mistral-hybrid", ("sliding", "full")),
+    "sliding_window_all": ("tiny-mistral-swa", ("sliding",)),
+    "gemma3_local_global": ("tiny-gemma3", ("sliding",) * 5 + ("full",)),
+    "gpt_oss_alternating": ("tiny-gpt-oss", ("sliding", "full")),
+    "llama4_chunked_local": ("tiny-llama4", ("chunked", "full")),
+    "moe_qwen3": ("tiny-qwen3-moe", ("full",)),
+    "moe_mixtral": ("tiny-mixtral", ("full",)),
+    "mla_deepseek": ("tiny-deepseek-v3", ("full",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ISSUE_19 if n in NAMES))
+def test_the_issue_19_fixtures_replay_their_model_configs(name):
+    from kvsim.sim.vllm_fixture import MODELS, fixture_layout
+
+    model, kinds = ISSUE_19[name]
+    summary = load(name)[1]["summary"]
+    assert summary["model"] == model
+    assert (MODELS / model / "config.json").is_file()
+    layout = fixture_layout(model, summary["settings"]["block_size"])
+    assert tuple(g.kind for g in layout.groups) == kinds
+    assert layout.is_hybrid == (kinds != ("full",))
+
+
+def test_the_issue_19_fixtures_exercise_windows_preemption_and_hits():
+    summaries = {n: load(n)[1]["summary"] for n in ISSUE_19 if n in NAMES}
+    assert {"sliding_window_hybrid", "mla_deepseek"} <= set(summaries)
+    hybrid = summaries["sliding_window_hybrid"]
+    assert hybrid["preemptions"] > 0 and hybrid["prefix_hits"] > 0
+    assert summaries["mla_deepseek"]["settings"]["block_size"] == 16
+    assert summaries["mla_deepseek"]["preemptions"] > 0
