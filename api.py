@@ -176,13 +176,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
 def run_frames(result) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(summary, requests, steps, timeline) of a finished simulation."""
     from .sim import results
-    requests = results.requests_frame(result)
-    steps = results.steps_frame(result)
-    summary = results.build_summary(result, requests, steps)
-    timeline = results.timeline_frame(steps, result.duration_s,
-                                      result.deployment.num_gpu_blocks,
-                                      result.config.block_size, result.config.replicas)
-    return summary, requests, steps, timeline
+    return results.run_frames(result)
 
 
 def iter_requests(trace: Any) -> Iterator[Request]:

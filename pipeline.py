@@ -201,12 +201,7 @@ def say(message: str) -> None:
 
 def run_outputs(result):
     """(summary, requests frame, timeline frame) of a finished simulation."""
-    requests_df = results.requests_frame(result)
-    steps = results.steps_frame(result)
-    summary = results.build_summary(result, requests_df, steps)
-    timeline_df = results.timeline_frame(steps, result.duration_s,
-                                         result.deployment.num_gpu_blocks,
-                                         result.config.block_size, result.config.replicas)
+    summary, requests_df, _, timeline_df = results.run_frames(result)
     return summary, requests_df, timeline_df
 
 

@@ -222,3 +222,13 @@ def _finish_timeline(grid: pd.DataFrame, width: float, pool_blocks: int,
     grid["prefix_hit_rate"] = (grid["prefix_hit_tokens"] / q.where(q > 0)).fillna(0.0)
     drop = ["token_slots", "internal_slots", "reserved_slots", "external_slots"]
     return grid.drop(columns=drop).reset_index(drop=True)
+
+
+def run_frames(result: RunResult) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(summary, requests, steps, timeline)`` of a finished simulation."""
+    requests = requests_frame(result)
+    steps = steps_frame(result)
+    summary = build_summary(result, requests, steps)
+    timeline = timeline_frame(steps, result.duration_s, result.deployment.num_gpu_blocks,
+                              result.config.block_size, result.config.replicas)
+    return summary, requests, steps, timeline
