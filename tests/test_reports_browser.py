@@ -171,9 +171,9 @@ def test_run_report_loads_and_draws_every_plot(run_page):
 
 
 def test_run_report_screenshot_is_not_blank(run_page):
-    png = screenshot(run_page, run_page.with_suffix(".png"), width=1400, height=2000)
+    png = screenshot(run_page, run_page.with_suffix(".png"), width=1400, height=2600)
     width, height, _, _ = read_png(png)
-    assert (width, height) == (1400, 2000)
+    assert (width, height) == (1400, 2600)
     counts = colour_counts(png)
     top_share = max(counts.values()) / sum(counts.values())
     assert len(counts) > 50, f"only {len(counts)} colours: blank page?"
