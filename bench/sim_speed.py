@@ -1,80 +1,237 @@
-"""Simulator speed on whole real traces: requests and tokens per wall-second, peak RSS.
+"""Simulator speed and memory, old commit against this checkout, side by side in one run.
 
-    python bench/sim_speed.py [--shared DIR] [--only azure|mooncake] [--no-skip-ahead]
+    python bench/sim_speed.py                       # every case, old = b45c6b7
+    python bench/sim_speed.py --only vidur mooncake --repeat 3
+    python bench/sim_speed.py --old HEAD~5 --shared ../shared
 
-Reference: Vidur simulates ~100 requests per wall-second on the Azure conversation lengths; the
-target is >= 2,000 (20x) on Azure / Llama-2-7B / one A100-80GB and the whole Mooncake
-conversation trace on Llama-3-70B / 4xH100 in <= 30 s, prefix caching on.
-Each case runs in a fresh process so its peak RSS is its own.
+Each case runs ``kvsim`` as a user would, in a fresh process per version (the old commit from a
+git worktree it creates under ``--work``), alternating old and new so that a host slowing down
+hurts both alike. Per case and version it records wall seconds, CPU seconds (user + system of
+that process and its workers) and peak RSS (its own ``wait4`` rusage), and checks that both
+versions simulated the same thing (completed requests and output throughput from
+``summary.json``; a plan's recommended deployment). The table's ratios are old / new from this
+one run: they hold on another machine as long as nothing else runs during the measurement
+(the line under the table says how much CPU other processes took meanwhile).
+
+Cases (the targets of issue 15):
+
+- ``vidur``: Vidur's own 19,366 requests with the settings of ``traces/vidur/README.md``
+  (target: new >= 5x faster than b45c6b7);
+- ``mooncake``: the whole Mooncake conversation trace, Llama-3-70B on 4xH100 (target <= 8 s);
+- ``mooncake-<policy>`` and ``mooncake-offload``: the same with another eviction policy or a
+  CPU tier (target: <= 1.5x the new LRU time; the ratio column for these is against LRU);
+- ``million``: a generated 1,000,000-request trace, ``kvsim gen`` and ``kvsim run`` peak RSS
+  (target <= 1 GB; new version only unless ``--old-million``);
+- ``plan70b``: the cheapest Llama-2-70B deployment meeting TTFT p99 <= 2 s and TPOT p99 <= 0.2 s
+  on the Azure conversation trace (target <= 5 minutes wall on 2 cores, <= 1 GB).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-CASES = {
-    "azure": dict(trace="traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv",
-                  model="llama-2-7b", gpu="a100-80gb", tp=1),
-    "mooncake": dict(trace="traces/mooncake/conversation_trace.jsonl", model="llama-3-70b",
-                     gpu="h100-80gb", tp=4, max_model_len=131072),
-    # the same with a 64 GiB-per-GPU host tier (demotions, promotions, fewer skip-aheads)
-    "mooncake-tier": dict(trace="traces/mooncake/conversation_trace.jsonl",
-                          model="llama-3-70b", gpu="h100-80gb", tp=4, max_model_len=131072,
-                          cpu_offload_gb=64),
-}
+HERE = Path(__file__).resolve().parent.parent
+VIDUR = ["--model", "llama-2-7b", "--gpu", "a100-80gb", "--tp", "1", "--max-num-seqs", "128",
+         "--max-num-batched-tokens", "4096", "--max-model-len", "4096", "--block-size", "16",
+         "--num-gpu-blocks", "7424"]
+MOONCAKE = ["--model", "llama-3-70b", "--gpu", "h100-80gb", "--tp", "4", "--max-model-len",
+            "131072"]
+PLAN = ["--model", "llama-2-70b", "--gpu", "a100-80gb,h100-80gb", "--tp", "2,4,8",
+        "--slo-ttft-p99", "2", "--slo-tpot-p99", "0.2", "--max-model-len", "4096",
+        "--long-prompt", "truncate"]
+POLICIES = ("lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead")
 
 
-def run_case(name: str, shared: Path, skip_ahead: bool) -> dict:
-    from kvsim.sim.config import RunConfig
-    from kvsim.sim.runner import simulate
-    from kvsim.workloads import load_trace
-    case = dict(CASES[name])
-    path = shared / case.pop("trace")
-    config = RunConfig(trace=str(path), skip_ahead=skip_ahead, **case)
+@dataclass
+class Case:
+    """One measurement: ``kvsim`` arguments per version (``None``: that version cannot run it)."""
+
+    name: str
+    new: list[str] | None
+    old: list[str] | None
+    baseline: str = ""          # ratio against this case's new time instead of against old
+    target: str = ""
+    setup: list[list[str]] = field(default_factory=list)  # commands run first, untimed
+
+
+def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
+    vidur = str(shared / "traces/vidur/vidur_conv_19366.jsonl")
+    mooncake = str(shared / "traces/mooncake/conversation_trace.jsonl")
+    azure = str(shared / "traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
+    million = str(work / "million.jsonl")
+    run = ["run", "--quiet"]  # report.html too: b45c6b7 always wrote it
+    found = [
+        Case("vidur", [*run, vidur, *VIDUR], [*run, vidur, *VIDUR], target=">= 5x"),
+        Case("mooncake", [*run, mooncake, *MOONCAKE], [*run, mooncake, *MOONCAKE],
+             target="<= 8 s"),
+    ]
+    for policy in POLICIES:
+        args = [*run, mooncake, *MOONCAKE, "--eviction", policy]
+        found.append(Case(f"mooncake-{policy}", args, None, baseline="mooncake",
+                          target="<= 1.5x lru"))
+    found.append(Case("mooncake-offload", [*run, mooncake, *MOONCAKE,
+                                           "--kv-offloading-size", "256"],
+                      [*run, mooncake, *MOONCAKE, "--cpu-offload-gb", "64"],
+                      baseline="mooncake", target="<= 1.5x lru"))
+    gen = [["gen", "chat", "-n", "1000000", "--seed", "0", "--out", million]]
+    found.append(Case("million-gen", gen[0], gen[0] if old_million else None,
+                      target="<= 1 GB"))
+    found.append(Case("million", [*run, million], [*run, million] if old_million else None,
+                      target="<= 1 GB", setup=gen))
+    plan = ["plan", azure, *PLAN, "--quiet", "--json"]
+    found.append(Case("plan70b", plan, plan, target="<= 300 s, <= 1 GB"))
+    return found
+
+
+@dataclass
+class Measure:
+    wall_s: float
+    cpu_s: float
+    rss_mb: float
+    check: str
+    error: str = ""
+
+
+def kvsim_argv(pythonpath: Path | None) -> tuple[list[str], dict]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    code = "import sys; from kvsim.cli import main; sys.argv[0] = 'kvsim'; main()"
+    return [sys.executable, "-c", code], env
+
+
+def measure(argv: list[str], env: dict, out: Path) -> Measure:
+    """Run one command; its own wall, CPU (with its children) and peak RSS."""
+    if "run" in argv:
+        argv = [*argv, "--out", str(out)]
     start = time.perf_counter()
-    result = simulate(load_trace(path), config)
+    with open(out.with_suffix(".stdout"), "w") as stdout, open(out.with_suffix(".stderr"),
+                                                               "w") as stderr:
+        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    cols = result.requests.columns
-    tokens = sum(p + o for p, o, c in zip(cols["prompt_tokens"], cols["output_tokens"],
-                                          cols["completed"]) if c)
-    return dict(case=name, requests=len(result.requests), completed=int(sum(cols["completed"])),
-                steps=len(result.steps), wall_s=wall, requests_per_s=len(result.requests) / wall,
-                tokens_per_s=tokens / wall, sim_s=result.duration_s,
-                skipped_steps=sum(r.num_skipped_steps for r in result.replicas),
-                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        tail = out.with_suffix(".stderr").read_text().strip().splitlines()[-1:]
+        return Measure(wall, 0, 0, "", error=f"exit {proc.returncode}: {' '.join(tail)}")
+    cpu = usage.ru_utime + usage.ru_stime
+    return Measure(wall, cpu, usage.ru_maxrss / 1024, result_check(out))
+
+
+def result_check(out: Path) -> str:
+    """What must agree between versions: a run's completed requests and output throughput, a
+    plan's recommended deployment."""
+    summary = out / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        return (f"{s.get('num_completed')} done, "
+                f"{s.get('throughput_output_tokens_per_s') or 0:.6g} tok/s")
+    text = out.with_suffix(".stdout").read_text()
+    try:
+        rec = json.loads(text).get("recommended") or {}
+    except ValueError:
+        return ""
+    return " ".join(f"{k}={rec.get(k)}" for k in ("gpu", "tp", "replicas") if k in rec)
+
+
+def old_checkout(rev: str, work: Path) -> Path:
+    """A git worktree of ``rev`` importable as ``kvsim`` (returns the PYTHONPATH entry)."""
+    tree = work / f"old-{rev}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(tree), rev],
+                       check=True, capture_output=True)
+    path = work / f"pp-{rev}"
+    path.mkdir(exist_ok=True)
+    link = path / "kvsim"
+    if not link.exists():
+        link.symlink_to(tree)
+    return path
+
+
+def other_cpu_s() -> float:
+    """CPU seconds used so far by every process on the host (from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # minus idle, iowait
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def fmt(m: Measure | None, key: str, spec: str) -> str:
+    if m is None:
+        return "-"
+    return m.error[:12] if m.error else format(getattr(m, key), spec)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shared", type=Path,
-                        default=Path(__file__).resolve().parents[2] / "shared")
-    parser.add_argument("--only", choices=sorted(CASES))
-    parser.add_argument("--no-skip-ahead", action="store_true")
-    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--shared", type=Path, default=HERE.parent / "shared")
+    parser.add_argument("--old", default="b45c6b7", help="commit to compare with")
+    parser.add_argument("--only", nargs="*", help="case names (default: all)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case and version; "
+                        "the table shows the fastest, the JSON every one")
+    parser.add_argument("--old-million", action="store_true",
+                        help="also run the million-request cases on the old commit")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "kvsim-bench")
+    parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args()
-    if args.case:
-        print(json.dumps(run_case(args.case, args.shared, not args.no_skip_ahead)))
-        return
-    rows = []
-    for name in [args.only] if args.only else sorted(CASES):
-        cmd = [sys.executable, __file__, "--case", name, "--shared", str(args.shared)]
-        cmd += ["--no-skip-ahead"] if args.no_skip_ahead else []
-        rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True,
-                                              text=True).stdout))
-    print(f"{'case':<14}{'requests':>10}{'done':>8}{'steps':>10}{'skipped':>10}{'wall s':>9}"
-          f"{'req/s':>9}{'tok/s':>12}{'peak RSS MB':>13}")
-    for r in rows:
-        print(f"{r['case']:<14}{r['requests']:>10,}{r['completed']:>8,}{r['steps']:>10,}{r['skipped_steps']:>10,}"
-              f"{r['wall_s']:>9.1f}{r['requests_per_s']:>9,.0f}{r['tokens_per_s']:>12,.0f}"
-              f"{r['peak_rss_mb']:>13,.0f}")
-    print("reference: Vidur ~100 req/s on Azure conversation lengths; target >= 2,000 req/s, "
-          "Mooncake <= 30 s")
+    args.work.mkdir(parents=True, exist_ok=True)
+    versions = {"old": kvsim_argv(old_checkout(args.old, args.work)), "new": kvsim_argv(None)}
+    rows, own_cpu, host0 = [], 0.0, other_cpu_s()
+    for case in cases(args.shared, args.work, args.old_million):
+        if args.only and case.name not in args.only:
+            continue
+        for command in case.setup:
+            subprocess.run(versions["new"][0] + command, env=versions["new"][1], check=True,
+                           capture_output=True)
+        best: dict[str, Measure | None] = {"old": None, "new": None}
+        for i in range(args.repeat):
+            for version in ("old", "new"):
+                argv = getattr(case, version)
+                if argv is None:
+                    continue
+                prefix, env = versions[version]
+                m = measure(prefix + argv, env, args.work / f"{case.name}-{version}-{i}")
+                own_cpu += m.cpu_s
+                if best[version] is None or (not m.error and m.wall_s < best[version].wall_s):
+                    best[version] = m
+                print(f"# {case.name} {version}: {m}", file=sys.stderr)
+        rows.append((case, best))
+    others = max(0.0, other_cpu_s() - host0 - own_cpu)
+    print_table(rows, args.old)
+    print(f"other processes used {others:.0f} CPU-s during the measurement (0 on a quiet host)")
+    if args.json:
+        args.json.write_text(json.dumps([{"case": c.name, "target": c.target, **{
+            v: (m.__dict__ if m else None) for v, m in best.items()}} for c, best in rows],
+            indent=1))
+
+
+def print_table(rows, old: str) -> None:
+    new_wall = {c.name: b["new"].wall_s for c, b in rows if b["new"] and not b["new"].error}
+    head = (f"{'case':<18}{'old s':>9}{'new s':>9}{'ratio':>8}{'old CPU':>9}{'new CPU':>9}"
+            f"{'old RSS':>9}{'new RSS':>9}  {'target':<18}same result")
+    print(f"old = {old}, new = this checkout; seconds are wall, RSS in MB; ratio = old / new "
+          "(for variants: new / new LRU)")
+    print(head)
+    for case, best in rows:
+        o, n = best["old"], best["new"]
+        ratio = "-"
+        if case.baseline and n and not n.error and case.baseline in new_wall:
+            ratio = f"{n.wall_s / new_wall[case.baseline]:.2f}"
+        elif o and n and not o.error and not n.error:
+            ratio = f"{o.wall_s / n.wall_s:.2f}x"
+        same = "-" if not (o and n) else ("yes" if o.check == n.check else
+                                          f"NO: {o.check} vs {n.check}")
+        print(f"{case.name:<18}{fmt(o, 'wall_s', '.1f'):>9}{fmt(n, 'wall_s', '.1f'):>9}"
+              f"{ratio:>8}{fmt(o, 'cpu_s', '.1f'):>9}{fmt(n, 'cpu_s', '.1f'):>9}"
+              f"{fmt(o, 'rss_mb', '.0f'):>9}{fmt(n, 'rss_mb', '.0f'):>9}  {case.target:<18}"
+              f"{same if o else (n.check if n else '')}")
 
 
 if __name__ == "__main__":
