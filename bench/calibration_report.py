@@ -8,9 +8,10 @@ every (token count, TP degree) row of Vidur's ``mlp.csv``; then the 28 attention
 all-reduce fit. ``--data DIR``: instead, median and p90 per operator and TP degree for every
 ``mlp.csv`` (Vidur's format) under DIR; the GPU comes from a parent folder named ``a100``,
 ``h100``, ... or ``--gpu``, the layer shape from the file's model columns; with ``--cv``,
-held-out error: each file's error after refitting its GPU's parameters (``bench/fit_profiles.py``)
-on the other models of that GPU, or, for a GPU with one model, each TP degree's error after
-refitting on the other TP degrees (needs scipy). ``--fit`` refits the GEMM and elementwise
+held-out per-layer error per GPU and TP degree, twice: leave one model out (each file after
+refitting its GPU's parameters, ``bench/fit_profiles.py``, on the other models of that GPU) and
+leave one TP degree out (each TP degree after refitting on the GPU's other TP degrees); needs
+scipy. ``--fit`` refits the GEMM and elementwise
 parameters (needs scipy) and prints them (``bench/fit_profiles.py`` writes them into
 ``sim/profiles/``).
 
@@ -66,49 +67,63 @@ def fit(root) -> None:
         print(f"{gpu}: {json.dumps(fit_gpu(gpu, sets))}")
 
 
-def _held_out_rows(path, g, tp, part, model, train) -> dict:
-    """One held-out cell: the refitted profile's per-layer error on ``part``."""
+def _held_out_rows(g, part, model, train) -> list[dict]:
+    """Held-out cells: the profile refitted on ``train`` and its per-layer error on ``part``,
+    per TP degree."""
     from fit_profiles import fit_gpu
 
-    prof = load_profile(g, fit_gpu(g, train))
-    err = cal.relative_errors(part, model, resolve_gpu(g), prof, cal.GEMM_OPS + ELEMENTWISE_OPS)
-    return {"gpu": g, "tp": int(tp), "median_rel_err": float(np.median(err)),
-            "p90_rel_err": float(np.quantile(err, 0.9))}
+    prof, rows = load_profile(g, fit_gpu(g, train)), []
+    for tp, cell in part.groupby("tp"):
+        err = cal.relative_errors(cell, model, resolve_gpu(g), prof, cal.GEMM_OPS + ELEMENTWISE_OPS)
+        rows.append({"gpu": g, "tp": int(tp), "median_rel_err": float(np.median(err)),
+                     "p90_rel_err": float(np.quantile(err, 0.9)), "rows": len(err)})
+    return rows
 
 
-def cross_validate(data_dir, gpu=None, min_tokens: int = 1) -> pd.DataFrame:
-    """Held-out per-layer error of the refitted profile per file and TP. Leave one model out
-    where the GPU has other files (refit on them: split ``model``); a GPU with one file is
-    left one TP degree out instead (refit on that file's other TP degrees: split ``tp``)."""
+def cross_validate(data_dir, gpu=None, min_tokens: int = 1, split: str = "model") -> pd.DataFrame:
+    """Held-out per-layer error of the refitted profile per file and TP degree.
+
+    ``split="model"``: leave one model out, each file refitted on the other files of its GPU
+    (a GPU with one file has nothing to train on and is left out). ``split="tp"``: leave one
+    TP degree out, each TP degree of each file refitted on every file of its GPU at the other
+    TP degrees."""
     from pathlib import Path
 
     files = [(path, g, *cal.load_mlp_file(path)) for path, g in cal.find_mlp_files(Path(data_dir),
                                                                                    gpu)]
-    rows = []
+    out = []
     for path, g, df, model in files:
-        others = [(d, m) for p, gg, d, m in files if gg == g and p != path]
-        for tp, part in df[df["num_tokens"] >= min_tokens].groupby("tp"):
-            train = others or [(df[df["tp"] != tp], model)]
-            split = "model" if others else "tp"
-            row = (_held_out_rows(path, g, tp, part, model, train) if len(train[0][0])
-                   else {"gpu": g, "tp": int(tp), "median_rel_err": np.nan, "p90_rel_err": np.nan})
-            rows.append({"held_out": str(path.relative_to(data_dir)), "split": split,
-                         "train_files": len(others), **row})
-    return pd.DataFrame(rows)
+        held = df[df["num_tokens"] >= min_tokens]
+        if split == "model":
+            train = [(d, m) for p, gg, d, m in files if gg == g and p != path]
+            cells = [(held, train)] if train else []
+        else:
+            cells = [(held[held["tp"] == tp], [(d[d["tp"] != tp], m) for _, gg, d, m in files
+                                               if gg == g]) for tp in sorted(held["tp"].unique())]
+        for part, train in cells:
+            for row in _held_out_rows(g, part, model, train):
+                out.append({"held_out": str(path.relative_to(data_dir)), "split": split,
+                            "train_files": len(train), **row})
+    return pd.DataFrame(out)
 
 
 def report_cv(args) -> int:
-    """``--data DIR --cv``: held-out per-layer error of the refitted profile."""
-    table = cross_validate(args.data, args.gpu, args.min_tokens)
+    """``--data DIR --cv``: held-out per-layer error of the refitted profile, leave one model
+    out and leave one TP degree out."""
     pd.set_option("display.width", 200)
-    print("Held-out per-layer (sum of operators) error of the refitted profile (split model: "
-          "leave one model out; split tp: the GPU has one model, leave one TP degree out):")
-    print(table.round(3).to_string(index=False))
-    done = table.dropna()
-    if len(done):
-        for split, part in done.groupby("split"):
-            print(f"worst held-out p90, split {split}: {part['p90_rel_err'].max():.3f} "
+    for split, what in (("model", "leave one model out (refit on the GPU's other models; a "
+                                  "GPU with one model has none)"),
+                        ("tp", "leave one TP degree out (refit on the GPU's other TP degrees)")):
+        table = cross_validate(args.data, args.gpu, args.min_tokens, split)
+        print(f"Held-out per-layer (sum of operators) error, {what}:")
+        if table.empty:
+            print("  (no cell: every GPU has one model)\n")
+            continue
+        print(table.round(3).to_string(index=False))
+        for g, part in table.groupby("gpu"):
+            print(f"worst held-out p90, split {split}, {g}: {part['p90_rel_err'].max():.3f} "
                   f"({len(part)} file/TP cells)")
+        print()
     return 0
 
 
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", help="report every mlp.csv under this directory, per TP")
     ap.add_argument("--gpu", help="with --data: the catalog GPU of every file")
     ap.add_argument("--profile", help="with --data: a calibration profile JSON to evaluate")
-    ap.add_argument("--cv", action="store_true", help="with --data: held-out (leave one model, else one TP degree, out) "
+    ap.add_argument("--cv", action="store_true", help="with --data: held-out (leave one model out, and leave one TP degree out) "
                     "cross-validation of the refitted roofline (needs scipy)")
     args = ap.parse_args(argv)
     if args.data and args.cv:

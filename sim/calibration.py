@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.sim.cost_model import elementwise_bytes, gemm_params
+from kvsim.sim.cost_model import (elementwise_bytes, gemm_params, gemm_shapes, gemm_time,
+                                  smooth_max)
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.models import ModelSpec, resolve_model
 from kvsim.sim.profile import (ELEMENTWISE_OPS, Profile, curve_rows_array, load_profile,
@@ -48,9 +49,13 @@ def load_mlp(root: Path, gpu_dir: str, model_dir: str) -> pd.DataFrame:
 
 
 def predict_gemm(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, n, tp) -> np.ndarray:
-    """Seconds of one GEMM of one layer for ``n`` tokens on one of ``tp`` GPUs (bf16)."""
+    """Seconds of one GEMM of one layer for ``n`` tokens on one of ``tp`` GPUs (bf16): by its
+    matrix shape (:func:`kvsim.sim.cost_model.gemm_time`) where the profile is shaped."""
     w = gemm_params(model)[op] / np.asarray(tp, dtype=float)
     n = np.asarray(n, dtype=float)
+    if prof.gemm.shaped:
+        cols, k = gemm_shapes(model, np.asarray(tp, dtype=float))[op]
+        return gemm_time(prof.gemm, gpu, n, cols, k)
     g = prof.gemm
     rows = padded_rows(n, g.tile_tokens, g.tile_padding)
     if g.curve_tokens:
@@ -68,7 +73,7 @@ def predict_elementwise(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, 
         per_token = per_token / tp
     e = prof.elementwise[op]
     t = np.asarray(n, dtype=float) * per_token / (gpu.hbm_bandwidth_bytes_per_s * e.memory_efficiency)
-    return np.maximum(e.min_time_s + per_token * e.row_s_per_byte, t)
+    return smooth_max(e.min_time_s + per_token * e.row_s_per_byte, t, e.smoothness)
 
 
 def predict_op(model, gpu, prof, op, n, tp) -> np.ndarray:

@@ -34,6 +34,7 @@ step's tokens costs (more than the tokens near the roofline's ridge, where a har
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,44 @@ def gemm_params(model: ModelSpec) -> dict[str, int]:
             "attn_post_proj": model.q_size * h,
             "mlp_up_proj": h * i * (2 if model.gated_mlp else 1),
             "mlp_down_proj": i * h}
+
+
+def gemm_shapes(model: ModelSpec, tp) -> dict[str, tuple]:
+    """``(N, K)`` of each GEMM of one layer on one of ``tp`` GPUs (``tokens x K`` activations
+    times a ``K x N`` weight shard), keyed like :func:`gemm_params`; ``tp`` may be an array."""
+    h, i = model.hidden_size, model.intermediate_size
+    return {"attn_pre_proj": ((model.q_size + 2 * model.kv_size) / tp, h),
+            "attn_post_proj": (h, model.q_size / tp),
+            "mlp_up_proj": (i * (2 if model.gated_mlp else 1) / tp, h),
+            "mlp_down_proj": (h, i / tp)}
+
+
+def smooth_max(a, b, q: float, maximum=np.maximum):
+    """``(a^q + b^q)^(1/q)``, a rounded maximum of ``a, b >= 0``; ``maximum(a, b)`` when q is 0."""
+    if not q:
+        return maximum(a, b)
+    return (a ** q + b ** q) ** (1.0 / q)
+
+
+def gemm_time(g: Roofline, gpu: GpuSpec, tokens, n, k, weight_bytes: float = 2.0,
+              act_bytes: float = 2.0):
+    """Seconds of one ``tokens x k`` by ``k x n`` GEMM by its shape (a profile with
+    :attr:`Roofline.shaped`; numpy arrays and scalars alike): the soft maximum of
+
+    - memory: ``memory_latency + (weights + activations in and out) / (bw * memory_eff)``;
+    - compute: ``latency +`` the fastest tile shape's ``waves * tile FLOPs / (SM peak * eff)``,
+      with ``ceil(tokens / tile_m) * ceil(n / tile_n)`` tiles over ``num_sms`` SMs and
+      ``waves = tiles / sms + wave_tail * (ceil(tiles / sms) - tiles / sms)`` (the last wave's
+      idle SMs, paid in part)."""
+    mem = g.memory_latency_s + (n * k * weight_bytes + tokens * (n + k) * act_bytes) / (
+        gpu.hbm_bandwidth_bytes_per_s * g.memory_efficiency)
+    sm_flops, comp = gpu.dense_bf16_flops / g.num_sms, None
+    for tile_m, tile_n, eff in g.tiles:
+        tiles = np.ceil(tokens / tile_m) * np.ceil(n / tile_n) / g.num_sms
+        waves = tiles + g.wave_tail * (np.ceil(tiles) - tiles)
+        t = waves * 2.0 * tile_m * tile_n * k / (sm_flops * eff)
+        comp = t if comp is None else np.minimum(comp, t)
+    return smooth_max(mem, g.latency_s + comp, g.smoothness)
 
 
 def elementwise_bytes(model: ModelSpec, tp: int, dtype: str = "bf16") -> dict[str, float]:
@@ -88,6 +127,9 @@ class _Coeffs:
     moe_experts: int = 0        # routed experts E (0: not a mixture of experts)
     moe_top_k: int = 0
     rows: object = None     # GEMM rows per token count (the profile's Roofline.rows)
+    gemm_s: object = None   # shaped profiles: seconds of all layers' GEMMs per token count
+    head_s: object = None   # shaped profiles: seconds of the LM head per request count
+    elem_q: tuple[float, ...] = ()   # soft-maximum exponent per kernel (0: hard maximum)
 
 
 def batch_time(table, slope: float, seqs):
@@ -112,10 +154,13 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     if c.moe_experts:
         gemm_bytes = gemm_bytes + c.moe_expert_s * moe.expected_experts(
             c.moe_experts, c.moe_top_k, tokens)
-    t = t + maximum(c.rows(tokens) * c.gemm_flop_s, gemm_bytes)
-    t = t + maximum(c.rows(seqs) * c.head_flop_s, c.head_byte_s)
-    for floor, per_token in zip(c.elem_min_s, c.elem_tok_s):
-        t = t + maximum(floor, tokens * per_token)
+    if c.gemm_s is not None:
+        t = t + c.gemm_s(tokens) + c.head_s(seqs)
+    else:
+        t = t + maximum(c.rows(tokens) * c.gemm_flop_s, gemm_bytes)
+        t = t + maximum(c.rows(seqs) * c.head_flop_s, c.head_byte_s)
+    for floor, per_token, q in zip(c.elem_min_s, c.elem_tok_s, c.elem_q or (0.0,) * len(c.elem_min_s)):
+        t = t + smooth_max(floor, tokens * per_token, q, maximum)
     t = t + tokens * c.ar_tok_s
     t = t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
     return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
@@ -199,8 +244,8 @@ class CostModel:
         ar_lat, ar_bytes = self._all_reduce_terms()
         elem = elementwise_bytes(m, tp, self.dtype)
         ops = [p.elementwise[op] for op in ELEMENTWISE_OPS]
-        fixed = (p.step_overhead_s + L * (4 * p.gemm.latency_s + p.attn_latency_s + ar_lat)
-                 + p.gemm.latency_s)
+        gemm_lat = 0.0 if p.gemm.shaped else p.gemm.latency_s   # shaped: inside gemm_time
+        fixed = (p.step_overhead_s + L * (4 * gemm_lat + p.attn_latency_s + ar_lat) + gemm_lat)
         c = _Coeffs(
             fixed_s=fixed, per_seq_s=p.per_seq_overhead_s,
             gemm_flop_s=L * 2 * layer_w / pc,
@@ -213,8 +258,29 @@ class CostModel:
             attn_flop_s=L * 2 * m.num_heads * m.head_dim / tp / (peak * p.attn_prefill_compute_efficiency),
             attn_byte_s=kv_token / (bw * p.attn_decode_memory_efficiency),
             ar_tok_s=ar_bytes * L * m.hidden_size * b,
-            rows=p.gemm.rows)
-        return self._architecture_terms(c, kv_token) if moe.is_special(m) else c
+            rows=p.gemm.rows, elem_q=tuple(e.smoothness for e in ops))
+        if moe.is_special(m):
+            return self._architecture_terms(replace(c, fixed_s=c.fixed_s + (
+                (4 * L + 1) * p.gemm.latency_s if p.gemm.shaped else 0.0)), kv_token)
+        return replace(c, **self._shaped_gemms()) if p.gemm.shaped else c
+
+    def _shaped_gemms(self) -> dict:
+        """``gemm_s``/``head_s`` of a shaped profile: each GEMM by its own matrix shape
+        (:func:`gemm_time`), memoised per token count (steps repeat their sizes)."""
+        m, g, tp, L = self.model, self.gpu, self.tp, self.model.num_layers
+        p, wb, ab = self.profile.gemm, weight_dtype_bytes(self.weight_dtype), dtype_bytes(self.dtype)
+        shapes = tuple(gemm_shapes(m, tp).values())
+
+        @lru_cache(maxsize=16384)
+        def layers(tokens: float) -> float:
+            return float(L * sum(gemm_time(p, g, tokens, n, k, wb, ab) for n, k in shapes))
+
+        @lru_cache(maxsize=4096)
+        def head(seqs: float) -> float:
+            return float(gemm_time(p, g, seqs, m.lm_head_params / m.hidden_size / tp,
+                                   m.hidden_size, ab, ab))
+        return {"gemm_s": lambda tokens: layers(float(tokens)),
+                "head_s": lambda seqs: head(float(seqs))}
 
     def _architecture_terms(self, c: _Coeffs, kv_token: int) -> _Coeffs:
         """MoE, MLA and windowed-attention terms (see :mod:`kvsim.sim.moe`: models, not

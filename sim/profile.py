@@ -37,7 +37,15 @@ class Roofline:
     ``rows`` rows at ``compute_eff``, which models the soft corner at the roofline's ridge
     (rows above tokens there). ``padded`` is wave quantization: with ``tile_tokens`` T and
     ``tile_padding`` a, ``tokens + a * (ceil(tokens / T) * T - tokens)`` beyond one tile. Both never decrease,
-    so more tokens never take less time; without either, rows = tokens."""
+    so more tokens never take less time; without either, rows = tokens.
+
+    *Shaped* GEMMs (``num_sms`` and ``tiles`` given; see :func:`kvsim.sim.cost_model.gemm_time`)
+    replace that single curve by each GEMM's own matrix shape: ``tiles`` holds ``(tile_m,
+    tile_n, efficiency)`` per output-tile shape the GEMM library may pick (the fastest wins),
+    ``wave_tail`` the share of a last, partly filled wave of tiles over ``num_sms`` SMs that is
+    paid, ``memory_latency_s``/``latency_s`` the floors of the memory- and compute-bound
+    sides, and ``smoothness`` q the exponent of the soft maximum ``(mem^q + comp^q)^(1/q)``
+    joining them (0: a hard corner)."""
 
     compute_efficiency: float
     memory_efficiency: float
@@ -46,6 +54,16 @@ class Roofline:
     tile_padding: float = 0.0
     curve_tokens: tuple[float, ...] = ()
     curve_rows: tuple[float, ...] = ()
+    num_sms: int = 0
+    tiles: tuple[tuple[float, float, float], ...] = ()
+    wave_tail: float = 1.0
+    memory_latency_s: float = 0.0
+    smoothness: float = 0.0
+
+    @property
+    def shaped(self) -> bool:
+        """True when GEMM times come from matrix shapes (tiles over SMs), not ``rows``."""
+        return bool(self.num_sms and self.tiles)
 
     def rows(self, tokens):
         """Rows whose FLOPs a GEMM over ``tokens`` (a python or numpy scalar) costs."""
@@ -89,11 +107,13 @@ class Elementwise:
     """``time = max(min_time_s + row_bytes * row_s_per_byte, bytes / (bw * memory_efficiency))``
     for one memory-bound kernel; ``row_bytes`` is what one token's row reads and writes (a
     kernel that gives each row to one thread block takes longer for wider rows even when
-    the batch is tiny; 0 when the profile does not say)."""
+    the batch is tiny; 0 when the profile does not say). With ``smoothness`` q > 0 the
+    maximum is the soft ``(floor^q + stream^q)^(1/q)``: the measured knee is round."""
 
     memory_efficiency: float
     min_time_s: float
     row_s_per_byte: float = 0.0
+    smoothness: float = 0.0
 
 
 FITTED_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s",
@@ -225,9 +245,14 @@ def _build(d: dict) -> Profile:
     return Profile(
         gemm=Roofline(float(g["compute_efficiency"]), float(g["memory_efficiency"]),
                       float(g["latency_s"]), float(g.get("tile_tokens", 0.0)),
-                      float(g.get("tile_padding", 0.0)), *_curve(g.get("efficiency_curve"))),
+                      float(g.get("tile_padding", 0.0)), *_curve(g.get("efficiency_curve")),
+                      num_sms=int(g.get("num_sms", 0)), tiles=_tiles(g.get("tiles")),
+                      wave_tail=float(g.get("wave_tail", 1.0)),
+                      memory_latency_s=float(g.get("memory_latency_s", 0.0)),
+                      smoothness=float(g.get("smoothness", 0.0))),
         elementwise={op: Elementwise(float(e["memory_efficiency"]), float(e["min_time_s"]),
-                                     float(e.get("row_s_per_byte", 0.0)))
+                                     float(e.get("row_s_per_byte", 0.0)),
+                                     float(e.get("smoothness", 0.0)))
                      for op, e in ((op, d["elementwise"][op]) for op in ELEMENTWISE_OPS)},
         attn_prefill_compute_efficiency=float(a["prefill_compute_efficiency"]),
         attn_decode_memory_efficiency=float(a["decode_memory_efficiency"]),
@@ -252,6 +277,20 @@ def _curve(c: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
         raise ValueError("efficiency_curve needs increasing tokens > 0 and as many rows, "
                          "never decreasing")
     return tokens, rows
+
+
+def _tiles(t: dict | None) -> tuple[tuple[float, float, float], ...]:
+    """``((tile_m, tile_n, efficiency), ...)`` of a ``tiles: {"tile_m": [...], "tile_n": [...],
+    "efficiency": [...]}`` section (none: empty), checked: as many of each, sizes >= 1."""
+    if not t:
+        return ()
+    out = tuple(zip(*(tuple(float(v) for v in t[k]) for k in ("tile_m", "tile_n", "efficiency"))))
+    if len(out) != len(t["tile_m"]) or len({len(t["tile_m"]), len(t["tile_n"]),
+                                            len(t["efficiency"])}) != 1 or \
+            any(m < 1 or n < 1 for m, n, _ in out):
+        raise ValueError("gemm.tiles needs as many tile_m, tile_n and efficiency values, "
+                         "tile sizes >= 1")
+    return out
 
 
 def _fitted(d: dict) -> Fitted:

@@ -50,18 +50,39 @@ def test_the_report_runs_on_any_directory_and_names_what_it_cannot_read(tmp_path
     assert done.returncode == 2 and "field 'gpu'" in done.stderr
 
 
-def test_leave_one_model_out_refits_on_the_other_files(tmp_path):
+SUBSET = Path(__file__).resolve().parent / "data" / "vidur_subset"
+"""26 token counts (1..4,096) x TP 1/2/4/8 of Vidur's A100 Llama-2-7B and Llama-3-8B mlp.csv
+(github.com/microsoft/vidur, MIT), the columns the report reads."""
+
+
+def _cross_validate():
     import pytest
     pytest.importorskip("scipy")
     sys.path.insert(0, str(REPORT.parent))
     from calibration_report import cross_validate
+    return cross_validate
+
+
+def test_leave_one_model_out_refits_on_the_other_files(tmp_path):
+    cross_validate = _cross_validate()
     write_mlp(tmp_path / "h100" / "a", 1.0)
     write_mlp(tmp_path / "h100" / "b", 1.0)
     write_mlp(tmp_path / "a100" / "c", 1.0)
     table = cross_validate(tmp_path)
-    h100 = table[table["gpu"] == "h100-80gb"]
-    assert (h100["train_files"] == 1).all() and (h100["split"] == "model").all()
-    assert (h100["p90_rel_err"] < 0.25).all()      # 8 rows refit: the mechanism, not accuracy
-    a100 = table[table["gpu"] == "a100-80gb"]       # one model: leave one TP degree out
+    assert set(table["gpu"]) == {"h100-80gb"}        # a100 has one model: nothing to train on
+    assert (table["train_files"] == 1).all() and (table["split"] == "model").all()
+    assert (table["p90_rel_err"] < 0.25).all()      # 8 rows refit: the mechanism, not accuracy
+    by_tp = cross_validate(tmp_path, split="tp")     # each TP degree refit on the other one
+    a100 = by_tp[by_tp["gpu"] == "a100-80gb"]
     assert (a100["split"] == "tp").all() and list(a100["tp"]) == [1, 2]
-    assert a100["p90_rel_err"].notna().all()
+    assert a100["p90_rel_err"].notna().all() and list(a100["rows"]) == [4, 4]
+
+
+def test_held_out_layer_error_within_ten_and_a_half_percent_on_the_committed_subset():
+    """Issue 16: refit on one A100 model, per-layer error on the other, every TP degree
+    (measured: p90 0.063-0.102, median 0.029-0.044; the earlier efficiency-curve model had a
+    held-out p90 of 0.115 on the full data)."""
+    table = _cross_validate()(SUBSET)
+    assert len(table) == 8 and set(table["tp"]) == {1, 2, 4, 8} and (table["rows"] == 26).all()
+    assert (table["p90_rel_err"] <= 0.105).all(), table
+    assert (table["median_rel_err"] <= 0.045).all(), table

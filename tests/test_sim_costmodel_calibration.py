@@ -2,12 +2,13 @@
 
 Data: Vidur (Agrawal et al., MLSys 2024; github.com/microsoft/vidur, MIT) under
 ``shared/calibration`` (or ``$KVSIM_CALIBRATION_DIR``); skipped when absent. Bounds are the
-errors of the profiles before the refit of issue 16 (see ``bench/calibration_report.py``) plus
-a margin; the refit profiles (``bench/fit_profiles.py``) are well inside them, and the per-layer
-bound per TP degree is the refit's own:
-    linear (sum of 4 GEMMs)     A100 median 4.6% / 2.8%, p90 15.6% / 10.9% (Llama-2-7B / Llama-3-8B)
-    elementwise (sum)           A100 median 6.1% / 3.4%, p90 15.1% / 12.9%
-    any single operator         A100 median <= 10.8%, p90 <= 30%
+errors of the shipped profiles, GEMMs by matrix shape (``bench/fit_profiles.py``), rows of >= 16
+tokens, plus a small margin (``bench/calibration_report.py``):
+    linear (sum of 4 GEMMs)     A100 median 4.1% / 3.8%, p90 9.2% / 7.2% (Llama-2-7B / Llama-3-8B)
+    elementwise (sum)           A100 median 5.4% / 5.7%, p90 10.6% / 10.4%
+    layer                       A100 median 3.7% / 4.2%, p90 8.8% / 6.8%; H100 2.9% / 7.3%
+    any single operator         median <= 12.2% (layernorms: 4-5 us kernels timed to 1 us), p90 <= 23.6%
+The held-out (leave-one-model-out) bound on a committed subset is in ``test_calibration_report``.
 """
 
 import numpy as np
@@ -28,9 +29,9 @@ def table():
 
 
 @pytest.mark.parametrize("model", ["Llama-2-7b-hf", "Meta-Llama-3-8B"])
-@pytest.mark.parametrize("group, median, p90", [("linear (sum)", 0.08, 0.20),
-                                                ("elementwise (sum)", 0.10, 0.20),
-                                                ("layer (sum)", 0.08, 0.20)])
+@pytest.mark.parametrize("group, median, p90", [("linear (sum)", 0.045, 0.10),
+                                                ("elementwise (sum)", 0.06, 0.115),
+                                                ("layer (sum)", 0.045, 0.095)])
 def test_a100_groups_within_bounds(table, model, group, median, p90):
     row = table.loc[("a100", model, group)]
     assert row["median_rel_err"] <= median and row["p90_rel_err"] <= p90
@@ -38,22 +39,27 @@ def test_a100_groups_within_bounds(table, model, group, median, p90):
 
 def test_every_a100_operator_within_bounds(table):
     a100 = table.loc["a100"]
-    assert (a100["median_rel_err"] <= 0.12).all(), a100["median_rel_err"]
-    assert (a100["p90_rel_err"] <= 0.35).all(), a100["p90_rel_err"]
+    assert (a100["median_rel_err"] <= 0.13).all(), a100["median_rel_err"]
+    assert (a100["p90_rel_err"] <= 0.25).all(), a100["p90_rel_err"]
 
 
 def test_h100_linear_time_within_bounds(table):
     row = table.loc[("h100", "Llama-2-7b-hf", "linear (sum)")]
-    assert row["median_rel_err"] <= 0.10 and row["p90_rel_err"] <= 0.25
+    assert row["median_rel_err"] <= 0.04 and row["p90_rel_err"] <= 0.09
+    row = table.loc[("h100", "Llama-2-7b-hf", "layer (sum)")]
+    assert row["median_rel_err"] <= 0.035 and row["p90_rel_err"] <= 0.08
 
 
 def test_large_gemms_are_compute_bound_near_the_measured_rate():
-    # 4096 tokens, TP1: QKV projection measured 1.911 ms on A100 for Llama-2-7B.
+    # 4096 tokens, TP1, Llama-2-7B on A100: the four GEMMs measured 1.911 + 0.611 + 3.3655 +
+    # 1.604 = 7.4915 ms (predicted 7.104 ms, 5.2% fast); the QKV projection alone 1.911 ms
+    # (predicted 7.6% fast: one set of tile efficiencies serves every shape).
     df = cal.load_mlp(ROOT, "a100", "Llama-2-7b-hf")
     row = df[(df["num_tokens"] == 4096) & (df["tp"] == 1)].iloc[0]
-    pred = cal.predict_op(resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"),
-                          load_profile("a100-80gb"), "attn_pre_proj", 4096, 1)
-    assert float(pred) == pytest.approx(row["attn_pre_proj"], rel=0.05)
+    args = (resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"), load_profile("a100-80gb"))
+    pred = {op: float(cal.predict_op(*args, op, 4096, 1)) for op in cal.GEMM_OPS}
+    assert sum(pred.values()) == pytest.approx(sum(row[op] for op in cal.GEMM_OPS), rel=0.06)
+    assert pred["attn_pre_proj"] == pytest.approx(row["attn_pre_proj"], rel=0.08)
 
 
 def test_attention_sample_is_compared_and_the_gap_is_known():
@@ -76,12 +82,12 @@ def test_all_reduce_fit_within_bounds():
     assert np.median(err) <= 0.10 and np.quantile(err, 0.9) <= 0.25
 
 
-def test_every_layer_within_eleven_percent_at_every_tp_degree():
-    """Issue 16: the per-layer p90 of the shipped profiles, per GPU, model and TP degree
-    (measured 0.056-0.106; held out, see ``bench/calibration_report.py --data DIR --cv``)."""
+def test_every_layer_within_ten_percent_at_every_tp_degree():
+    """Issue 16: the per-layer p90 of the shipped profiles, per GPU, model and TP degree, all
+    rows (measured 0.055-0.098; held out, see ``bench/calibration_report.py --data DIR --cv``)."""
     t = cal.error_table_by_tp(ROOT / "vidur")
     layer = t[t["operator"] == "layer (sum)"]
-    assert len(layer) == 12 and (layer["p90_rel_err"] <= 0.11).all(), layer
+    assert len(layer) == 12 and (layer["p90_rel_err"] <= 0.10).all(), layer
 
 
 def test_the_efficiency_curve_and_tiles_give_rows_exactly():
@@ -106,3 +112,44 @@ def test_a_decreasing_curve_is_refused(tmp_path):
                                                               "rows": [40, 30]}}}))
     with pytest.raises(ConfigError, match="never decreasing"):
         load_profile("a100-80gb", path)
+
+
+def test_a_gemm_by_its_shape_pays_whole_tiles_and_part_of_the_last_wave():
+    """4 SMs of 1e12 FLOP/s each, one 128x128 tile shape at efficiency 0.5, half of a partly
+    filled wave paid, no latencies, hard maximum. 200 tokens x K=1024 into N=512: 2 x 4 = 8
+    tiles = 2 full waves; 129 tokens: the same 8 tiles; 128 tokens: 4 tiles, 1 wave; N=640 at
+    128 tokens: 5 tiles = 1.25 waves + 0.5 * 0.75 idle = 1.625 waves."""
+    from kvsim.sim.cost_model import gemm_time
+    from kvsim.sim.gpus import GpuSpec
+    from kvsim.sim.profile import Roofline
+    gpu = GpuSpec("t", "t", 1, 1e18, 4e12, 0, "pcie", 1.0, 1.0)     # memory never binds
+    g = Roofline(0.5, 1.0, 0.0, num_sms=4, tiles=((128.0, 128.0, 0.5),), wave_tail=0.5)
+    wave = 2.0 * 128 * 128 * 1024 / (1e12 * 0.5)
+    assert [gemm_time(g, gpu, m, 512.0, 1024.0) for m in (200.0, 129.0, 128.0)] == [
+        2 * wave, 2 * wave, wave]
+    assert gemm_time(g, gpu, 128.0, 640.0, 1024.0) == pytest.approx(1.625 * wave, rel=1e-12)
+    two = Roofline(0.5, 1.0, 0.0, num_sms=4, tiles=((128.0, 128.0, 0.5), (64.0, 64.0, 0.4)),
+                   wave_tail=0.5)     # 64x64: 4 tiles of a quarter the work at 0.4: 0.3125 waves
+    assert gemm_time(two, gpu, 64.0, 128.0, 1024.0) == pytest.approx(wave / 4 * 0.5 / 0.4 * (
+        0.5 + 0.5 * 0.5), rel=1e-12)
+
+
+def test_the_soft_maximum_rounds_the_corner():
+    from kvsim.sim.cost_model import smooth_max
+    assert smooth_max(3.0, 4.0, 2.0) == 5.0 and smooth_max(3.0, 4.0, 0.0) == 4.0
+
+
+def test_bad_tiles_are_refused(tmp_path):
+    import json
+
+    from kvsim.errors import ConfigError
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"gemm": {"tiles": {"tile_m": [128, 64], "tile_n": [128],
+                                                   "efficiency": [0.7, 0.6]}}}))
+    with pytest.raises(ConfigError, match="tiles"):
+        load_profile("a100-80gb", path)
+
+
+def test_shipped_profiles_are_shaped_with_their_gpus_sm_count():
+    assert [load_profile(g).gemm.num_sms for g in ("a100-80gb", "h100-80gb", "l4")] == [108, 132, 58]
+    assert all(load_profile(g).gemm.shaped for g in ("a100-80gb", "h100-80gb"))
