@@ -235,10 +235,12 @@ class Scheduler:
             hit = self._lookup(seq)
             n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
             if n is None or not self._can_admit(seq, hit) or self.kv.allocate(
-                    seq.request_id, seq, n, hit) is None:
+                    seq.request_id, seq, 0 if hit.load_async else n, hit) is None:
                 break
             self._admit(seq, hit)
             admitted.append(seq)
+            if hit.load_async:    # vLLM's WAITING_FOR_REMOTE_KVS: runs once loaded
+                continue
             scheduled[seq] = n
             budget -= n
 

@@ -57,14 +57,15 @@ def test_a_host_tier_turns_returning_sessions_into_host_hits():
 
 
 def test_write_through_copies_more_but_finds_the_same_hits():
-    back, _, _ = run(num_cpu_blocks=20000)
+    back, _, _ = run(num_cpu_blocks=20000, offload_write="back")
     through, _, _ = run(num_cpu_blocks=20000, offload_write="through")
     assert through["tiering"]["offloaded_blocks"] > back["tiering"]["offloaded_blocks"]
     assert through["prefix_cache"]["hit_tokens"] >= back["prefix_cache"]["hit_tokens"]
 
 
 def test_swap_preemption_moves_blocks_and_computes_fewer_tokens_than_recompute():
-    kw = dict(num_cpu_blocks=4000, max_num_seqs=64, enable_prefix_caching=False)
+    kw = dict(num_cpu_blocks=4000, max_num_seqs=64, enable_prefix_caching=False,
+              offload_write="back")
     busy = sessions(gap=0.01, output=300)
     recompute, rsteps, _ = run(busy, **kw)
     swap, ssteps, _ = run(busy, preemption_mode="swap", **kw)
@@ -76,15 +77,16 @@ def test_swap_preemption_moves_blocks_and_computes_fewer_tokens_than_recompute()
 
 
 def test_same_inputs_same_summary():
-    a, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
-    b, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
+    kw = dict(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu", offload_write="back")
+    a, _, _ = run(**kw)
+    b, _, _ = run(**kw)
     a.pop("wall_time_s"), b.pop("wall_time_s")
     assert a == b
 
 
 def test_cli_run_with_a_host_tier(tmp_path):
     out = tmp_path / "out"
-    done = kvsim("run", "--num-gpu-blocks", "3000", "--cpu-offload-gb", "16",
+    done = kvsim("run", "--num-gpu-blocks", "3000", "--kv-offloading-size", "16",
                  "--preemption-mode", "swap", "--offload-write", "through",
                  "--limit", "40", "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr
@@ -100,19 +102,19 @@ def test_cli_refuses_bad_tier_settings_in_one_line(tmp_path):
     done = kvsim("run", "--offload-write", "sideways", "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "kvsim: error: Invalid value for '--offload-write': 'sideways' is not one of 'back', "
-        "'through'."]
+        "kvsim: error: Invalid value for '--offload-write': 'sideways' is not one of 'native', "
+        "'back', 'through'."]
     assert not (tmp_path / "o").exists()
 
 
 def test_compare_grids_over_the_host_tier(tmp_path):
-    done = kvsim("compare", "--cpu-offload-gb", "0,4", "--num-gpu-blocks", "2000",
+    done = kvsim("compare", "--kv-offloading-size", "0,4", "--num-gpu-blocks", "2000",
                  "--limit", "30", "--out", str(tmp_path / "cmp"))
     assert done.returncode == 0, done.stderr
     runs = json.loads((tmp_path / "cmp" / "compare.json").read_text())["runs"]
     tiers = [r["summary"]["kv"]["num_cpu_blocks"] for r in runs]
     assert tiers[0] == 0 and tiers[1] > 0
-    assert "cpu_offload_gb=4.0" in done.stdout
+    assert "kv_offloading_size=4.0" in done.stdout
 
 
 def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
@@ -123,7 +125,8 @@ def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
             Request(1, 100.0, 4000, 8, prompt_token_ids=ids + 5000),
             Request(2, 200.0, 16, 8, prompt_token_ids=ids[:16] + 9000)]
     r = simulate(reqs, RunConfig(model="llama-3.1-8b", num_gpu_blocks=300,
-                                 max_model_len=4096, num_cpu_blocks=1000))
+                                 max_model_len=4096, num_cpu_blocks=1000,
+                                 offload_write="back"))
     steps = results.steps_frame(r)
     tl = results.timeline_frame(steps, r.duration_s, 300, 16)
     first_gap = tl[(tl["time_s"] > 10) & (tl["time_s"] + tl["interval_s"] < 95)]
