@@ -57,8 +57,8 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._copies: list[tuple[object, int, int, int]] = []
         self._planning = False     # between begin_step and take_transfers
         self._loading: list[list[int]] = []             # hashes loaded in the last step
-        self._finished: list[int] = []                  # stores of finished requests
-        self._finishing: list[int] = []                 # ... whose last copies run now
+        self._finishing: list[int] = []     # stores of finished requests, copies run
+        self._finished: list[int] = []      # ... whose copies run in the next step
 
     # --- lookup --------------------------------------------------------------------------
 
@@ -99,26 +99,29 @@ class OffloadingKVCacheManager(KVCacheManager):
         return new_blocks
 
     def free(self, request_id) -> None:
-        """Free the GPU blocks; the request's stores complete once their copies have run. A
-        request preempted while the step is planned never computes the blocks this step
-        filled: their stores are given up (vLLM stores for scheduled requests only)."""
+        """Free the GPU blocks; the request's stores become loadable once their copies have
+        run: those already copied from the next step on, those still queued (blocks this step
+        fills) one step later. A request preempted while the step is planned never computes
+        the blocks this step fills: their stores are given up (vLLM stores for scheduled
+        requests only)."""
         super().free(request_id)
         self._next_stored.pop(request_id, None)
         stored = self._being_stored.pop(request_id, None)
         if not stored:
             return
-        if self._planning and any(c[0] == request_id for c in self._copies):
-            dropped = {c[3] for c in self._copies if c[0] == request_id}
+        queued = {c[3] for c in self._copies if c[0] == request_id}
+        if queued and self._planning:
             self._copies = [c for c in self._copies if c[0] != request_id]
-            self.offload.complete_store(dropped, success=False)
-            stored = [h for h in stored if h not in dropped]
-        self._finished.extend(stored)
+            self.offload.complete_store(queued, success=False)
+        elif queued:
+            self._finished.extend(queued)   # copied in the next step, loadable after it
+        self._finishing.extend(h for h in stored if h not in queued)
 
     # --- the step's copies ---------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """A new step: last step's loads are done; copies of the blocks last step filled run
-        now; stores whose copies ran in an earlier step become loadable."""
+        """A new step: last step's loads are done; stores of finished requests whose copies
+        have run become loadable; copies of the blocks last step filled run now."""
         offload = self.offload
         for hashes in self._loading:
             offload.complete_load(hashes)

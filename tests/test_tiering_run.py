@@ -136,3 +136,42 @@ def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
     # the second request took 251 blocks: the 50 never used, then 201 of the first's
     assert len(second_gap) and np.allclose(second_gap["host_used_blocks"], 201)
     assert np.allclose(second_gap["num_running"], 0)
+
+
+def test_native_offloading_stores_every_computed_block_and_loads_hits_a_step_early():
+    """vLLM's connector stores each block once computed (not on GPU eviction, as write-back
+    does), so it copies more to the host; CPU hits load in a step of their own."""
+    native, steps, _ = run(num_cpu_blocks=20000)
+    back, _, _ = run(num_cpu_blocks=20000, offload_write="back")
+    assert native["config"]["offload_write"] == "native"
+    assert native["tiering"]["offloaded_blocks"] > back["tiering"]["offloaded_blocks"]
+    assert native["prefix_cache"]["host_hit_tokens"] > 0
+    loads = steps[steps["promote_blocks"] > 0]
+    assert len(loads) and native["num_completed"] == 48
+    arc, _, _ = run(num_cpu_blocks=20000, offload_eviction_policy="arc")
+    gated, _, _ = run(num_cpu_blocks=20000, offload_store_threshold=2)
+    assert arc["prefix_cache"]["host_hit_tokens"] > 0
+    assert gated["tiering"]["offloaded_blocks"] < native["tiering"]["offloaded_blocks"]
+
+
+def test_kv_offloading_size_is_the_whole_replica_s_host_memory():
+    from kvsim.sim.memory import kv_offloading_blocks
+    one = kv_offloading_blocks("llama-3.1-8b", 16, tp=1)
+    assert kv_offloading_blocks("llama-3.1-8b", 16, tp=2) == one     # split over the ranks
+    assert one == 16 * 2 ** 30 // (16 * resolve_model("llama-3.1-8b").kv_bytes_per_token("bf16"))
+
+
+def test_cpu_offload_gb_is_refused_in_one_line_pointing_to_kv_offloading_size(tmp_path):
+    done = kvsim("run", "--cpu-offload-gb", "16", "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "kvsim: error: command line: field 'cpu_offload_gb': --cpu-offload-gb is vLLM's "
+        "weight offload, which kvsim does not model; a CPU tier for the KV cache is "
+        "--kv-offloading-size GIB (or --num-cpu-blocks N)"]
+    with pytest.raises(Exception, match="--kv-offloading-size"):
+        RunConfig(cpu_offload_gb=4.0)
+
+
+def test_swap_preemption_is_a_kvsim_extension_that_needs_a_kvsim_write_mode():
+    with pytest.raises(Exception, match="kvsim extension"):
+        RunConfig(num_cpu_blocks=8, preemption_mode="swap").validate()
