@@ -18,6 +18,7 @@ import pandas as pd
 from .api import Result, Trace, load_trace, run_config, run_frames, split_keywords, \
     trace_options
 from .errors import ConfigError
+from .sim.config import CPU_OFFLOAD_GB_REFUSAL
 
 _DEFAULT_POLICIES = ("lru", "lfu", "priority", "hybrid", "belady")
 
@@ -130,11 +131,11 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
 PLAN_DEFAULTS = dict(
     model="llama-3.1-8b", gpu="a100-80gb", tp=1, block_size=16, max_num_seqs=256,
     enable_prefix_caching=True, eviction=None, dtype=None, weight_dtype=None,
-    cpu_offload_gb=None, router=None, max_num_batched_tokens=8192, gpu_memory_utilization=0.9,
-    max_model_len=None, long_prompt=None, profile=None, seed=0)
+    kv_offloading_size=None, router=None, max_num_batched_tokens=8192,
+    gpu_memory_utilization=0.9, max_model_len=None, long_prompt=None, profile=None, seed=0)
 PLAN_SLO_KEYS = ("ttft_p99_s", "tpot_p99_s", "ttft_p50_s", "e2e_p99_s")
 _LISTS = ("gpu", "tp", "block_size", "max_num_seqs", "eviction", "dtype", "weight_dtype",
-          "cpu_offload_gb")
+          "kv_offloading_size")
 
 
 @dataclass
@@ -170,6 +171,8 @@ class Plan:
 
 
 def _plan_values(slo: dict, candidates: dict, extra: dict) -> dict:
+    if "cpu_offload_gb" in candidates:
+        raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location="kvsim.plan", field="cpu_offload_gb")
     unknown = sorted(set(candidates) - set(PLAN_DEFAULTS))
     if unknown:
         raise ConfigError(f"not a plan setting; known: {', '.join(PLAN_DEFAULTS)}",

@@ -17,8 +17,8 @@ import typer
 from . import __version__
 from .errors import KvsimError
 from .sim.config import (AllocatorName, EvictionPolicy, KvDtype, Layout, LongPrompt,
-                         OffloadWrite, PreemptionMode, ReservePolicy, RouterName, Sampling,
-                         SchedulingPolicy, WeightDtype)
+                         OffloadEvictionPolicy, OffloadWrite, PreemptionMode, ReservePolicy,
+                         RouterName, Sampling, SchedulingPolicy, WeightDtype)
 from .workloads.generators.presets import PresetName
 from .workloads.options import TraceFormat
 
@@ -190,14 +190,26 @@ SLO_TPOT_P99_OPTION = _opt("TPOT p99 target (s), drawn in the report.", "--slo-t
 TRACE_MODEL_OPTION = typer.Option(None, "--trace-model",
                                   help="BurstGPT only: keep this model's rows.")
 NUM_CPU_BLOCKS_OPTION = setting(
-    "num_cpu_blocks", "Host (CPU) tier: KV blocks per replica that evicted cached blocks are "
-    "demoted to.")
+    "num_cpu_blocks", "CPU KV offloading tier in blocks per replica (or --kv-offloading-size).")
+KV_OFFLOADING_SIZE_OPTION = setting(
+    "kv_offloading_size", "CPU KV offloading tier (vLLM's --kv-offloading-size): GiB of host "
+    "memory per replica, all TP ranks together (vLLM splits it over the ranks).")
 OFFLOAD_WRITE_OPTION = setting(
-    "offload_write", "Host tier: back (copy a cached block when the GPU evicts it) or through "
-    "(copy every block once it is full).")
+    "offload_write", "How blocks reach the CPU tier: native is vLLM v1's offloading connector "
+    "(each block stored once computed; CPU hits load before the request runs). kvsim "
+    "extensions that differ from vLLM v1: back (copy a cached block when the GPU evicts it) "
+    "and through (copy each full block, hits promoted within the step).")
+OFFLOAD_EVICTION_OPTION = setting(
+    "offload_eviction_policy", "native: the CPU tier's eviction (vLLM's eviction_policy).")
+OFFLOAD_STORE_THRESHOLD_OPTION = setting(
+    "offload_store_threshold", "native: store a block only after lookups saw it this many "
+    "times (vLLM's store_threshold; < 2: store all).")
 PREEMPTION_MODE_OPTION = setting(
-    "preemption_mode", "recompute (vLLM) or swap (copy a preempted request's blocks to the "
-    "host tier and back; vLLM v1 has no swap).")
+    "preemption_mode", "recompute (vLLM) or swap (kvsim extension, vLLM v1 has no swap: copy "
+    "a preempted request's blocks to the CPU tier and back; needs --offload-write back or "
+    "through).")
+CPU_OFFLOAD_GB_OPTION = typer.Option(None, "--cpu-offload-gb", hidden=True,
+                                     help="Refused: see --kv-offloading-size.")
 MAX_MODEL_LEN_OPTION = setting(
     "max_model_len", "Longest sequence (none: the model's, capped by the pool).")
 LONG_PROMPT_OPTION = setting(
@@ -288,9 +300,11 @@ def run_command(
         "compaction_threshold", "Contiguous: compact when free slots unusable by the next "
         "request exceed this share of the pool (none: never)."),
     num_cpu_blocks: Optional[int] = NUM_CPU_BLOCKS_OPTION,
-    cpu_offload_gb: Optional[float] = setting(
-        "cpu_offload_gb", "Host tier given as GiB of host memory per GPU."),
+    kv_offloading_size: Optional[float] = KV_OFFLOADING_SIZE_OPTION,
     offload_write: Optional[OffloadWrite] = OFFLOAD_WRITE_OPTION,
+    offload_eviction_policy: Optional[OffloadEvictionPolicy] = OFFLOAD_EVICTION_OPTION,
+    offload_store_threshold: Optional[int] = OFFLOAD_STORE_THRESHOLD_OPTION,
+    cpu_offload_gb: Optional[str] = CPU_OFFLOAD_GB_OPTION,
     preemption_mode: Optional[PreemptionMode] = PREEMPTION_MODE_OPTION,
     out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
@@ -321,7 +335,9 @@ def run_command(
         profile=profile, seed=seed, skip_ahead=skip_ahead, eviction=eviction, layout=layout,
         hybrid_threshold=hybrid_threshold, reserve=reserve, allocator=allocator,
         compaction_threshold=compaction_threshold, num_cpu_blocks=num_cpu_blocks,
-        cpu_offload_gb=cpu_offload_gb, offload_write=offload_write,
+        kv_offloading_size=kv_offloading_size, offload_write=offload_write,
+        offload_eviction_policy=offload_eviction_policy,
+        offload_store_threshold=offload_store_threshold, cpu_offload_gb=cpu_offload_gb,
         preemption_mode=preemption_mode)
     config, path = pipeline.config_from_sources(trace, config_file, given)
     job = pipeline.RunJob(config, path, trace_options(
@@ -351,9 +367,10 @@ def plan_command(
     dtype: Optional[str] = _opt("Candidate KV (and weight) dtypes, e.g. bf16,fp8.", "--dtype"),
     weight_dtype: Optional[str] = _opt("Candidate weight dtypes, e.g. bf16,int4.",
                                        "--weight-dtype"),
-    cpu_offload_gb: Optional[str] = _opt("Candidate host KV tiers in GiB per GPU, e.g. 0,64 "
-                                         "(priced per GiB-hour: --price-table key "
-                                         "'host-memory-gib').", "--cpu-offload-gb"),
+    kv_offloading_size: Optional[str] = _opt(
+        "Candidate CPU KV offloading tiers in GiB per replica, e.g. 0,256 (priced per "
+        "GiB-hour: --price-table key 'host-memory-gib').", "--kv-offloading-size"),
+    cpu_offload_gb: Optional[str] = CPU_OFFLOAD_GB_OPTION,
     slo_ttft_p99: Optional[float] = _opt("TTFT p99 target (s).", "--slo-ttft-p99"),
     slo_tpot_p99: Optional[float] = _opt("TPOT p99 target (s).", "--slo-tpot-p99"),
     slo_ttft_p50: Optional[float] = _opt("TTFT p50 target (s).", "--slo-ttft-p50"),
@@ -401,7 +418,8 @@ def plan_command(
     values = dict(
         model=model, gpu=gpu, tp=tp, block_size=block_size, max_num_seqs=max_num_seqs,
         enable_prefix_caching=enable_prefix_caching, eviction=eviction, dtype=dtype,
-        weight_dtype=weight_dtype, cpu_offload_gb=cpu_offload_gb, slo_ttft_p99=slo_ttft_p99,
+        weight_dtype=weight_dtype, kv_offloading_size=kv_offloading_size,
+        cpu_offload_gb=cpu_offload_gb, slo_ttft_p99=slo_ttft_p99,
         slo_tpot_p99=slo_tpot_p99, slo_ttft_p50=slo_ttft_p50, slo_e2e_p99=slo_e2e_p99,
         target_rate=target_rate, max_replicas=max_replicas, rate_iterations=rate_iterations,
         router=router, max_num_batched_tokens=max_num_batched_tokens,

@@ -51,8 +51,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "contiguous-oracle": ("gen:sharegpt-like", ["--layout", "contiguous", "--reserve",
                                                 "oracle"]),
     "hybrid-layout": ("gen:chat", ["--layout", "hybrid"] + SMALL_POOL),
-    "swap-preemption": ("gen:chat", ["--preemption-mode", "swap", "--num-cpu-blocks", "2000"]
-                        + SMALL_POOL),
+    "swap-preemption": ("gen:chat", ["--preemption-mode", "swap", "--num-cpu-blocks", "2000",
+                                     "--offload-write", "back"] + SMALL_POOL),
+    "chat-host-native": ("gen:chat", ["--num-cpu-blocks", "3000"] + SMALL_POOL),
 }
 for _policy in ("lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead", "belady"):
     CASES[f"chat-{_policy}"] = ("gen:chat", ["--eviction", _policy] + SMALL_POOL)

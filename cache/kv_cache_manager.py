@@ -33,13 +33,16 @@ class CacheHit:
 
     ``num_tokens`` counts every token the hit covers: those of the GPU ``block_ids`` and, with a
     host tier (:mod:`kvsim.cache.tiered`), those of the ``host_block_ids`` that follow them
-    (copied to the GPU on allocation). ``swapped`` marks a swapped-out request's own blocks.
+    (copied to the GPU on allocation). ``swapped`` marks a swapped-out request's own blocks;
+    ``load_async`` a hit whose host part loads before the request runs (vLLM's offloading
+    connector: the request waits for the load, see :mod:`kvsim.cache.offloading`).
     """
 
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0
     host_block_ids: list[int] = field(default_factory=list)
     swapped: bool = False
+    load_async: bool = False
 
 
 @dataclass(slots=True)

@@ -74,6 +74,9 @@ class Scheduler:
         self.num_resumed_queries_tokens = 0
         self.num_resumed_hit_tokens = 0
         self._last: dict[Sequence, int] = {}
+        policy = getattr(getattr(kv, "pool", None), "policy", None)
+        # a policy that reads the waiting queue (lookahead) is told who waits
+        self._queue_reader = policy if hasattr(policy, "enqueue") else None
 
     # --- queries -------------------------------------------------------------------------
 
@@ -94,6 +97,8 @@ class Scheduler:
         """Queue a new request."""
         seq.status = SequenceStatus.WAITING
         self.waiting.add(seq)
+        if self._queue_reader is not None:
+            self._queue_reader.enqueue(self.kv._lookup_hashes(seq))
 
     def schedule(self) -> StepPlan:
         """Plan one step; the scheduled tokens count as computed from here on."""
@@ -226,6 +231,8 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(seq)
+        if self._queue_reader is not None:
+            self._queue_reader.enqueue(self.kv._lookup_hashes(seq))
 
     # --- waiting requests ----------------------------------------------------------------
 
@@ -235,10 +242,12 @@ class Scheduler:
             hit = self._lookup(seq)
             n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
             if n is None or not self._can_admit(seq, hit) or self.kv.allocate(
-                    seq.request_id, seq, n, hit) is None:
+                    seq.request_id, seq, 0 if hit.load_async else n, hit) is None:
                 break
             self._admit(seq, hit)
             admitted.append(seq)
+            if hit.load_async:    # vLLM's WAITING_FOR_REMOTE_KVS: runs once loaded
+                continue
             scheduled[seq] = n
             budget -= n
 
@@ -256,6 +265,8 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, hit: CacheHit) -> None:
         self.waiting.pop()
+        if self._queue_reader is not None:
+            self._queue_reader.dequeue(self.kv._lookup_hashes(seq))
         if self.kv.enable_prefix_caching:   # with caching off vLLM records no prefix stats
             self._record_lookup(seq, hit)
         if seq.num_cached_tokens < 0:

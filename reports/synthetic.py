@@ -140,7 +140,7 @@ def summary_from_frames(requests: pd.DataFrame, timeline: pd.DataFrame, *, label
         "fragmentation": frag,
         "config": {"trace": f"{label}.jsonl", "model": "llama-3-8b", "gpu": "H100-80GB",
                    "tp": 1, "replicas": 2, "block_size": 16, "eviction": "lru",
-                   "layout": "paged", "seed": 0, "cpu_offload_gb": 16,
+                   "layout": "paged", "seed": 0, "kv_offloading_size": 16,
                    "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 8192,
                                  "chunked_prefill": True, "preemption": "swap"}},
         "slo": {"ttft_p99_s": 1.0, "tpot_p99_s": 0.05, "e2e_p99_s": 20.0},

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 from kvsim.cache.contiguous import ALLOCATORS, RESERVE_POLICIES
+from kvsim.cache.cpu_offload import OFFLOAD_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
@@ -30,6 +31,14 @@ LAYOUTS = ("paged", "contiguous", "hybrid")
 #: answers such a request with an error) or ``truncate`` it as Vidur does (prompt and output
 #: shortened in proportion until they fit).
 LONG_PROMPT_ACTIONS = ("reject", "truncate")
+#: How blocks reach the host tier: ``native`` is vLLM v1's offloading connector (every block
+#: stored once computed, :mod:`kvsim.cache.offloading`); ``back`` and ``through`` are kvsim
+#: extensions vLLM v1 does not have (:mod:`kvsim.cache.tiered`).
+OFFLOAD_WRITES = ("native",) + WRITE_POLICIES
+#: The one-line answer to vLLM's weight-offload flag, which kvsim does not model.
+CPU_OFFLOAD_GB_REFUSAL = ("--cpu-offload-gb is vLLM's weight offload, which kvsim does not "
+                          "model; a CPU tier for the KV cache is --kv-offloading-size GIB "
+                          "(or --num-cpu-blocks N)")
 KV_DTYPES = tuple(sorted(DTYPE_BYTES))
 WEIGHT_DTYPES = tuple(sorted(WEIGHT_DTYPE_BYTES))
 
@@ -44,7 +53,8 @@ EvictionPolicy = Literal[POLICY_NAMES]
 Layout = Literal[LAYOUTS]
 ReservePolicy = Literal[RESERVE_POLICIES]
 AllocatorName = Literal[ALLOCATORS]
-OffloadWrite = Literal[WRITE_POLICIES]
+OffloadWrite = Literal[OFFLOAD_WRITES]
+OffloadEvictionPolicy = Literal[OFFLOAD_POLICIES]
 PreemptionMode = Literal[PREEMPTION_MODES]
 LongPrompt = Literal[LONG_PROMPT_ACTIONS]
 Sampling = Literal[SAMPLING_MODES]
@@ -84,8 +94,11 @@ class RunConfig:
     hybrid_threshold: Count = 256
     compaction_threshold: Optional[Annotated[float, Field(ge=0, lt=1)]] = None
     num_cpu_blocks: Optional[NonNegative] = None    # host tier size in blocks (per replica) ...
-    cpu_offload_gb: Annotated[float, Field(ge=0, le=1e6)] = 0.0   # ... or GiB per GPU
-    offload_write: OffloadWrite = "back"  # demote on eviction / on fill
+    # ... or GiB of host memory per replica, all tensor-parallel ranks together (vLLM's)
+    kv_offloading_size: Optional[Annotated[float, Field(ge=0, le=1e6)]] = None
+    offload_write: OffloadWrite = "native"  # vLLM's connector; back / through: kvsim's
+    offload_eviction_policy: OffloadEvictionPolicy = "lru"   # native: the CPU's eviction
+    offload_store_threshold: Annotated[int, Field(ge=0, le=1_000_000)] = 0   # native: reuse gate
     preemption_mode: PreemptionMode = "recompute"
     long_prompt: LongPrompt = "reject"
 
@@ -101,6 +114,8 @@ class RunConfig:
         clean = {}
         for key, value in values.items():
             name = str(key).replace("-", "_")
+            if name == "cpu_offload_gb":
+                raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
             if name not in known:
                 raise ConfigError(f"unknown setting; known: {', '.join(sorted(known))}",
                                   location=source, field=str(key))
@@ -133,17 +148,20 @@ class RunConfig:
 
     @property
     def has_host_tier(self) -> bool:
-        return bool(self.num_cpu_blocks) or self.cpu_offload_gb > 0
+        return bool(self.num_cpu_blocks) or bool(self.kv_offloading_size)
 
     def _validate_tiering(self) -> None:
-        if self.num_cpu_blocks and self.cpu_offload_gb:
+        if self.num_cpu_blocks and self.kv_offloading_size:
             raise ConfigError("give the host tier in blocks or in GiB, not both",
-                              field="cpu_offload_gb")
+                              field="kv_offloading_size")
         if self.has_host_tier and self.layout != "paged":
             raise ConfigError("a host tier needs --layout paged", field="layout")
         if self.preemption_mode == "swap" and not self.has_host_tier:
             raise ConfigError("swap preemption needs a host tier (--num-cpu-blocks or "
-                              "--cpu-offload-gb)", field="preemption_mode")
+                              "--kv-offloading-size)", field="preemption_mode")
+        if self.preemption_mode == "swap" and self.offload_write == "native":
+            raise ConfigError("swap preemption is a kvsim extension (vLLM v1 has none): it "
+                              "needs --offload-write back or through", field="preemption_mode")
 
 
 def _checked_init(init):
@@ -211,6 +229,8 @@ def validation_error(error: ValidationError, source: str | None = None) -> Confi
     first = error.errors(include_url=False)[0]
     loc = [str(p) for p in first.get("loc", ()) if not isinstance(p, int)]
     field = loc[0] if loc else None
+    if field == "cpu_offload_gb":
+        return ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=field)
     return ConfigError(f"{_message(first)}, got {_show(first.get('input'))}",
                        location=source, field=field)
 

@@ -92,14 +92,17 @@ def _groups_text(layout: KvLayout) -> str:
             " share the pool")
 
 
-def cpu_offload_blocks(model: ModelSpec | str, cpu_offload_gb: float, tp: int = 1,
-                       block_size: int = 16, kv_dtype: str = "bf16") -> int:
-    """Host KV blocks that ``--cpu-offload-gb`` GiB of host memory per GPU holds."""
-    if cpu_offload_gb < 0:
-        raise ConfigError(f"cpu offload must be >= 0 GiB, got {cpu_offload_gb}",
-                          field="cpu_offload_gb")
-    per_block = block_size * _resolve(model).kv_bytes_per_token_per_gpu(tp, kv_dtype)
-    return int(cpu_offload_gb * GIB) // per_block
+def kv_offloading_blocks(model: ModelSpec | str, kv_offloading_size: float, tp: int = 1,
+                         block_size: int = 16, kv_dtype: str = "bf16") -> int:
+    """Host KV blocks that ``--kv-offloading-size`` GiB hold, as vLLM counts them: the size is
+    the host memory of the whole replica (``cpu_bytes_to_use`` = GiB x 2**30, shared by all
+    ``tp`` ranks), a block is one GPU block on every rank (``CPUOffloadingSpec``:
+    page size x layers x world size)."""
+    if kv_offloading_size < 0:
+        raise ConfigError(f"kv offloading size must be >= 0 GiB, got {kv_offloading_size}",
+                          field="kv_offloading_size")
+    per_block = block_size * _resolve(model).kv_bytes_per_token_per_gpu(tp, kv_dtype) * tp
+    return int(kv_offloading_size * GIB) // per_block
 
 
 def _resolve(model: ModelSpec | str) -> ModelSpec:

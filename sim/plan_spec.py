@@ -18,15 +18,16 @@ from kvsim.errors import ConfigError
 from kvsim.workloads import TraceOptions, load_trace
 
 from ._catalog import read_json_object
-from .config import RunConfig, build
+from .config import CPU_OFFLOAD_GB_REFUSAL, RunConfig, build
 from .gpus import list_gpus, resolve_gpu
 from .models import resolve_model
 from .router import ROUTERS
 
 #: Settings a plan can sweep, in the order candidates are enumerated.
 SWEEP_DIMS = ("gpu", "tp", "block_size", "max_num_seqs", "enable_prefix_caching", "eviction",
-              "dtype", "weight_dtype", "cpu_offload_gb")
-#: The price-table key of host memory (a host KV tier's ``cpu_offload_gb``), USD per GiB-hour.
+              "dtype", "weight_dtype", "kv_offloading_size")
+#: The price-table key of host memory (a CPU KV tier's ``kv_offloading_size``), USD per
+#: GiB-hour.
 HOST_MEMORY_KEY = "host-memory-gib"
 #: Its default: about on-demand cloud DRAM (GCP's N2 custom-memory rate, ~$0.0042/GiB-hour).
 DEFAULT_HOST_GIB_HOUR_USD = 0.0042
@@ -165,11 +166,13 @@ def _read_prices(path: str) -> dict[str, float]:
 
 def gpu_hour_price(prices: dict, config: RunConfig) -> float | None:
     """USD per GPU-hour of ``config``: its GPU plus the host memory of its host tier
-    (``cpu_offload_gb`` GiB per GPU); None when the GPU's price is unknown."""
+    (``kv_offloading_size`` GiB per replica, so its ``tp``-th part per GPU); None when the
+    GPU's price is unknown."""
     gpu = prices.get(config.gpu)
     if gpu is None:
         return None
-    return gpu + config.cpu_offload_gb * prices.get(HOST_MEMORY_KEY, DEFAULT_HOST_GIB_HOUR_USD)
+    host_gib = (config.kv_offloading_size or 0.0) / config.tp
+    return gpu + host_gib * prices.get(HOST_MEMORY_KEY, DEFAULT_HOST_GIB_HOUR_USD)
 
 
 def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
@@ -220,6 +223,8 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
     each other."""
     if values.get("target_rate") is not None and values.get("rate_scale") is not None:
         raise ConfigError("give --rate-scale or --target-rate, not both", field="target_rate")
+    if values.get("cpu_offload_gb") is not None:
+        raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, field="cpu_offload_gb")
     base = build(RunConfig, dict(
         trace=trace_label, model=values["model"], router=values.get("router") or DEFAULT_ROUTER,
         max_num_batched_tokens=values["max_num_batched_tokens"],
@@ -237,8 +242,9 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
     for name in ("dtype", "weight_dtype"):
         if values.get(name) is not None:
             dims[name] = parse_list(values[name], name)
-    if values.get("cpu_offload_gb") is not None:
-        dims["cpu_offload_gb"] = parse_list(values["cpu_offload_gb"], "cpu_offload_gb", float)
+    if values.get("kv_offloading_size") is not None:
+        dims["kv_offloading_size"] = parse_list(values["kv_offloading_size"],
+                                                "kv_offloading_size", float)
     slo = build_slo(ttft_p99_s=values.get("slo_ttft_p99"), tpot_p99_s=values.get("slo_tpot_p99"),
                     ttft_p50_s=values.get("slo_ttft_p50"), e2e_p99_s=values.get("slo_e2e_p99"))
     return build_spec(trace_path, trace_label, opts, base, slo, dims,

@@ -146,8 +146,8 @@ def candidate_label(config: RunConfig, varying: tuple[str, ...] = ()) -> str:
         parts.append(config.dtype)
     if "weight_dtype" in varying:
         parts.append(f"weights {config.weight_dtype or config.dtype}")
-    if "cpu_offload_gb" in varying:
-        parts.append(f"host {config.cpu_offload_gb:g} GiB")
+    if "kv_offloading_size" in varying:
+        parts.append(f"CPU KV {config.kv_offloading_size or 0:g} GiB")
     return " · ".join(parts)
 
 
@@ -260,7 +260,7 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
             else "--no-enable-prefix-caching", "--rate-scale", repr(o.rate_scale)]
     for flag, value in (("--eviction", c.eviction), ("--dtype", c.dtype),
                         ("--weight-dtype", c.weight_dtype),
-                        ("--cpu-offload-gb", c.cpu_offload_gb or None),
+                        ("--kv-offloading-size", c.kv_offloading_size or None),
                         ("--format", o.fmt), ("--limit", o.limit), ("--start", o.start_s),
                         ("--end", o.end_s), ("--profile", c.profile),
                         ("--max-model-len", c.max_model_len),

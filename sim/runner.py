@@ -15,6 +15,8 @@ from kvsim.cache.multi_group import MultiGroupKVManager
 from kvsim.cache.policies import make_policy, prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
+from kvsim.cache.cpu_offload import make_offloading_manager
+from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
 from kvsim.workloads.request import Request
@@ -23,7 +25,7 @@ from kvsim.workloads.truncate import truncate
 from .config import RunConfig
 from .cost_model import CostModel
 from .kv_layout import KvLayout, kv_layout, longest_request
-from .memory import cpu_offload_blocks, kv_pool
+from .memory import kv_offloading_blocks, kv_pool
 from .models import check_tensor_parallel, resolve_model
 from .recorder import RequestLog, StepLog
 from .replica import Replica
@@ -88,16 +90,15 @@ def resolve_deployment(config: RunConfig) -> Deployment:
             f"without chunked prefill the token budget ({config.max_num_batched_tokens:,}) "
             f"must hold the longest prompt: raise it to max_model_len ({max_len:,}) or lower "
             "that (vLLM refuses this too)", field="max_num_batched_tokens")
-    host = config.num_cpu_blocks or cpu_offload_blocks(
-        model, config.cpu_offload_gb, config.tp, config.block_size, config.dtype)
+    host = config.num_cpu_blocks or kv_offloading_blocks(
+        model, config.kv_offloading_size or 0.0, config.tp, config.block_size, config.dtype)
     return Deployment(blocks, max_len, text, host, layout)
 
 
 def _check_multi_group(config: RunConfig, name: str) -> None:
     """The hybrid manager is simulated for the paged layout with LRU and no CPU tier only."""
-    if config.layout != "paged" or config.eviction != "lru" or config.num_cpu_blocks \
-            or config.preemption_mode == "swap" \
-            or config.cpu_offload_gb:
+    if config.layout != "paged" or config.eviction != "lru" or config.has_host_tier \
+            or config.preemption_mode == "swap":
         raise ConfigError(f"{name} has sliding-window or chunked-local layers (vLLM's hybrid "
                           "KV cache manager): kvsim simulates it with --layout paged, "
                           "--eviction lru and no CPU tier", field="layout")
@@ -147,6 +148,11 @@ def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
                                config.reserve, config.enable_prefix_caching)
     args = (deployment.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
             deployment.max_model_len, make_policy(config.eviction, oracle))
+    if deployment.num_cpu_blocks and config.offload_write == "native":
+        offload = make_offloading_manager(deployment.num_cpu_blocks,
+                                          config.offload_eviction_policy,
+                                          config.offload_store_threshold)
+        return OffloadingKVCacheManager(*args, offload=offload)
     if deployment.num_cpu_blocks:
         host = HostTier(deployment.num_cpu_blocks, make_policy(config.eviction, oracle))
         return TieredKVCacheManager(*args, host=host, write=config.offload_write)

@@ -80,3 +80,19 @@ def test_hitrate_reports_each_policys_share_of_beladys_gain():
     assert share[("lru", 2)] == 0.0 and share[("belady", 2)] == 1.0
     assert share[("lru", 3)] is None          # capacity 3 holds everything: no gain to share
     assert result["lookahead_s"] == 0.0
+
+
+def test_the_scheduler_tells_lookahead_who_waits_and_who_was_admitted():
+    from kvsim.cache.kv_cache_manager import KVCacheManager
+    from kvsim.cache.scheduler import Scheduler, SchedulerConfig
+    from kvsim.cache.sequence import Sequence
+    kv = KVCacheManager(8, 4, policy=make_policy("lookahead"))
+    sched = Scheduler(kv, SchedulerConfig(max_model_len=64, max_num_batched_tokens=9))
+    first = Sequence(Request(0, 0.0, 9, 1, prompt_token_ids=np.arange(9)), 4)
+    second = Sequence(Request(1, 0.0, 9, 1, prompt_token_ids=np.arange(100, 109)), 4)
+    sched.add(first)
+    sched.add(second)
+    wanted = kv.pool.policy.wanted
+    assert set(wanted) == set(first.block_hashes(0, 2)) | set(second.block_hashes(0, 2))
+    sched.schedule()                              # the budget admits the first only
+    assert set(wanted) == set(second.block_hashes(0, 2))

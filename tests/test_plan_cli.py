@@ -85,15 +85,22 @@ def test_host_tier_and_dtype_are_candidates_and_host_memory_is_priced(tmp_path):
     prices = tmp_path / "prices.json"
     prices.write_text('{"h100": 2.0, "host-memory-gib": 0.01}')
     done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--gpu", "h100-80gb",
-                 "--dtype", "bf16,fp8", "--cpu-offload-gb", "0,100", "--slo-ttft-p99", "5",
+                 "--dtype", "bf16,fp8", "--kv-offloading-size", "0,100", "--slo-ttft-p99", "5",
                  "--price-table", str(prices), "--out", str(tmp_path / "p"), "--json")
     assert done.returncode == 0, done.stderr
     rows = sorted(json.loads(done.stdout)["candidates"], key=lambda r: r["index"])
     assert [r["label"] for r in rows] == [
-        "h100-80gb TP1 · bf16 · host 0 GiB", "h100-80gb TP1 · bf16 · host 100 GiB",
-        "h100-80gb TP1 · fp8 · host 0 GiB", "h100-80gb TP1 · fp8 · host 100 GiB"]
+        "h100-80gb TP1 · bf16 · CPU KV 0 GiB", "h100-80gb TP1 · bf16 · CPU KV 100 GiB",
+        "h100-80gb TP1 · fp8 · CPU KV 0 GiB", "h100-80gb TP1 · fp8 · CPU KV 100 GiB"]
     assert [r["price_per_gpu_hour_usd"] for r in rows] == [2.0, 3.0, 2.0, 3.0]
     best = json.loads(done.stdout)["recommended"]
-    assert "host 0 GiB" in best["label"]       # a tier nobody needs only costs money
+    assert "CPU KV 0 GiB" in best["label"]       # a tier nobody needs only costs money
     hosted = [r for r in rows if r["feasible"] and "100 GiB" in r["label"]][0]
-    assert "--cpu-offload-gb 100.0" in hosted["kvsim_run"]
+    assert "--kv-offloading-size 100.0" in hosted["kvsim_run"]
+
+
+def test_plan_refuses_cpu_offload_gb_with_a_pointer(tmp_path):
+    done = kvsim("plan", "sample:azure-conv", "--cpu-offload-gb", "0,100", "--slo-ttft-p99",
+                 "5", "--out", str(tmp_path / "p"))
+    assert done.returncode == 2 and "--kv-offloading-size" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -86,13 +86,16 @@ def test_dtype_and_host_tier_candidates_are_labelled_priced_and_replayable():
     from kvsim.sim.plan_spec import expand_candidates, gpu_hour_price
     from kvsim.sim.planner import candidate_label
     base = RunConfig(model="llama-3-70b", gpu="h100-80gb", tp=4)
-    dims = {"weight_dtype": ("bf16", "int4"), "cpu_offload_gb": (0.0, 50.0)}
+    dims = {"weight_dtype": ("bf16", "int4"), "kv_offloading_size": (0.0, 200.0)}
     configs = expand_candidates(base, dims)
-    varying = ("weight_dtype", "cpu_offload_gb")
+    varying = ("weight_dtype", "kv_offloading_size")
     assert [candidate_label(c, varying) for c in configs] == [
-        "h100-80gb TP4 · weights bf16 · host 0 GiB", "h100-80gb TP4 · weights bf16 · host 50 GiB",
-        "h100-80gb TP4 · weights int4 · host 0 GiB", "h100-80gb TP4 · weights int4 · host 50 GiB"]
+        "h100-80gb TP4 · weights bf16 · CPU KV 0 GiB",
+        "h100-80gb TP4 · weights bf16 · CPU KV 200 GiB",
+        "h100-80gb TP4 · weights int4 · CPU KV 0 GiB",
+        "h100-80gb TP4 · weights int4 · CPU KV 200 GiB"]
     prices = load_prices()
+    # 200 GiB for the replica: a quarter of it per GPU of TP4
     assert gpu_hour_price(prices, configs[1]) == pytest.approx(2.99 + 50 * 0.0042)
     with pytest.raises(ConfigError, match="field 'weight_dtype': expected one of"):
         expand_candidates(base, {"weight_dtype": ("int2",)})

@@ -66,7 +66,7 @@ def test_run_report_has_every_figure_in_order(run_html):
 def test_run_report_header_lists_settings_and_cards(run, run_html):
     summary = run[0]
     for key in ("trace", "model", "gpu", "eviction", "scheduler.max_num_seqs",
-                "scheduler.chunked_prefill", "cpu_offload_gb"):
+                "scheduler.chunked_prefill", "kv_offloading_size"):
         assert f'<span class="k">{key}</span>' in run_html
     for label in ("Output throughput", "TTFT p50 / p99", "TPOT p50 / p99", "E2E p50 / p99",
                   "Prefix hit rate", "Preemptions", "Peak KV usage"):

@@ -221,6 +221,6 @@ def test_swap_mode_without_a_host_tier_is_refused_by_the_config():
     with pytest.raises(ConfigError, match="host tier"):
         RunConfig(preemption_mode="swap").validate()
     with pytest.raises(ConfigError, match="not both"):
-        RunConfig(num_cpu_blocks=8, cpu_offload_gb=1.0).validate()
+        RunConfig(num_cpu_blocks=8, kv_offloading_size=1.0).validate()
     with pytest.raises(ConfigError, match="paged"):
         RunConfig(num_cpu_blocks=8, layout="contiguous").validate()

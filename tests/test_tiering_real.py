@@ -45,9 +45,12 @@ def run(requests, num_blocks, host_blocks=0, **engine):
     return results.steps_frame(result), executor
 
 
-@pytest.mark.parametrize("engine", [dict(), dict(preemption_mode="swap"),
+@pytest.mark.parametrize("engine", [dict(), dict(offload_eviction_policy="arc"),
+                                    dict(offload_write="back"),
+                                    dict(preemption_mode="swap", offload_write="back"),
                                     dict(offload_write="through", eviction="lfu")],
-                         ids=["write-back", "swap", "write-through-lfu"])
+                         ids=["native", "native-arc", "write-back", "swap",
+                              "write-through-lfu"])
 def test_a_tight_pool_with_a_host_tier_generates_what_a_roomy_pool_does(engine):
     reqs = trace()
     _, roomy = run(reqs, 128, enable_prefix_caching=False)

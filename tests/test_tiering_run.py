@@ -57,14 +57,15 @@ def test_a_host_tier_turns_returning_sessions_into_host_hits():
 
 
 def test_write_through_copies_more_but_finds_the_same_hits():
-    back, _, _ = run(num_cpu_blocks=20000)
+    back, _, _ = run(num_cpu_blocks=20000, offload_write="back")
     through, _, _ = run(num_cpu_blocks=20000, offload_write="through")
     assert through["tiering"]["offloaded_blocks"] > back["tiering"]["offloaded_blocks"]
     assert through["prefix_cache"]["hit_tokens"] >= back["prefix_cache"]["hit_tokens"]
 
 
 def test_swap_preemption_moves_blocks_and_computes_fewer_tokens_than_recompute():
-    kw = dict(num_cpu_blocks=4000, max_num_seqs=64, enable_prefix_caching=False)
+    kw = dict(num_cpu_blocks=4000, max_num_seqs=64, enable_prefix_caching=False,
+              offload_write="back")
     busy = sessions(gap=0.01, output=300)
     recompute, rsteps, _ = run(busy, **kw)
     swap, ssteps, _ = run(busy, preemption_mode="swap", **kw)
@@ -76,15 +77,16 @@ def test_swap_preemption_moves_blocks_and_computes_fewer_tokens_than_recompute()
 
 
 def test_same_inputs_same_summary():
-    a, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
-    b, _, _ = run(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu")
+    kw = dict(num_cpu_blocks=3000, preemption_mode="swap", eviction="lfu", offload_write="back")
+    a, _, _ = run(**kw)
+    b, _, _ = run(**kw)
     a.pop("wall_time_s"), b.pop("wall_time_s")
     assert a == b
 
 
 def test_cli_run_with_a_host_tier(tmp_path):
     out = tmp_path / "out"
-    done = kvsim("run", "--num-gpu-blocks", "3000", "--cpu-offload-gb", "16",
+    done = kvsim("run", "--num-gpu-blocks", "3000", "--kv-offloading-size", "16",
                  "--preemption-mode", "swap", "--offload-write", "through",
                  "--limit", "40", "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr
@@ -100,19 +102,19 @@ def test_cli_refuses_bad_tier_settings_in_one_line(tmp_path):
     done = kvsim("run", "--offload-write", "sideways", "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "kvsim: error: Invalid value for '--offload-write': 'sideways' is not one of 'back', "
-        "'through'."]
+        "kvsim: error: Invalid value for '--offload-write': 'sideways' is not one of 'native', "
+        "'back', 'through'."]
     assert not (tmp_path / "o").exists()
 
 
 def test_compare_grids_over_the_host_tier(tmp_path):
-    done = kvsim("compare", "--cpu-offload-gb", "0,4", "--num-gpu-blocks", "2000",
+    done = kvsim("compare", "--kv-offloading-size", "0,4", "--num-gpu-blocks", "2000",
                  "--limit", "30", "--out", str(tmp_path / "cmp"))
     assert done.returncode == 0, done.stderr
     runs = json.loads((tmp_path / "cmp" / "compare.json").read_text())["runs"]
     tiers = [r["summary"]["kv"]["num_cpu_blocks"] for r in runs]
     assert tiers[0] == 0 and tiers[1] > 0
-    assert "cpu_offload_gb=4.0" in done.stdout
+    assert "kv_offloading_size=4.0" in done.stdout
 
 
 def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
@@ -123,7 +125,8 @@ def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
             Request(1, 100.0, 4000, 8, prompt_token_ids=ids + 5000),
             Request(2, 200.0, 16, 8, prompt_token_ids=ids[:16] + 9000)]
     r = simulate(reqs, RunConfig(model="llama-3.1-8b", num_gpu_blocks=300,
-                                 max_model_len=4096, num_cpu_blocks=1000))
+                                 max_model_len=4096, num_cpu_blocks=1000,
+                                 offload_write="back"))
     steps = results.steps_frame(r)
     tl = results.timeline_frame(steps, r.duration_s, 300, 16)
     first_gap = tl[(tl["time_s"] > 10) & (tl["time_s"] + tl["interval_s"] < 95)]
@@ -133,3 +136,42 @@ def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
     # the second request took 251 blocks: the 50 never used, then 201 of the first's
     assert len(second_gap) and np.allclose(second_gap["host_used_blocks"], 201)
     assert np.allclose(second_gap["num_running"], 0)
+
+
+def test_native_offloading_stores_every_computed_block_and_loads_hits_a_step_early():
+    """vLLM's connector stores each block once computed (not on GPU eviction, as write-back
+    does), so it copies more to the host; CPU hits load in a step of their own."""
+    native, steps, _ = run(num_cpu_blocks=20000)
+    back, _, _ = run(num_cpu_blocks=20000, offload_write="back")
+    assert native["config"]["offload_write"] == "native"
+    assert native["tiering"]["offloaded_blocks"] > back["tiering"]["offloaded_blocks"]
+    assert native["prefix_cache"]["host_hit_tokens"] > 0
+    loads = steps[steps["promote_blocks"] > 0]
+    assert len(loads) and native["num_completed"] == 48
+    arc, _, _ = run(num_cpu_blocks=20000, offload_eviction_policy="arc")
+    gated, _, _ = run(num_cpu_blocks=20000, offload_store_threshold=2)
+    assert arc["prefix_cache"]["host_hit_tokens"] > 0
+    assert gated["tiering"]["offloaded_blocks"] < native["tiering"]["offloaded_blocks"]
+
+
+def test_kv_offloading_size_is_the_whole_replica_s_host_memory():
+    from kvsim.sim.memory import kv_offloading_blocks
+    one = kv_offloading_blocks("llama-3.1-8b", 16, tp=1)
+    assert kv_offloading_blocks("llama-3.1-8b", 16, tp=2) == one     # split over the ranks
+    assert one == 16 * 2 ** 30 // (16 * resolve_model("llama-3.1-8b").kv_bytes_per_token("bf16"))
+
+
+def test_cpu_offload_gb_is_refused_in_one_line_pointing_to_kv_offloading_size(tmp_path):
+    done = kvsim("run", "--cpu-offload-gb", "16", "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "kvsim: error: command line: field 'cpu_offload_gb': --cpu-offload-gb is vLLM's "
+        "weight offload, which kvsim does not model; a CPU tier for the KV cache is "
+        "--kv-offloading-size GIB (or --num-cpu-blocks N)"]
+    with pytest.raises(Exception, match="--kv-offloading-size"):
+        RunConfig(cpu_offload_gb=4.0)
+
+
+def test_swap_preemption_is_a_kvsim_extension_that_needs_a_kvsim_write_mode():
+    with pytest.raises(Exception, match="kvsim extension"):
+        RunConfig(num_cpu_blocks=8, preemption_mode="swap").validate()

@@ -1,0 +1,188 @@
+"""vLLM's native KV offloading (``--kv-offloading-size``): the GPU pool plus a CPU tier that
+every computed block is written to, as vLLM v1's ``OffloadingConnector`` does it.
+
+:class:`OffloadingKVCacheManager` is the vLLM-exact :class:`~kvsim.cache.KVCacheManager`;
+what the connector adds (``vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py``,
+``OffloadingConnectorScheduler``), kept as vLLM orders it:
+
+- *store* (``OFFLOAD``, device -> host): each step, every block of a scheduled request that the
+  step fills is offered to the CPU manager (``prepare_store``, in order from the request's
+  first block not yet offered, GPU prefix hits included); the hashes it accepts get host blocks
+  at once (evicting others) and are copied after the forward pass that fills them (here: first
+  in the next step's plan). They become loadable only when the request is done and its copies
+  have run (vLLM completes a request's stores in ``update_connector_output`` once it finished
+  sending), so a running request's blocks serve no one from the CPU;
+- *lookup*: after the GPU prefix hit, the CPU manager's ``lookup`` continues with the next
+  blocks; at each admission attempt the request's block hashes are also *touched* (recency) and,
+  with a reuse gate, *counted* (``store_threshold``);
+- *load* (``PROMOTE``, host -> device): a CPU hit is loaded asynchronously; the request is
+  admitted with its blocks allocated but runs no tokens in the step that loads them
+  (``load_async``: vLLM's ``WAITING_FOR_REMOTE_KVS``), and from the next step computes the rest.
+  The host blocks stay pinned until the load is done.
+
+Pure bookkeeping: the copies are pairs the step plan carries, charged by the cost model.
+"""
+
+from __future__ import annotations
+
+from .kv_cache_manager import CacheHit, KVCacheManager, _hashes
+from .step_plan import OFFLOAD, PROMOTE, TRANSFER_KINDS, BlockTransfer
+from .tiered import TieredKVCacheManager
+
+
+class OffloadingKVCacheManager(KVCacheManager):
+    """A :class:`KVCacheManager` with vLLM's CPU offloading behind it.
+
+    >>> from kvsim.cache.cpu_offload import LRUOffloadingManager
+    >>> m = OffloadingKVCacheManager(4, 4, offload=LRUOffloadingManager(8))
+    >>> m.allocate("a", list(range(8)), 8)          # fills two blocks: both offered
+    [0, 1]
+    >>> m.take_transfers()                            # copied after the step that fills them
+    []
+    >>> m.begin_step(); [(t.kind, t.pairs) for t in m.take_transfers()]
+    [('offload', [(0, 0), (1, 1)])]
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None, policy=None, *, offload):
+        super().__init__(num_blocks, block_size, enable_prefix_caching, max_model_len, policy)
+        self.offload = offload
+        self.host = offload                  # what the run's host-usage statistics read
+        self.num_transferred_blocks = dict.fromkeys(TRANSFER_KINDS, 0)
+        self._transfers: list[BlockTransfer] = []
+        self._written: set[int] = set()
+        self._next_stored: dict[object, int] = {}       # request -> first block not offered
+        self._being_stored: dict[object, list[int]] = {}    # request -> hashes it stores
+        # (request, GPU block, host block, hash): copies to run after this step's forward
+        self._copies: list[tuple[object, int, int, int]] = []
+        self._planning = False     # between begin_step and take_transfers
+        self._loading: list[list[int]] = []             # hashes loaded in the last step
+        self._finishing: list[int] = []     # stores of finished requests, copies run
+        self._finished: list[int] = []      # ... whose copies run in the next step
+
+    # --- lookup --------------------------------------------------------------------------
+
+    def lookup(self, tokens) -> CacheHit:
+        """The GPU prefix hit, continued by the CPU blocks that follow it (side-effect free)."""
+        hashes = self._lookup_hashes(tokens)
+        gpu = self.pool.index.find_prefix(hashes)
+        n = len(gpu)
+        hits = self.offload.lookup(hashes[n:]) if n < len(hashes) else 0
+        if not hits:
+            return CacheHit(gpu, n * self.block_size)
+        get = self.offload.get
+        host = [get(h).block_id for h in hashes[n:n + hits]]
+        return CacheHit(gpu, (n + hits) * self.block_size, host, load_async=True)
+
+    def record_query(self, num_tokens: int, hit: CacheHit) -> None:
+        super().record_query(num_tokens, hit)
+        self.prefix_stats.num_host_hit_tokens += len(hit.host_block_ids) * self.block_size
+
+    # --- allocation ----------------------------------------------------------------------
+
+    def allocate(self, request_id, tokens, num_new_tokens: int, hit: CacheHit | None = None,
+                 num_computed_tokens: int | None = None) -> list[int] | None:
+        """As :meth:`KVCacheManager.allocate`. An admission attempt (``hit`` given) first
+        touches (and counts, behind a reuse gate) the request's blocks on the CPU, as vLLM's
+        ``get_num_new_matched_tokens`` does whether or not the allocation then succeeds; the
+        CPU blocks of ``hit`` are loaded into the first new blocks; blocks filled are offered
+        to the CPU."""
+        if hit is not None:
+            self._observe(tokens, len(hit.block_ids))
+        new_blocks = super().allocate(request_id, tokens, num_new_tokens, hit,
+                                      num_computed_tokens)
+        if new_blocks is None:
+            return None
+        if hit is not None and hit.host_block_ids:
+            self._load(request_id, tokens, hit, new_blocks)
+        self._store_full_blocks(request_id)
+        return new_blocks
+
+    def free(self, request_id) -> None:
+        """Free the GPU blocks; the request's stores become loadable once their copies have
+        run: those already copied from the next step on, those still queued (blocks this step
+        fills) one step later. A request preempted while the step is planned never computes
+        the blocks this step fills: their stores are given up (vLLM stores for scheduled
+        requests only)."""
+        super().free(request_id)
+        self._next_stored.pop(request_id, None)
+        stored = self._being_stored.pop(request_id, None)
+        if not stored:
+            return
+        queued = {c[3] for c in self._copies if c[0] == request_id}
+        if queued and self._planning:
+            self._copies = [c for c in self._copies if c[0] != request_id]
+            self.offload.complete_store(queued, success=False)
+        elif queued:
+            self._finished.extend(queued)   # copied in the next step, loadable after it
+        self._finishing.extend(h for h in stored if h not in queued)
+
+    # --- the step's copies ---------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """A new step: last step's loads are done; stores of finished requests whose copies
+        have run become loadable; copies of the blocks last step filled run now."""
+        offload = self.offload
+        for hashes in self._loading:
+            offload.complete_load(hashes)
+        self._loading.clear()
+        if self._finishing:
+            offload.complete_store(self._finishing)
+        self._finishing, self._finished = self._finished, []
+        if self._copies:
+            copies, self._copies = self._copies, []
+            self._record(OFFLOAD, [(gpu, host) for _, gpu, host, _ in copies])
+        self._planning = True
+
+    def take_transfers(self) -> list[BlockTransfer]:
+        """The copies recorded since the last call, in the order they must run (the end of
+        planning a step)."""
+        self._planning = False
+        transfers, self._transfers = self._transfers, []
+        return transfers
+
+    _record = TieredKVCacheManager._record
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _observe(self, tokens, num_gpu_blocks: int) -> None:
+        """vLLM touches every full block of the request, counts those after the GPU hit."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = list(_hashes(tokens, self.block_size, 0, len(tokens) // self.block_size))
+        count = getattr(self.offload, "count", None)
+        if count is not None:
+            count(hashes[num_gpu_blocks:])
+        self.offload.touch(hashes)
+
+    def _load(self, request_id, tokens, hit: CacheHit, new_blocks: list[int]) -> None:
+        start, end = len(hit.block_ids), hit.num_tokens // self.block_size
+        hashes = list(_hashes(tokens, self.block_size, start, end))
+        host_ids = self.offload.prepare_load(hashes)
+        self._record(PROMOTE, list(zip(host_ids, new_blocks[:len(host_ids)])))
+        self._loading.append(hashes)
+        if self._next_stored.get(request_id, 0) < end:
+            self._next_stored[request_id] = end
+
+    def _store_full_blocks(self, request_id) -> None:
+        """Offer the blocks full since the last offer (vLLM's ``_get_reqs_to_store``); when
+        the CPU cannot make room, they are offered again at the next one."""
+        entry = self._requests.get(request_id)
+        start = self._next_stored.get(request_id, 0)
+        if entry is None or entry.num_cached <= start:
+            return
+        end = entry.num_cached
+        ids = entry.block_ids[start:end]
+        block_hashes = self.pool.block_hashes
+        hashes = [block_hashes[b] for b in ids]
+        result = self.offload.prepare_store(hashes)
+        if result is None:
+            return
+        self._next_stored[request_id] = end
+        if not result.stored:
+            return
+        host_of = dict(result.stored)
+        self._copies.extend((request_id, b, host_of[h], h)
+                            for b, h in zip(ids, hashes) if h in host_of)
+        self._being_stored.setdefault(request_id, []).extend(host_of)
+        self.offload.touch([block_hashes[b] for b in entry.block_ids[:end]])
