@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
-from kvsim.identity import ROOT_HASH, hash_token_blocks
+from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
 from .block_pool import BlockPool
 
