@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.cache.host_tier import HostTier
-from kvsim.cache.policies import make_policy
+from kvsim.cache.eviction import make_policy
 from kvsim.cache.step_plan import HOST_TO_DEVICE, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT
 from kvsim.cache.tiered import TieredKVCacheManager
 from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
