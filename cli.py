@@ -546,7 +546,7 @@ CLOCK_OPTION = typer.Option("wall", "--clock", help="wall (perf_counter; CUDA ev
 
 
 def _backend_settings(model, device, dtype, block_size, threads, seed, clock):
-    from .real_backend.models import require_torch
+    from .real_backend.backend_model import require_torch
     require_torch()
     from .real_backend.session import BackendSettings
     return BackendSettings(model=model, device=device, dtype=dtype, block_size=block_size,
