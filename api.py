@@ -107,7 +107,9 @@ class Result:
         """Write the run's files into ``out_dir`` exactly as ``kvsim run --out`` does
         (``output_format`` csv or parquet; ``bench``: also ``bench.json``); returns
         ``{name: path}``."""
-        from .reports.io import RUN_FILES, require_parquet, write_run_outputs
+        from .reports.frames import RUN_FILES
+        from .reports.io import require_parquet
+        from .reports.run_outputs import write_run_outputs
         from .reports.outdir import OutputDir
         if output_format == "parquet":
             require_parquet()

@@ -63,7 +63,8 @@ class Comparison:
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
         from .grid import COMPARE_FILE, COMPARE_FILES, compare_result
         from .reports.html import render_compare_report
-        from .reports.io import write_json_atomic, write_run_outputs
+        from .reports.io import write_json_atomic
+        from .reports.run_outputs import write_run_outputs
         from .reports.outdir import OutputDir
         out = Path(out_dir)
         with OutputDir(out, COMPARE_FILES, subdirs=True):

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, TraceError
-from .reports.io import RUN_FILES, require_parquet, write_run_outputs
+from .reports.frames import RUN_FILES
+from .reports.io import require_parquet
+from .reports.run_outputs import write_run_outputs
 from .reports.outdir import OutputDir
 from .reports.terminal import ProgressLines, RunProgress
 from .sim import results
