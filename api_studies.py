@@ -52,7 +52,7 @@ class Comparison:
 
     @property
     def table(self) -> pd.DataFrame:
-        from .reports.compare_table import identical_to, table_metrics
+        from .reports.grid_table import identical_to, table_metrics
         same = identical_to(self.labels, [r.summary for r in self.runs])
         rows = [{"label": label, **table_metrics(r.summary), "identical_to": other or ""}
                 for label, r, other in zip(self.labels, self.runs, same)]
@@ -198,7 +198,7 @@ def plan(trace: Any = None, *, slo: dict, target_rate: float | None = None,
     from .sim.sweep import SweepOptions
     reading, candidates = split_keywords(candidates)
     path, options = _trace_file(trace, reading, "kvsim.plan")
-    from .pipeline import resolve_trace
+    from .workloads.sources import resolve_trace
     file, label = resolve_trace(path)
     extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
                  rate_iterations=rate_iterations,

@@ -49,6 +49,6 @@ def compare_command(
 
 
 def _table(result: dict) -> str:
-    from .reports.compare_table import render_compare_table
+    from .reports.grid_table import render_compare_table
     return render_compare_table([run["label"] for run in result["runs"]],
                                 [run["summary"] for run in result["runs"]])

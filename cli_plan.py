@@ -77,11 +77,11 @@ def plan_command(
 
     Searches GPU x TP (x other listed settings) and the fewest replicas for each; writes
     plan.json, plan.csv and report.html into --out."""
-    from . import pipeline
     from .reports import plan as plan_report
     from .reports.outdir import OutputDir
     from .sim import plan_spec, planner, sweep
-    path, label = pipeline.resolve_trace(trace)
+    from .workloads.sources import resolve_trace
+    path, label = resolve_trace(trace)
     rate_scale = reading["rate_scale"]
     values = {**search, "rate_scale": rate_scale, "seed": reading["seed"]}
     spec = plan_spec.spec_from_options(

@@ -23,7 +23,7 @@ def trace_stats_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Requests, time span, rate, length percentiles, burstiness, ideal prefix hit ratio."""
-    from .pipeline import resolve_trace
+    from .workloads.sources import resolve_trace
     from .workloads.stats import render_stats, trace_file_stats
     path, label = resolve_trace(trace)
     emit({**trace_file_stats(path, trace_options(reading), block_size), "trace": label},
@@ -88,12 +88,12 @@ def hitrate_command(
     """Cache-only replay: prefix hit rate per eviction policy and capacity.
 
     No timing; LRU's whole curve comes from one stack-distance pass."""
-    from . import pipeline
     from .cache import hitrate
     from .workloads import load_trace
+    from .workloads.sources import resolve_trace
     caps = hitrate.parse_capacities(capacity, capacity_tokens, block_size)
     policies = hitrate.parse_policies(eviction)
-    path, label = pipeline.resolve_trace(trace)
+    path, label = resolve_trace(trace)
     requests = load_trace(path, trace_options(reading, seed=0))
     result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s),
               "trace": label}

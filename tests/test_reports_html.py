@@ -193,7 +193,7 @@ def test_latency_figure_all_empty_is_a_placeholder():
 
 
 def test_ranking_puts_slo_meeting_runs_first():
-    from kvsim.reports.compare import rank_runs
+    from kvsim.reports.across_runs import rank_runs
 
     def fake(label, tput, ttft_p99):
         summary = {"throughput_output_tokens_per_s": tput, "ttft_s": {"p99": ttft_p99}}
