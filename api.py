@@ -68,7 +68,7 @@ def load_trace(trace: str | os.PathLike | None = None, **reading: Any) -> Trace:
     if unknown:
         raise ConfigError(f"not a trace option; known: {', '.join(TRACE_KEYWORDS)}",
                           location="kvsim.load_trace", field=unknown[0])
-    from .pipeline import resolve_trace
+    from .workloads.sources import resolve_trace
     from .workloads import load_trace as read
     path, label = resolve_trace(None if trace is None else os.fspath(trace))
     options = trace_options(reading)
@@ -107,7 +107,9 @@ class Result:
         """Write the run's files into ``out_dir`` exactly as ``kvsim run --out`` does
         (``output_format`` csv or parquet; ``bench``: also ``bench.json``); returns
         ``{name: path}``."""
-        from .reports.io import RUN_FILES, require_parquet, write_run_outputs
+        from .reports.frames import RUN_FILES
+        from .reports.io import require_parquet
+        from .reports.run_outputs import write_run_outputs
         from .reports.outdir import OutputDir
         if output_format == "parquet":
             require_parquet()
@@ -137,7 +139,7 @@ class Result:
 def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     """(label, source) of ``run``'s ``trace`` argument: the source is a trace file's path, or
     the list of requests given."""
-    from .pipeline import resolve_trace
+    from .workloads.sources import resolve_trace
     if trace is None or isinstance(trace, (str, os.PathLike)):
         return resolve_trace(None if trace is None else os.fspath(trace))[::-1]
     if reading:

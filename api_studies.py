@@ -53,7 +53,7 @@ class Comparison:
 
     @property
     def table(self) -> pd.DataFrame:
-        from .reports.compare_table import identical_to, table_metrics
+        from .reports.grid_table import identical_to, table_metrics
         same = identical_to(self.labels, [r.summary for r in self.runs])
         rows = [{"label": label, **table_metrics(r.summary), "identical_to": other or ""}
                 for label, r, other in zip(self.labels, self.runs, same)]
@@ -64,7 +64,8 @@ class Comparison:
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
         from .grid import COMPARE_FILE, COMPARE_FILES, compare_result
         from .reports.html import render_compare_report
-        from .reports.io import write_json_atomic, write_run_outputs
+        from .reports.io import write_json_atomic
+        from .reports.run_outputs import write_run_outputs
         from .reports.outdir import OutputDir
         out = Path(out_dir)
         with OutputDir(out, COMPARE_FILES, subdirs=True):
@@ -200,7 +201,7 @@ def plan(trace: Any = None, *, slo: dict, target_rate: float | None = None,
     from .sim.sweep import SweepOptions
     reading, candidates = split_keywords(candidates)
     path, options = _trace_file(trace, reading, "kvsim.plan")
-    from .pipeline import resolve_trace
+    from .workloads.sources import resolve_trace
     file, label = resolve_trace(path)
     extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
                  rate_iterations=rate_iterations,

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import ConfigError
-from .pipeline import RunJob, read_config_file, resolve_trace, run_job_frames
-from .reports.compare_table import identical_to, table_metrics
+from .pipeline import RunJob, read_config_file, run_job_frames
+from .workloads.sources import resolve_trace
+from .reports.grid_table import identical_to, table_metrics
 from .sim.config import RunConfig
 from .workloads import TraceOptions
 

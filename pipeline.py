@@ -5,24 +5,22 @@ Here and not in ``cli.py`` so tests (and notebooks) can run a job without a shel
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, TraceError
-from .reports.io import RUN_FILES, require_parquet, write_run_outputs
+from .reports.frames import RUN_FILES
+from .reports.io import require_parquet
+from .reports.run_outputs import write_run_outputs
 from .reports.outdir import OutputDir
 from .reports.terminal import ProgressLines, RunProgress
 from .sim import results
 from .sim.config import RunConfig
 from .sim.runner import resolve_deployment, simulate
-from .workloads import TraceOptions, load_trace, sample_path
-
-DEFAULT_SAMPLE = "mooncake"
-
+from .workloads import TraceOptions, load_trace
+from .workloads.sources import check_regular_file, resolve_trace
 
 @dataclass(frozen=True)
 class RunJob:
@@ -37,46 +35,6 @@ class RunJob:
     output_format: str = "csv"     # requests/timeline as csv or parquet
     bench: bool = False            # also bench.json (vllm bench serve's result shape)
     plotlyjs: str = "inline"       # report.html's plotly.js (reports.page.PLOTLYJS_MODES)
-
-
-def resolve_trace(trace: str | None) -> tuple[Path, str]:
-    """The trace file to read and its label: ``sample:NAME`` for a bundled sample, ``-`` for
-    standard input (copied to a temporary file, so it can be read more than once), else a
-    path, which must be a regular file (not a FIFO, a device or a directory)."""
-    if trace is None:
-        return sample_path(DEFAULT_SAMPLE), f"sample:{DEFAULT_SAMPLE}"
-    if trace.startswith("sample:"):
-        return sample_path(trace.split(":", 1)[1]), trace
-    if trace == "-":
-        return _stdin_copy(), "-"
-    check_regular_file(trace)
-    return Path(trace), trace
-
-
-def _stdin_copy() -> Path:
-    import atexit
-    import shutil
-    import tempfile
-    with tempfile.NamedTemporaryFile("wb", prefix="kvsim-stdin-", suffix=".trace",
-                                     delete=False) as fh:
-        atexit.register(os.unlink, fh.name)
-        shutil.copyfileobj(sys.stdin.buffer, fh)
-    return Path(fh.name)
-
-
-def check_regular_file(path: str | os.PathLike, what: str = "trace file") -> None:
-    """A :class:`TraceError` unless ``path`` is an existing regular file."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise TraceError("no such file", location=str(path)) from None
-    except OSError as e:
-        raise TraceError(f"cannot read: {e.strerror}", location=str(path)) from None
-    if stat.S_ISDIR(mode):
-        raise TraceError(f"is a directory, not a {what}", location=str(path))
-    if not stat.S_ISREG(mode):
-        raise TraceError("not a regular file (a FIFO or device?); give a file, or '-' for "
-                         "standard input", location=str(path))
 
 
 def read_config_file(path: str) -> dict:

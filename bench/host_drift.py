@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from kvsim.real_backend.executor import clock_fn, interlude
-    from kvsim.real_backend.runner import RequestChunk
+    from kvsim.real_backend.model_runner import RequestChunk
     from kvsim.real_backend.session import BackendSettings, build_runner, prepare_device, warm_up
 
     settings = BackendSettings(model=args.model, clock=args.clock)

@@ -12,10 +12,9 @@ Semantics follow vLLM v1's ``BlockPool`` (``vllm/v1/core/block_pool.py``):
 The free queue is an ``OrderedDict`` used as a doubly linked list: popping the head, pushing at
 either end and removing from the middle are all O(1), whatever the pool size.
 
-That is the ``lru`` eviction policy. ``BlockPool(n, policy=p)`` with any other policy of
-:mod:`kvsim.cache.policies` builds a :class:`~kvsim.cache.scored_pool.ScoredBlockPool` instead:
-unhashed free blocks stay in the ``OrderedDict`` and are reused first, free cached blocks sit in
-a heap keyed by the policy's score (lazy deletion, O(log n) per block operation).
+That is the ``lru`` eviction policy. Other policies run on a subclass
+(:class:`~kvsim.cache.policy_pool.PolicyPool`); :func:`kvsim.cache.eviction.make_pool` picks the
+pool class for a policy.
 """
 
 from __future__ import annotations
@@ -77,24 +76,9 @@ class PrefixIndex:
 class BlockPool:
     """``num_blocks`` KV blocks with reference counts, a free queue and a prefix index.
 
-    ``policy`` (a :class:`~kvsim.cache.policies.CachePolicy`) picks the eviction order: None or
-    ``lru`` is this class, vLLM's code path; any other policy makes the constructor return a
-    :class:`~kvsim.cache.scored_pool.ScoredBlockPool`.
+    ``policy`` (None or ``lru``) is kept for the callers' information: this class is vLLM's LRU
+    code path; :func:`kvsim.cache.eviction.make_pool` builds the pool of any other policy.
     """
-
-    def __new__(cls, num_blocks: int, enable_caching: bool = True, policy=None):
-        if cls is BlockPool and policy is not None and not policy.is_lru:
-            kind = getattr(policy, "pool_class", None)
-            if kind == "queue":
-                from .queue_pool import QueuePool
-                cls = QueuePool
-            elif kind == "lookahead":
-                from .lookahead import LookaheadPool
-                cls = LookaheadPool
-            else:
-                from .scored_pool import ScoredBlockPool
-                cls = ScoredBlockPool
-        return super().__new__(cls)
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         if num_blocks < 1:

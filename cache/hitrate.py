@@ -24,8 +24,8 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 
-from .block_pool import BlockPool
-from .policies import POLICY_NAMES, BeladyOracle, make_policy
+from .eviction import make_policy, make_pool
+from .policies import POLICY_NAMES, BeladyOracle
 
 # the replay's stand-in for the waiting queue of a busy server: requests that arrive within
 # this many seconds after the one being served (see docs/eviction.md)
@@ -128,7 +128,7 @@ def policy_hits(reqs: Sequence[ReplayRequest], policy_name: str, capacity: int,
     A policy that reads the waiting queue (``lookahead``) sees as queued the requests that
     arrive within ``lookahead_s`` seconds after the one being served (a queueing delay: the
     replay itself has no queue)."""
-    pool = BlockPool(capacity, policy=make_policy(policy_name, oracle))
+    pool = make_pool(capacity, policy=make_policy(policy_name, oracle))
     queue = _Window(reqs, lookahead_s, pool.policy) if hasattr(pool.policy, "enqueue") else None
     hits = 0
     for position, r in enumerate(reqs):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .block_pool import BlockPool
+from .eviction import make_pool
 
 
 class HostTier:
@@ -38,7 +38,7 @@ class HostTier:
     """
 
     def __init__(self, num_blocks: int, policy=None):
-        self.pool = BlockPool(num_blocks, enable_caching=True, policy=policy)
+        self.pool = make_pool(num_blocks, enable_caching=True, policy=policy)
         self.num_stored_blocks = 0     # copies made into the host cache
         self.num_dropped_blocks = 0    # demotions refused: every host block was pinned
 

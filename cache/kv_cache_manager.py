@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
-from kvsim.identity import ROOT_HASH, hash_token_blocks
+from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
-from .block_pool import BlockPool
+from .eviction import make_pool
 
 
 @runtime_checkable
@@ -96,7 +96,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, policy=policy)
+        self.pool = make_pool(num_blocks, enable_caching=enable_prefix_caching, policy=policy)
         # LRU's begin() and chain arguments are no-ops; skipping them keeps allocate fast
         self._scored = policy is not None and not policy.is_lru
         self.prefix_stats = PrefixCacheStats()

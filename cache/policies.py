@@ -221,23 +221,6 @@ class BeladyOracle:
         return value >> 1 if value & 1 else INF
 
 
-def make_policy(name: str, oracle: BeladyOracle | None = None) -> CachePolicy:
-    """A fresh policy (policies hold state: make one per pool)."""
-    if name == "belady":
-        if oracle is None:
-            raise ValueError("the belady policy needs an oracle built from the whole trace")
-        return BeladyPolicy(oracle)
-    from .lookahead import LookaheadPolicy
-    from .queue_pool import ARCPolicy, S3FIFOPolicy
-    classes = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,
-               "hybrid": HybridPolicy, "arc": ARCPolicy, "s3fifo": S3FIFOPolicy,
-               "lookahead": LookaheadPolicy}
-    if name not in classes:
-        raise ValueError(f"unknown eviction policy {name!r}; expected one of "
-                         f"{', '.join(POLICY_NAMES)}")
-    return classes[name]()
-
-
 def prepare_eviction(name: str, requests: Iterable, block_size: int):
     """``(requests, oracle)`` for a simulation with eviction policy ``name``: ``belady``
     materialises the request stream into a list and builds its oracle; other policies leave

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
-from .block_pool import BlockPool
+from .policy_pool import PolicyPool
 
 
 class QueuePolicy:
@@ -262,8 +262,8 @@ class S3FIFOPolicy(QueuePolicy):
         return [b for b in (*self.small, *self.main) if refs[b] == 0]
 
 
-class QueuePool(BlockPool):
-    """A :class:`BlockPool` whose free cached blocks are evicted by a :class:`QueuePolicy`."""
+class QueuePool(PolicyPool):
+    """A :class:`~kvsim.cache.policy_pool.PolicyPool` whose free cached blocks are evicted by a :class:`QueuePolicy`."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
@@ -271,23 +271,8 @@ class QueuePool(BlockPool):
 
     # --- queries -------------------------------------------------------------------------
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free) + self.num_cached_free_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
-
-    def free_queue(self) -> list[int]:
-        """Free block ids: unhashed ones (reused first), then cached ones in policy order."""
-        return list(self._free) + self.policy.order()
-
-    def can_get_new_blocks(self, n: int) -> bool:
-        return n <= self.num_free_blocks
-
-    def can_reset(self) -> bool:
-        return self.num_free_blocks == self.num_blocks
+    def cached_free_order(self) -> list[int]:
+        return self.policy.order()
 
     # --- actions -------------------------------------------------------------------------
 
@@ -330,24 +315,11 @@ class QueuePool(BlockPool):
                 self.num_cached_free_blocks += 1
         self._prepend(first)
 
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        self.cache_blocks([block_id], [block_hash])
-
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         for block_id, block_hash in zip(block_ids, block_hashes):
             self.block_hashes[block_id] = block_hash
             self.index.insert(block_hash, block_id)
             self.policy.fill(block_id, block_hash)
-
-    def put_cached(self, block_hash: int) -> int:
-        block_id = self.get_new_blocks(1)[0]
-        self.cache_block(block_id, block_hash)
-        self.free_blocks([block_id])
-        return block_id
-
-    def refresh(self, block_id: int) -> None:
-        self.touch([block_id])
-        self.free_blocks([block_id])
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():

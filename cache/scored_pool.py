@@ -1,4 +1,4 @@
-"""A :class:`~kvsim.cache.block_pool.BlockPool` that evicts free cached blocks in the order of an
+"""A :class:`~kvsim.cache.policy_pool.PolicyPool` that evicts free cached blocks in the order of an
 eviction policy (:mod:`kvsim.cache.policies`) instead of vLLM's LRU."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 from typing import Iterable
 
-from .block_pool import BlockPool
+from .policy_pool import PolicyPool
 
 
-class ScoredBlockPool(BlockPool):
-    """A :class:`BlockPool` whose free cached blocks are evicted in a policy's order.
+class ScoredBlockPool(PolicyPool):
+    """A :class:`~kvsim.cache.policy_pool.PolicyPool` whose free cached blocks are evicted in a policy's order.
 
     Free unhashed blocks stay in the ``OrderedDict`` (reused first, as vLLM). A free cached
     block gets its key from ``policy.key`` when released and goes into a min-heap; entries are
@@ -41,34 +41,10 @@ class ScoredBlockPool(BlockPool):
 
     # --- queries -------------------------------------------------------------------------
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free) + self.num_cached_free_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
-
-    def free_queue(self) -> list[int]:
-        """Free block ids: unhashed ones (reused first), then cached ones by eviction key (the
-        chain rule may still defer a block with a cached child)."""
-        return list(self._free) + sorted(self._cached_free, key=self._key.__getitem__)
-
-    def can_get_new_blocks(self, n: int) -> bool:
-        return n <= self.num_free_blocks
-
-    def can_reset(self) -> bool:
-        return self.num_free_blocks == self.num_blocks
-
-    def put_cached(self, block_hash: int) -> int:
-        block_id = self.get_new_blocks(1)[0]
-        self.cache_block(block_id, block_hash)
-        self.free_blocks([block_id])
-        return block_id
-
-    def refresh(self, block_id: int) -> None:
-        self.touch([block_id])
-        self.free_blocks([block_id])
+    def cached_free_order(self) -> list[int]:
+        """Free cached blocks by eviction key (the chain rule may still defer a block with a
+        cached child)."""
+        return sorted(self._cached_free, key=self._key.__getitem__)
 
     # --- actions -------------------------------------------------------------------------
 
@@ -119,9 +95,6 @@ class ScoredBlockPool(BlockPool):
                 self.num_cached_free_blocks += 1
                 self._push(block_id)
         self._prepend(first)
-
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        self.cache_blocks([block_id], [block_hash])
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         parent_hash = self.block_hashes[parent] if parent is not None else None

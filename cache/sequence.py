@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from kvsim.identity import block_ids
+from kvsim.workloads.identity import block_ids
 
 if TYPE_CHECKING:
     from kvsim.workloads.request import Request
@@ -22,7 +22,7 @@ class Sequence:
     """Scheduling state of one :class:`~kvsim.workloads.Request`.
 
     A :class:`~kvsim.cache.BlockHashSource`: its blocks, prompt or generated, carry the ids of
-    :func:`kvsim.identity.block_ids` at the engine block size (computed once, on first use);
+    :func:`kvsim.workloads.identity.block_ids` at the engine block size (computed once, on first use);
     ``greedy`` is the sampling mode of generated tokens the trace does not record.
     ``len(seq)`` is the number of tokens it has now (prompt plus generated).
     """

@@ -2,14 +2,16 @@
 
 Modules (torch is the ``real`` extra; nothing outside this package imports torch):
 
-- :mod:`.model` — ``LlamaConfig`` and a random-weight Llama decoder over a packed token stream;
+- :mod:`.llama` — a random-weight Llama decoder (torch) over a packed token stream;
 - :mod:`.kv_store` — ``PagedKVStore``: device KV blocks plus a host tier, block copies for the
   transfer kinds of ``kvsim.cache.step_plan``;
 - :mod:`.attention` — paged prefill/decode attention through block tables, and a dense reference;
-- :mod:`.runner` — ``ModelRunner.forward(batch of RequestChunk)`` -> last-token logits;
+- :mod:`.model_runner` — ``ModelRunner.forward(batch of RequestChunk)`` -> last-token logits
+  (:mod:`.runner`: its old name, until :mod:`.executor` imports the new one);
 - :mod:`.bench` — quick timing of a prefill and a decode step;
 - :mod:`.cpu_head` — the LM head on the CPU (faster GEMM layout per row count);
-- :mod:`.models` — ``--model`` (``tiny-llama``, catalog name, ``config.json``) -> ``LlamaConfig``;
+- :mod:`.backend_model` — ``--model`` (``tiny-llama``, catalog name, ``config.json``) ->
+  ``LlamaConfig`` (the simulator's ``ModelSpec`` plus RoPE theta and norm eps);
 - :mod:`.tokens` — ``token_ids_for(request, block_size, vocab_size)`` from block hashes;
 - :mod:`.executor` — ``TorchExecutor``: a ``StepPlan`` performed for real, its time measured;
 - :mod:`.session` — backend settings, threads, runner construction and warm-up;

@@ -15,7 +15,7 @@ Each step first writes its new tokens' K/V into their slots, then attends:
   split into groups whose padded blocks exceed their real blocks by at most
   :data:`DECODE_PADDING_SLACK` (one group when contexts are similar). A group may also be
   capped at a number of gathered tokens (``max_group_tokens``; the CPU runner caps it so the
-  gathered K/V stay cache-sized, see :data:`kvsim.real_backend.runner.CPU_DECODE_GROUP_BYTES`).
+  gathered K/V stay cache-sized, see :data:`kvsim.real_backend.model_runner.CPU_DECODE_GROUP_BYTES`).
 
 :func:`dense_reference_attention` is the plain-tensor ground truth the tests compare against.
 """

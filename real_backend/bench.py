@@ -17,11 +17,10 @@ from typing import Callable
 
 import torch
 
-from .model import LlamaConfig
-from .runner import ModelRunner, RequestChunk
+from .backend_model import CONFIG_DIR, LlamaConfig
+from .model_runner import ModelRunner, RequestChunk
 
-TINY_LLAMA = LlamaConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
-                         head_dim=64, intermediate_size=512, vocab_size=32000)
+TINY_LLAMA = LlamaConfig.from_json(CONFIG_DIR / "tiny-llama.json")
 
 
 def time_call(fn: Callable[[], object], device: torch.device,

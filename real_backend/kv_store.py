@@ -20,7 +20,8 @@ import torch
 
 from kvsim.cache.step_plan import COMPACT, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT
 
-from .model import LlamaConfig, resolve_dtype
+from .backend_model import LlamaConfig
+from .llama import resolve_dtype
 
 DEVICE, HOST = "device", "host"
 # kind -> (source tier, destination tier)

@@ -57,7 +57,7 @@ def fit_compute(points: list, times: list[float], table=(),
     """The five compute coefficients from every non-copy point, fitted to the measured time
     less ``per_batch_s``; fitted twice, the second time without the points the first fit misses
     by more than ``OUTLIER_FACTOR`` times its median error and ``OUTLIER_FLOOR`` (on a CPU
-    before decode groups were capped, see ``real_backend.runner``: decode batches whose
+    before decode groups were capped, see ``real_backend.model_runner``: decode batches whose
     gathered KV outgrew the caches, where the time per KV token jumped)."""
     rows = [(p.features(), t, batch_time(len(p.batch), table, slope))
             for p, t in zip(points, times) if p.copy is None]

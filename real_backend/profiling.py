@@ -31,7 +31,7 @@ from kvsim.cache.step_plan import COMPACT, SWAP_OUT
 
 from .executor import clock_fn, interlude
 from .profile_fit import fit_errors, fit_profile, predict
-from .runner import ModelRunner, RequestChunk
+from .model_runner import ModelRunner, RequestChunk
 
 MAX_BATCH_TABLE = 512   # per_batch_s covers at most this many requests
 

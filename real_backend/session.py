@@ -14,9 +14,9 @@ import torch
 from kvsim.errors import ConfigError
 
 from .executor import CLOCKS
-from .model import resolve_dtype
-from .models import BackendModel, resolve_backend_model
-from .runner import ModelRunner, RequestChunk
+from .llama import resolve_dtype
+from .backend_model import BackendModel, resolve_backend_model
+from .model_runner import ModelRunner, RequestChunk
 
 
 @dataclass(frozen=True)

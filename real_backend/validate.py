@@ -252,7 +252,7 @@ def validate_job(trace_path, trace_options, job: ValidateJob, out_dir=None,
                  html: bool = True, progress: Callable[[str], None] = quiet) -> dict:
     """``kvsim validate``: read the trace, validate, write ``validation.json``/``.html`` into
     ``out_dir`` when given; returns the report (with ``outputs``, the written paths)."""
-    from kvsim.pipeline import resolve_trace
+    from kvsim.workloads.sources import resolve_trace
     from kvsim.workloads import load_trace
 
     from .validate_report import write_outputs

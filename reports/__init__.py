@@ -3,16 +3,17 @@
 Knows frames only (a summary dict, a requests and a timeline DataFrame), nothing of caches or
 simulation. Public API:
 
-- :func:`write_run_outputs`, :func:`read_run_outputs`, :func:`downsample` and the atomic
-  writers in :mod:`kvsim.reports.io`;
+- the output contract (files, frame columns) in :mod:`kvsim.reports.frames`;
+- :func:`write_run_outputs` (:mod:`kvsim.reports.run_outputs`), :func:`read_run_outputs`,
+  :func:`downsample` and the atomic writers in :mod:`kvsim.reports.io`;
 - :func:`render_run_report`, :func:`render_compare_report`, :func:`render_hitrate_report`;
 - :func:`print_summary`, :class:`RunProgress`;
 - :func:`rerender_report` (``kvsim report DIR``).
 """
 
 from .html import render_compare_report, render_hitrate_report, render_run_report
-from .io import (downsample, read_run_outputs, write_csv_atomic, write_json_atomic,
-                 write_run_outputs, write_text_atomic)
+from .io import downsample, read_run_outputs, write_csv_atomic, write_json_atomic, write_text_atomic
+from .run_outputs import write_run_outputs
 from .rerender import rerender_report
 from .terminal import RunProgress, print_summary, summary_table
 

@@ -22,6 +22,8 @@ import os
 import numpy as np
 import pandas as pd
 
+from .io import write_json_atomic
+
 BENCH_FILE = "bench.json"
 #: vLLM's latency metrics, as its result file names them, and kvsim's requests.csv column.
 METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": None, "e2el": "e2e_s"}
@@ -123,5 +125,4 @@ def _arrival_rate(requests: pd.DataFrame) -> float | str:
 def write_bench_json(path: str | os.PathLike, summary: dict, requests: pd.DataFrame,
                      detailed: bool = True):
     """Write :func:`bench_result` to ``path`` atomically; returns the path."""
-    from .io import write_json_atomic
     return write_json_atomic(path, bench_result(summary, requests, detailed=detailed))

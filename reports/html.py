@@ -16,7 +16,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from . import compare as cmp
+from . import across_runs as cmp
 from . import figures as figs
 from . import phases
 from .io import DEFAULT_MAX_POINTS, downsample

@@ -1,9 +1,9 @@
-"""Reading and writing a run's result files, atomically.
+"""Reading and writing result files, atomically, and downsampling a timeline.
 
 Every writer goes through a temporary file in the target's own directory, then ``os.replace``,
 so a reader sees either the previous complete file or the new complete file, never a partial
-one. :func:`write_run_outputs` writes ``summary.json`` last and removes a stale one first: a
-directory holding ``summary.json`` holds a complete run.
+one. :func:`read_run_outputs` reads a run directory back; writing one, every file in its order,
+is :func:`kvsim.reports.run_outputs.write_run_outputs` (above this module: it renders the HTML).
 """
 
 from __future__ import annotations
@@ -19,57 +19,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import KvsimError
+from .frames import (PHASE_COLUMNS, REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE,
+                     TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS, add_phase_columns)
 
-SUMMARY_FILE = "summary.json"
-REQUESTS_FILE = "requests.csv"
-TIMELINE_FILE = "timeline.csv"
-REPORT_FILE = "report.html"
-BENCH_FILE = "bench.json"
-#: ``--output-format``: how the two frames are stored (same columns either way).
-OUTPUT_FORMATS = ("csv", "parquet")
-#: The files a run's result may consist of (``kvsim run --out DIR``): a new run removes them.
-RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE, "requests.parquet",
-             "timeline.parquet", BENCH_FILE)
-
-#: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
-REQUEST_COLUMNS = (
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
-    "finish_reason", "priority", "replica", "first_scheduled_s", "first_token_s", "finish_s",
-    "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "cached_tokens",
-    "num_preemptions", "completed", "rejected", "truncated",
-)
-#: A request's time split into vLLM's three phases (its ``request_queue_time_seconds``,
-#: ``request_prefill_time_seconds`` and ``request_decode_time_seconds``; Vidur's scheduling
-#: delay, prefill time and decode time): column -> (from, to). They sum to ``e2e_s``.
-PHASE_COLUMNS = {
-    "queue_s": ("arrival_s", "first_scheduled_s"),
-    "prefill_s": ("first_scheduled_s", "first_token_s"),
-    "decode_s": ("first_token_s", "finish_s"),
-}
-#: Columns of timeline.csv (docs/frames.md).
-TIMELINE_COLUMNS = (
-    "time_s", "interval_s", "num_steps", "num_running", "num_waiting", "batch_size",
-    "output_tokens", "throughput_tokens_per_s", "kv_used_blocks", "kv_cached_idle_blocks",
-    "kv_free_blocks", "kv_usage", "host_used_blocks", "frag_token_states", "frag_reservation",
-    "frag_internal", "frag_external", "frag_free", "prefix_queries_tokens", "prefix_hit_tokens",
-    "prefix_hit_rate", "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks",
-    "promote_blocks", "compact_blocks", "transfer_s",
-)
-#: Timeline columns that count events within an interval: downsampling sums them.
-TIMELINE_SUM_COLUMNS = frozenset({
-    "interval_s", "num_steps", "output_tokens", "prefix_queries_tokens", "prefix_hit_tokens",
-    "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
-    "compact_blocks", "transfer_s",
-})
 DEFAULT_MAX_POINTS = 2000
-
-
-def add_phase_columns(requests: pd.DataFrame) -> pd.DataFrame:
-    """Set the :data:`PHASE_COLUMNS` of a requests frame from its timestamps (NaN until the
-    phase has ended); returns the frame."""
-    for column, (start, end) in PHASE_COLUMNS.items():
-        requests[column] = requests[end] - requests[start]
-    return requests
 
 
 # --- atomic writers ----------------------------------------------------------------------------
@@ -103,11 +56,6 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, bina
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; returns the path."""
     return _atomic_write(path, lambda fh: fh.write(text), binary=False)
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically; returns the path."""
-    return _atomic_write(path, lambda fh: fh.write(data), binary=True)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -170,48 +118,6 @@ def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame) -> Path:
     require_parquet()
     return _atomic_write(path, lambda fh: df.to_parquet(fh, index=False, engine="pyarrow"),
                          binary=True)
-
-
-def write_frames(out: Path, requests_df: pd.DataFrame, timeline_df: pd.DataFrame,
-                 output_format: str = "csv") -> dict[str, Path]:
-    """``requests`` and ``timeline`` as CSV or Parquet files in ``out``."""
-    if output_format not in OUTPUT_FORMATS:
-        raise KvsimError(f"expected one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}",
-                         field="output_format")
-    if output_format == "parquet":
-        return {"requests": write_parquet_atomic(out / "requests.parquet", requests_df),
-                "timeline": write_parquet_atomic(out / "timeline.parquet", timeline_df)}
-    return {"requests": write_csv_atomic(out / REQUESTS_FILE, requests_df),
-            "timeline": write_csv_atomic(out / TIMELINE_FILE, timeline_df)}
-
-
-def write_run_outputs(out_dir: str | os.PathLike, summary: dict, requests_df: pd.DataFrame,
-                      timeline_df: pd.DataFrame, html: bool = True, *,
-                      plotlyjs: str = "inline", output_format: str = "csv",
-                      bench: bool = False) -> dict[str, Path]:
-    """Write a run's result files into ``out_dir``; returns ``{name: path}``.
-
-    Order: a stale ``summary.json`` is removed, then requests and timeline (``output_format``
-    csv or parquet), bench.json (when ``bench``), report.html (when ``html``), and
-    ``summary.json`` last, each atomically. A run interrupted part-way thus leaves no
-    ``summary.json``, the marker of a complete run.
-    """
-    out = Path(out_dir)
-    if output_format == "parquet":
-        require_parquet()  # before anything is written
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SUMMARY_FILE).unlink(missing_ok=True)
-    written = write_frames(out, requests_df, timeline_df, output_format)
-    if bench:
-        from .bench import write_bench_json
-        written["bench"] = write_bench_json(out / BENCH_FILE, summary, requests_df)
-    if html:
-        from .html import render_run_report  # late: html imports this module
-        written["report"] = render_run_report(
-            summary, requests_df, timeline_df, out / REPORT_FILE,
-            slo=summary.get("slo"), plotlyjs=plotlyjs)
-    written["summary"] = write_json_atomic(out / SUMMARY_FILE, summary)
-    return written
 
 
 def _read_frame(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:

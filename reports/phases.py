@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .io import PHASE_COLUMNS, add_phase_columns
+from .frames import PHASE_COLUMNS, add_phase_columns
 from .style import empty_figure, fmt_pct, fmt_seconds, style_figure
 
 PHASES = (("queue_s", "queueing", "#dc2626"), ("prefill_s", "prefill", "#f59e0b"),

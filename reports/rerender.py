@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 from .html import render_run_report
-from .io import REPORT_FILE, read_run_outputs
+from .frames import REPORT_FILE
+from .io import read_run_outputs
 
 
 def rerender_report(run_dir: str | os.PathLike, out: Optional[str | os.PathLike] = None, *,

@@ -1,5 +1,7 @@
-"""Hugging Face ``config.json`` readers for the families beyond plain dense attention.
+"""Hugging Face ``config.json`` readers: every supported family becomes a
+:class:`~kvsim.sim.model_shape.ModelSpec`.
 
+Dense llama, mistral, qwen2 and opt configs are read field by field (:func:`model_from_hf_config`);
 Qwen3 (dense and MoE), Qwen2-MoE, Mixtral, Mistral with a sliding window, DeepSeek-V2/V3/R1 (MLA,
 shared + routed experts, dense first layers), gpt-oss (alternating sliding-window and full
 attention, MoE), Gemma 3 (local/global layers) and Llama 4 (chunked local attention, MoE). A
@@ -7,7 +9,8 @@ multimodal config's ``text_config`` is read (the vision tower is not counted).
 
 Each becomes a :class:`~kvsim.sim.models.ModelSpec`: the dense fields as for llama, plus
 ``layer_kinds`` (``full``/``sliding``/``chunked`` per layer, as vLLM's attention specs), MLA's
-dimensions and the mixture-of-experts shape. :func:`linear_params` counts their weights.
+dimensions and the mixture-of-experts shape (:func:`~kvsim.sim.model_shape.linear_params`
+counts their weights).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.sim.models import ModelSpec, _llama_fields, _size
+from kvsim.sim._catalog import read_json_object
+from kvsim.sim.model_shape import ModelSpec
 
 #: model_type -> the family name kvsim reports.
 HF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
@@ -148,33 +152,96 @@ def _need_pos(cfg: dict, key: str, path: Path) -> int:
     return _size(cfg, key, path)
 
 
-# --- weights ------------------------------------------------------------------------------------
-def attention_params(m: ModelSpec) -> int:
-    """Weights of one layer's attention projections (MLA: the low-rank q and kv paths)."""
-    h, heads = m.hidden_size, m.num_heads
-    if not m.is_mla:
-        return h * (m.q_size + 2 * m.kv_size) + m.q_size * h
-    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    q = h * m.q_lora_rank + m.q_lora_rank * heads * qk if m.q_lora_rank else h * heads * qk
-    kv = h * m.mla_cache_dim + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
-    return q + kv + heads * m.v_head_dim * h
+# --- the dense families, and dispatch ------------------------------------------------------------
+_HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "opt": "opt"}
+# The other families (qwen3, MoE, MLA, sliding-window and chunked attention): HF_FAMILIES.
 
 
-def mlp_params(m: ModelSpec, width: int) -> int:
-    """Weights of one MLP (or expert) of ``width``: gate + up + down, or up + down."""
-    return (3 if m.gated_mlp else 2) * m.hidden_size * width
+def _architecture_name(cfg: dict) -> str:
+    """``MixtralForCausalLM (model_type 'mixtral')``, or the model type alone."""
+    arch, kind = cfg.get("architectures"), f"model_type '{cfg.get('model_type')}'"
+    return f"{', '.join(map(str, arch))} ({kind})" if isinstance(arch, list) and arch else kind
 
 
-def moe_layer_params(m: ModelSpec, experts: int) -> int:
-    """One MoE layer's weights when ``experts`` routed experts count: those, the shared
-    experts and the router."""
-    return (experts * mlp_params(m, m.moe_intermediate_size)
-            + mlp_params(m, m.shared_expert_intermediate_size) + m.hidden_size * m.num_experts)
+def model_from_hf_config(path: Path) -> ModelSpec:
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` of a llama, mistral, qwen2
+    or opt model."""
+    return model_from_hf_dict(read_json_object(path, "model config", "model"), path)
 
 
-def linear_params(m: ModelSpec, active: bool) -> int:
-    """All layers' GEMM weights; ``active``: only the top-k routed experts of each MoE layer."""
-    n, dense = m.num_moe_layers, m.num_layers - m.num_moe_layers
-    experts = m.experts_per_token if active else m.num_experts
-    moe = n * moe_layer_params(m, experts) if m.is_moe else 0
-    return m.num_layers * attention_params(m) + dense * mlp_params(m, m.intermediate_size) + moe
+def model_from_hf_dict(cfg: dict, path: Path) -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face config dict read from ``path``."""
+    family = _HF_FAMILIES.get(str(cfg.get("model_type", "")).lower())
+    if family is None or _is_hybrid_config(cfg):
+        if str(cfg.get("model_type", "")).lower() not in HF_FAMILIES:
+            raise ConfigError(f"{_architecture_name(cfg)} is not supported; supported model "
+                              f"types: {', '.join(dict.fromkeys([*_HF_FAMILIES, *HF_FAMILIES]))}",
+                              location=str(path), field="model")
+        name = str(cfg.get("_name_or_path") or Path(path).parent.name or "custom")
+        return spec_from_hf(name, cfg, str(path))
+    build = _opt_fields if family == "opt" else _llama_fields
+    return ModelSpec(name=str(cfg.get("_name_or_path") or Path(path).parent.name or "custom"),
+                     family=family, **build(cfg, path))
+
+
+def _is_hybrid_config(cfg: dict) -> bool:
+    """A mistral config with a sliding window (every layer sliding, as vLLM reads it)."""
+    return cfg.get("model_type") == "mistral" and cfg.get("sliding_window") is not None
+
+
+def _need(cfg: dict, key: str, path: Path) -> int:
+    if cfg.get(key) is None:
+        raise ConfigError(f"config is missing '{key}'", location=str(path), field=key)
+    return _size(cfg, key, path)
+
+
+def _size(cfg: dict, key: str, path: Path, default=None) -> int:
+    """``cfg[key]`` as a positive integer (``default`` when absent or null)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected a positive integer, got {value!r}", location=str(path),
+                          field=key)
+    if not 1 <= value <= 1 << 40:
+        raise ConfigError(f"must be a positive integer, got {value}", location=str(path),
+                          field=key)
+    return value
+
+
+def _head_dim(cfg: dict, hidden: int, heads: int, path: Path) -> int:
+    """``head_dim`` when given, else ``hidden_size / num_attention_heads`` (which must divide)."""
+    given = _size(cfg, "head_dim", path)
+    if given is None and hidden % heads:
+        raise ConfigError(f"hidden_size {hidden} is not a multiple of {heads} heads (and no "
+                          "head_dim is given)", location=str(path), field="num_attention_heads")
+    return given or hidden // heads
+
+
+def _llama_fields(cfg: dict, path: Path) -> dict:
+    hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
+    kv_heads = _size(cfg, "num_key_value_heads", path, heads)
+    if heads % kv_heads:
+        raise ConfigError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads",
+                          location=str(path), field="num_key_value_heads")
+    return dict(num_layers=_need(cfg, "num_hidden_layers", path), hidden_size=hidden,
+                num_heads=heads, num_kv_heads=kv_heads,
+                head_dim=_head_dim(cfg, hidden, heads, path),
+                intermediate_size=_need(cfg, "intermediate_size", path),
+                vocab_size=_need(cfg, "vocab_size", path),
+                max_model_len=_need(cfg, "max_position_embeddings", path), gated_mlp=True,
+                qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias")),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+
+
+def _opt_fields(cfg: dict, path: Path) -> dict:
+    hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
+    max_len = _need(cfg, "max_position_embeddings", path)
+    return dict(num_layers=_need(cfg, "num_hidden_layers", path), hidden_size=hidden,
+                num_heads=heads, num_kv_heads=heads,
+                head_dim=_head_dim({}, hidden, heads, path),
+                intermediate_size=_need(cfg, "ffn_dim", path),
+                vocab_size=_need(cfg, "vocab_size", path), max_model_len=max_len,
+                gated_mlp=False, linear_bias=True, norm="layernorm",
+                learned_positions=max_len + 2,
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", True)))

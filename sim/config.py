@@ -21,7 +21,7 @@ from kvsim.cache.policies import POLICY_NAMES
 from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
-from kvsim.identity import SAMPLING_MODES
+from kvsim.workloads.identity import SAMPLING_MODES
 
 from .models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
 from .router import ROUTERS

@@ -24,10 +24,6 @@ class GpuSpec:
     price_per_hour_usd: float | None = None
     aliases: tuple[str, ...] = field(default=(), compare=False)
 
-    @property
-    def has_nvlink(self) -> bool:
-        return self.interconnect_type.startswith("nvlink")
-
 
 def _from_entry(name: str, e: dict) -> GpuSpec:
     link = e["interconnect"]

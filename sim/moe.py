@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.cache.attention_groups import CHUNKED, FULL, SLIDING
-from kvsim.sim.arch import mlp_params
+from kvsim.sim.model_shape import mlp_params
 from kvsim.sim.models import ModelSpec
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from array import array
 
+from kvsim.reports.frames import LOGGED_REQUEST_COLUMNS
+
 STEP_COLUMNS = (
     "t_start", "duration", "replica", "batch_size", "scheduled_tokens", "output_tokens",
     "num_running", "num_waiting", "kv_used_blocks", "kv_cached_idle_blocks",
@@ -19,12 +21,9 @@ STEP_COLUMNS = (
     "host_used_blocks", "transfer_s",
 )
 
-REQUEST_COLUMNS = {
-    "request_id": "q", "arrival_s": "d", "prompt_tokens": "q", "output_tokens": "q",
-    "priority": "q", "replica": "q", "first_scheduled_s": "d", "first_token_s": "d",
-    "finish_s": "d", "cached_tokens": "q", "num_preemptions": "q", "completed": "q",
-    "rejected": "q", "truncated": "q", "generated_tokens": "q", "finish_reason": "q",
-}
+#: The request log's columns: the requests.csv columns the simulator logs (the others are
+#: derived when the frame is built), times as doubles ("d"), everything else as integers ("q").
+REQUEST_COLUMNS = {name: "d" if name.endswith("_s") else "q" for name in LOGGED_REQUEST_COLUMNS}
 #: ``finish_reason`` codes of the log, and their words in ``requests.csv`` (vLLM's ``stop``
 #: and ``length``; ``rejected`` where vLLM answers with an error; empty while unfinished).
 FINISH_REASONS = ("", "stop", "length", "rejected")
@@ -59,11 +58,11 @@ class RequestLog:
 
     def on_arrival(self, request, replica: int) -> None:
         self._row[request.request_id] = len(self)
-        values = (request.request_id, request.arrival_s, request.prompt_tokens,
-                  request.output_tokens, request.priority, replica, math.nan, math.nan,
-                  math.nan, 0, 0, 0, 0, 0, 0, 0)
-        for column, value in zip(self.columns.values(), values):
-            column.append(value)
+        known = {"request_id": request.request_id, "arrival_s": request.arrival_s,
+                 "prompt_tokens": request.prompt_tokens, "output_tokens": request.output_tokens,
+                 "priority": request.priority, "replica": replica}
+        for name, column in self.columns.items():   # times NaN, counts 0 until they happen
+            column.append(known.get(name, math.nan if column.typecode == "d" else 0))
 
     def _set(self, request_id: int, name: str, value) -> None:
         self.columns[name][self._row[request_id]] = value

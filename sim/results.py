@@ -8,7 +8,7 @@ import pandas as pd
 
 from .model_summary import kv_extra, model_info
 from .models import resolve_model
-from kvsim.reports.io import REQUEST_COLUMNS, add_phase_columns
+from kvsim.reports.frames import REQUEST_COLUMNS, TIMELINE_COLUMNS, add_phase_columns
 
 from .recorder import FINISH_REASONS, STEP_COLUMNS
 from .recorder import REQUEST_COLUMNS as LOG_COLUMNS
@@ -221,7 +221,7 @@ def _finish_timeline(grid: pd.DataFrame, width: float, pool_blocks: int,
     q = grid["prefix_queries_tokens"]
     grid["prefix_hit_rate"] = (grid["prefix_hit_tokens"] / q.where(q > 0)).fillna(0.0)
     drop = ["token_slots", "internal_slots", "reserved_slots", "external_slots"]
-    return grid.drop(columns=drop).reset_index(drop=True)
+    return grid.drop(columns=drop).reset_index(drop=True)[list(TIMELINE_COLUMNS)]
 
 
 def run_frames(result: RunResult) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:

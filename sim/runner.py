@@ -12,7 +12,8 @@ from kvsim.cache.contiguous import ContiguousKVManager
 from kvsim.cache.hybrid import HybridKVManager
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.multi_group import MultiGroupKVManager
-from kvsim.cache.policies import make_policy, prepare_eviction
+from kvsim.cache.eviction import make_policy
+from kvsim.cache.policies import prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
 from kvsim.cache.cpu_offload import make_offloading_manager

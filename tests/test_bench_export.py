@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 from clirun import kvsim
 
+from kvsim.reports import frames
 from kvsim.reports import io as rio
+from kvsim.reports import run_outputs
 from kvsim.reports.bench import ITL_NOTE, bench_result
 
 NAN = float("nan")
@@ -26,7 +28,7 @@ def three_requests() -> pd.DataFrame:
         "ttft_s": [0.1, 0.3, NAN], "tpot_s": [0.02, NAN, NAN], "e2e_s": [0.18, 0.3, NAN],
         "cached_tokens": 0, "num_preemptions": 0, "completed": [1, 1, 0],
         "rejected": [0, 0, 1], "truncated": 0})
-    return rio.add_phase_columns(df)[list(rio.REQUEST_COLUMNS)]
+    return frames.add_phase_columns(df)[list(frames.REQUEST_COLUMNS)]
 
 
 def test_bench_fields_carry_vllms_names_and_units():
@@ -80,7 +82,7 @@ def test_kvsim_run_bench_json_agrees_with_the_summary(bench_run):
 
 def test_phases_of_a_simulated_run_sum_to_e2e(bench_run):
     df = pd.read_csv(bench_run / "requests.csv")
-    assert list(df.columns) == list(rio.REQUEST_COLUMNS)
+    assert list(df.columns) == list(frames.REQUEST_COLUMNS)
     assert (df["queue_s"] + df["prefill_s"] + df["decode_s"]).to_numpy() == pytest.approx(
         df["e2e_s"].to_numpy())
     assert (df["queue_s"] >= 0).all() and (df["prefill_s"] > 0).all()

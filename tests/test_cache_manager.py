@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kvsim.cache import BlockHashSource, CacheHit, KVCacheManager
-from kvsim.workloads.hashing import hash_token_blocks
+from kvsim.workloads.identity import hash_token_blocks
 
 BS = 4
 

@@ -6,7 +6,8 @@ import pytest
 
 from kvsim.cache import BlockPool, KVCacheManager
 from kvsim.cache.scored_pool import ScoredBlockPool
-from kvsim.cache.policies import POLICY_NAMES, BeladyOracle, make_policy
+from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.policies import POLICY_NAMES, BeladyOracle
 
 
 class Prompt:
@@ -38,9 +39,9 @@ def manager(policy, num_blocks=4, oracle=None):
 # --- the lru policy is vLLM's code path -----------------------------------------------------
 
 def test_lru_is_the_plain_pool_and_others_are_scored():
-    assert type(BlockPool(4, policy=make_policy("lru"))) is BlockPool
+    assert type(make_pool(4, policy=make_policy("lru"))) is BlockPool
     assert type(BlockPool(4)) is BlockPool
-    assert type(BlockPool(4, policy=make_policy("lfu"))) is ScoredBlockPool
+    assert type(make_pool(4, policy=make_policy("lfu"))) is ScoredBlockPool
 
 
 class ReferenceQueue:
@@ -72,7 +73,7 @@ class ReferenceQueue:
 
 def test_lru_policy_pool_keeps_vllms_free_queue_order_exactly():
     rng = random.Random(7)
-    pool, ref = BlockPool(12, policy=make_policy("lru")), ReferenceQueue(12)
+    pool, ref = make_pool(12, policy=make_policy("lru")), ReferenceQueue(12)
     held: list[list[int]] = []
     for step in range(3000):
         op = rng.random()
@@ -161,7 +162,7 @@ def test_hybrid_keeps_a_continued_chain_over_a_newer_one_off_prompt():
 
 
 def test_hybrid_key_is_the_release_clock_plus_lifetimes_of_worth():
-    pool = BlockPool(8, policy=make_policy("hybrid"))
+    pool = make_pool(8, policy=make_policy("hybrid"))
     pool.begin("r", priority=1)
     blocks = pool.get_new_blocks(2)
     pool.cache_blocks(blocks, [11, 12])

@@ -1,4 +1,4 @@
-"""kvsim.grid's grid parsing and kvsim.reports.compare_table, without running simulations."""
+"""kvsim.grid's grid parsing and kvsim.reports.grid_table, without running simulations."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from kvsim import grid as compare
 from kvsim.errors import ConfigError
-from kvsim.reports.compare_table import bytes_moved, render_compare_table, table_metrics
+from kvsim.reports.grid_table import bytes_moved, render_compare_table, table_metrics
 from kvsim.workloads import TraceOptions
 
 

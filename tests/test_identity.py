@@ -10,7 +10,7 @@ from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
 from kvsim.errors import TraceError
-from kvsim.identity import block_ids, hash_token_blocks
+from kvsim.workloads.identity import block_ids, hash_token_blocks
 from kvsim.workloads import Request, read_trace
 from kvsim.workloads.generators.build import GenConfig, generate
 from kvsim.workloads.writer import write_native

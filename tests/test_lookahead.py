@@ -2,10 +2,9 @@
 
 import numpy as np
 
-from kvsim.cache import BlockPool
 from kvsim.cache.hitrate import ReplayRequest, hitrate_curves, policy_hits
 from kvsim.cache.lookahead import LookaheadPool
-from kvsim.cache.policies import make_policy
+from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.workloads.request import Request
 
 
@@ -22,7 +21,7 @@ def req(hashes, prompt_tokens, arrival_s):
 
 
 def test_a_block_a_queued_request_will_look_up_is_evicted_last():
-    pool = BlockPool(3, policy=make_policy("lookahead"))
+    pool = make_pool(3, policy=make_policy("lookahead"))
     assert type(pool) is LookaheadPool
     a, b, c = put(pool, 1), put(pool, 2), put(pool, 3)
     pool.policy.enqueue([1, 99])             # a queued request will look up 1 (then 99)
@@ -33,7 +32,7 @@ def test_a_block_a_queued_request_will_look_up_is_evicted_last():
 
 
 def test_protection_yields_when_every_free_block_is_protected():
-    pool = BlockPool(2, policy=make_policy("lookahead"))
+    pool = make_pool(2, policy=make_policy("lookahead"))
     a, b = put(pool, 1), put(pool, 2)
     pool.policy.enqueue([1]), pool.policy.enqueue([2])
     assert put(pool, 3) == a                 # both protected: LRU among them
@@ -48,7 +47,7 @@ def test_a_continued_chain_outlives_newer_one_off_prompts():
 
 
 def test_the_reused_mark_skips_a_shared_first_block():
-    pool = BlockPool(6, policy=make_policy("lookahead"))
+    pool = make_pool(6, policy=make_policy("lookahead"))
     blocks = pool.get_new_blocks(2)
     pool.cache_blocks(blocks, [1, 2])
     pool.free_blocks(reversed(blocks))

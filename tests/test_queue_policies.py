@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvsim.cache import BlockPool
 from kvsim.cache.queue_pool import QueuePool
-from kvsim.cache.policies import make_policy
+from kvsim.cache.eviction import make_policy, make_pool
 
 
 def put(pool, block_hash):
@@ -29,13 +29,13 @@ def use(pool, block_hash):
 
 def test_queue_policies_get_a_queue_pool():
     for name in ("arc", "s3fifo"):
-        assert type(BlockPool(4, policy=make_policy(name))) is QueuePool
+        assert type(make_pool(4, policy=make_policy(name))) is QueuePool
 
 
 # --- ARC ----------------------------------------------------------------------------------
 
 def test_arc_a_hit_promotes_to_t2_and_a_scan_cannot_flush_it():
-    pool = BlockPool(4, policy=make_policy("arc"))
+    pool = make_pool(4, policy=make_policy("arc"))
     arc = pool.policy
     assert put(pool, 100) == 0 and use(pool, 100) == 0       # A: used twice -> T2
     assert (arc.num_t1, arc.num_t2) == (0, 1)
@@ -54,7 +54,7 @@ def test_lru_loses_the_reused_block_in_the_same_story():
 
 
 def test_arc_ghost_hits_move_the_target_both_ways():
-    pool = BlockPool(4, policy=make_policy("arc"))
+    pool = make_pool(4, policy=make_policy("arc"))
     arc = pool.policy
     for h in (1, 2, 3, 4, 5):            # 1 is evicted from T1 into B1
         put(pool, h)
@@ -74,7 +74,7 @@ def test_arc_ghost_hits_move_the_target_both_ways():
 
 
 def test_arc_never_evicts_held_blocks_and_counts_them():
-    pool = BlockPool(3, policy=make_policy("arc"))
+    pool = make_pool(3, policy=make_policy("arc"))
     held = pool.get_new_blocks(2)
     pool.cache_blocks(held, [1, 2])
     put(pool, 3)
@@ -85,7 +85,7 @@ def test_arc_never_evicts_held_blocks_and_counts_them():
 # --- S3-FIFO --------------------------------------------------------------------------------
 
 def test_s3fifo_one_off_blocks_pass_through_the_small_queue_only():
-    pool = BlockPool(10, policy=make_policy("s3fifo"))   # small queue: 1 block
+    pool = make_pool(10, policy=make_policy("s3fifo"))   # small queue: 1 block
     s3 = pool.policy
     assert put(pool, 100) == 0 and use(pool, 100) == 0   # A hit once while in S
     for h in range(1, 10):
@@ -98,7 +98,7 @@ def test_s3fifo_one_off_blocks_pass_through_the_small_queue_only():
 
 
 def test_s3fifo_a_ghost_comes_back_into_main_and_main_gives_second_chances():
-    pool = BlockPool(10, policy=make_policy("s3fifo"))
+    pool = make_pool(10, policy=make_policy("s3fifo"))
     s3 = pool.policy
     for h in range(12):                  # 0..9 fill, 10 and 11 evict hashes 0, 1 (ghosts)
         put(pool, h)
@@ -113,7 +113,7 @@ def test_s3fifo_a_ghost_comes_back_into_main_and_main_gives_second_chances():
 
 
 def test_s3fifo_skips_held_blocks_at_the_eviction_end():
-    pool = BlockPool(10, policy=make_policy("s3fifo"))
+    pool = make_pool(10, policy=make_policy("s3fifo"))
     held = pool.get_new_blocks(1)
     pool.cache_blocks(held, [50])
     for h in range(1, 10):
@@ -134,7 +134,7 @@ class QueuePoolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.pool is None)
     @rule(name=st.sampled_from(["arc", "s3fifo"]), n=st.integers(1, 12))
     def start(self, name, n):
-        self.pool = BlockPool(n, policy=make_policy(name))
+        self.pool = make_pool(n, policy=make_policy(name))
 
     @precondition(lambda self: self.pool is not None and self.pool.num_free_blocks > 0)
     @rule(block_hash=st.integers(0, 30))
@@ -185,7 +185,7 @@ TestQueuePoolMachine.settings = settings(max_examples=60, stateful_step_count=40
 
 @pytest.mark.parametrize("name", ["arc", "s3fifo"])
 def test_reset_forgets_everything(name):
-    pool = BlockPool(5, policy=make_policy(name))
+    pool = make_pool(5, policy=make_policy(name))
     for h in random.Random(1).sample(range(100), 8):
         put(pool, h)
     assert pool.reset_prefix_cache() and pool.num_cached_free_blocks == 0
@@ -193,7 +193,7 @@ def test_reset_forgets_everything(name):
 
 
 def test_s3fifo_finds_the_free_block_in_s_when_every_block_of_m_is_held():
-    pool = BlockPool(10, policy=make_policy("s3fifo"))
+    pool = make_pool(10, policy=make_policy("s3fifo"))
     s3 = pool.policy
     for h in range(12):                  # hashes 0, 1 evicted into the ghost
         put(pool, h)

@@ -151,9 +151,9 @@ def test_decode_groups_capped_by_gathered_tokens():
 
 
 def test_cpu_runner_caps_decode_groups_at_cache_size():
-    from kvsim.real_backend.model import LlamaConfig
-    from kvsim.real_backend.runner import CPU_DECODE_GROUP_BYTES, ModelRunner
-    cfg = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+    from shapes import llama
+    from kvsim.real_backend.model_runner import CPU_DECODE_GROUP_BYTES, ModelRunner
+    cfg = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                       intermediate_size=128, vocab_size=100)
     runner = ModelRunner.create(cfg, num_blocks=4, block_size=8)
     per_token = 2 * 2 * 16 * 4          # K and V, 2 KV heads of 16 fp32 values
@@ -163,6 +163,6 @@ def test_cpu_runner_caps_decode_groups_at_cache_size():
 def test_cuda_decode_groups_are_not_capped():
     from types import SimpleNamespace
 
-    from kvsim.real_backend.runner import decode_group_tokens
+    from kvsim.real_backend.model_runner import decode_group_tokens
     store = SimpleNamespace(device=torch.device("cuda"), bytes_per_block=1 << 20, block_size=16)
     assert decode_group_tokens(store, 2) is None

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from kvsim.cache.step_plan import SWAP_IN, SWAP_OUT, BlockTransfer, StepPlan  # noqa: E402
 from kvsim.errors import ConfigError  # noqa: E402
 from kvsim.real_backend.executor import TorchExecutor  # noqa: E402
-from kvsim.real_backend.model import LlamaConfig  # noqa: E402
-from kvsim.real_backend.models import resolve_backend_model  # noqa: E402
-from kvsim.real_backend.runner import ModelRunner  # noqa: E402
+from shapes import llama  # noqa: E402
+from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
+from kvsim.real_backend.model_runner import ModelRunner  # noqa: E402
 from kvsim.real_backend.tokens import token_ids_for  # noqa: E402
 from kvsim.sim.config import RunConfig  # noqa: E402
 from kvsim.sim.executor import DecodeRunPredictor  # noqa: E402
@@ -21,7 +21,7 @@ from kvsim.sim.runner import simulate  # noqa: E402
 from kvsim.workloads import Request  # noqa: E402
 
 TINY = resolve_backend_model("tiny-llama")
-SMALL = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+SMALL = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                     intermediate_size=128, vocab_size=101)
 
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from kvsim.cache.step_plan import COMPACT, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT  # noqa: E402
 from kvsim.real_backend.kv_store import PagedKVStore  # noqa: E402
-from kvsim.real_backend.model import LlamaConfig  # noqa: E402
+from shapes import llama  # noqa: E402
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 3, 2, 8, 4
 
@@ -102,7 +102,7 @@ def test_bad_transfers_rejected(gen):
 
 
 def test_store_without_host_tier_and_sizes():
-    cfg = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+    cfg = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                       intermediate_size=128, vocab_size=50)
     store = PagedKVStore.for_model(cfg, num_blocks=5, block_size=8, dtype="bf16")
     assert store.num_host_blocks == 0 and store.num_blocks == 5
@@ -115,8 +115,8 @@ def test_store_without_host_tier_and_sizes():
 def test_swap_and_compaction_preserve_model_outputs(gen):
     """A request swapped out, its blocks clobbered, swapped back into other blocks and then
     compacted continues exactly as if it had never moved."""
-    from kvsim.real_backend.runner import ModelRunner, RequestChunk
-    cfg = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+    from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
+    cfg = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                       intermediate_size=128, vocab_size=50)
     tokens = torch.randint(0, 50, (15,), generator=gen).tolist()
     steady = ModelRunner.create(cfg, num_blocks=16, block_size=4, num_host_blocks=8)

@@ -8,10 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsim.real_backend.model import (  # noqa: E402
-    LlamaConfig, RotaryEmbedding, apply_rope, build_model,
-)
-from kvsim.real_backend.runner import ModelRunner, RequestChunk  # noqa: E402
+from kvsim.real_backend.backend_model import LlamaConfig  # noqa: E402
+from shapes import llama  # noqa: E402
+from kvsim.real_backend.llama import RotaryEmbedding, apply_rope, build_model  # noqa: E402
+from kvsim.real_backend.model_runner import ModelRunner, RequestChunk  # noqa: E402
 
 TINY_LLAMA = {  # ../shared/tools/vllm-oracle/tiny-llama/config.json
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
@@ -20,9 +20,9 @@ TINY_LLAMA = {  # ../shared/tools/vllm-oracle/tiny-llama/config.json
     "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
     "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
-GQA = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+GQA = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=128, vocab_size=97)
-MHA = LlamaConfig(num_layers=2, hidden_size=96, num_heads=3, num_kv_heads=3, head_dim=32,
+MHA = llama(num_layers=2, hidden_size=96, num_heads=3, num_kv_heads=3, head_dim=32,
                   intermediate_size=160, vocab_size=101, rope_theta=500000.0)
 TOL = 1e-4
 

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT, BlockTransfer, ScheduledRequest, StepPlan  # noqa: E402,E501
 from kvsim.errors import ConfigError  # noqa: E402
-from kvsim.real_backend.models import resolve_backend_model  # noqa: E402
+from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
 from kvsim.real_backend.profile_fit import fit_errors, fit_profile, predict  # noqa: E402
 from kvsim.real_backend.profiling import Limits, default_grid  # noqa: E402
 from kvsim.sim.cost_model import CostModel  # noqa: E402

@@ -4,7 +4,7 @@
 import pytest
 
 from kvsim.reports import html
-from kvsim.reports.synthetic import synthetic_run
+from synthetic_runs import synthetic_run
 
 
 def axes_without_titles(fig) -> list[str]:

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from kvsim.reports import render_compare_report, render_run_report
-from kvsim.reports.browser import dump_dom, find_chromium, screenshot
+from browser import dump_dom, find_chromium, screenshot
 from kvsim.reports.html import COMPARE_FIGURE_IDS, RUN_FIGURE_IDS
-from kvsim.reports.synthetic import synthetic_run
+from synthetic_runs import synthetic_run
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,

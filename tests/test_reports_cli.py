@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from kvsim.reports.io import read_run_outputs, write_run_outputs
-from kvsim.reports.synthetic import synthetic_run
+from kvsim.reports.io import read_run_outputs
+from kvsim.reports.run_outputs import write_run_outputs
+from synthetic_runs import synthetic_run
 
 
 def kvsim(*args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from plotly.offline import get_plotlyjs
 from kvsim.reports import render_compare_report, render_hitrate_report, render_run_report
 from kvsim.reports.figures import cdf_points, latency_cdf_figure, parse_slo
 from kvsim.reports.html import COMPARE_FIGURE_IDS, HITRATE_FIGURE_IDS, RUN_FIGURE_IDS
-from kvsim.reports.synthetic import empty_run, synthetic_run
+from synthetic_runs import empty_run, synthetic_run
 
 PLOTLY_JS = get_plotlyjs()
 
@@ -193,7 +193,7 @@ def test_latency_figure_all_empty_is_a_placeholder():
 
 
 def test_ranking_puts_slo_meeting_runs_first():
-    from kvsim.reports.compare import rank_runs
+    from kvsim.reports.across_runs import rank_runs
 
     def fake(label, tput, ttft_p99):
         summary = {"throughput_output_tokens_per_s": tput, "ttft_s": {"p99": ttft_p99}}

@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 
 from kvsim.errors import KvsimError
+from kvsim.reports import frames
 from kvsim.reports import io as rio
-from kvsim.reports.synthetic import synthetic_run
+from kvsim.reports import run_outputs
+from synthetic_runs import synthetic_run
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +106,13 @@ def test_unserialisable_json_writes_nothing(tmp_path):
 
 def test_write_and_read_run_outputs_round_trip(tmp_path, run):
     summary, requests, timeline = run
-    written = rio.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
+    written = run_outputs.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
     assert set(written) == {"summary", "requests", "timeline"}
     s2, r2, t2 = rio.read_run_outputs(tmp_path)
     assert s2["num_requests"] == summary["num_requests"]
     assert s2["config"] == summary["config"]
-    assert list(r2.columns) == list(rio.REQUEST_COLUMNS)
-    assert list(t2.columns) == list(rio.TIMELINE_COLUMNS)
+    assert list(r2.columns) == list(frames.REQUEST_COLUMNS)
+    assert list(t2.columns) == list(frames.TIMELINE_COLUMNS)
     assert len(r2) == 300 and len(t2) == 500
     np.testing.assert_allclose(r2["ttft_s"], requests["ttft_s"], equal_nan=True)
     assert _leftovers(tmp_path) == []
@@ -130,26 +132,26 @@ def test_summary_is_written_last_and_stale_one_removed(tmp_path, run, monkeypatc
 
     monkeypatch.setattr(rio, "_atomic_write", spy)
     with pytest.raises(KeyboardInterrupt):
-        rio.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
+        run_outputs.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
     assert not (tmp_path / "summary.json").exists()  # no stale marker of completeness
     assert order == ["requests.csv", "timeline.csv"]
     monkeypatch.setattr(rio, "_atomic_write", real)
     order.clear()
-    rio.write_run_outputs(tmp_path, summary, requests, timeline, html=True)
+    run_outputs.write_run_outputs(tmp_path, summary, requests, timeline, html=True)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["report.html", "requests.csv", "summary.json", "timeline.csv"]
 
 
 @pytest.mark.parametrize("missing", ["summary.json", "requests.csv", "timeline.csv"])
 def test_read_names_the_missing_file(tmp_path, run, missing):
-    rio.write_run_outputs(tmp_path, *run, html=False)
+    run_outputs.write_run_outputs(tmp_path, *run, html=False)
     (tmp_path / missing).unlink()
     with pytest.raises(KvsimError, match=missing.replace(".", r"\.")):
         rio.read_run_outputs(tmp_path)
 
 
 def test_read_reports_bad_files(tmp_path, run):
-    rio.write_run_outputs(tmp_path, *run, html=False)
+    run_outputs.write_run_outputs(tmp_path, *run, html=False)
     (tmp_path / "summary.json").write_text("{not json")
     with pytest.raises(KvsimError, match="summary.json.*not valid JSON"):
         rio.read_run_outputs(tmp_path)
@@ -208,9 +210,9 @@ def test_downsample_handles_nan_and_rejects_bad_max():
 
 def test_empty_run_round_trips_and_renders(tmp_path):
     from kvsim.reports.rerender import rerender_report
-    from kvsim.reports.synthetic import empty_run
+    from synthetic_runs import empty_run
 
-    rio.write_run_outputs(tmp_path, *empty_run(), html=True)
+    run_outputs.write_run_outputs(tmp_path, *empty_run(), html=True)
     summary, requests, timeline = rio.read_run_outputs(tmp_path)
     assert len(requests) == 0 and len(timeline) == 0 and summary["num_completed"] == 0
     result = rerender_report(tmp_path, tmp_path / "again.html")
@@ -220,4 +222,18 @@ def test_empty_run_round_trips_and_renders(tmp_path):
 def test_docs_list_exactly_the_request_columns():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "frames.md").read_text()
     section = doc.split("## requests.csv")[1].split("`")[1]
-    assert [c.strip() for c in section.split(",")] == list(rio.REQUEST_COLUMNS)
+    assert [c.strip() for c in section.split(",")] == list(frames.REQUEST_COLUMNS)
+
+
+def test_docs_list_exactly_the_timeline_columns_in_order():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "frames.md").read_text()
+    section = doc.split("## timeline.csv")[1].split("\n## ")[0]
+    named = [c for c in section.split("`")[1::2] if c.isidentifier()]
+    assert list(dict.fromkeys(named)) == list(frames.TIMELINE_COLUMNS)
+
+
+def test_the_request_log_holds_the_logged_columns_of_the_contract():
+    from kvsim.sim.recorder import REQUEST_COLUMNS as LOG_COLUMNS
+    assert tuple(LOG_COLUMNS) == frames.LOGGED_REQUEST_COLUMNS
+    assert set(frames.LOGGED_REQUEST_COLUMNS) | set(frames.DERIVED_REQUEST_COLUMNS) == \
+        set(frames.REQUEST_COLUMNS)

@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 
 from kvsim.reports import RunProgress, print_summary
-from kvsim.reports.synthetic import empty_run, synthetic_run
+from synthetic_runs import empty_run, synthetic_run
 
 
 def _console(terminal: bool) -> tuple[Console, io.StringIO]:

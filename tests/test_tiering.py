@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvsim.cache.host_tier import HostTier
-from kvsim.cache.policies import make_policy
+from kvsim.cache.eviction import make_policy
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.cache.host_tier import HostTier
-from kvsim.cache.policies import make_policy
+from kvsim.cache.eviction import make_policy
 from kvsim.cache.step_plan import HOST_TO_DEVICE, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT
 from kvsim.cache.tiered import TieredKVCacheManager
-from kvsim.workloads.hashing import ROOT_HASH, hash_token_blocks
+from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
 BS = 4
 PREFIXES = [list(range(1000 * p, 1000 * p + 8)) for p in range(3)]

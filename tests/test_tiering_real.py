@@ -9,15 +9,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvsim.real_backend.executor import TorchExecutor  # noqa: E402
-from kvsim.real_backend.model import LlamaConfig  # noqa: E402
-from kvsim.real_backend.models import resolve_backend_model  # noqa: E402
-from kvsim.real_backend.runner import ModelRunner  # noqa: E402
+from shapes import llama  # noqa: E402
+from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
+from kvsim.real_backend.model_runner import ModelRunner  # noqa: E402
 from kvsim.sim import results  # noqa: E402
 from kvsim.sim.config import RunConfig  # noqa: E402
 from kvsim.sim.runner import simulate  # noqa: E402
 from kvsim.workloads import Request  # noqa: E402
 
-SMALL = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+SMALL = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                     intermediate_size=128, vocab_size=101)
 TINY_SIM = resolve_backend_model("tiny-llama").sim_model
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from kvsim.reports.compare_table import bytes_moved
+from kvsim.reports.grid_table import bytes_moved
 from kvsim.sim import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.models import resolve_model

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.identity import block_ids
+from kvsim.workloads.identity import block_ids
 
 
 @dataclass(slots=True)
@@ -18,7 +18,7 @@ class Request:
     With neither, the request shares nothing with any other. ``continues``: the earlier request
     whose whole sequence (prompt and generated tokens) this prompt starts with (multi-turn
     without token ids). ``output_token_ids``: the tokens it generates, when recorded. Per-token
-    lists are never built for traces that do not carry them. Block ids: :mod:`kvsim.identity`.
+    lists are never built for traces that do not carry them. Block ids: :mod:`kvsim.workloads.identity`.
     """
 
     request_id: int
@@ -43,5 +43,5 @@ class Request:
         """Prefix ids of the full ``block_size`` blocks within the first ``num_tokens`` tokens
         of the sequence (prompt, then generated tokens); ``num_tokens`` defaults to the prompt.
         ``greedy``: the sampling mode of generated tokens with no recorded ids (see
-        :func:`kvsim.identity.block_ids`)."""
+        :func:`kvsim.workloads.identity.block_ids`)."""
         return block_ids(self, block_size, num_tokens, greedy)

@@ -2,7 +2,7 @@
 
 Used by the browser test and to take the README screenshot:
 
-    python -m kvsim.reports.browser report.html docs/report-screenshot.png [WIDTH HEIGHT]
+    python tests/browser.py report.html docs/report-screenshot.png [WIDTH HEIGHT]
 
 Pages are opened as ``file://`` URLs; reports never fetch anything.
 """
@@ -72,7 +72,7 @@ def screenshot(html_path: str | os.PathLike, png_path: str | os.PathLike, *,
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m kvsim.reports.browser PAGE.html OUT.png [WIDTH HEIGHT]``."""
+    """``python tests/browser.py PAGE.html OUT.png [WIDTH HEIGHT]``."""
     if len(argv) not in (2, 4):
         sys.stderr.write(__doc__ or "")
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .io import REQUEST_COLUMNS, TIMELINE_COLUMNS, add_phase_columns
+from kvsim.reports.frames import REQUEST_COLUMNS, TIMELINE_COLUMNS, add_phase_columns
 
 
 def synthetic_run(num_requests: int = 300, timeline_rows: int = 500, *, seed: int = 0,

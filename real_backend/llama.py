@@ -1,4 +1,7 @@
-"""A Llama-architecture decoder with random weights, run over a packed token stream.
+"""A Llama-architecture decoder in torch with random weights, run over a packed token stream.
+
+Its shape is a :class:`~kvsim.real_backend.backend_model.LlamaConfig` (the simulator's
+:class:`~kvsim.sim.model_shape.ModelSpec` plus RoPE theta and norm eps).
 
 RMSNorm, rotary position embeddings (RoPE, the HF ``rotate_half`` convention), grouped-query
 attention through the paged KV store, a SwiGLU MLP, token embedding and LM head. Like vLLM, every
@@ -11,17 +14,15 @@ seed gives the same model on every device and dtype. Nothing is ever downloaded.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention import AttentionMetadata, paged_attention
+from .backend_model import LlamaConfig
 from .cpu_head import CpuHead
 
 _DTYPES = {
@@ -39,74 +40,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return _DTYPES[dtype.lower()]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """The shape of a Llama-architecture decoder (what determines compute and KV size)."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rope_theta: float = 10000.0
-    rms_eps: float = 1e-5
-    max_position: int = 4096
-    tie_word_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-
-    @property
-    def group_size(self) -> int:
-        """Query heads sharing one KV head (1 = multi-head attention)."""
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def kv_bytes_per_token(self, dtype: str | torch.dtype = "fp32") -> int:
-        """Bytes of K and V one token occupies across all layers."""
-        itemsize = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
-        return 2 * self.num_layers * self.kv_size * itemsize
-
-    @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
-        """Build from a Hugging Face ``config.json`` dict (``LlamaForCausalLM`` keys).
-
-        ``rope_scaling`` is ignored: it changes position frequencies, not cost or KV shape.
-        """
-        heads = int(d["num_attention_heads"])
-        return cls(
-            num_layers=int(d["num_hidden_layers"]),
-            hidden_size=int(d["hidden_size"]),
-            num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
-            intermediate_size=int(d["intermediate_size"]),
-            vocab_size=int(d["vocab_size"]),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
-            rms_eps=float(d.get("rms_norm_eps", 1e-5)),
-            max_position=int(d.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        )
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "LlamaConfig":
-        """Read a Hugging Face ``config.json`` file."""
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
 
 
 class RMSNorm(nn.Module):

@@ -1,4 +1,5 @@
-"""Views across several runs (``kvsim compare``) and miss-ratio curves (``kvsim hitrate``)."""
+"""Views across several runs (``kvsim compare``: overlays, trade-off scatter, SLO ranking) and
+miss-ratio curves (``kvsim hitrate``), for the HTML pages of :mod:`kvsim.reports.html`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .compare_table import identical_to, result_fingerprint
+from .grid_table import identical_to, result_fingerprint
 from .figures import parse_slo
 from .page import esc, flatten, fmt_setting
 from .style import (empty_figure, fmt_num, fmt_pct, fmt_seconds, get, is_number, series_color,

@@ -1,0 +1,60 @@
+"""What the pools of non-LRU eviction policies share.
+
+A :class:`PolicyPool` is a :class:`~kvsim.cache.block_pool.BlockPool` whose free blocks live in
+two places: free blocks without a hash stay in the ``OrderedDict`` of the plain pool (reused
+first, as vLLM), free *cached* blocks belong to the policy's own structure, counted by
+``num_cached_free_blocks``. The two policy pools differ only in that structure:
+:class:`~kvsim.cache.scored_pool.ScoredBlockPool` (a heap of release-time scores) and
+:class:`~kvsim.cache.queue_pool.QueuePool` (a policy's queues, as ARC's and S3-FIFO's).
+"""
+
+from __future__ import annotations
+
+from .block_pool import BlockPool
+
+
+class PolicyPool(BlockPool):
+    """Queries and composite actions of a pool whose free cached blocks a policy orders.
+
+    Subclasses give :meth:`cached_free_order` and the block actions (``get_new_blocks``,
+    ``touch``, ``free_blocks``, ``cache_blocks``, ``reset_prefix_cache``).
+    """
+
+    # --- queries -------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + self.num_cached_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def free_queue(self) -> list[int]:
+        """Free block ids: unhashed ones (reused first), then cached ones in policy order."""
+        return list(self._free) + self.cached_free_order()
+
+    def cached_free_order(self) -> list[int]:
+        """Free cached blocks, roughly in the order the policy would evict them."""
+        raise NotImplementedError
+
+    def can_get_new_blocks(self, n: int) -> bool:
+        return n <= self.num_free_blocks
+
+    def can_reset(self) -> bool:
+        return self.num_free_blocks == self.num_blocks
+
+    # --- composite actions ---------------------------------------------------------------
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        self.cache_blocks([block_id], [block_hash])
+
+    def put_cached(self, block_hash: int) -> int:
+        block_id = self.get_new_blocks(1)[0]
+        self.cache_block(block_id, block_hash)
+        self.free_blocks([block_id])
+        return block_id
+
+    def refresh(self, block_id: int) -> None:
+        self.touch([block_id])
+        self.free_blocks([block_id])

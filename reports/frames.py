@@ -1,0 +1,67 @@
+"""The output contract of a run: its files and the columns of its two frames.
+
+The one definition of what ``kvsim run --out DIR`` writes (``docs/frames.md`` is tested against
+it): the simulator builds its frames to these columns (:mod:`kvsim.sim.results`, and the request
+log of :mod:`kvsim.sim.recorder` is derived from them), :mod:`kvsim.reports` writes and reads
+them back.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+SUMMARY_FILE = "summary.json"
+REQUESTS_FILE = "requests.csv"
+TIMELINE_FILE = "timeline.csv"
+REPORT_FILE = "report.html"
+BENCH_FILE = "bench.json"
+#: ``--output-format``: how the two frames are stored (same columns either way).
+OUTPUT_FORMATS = ("csv", "parquet")
+#: The files a run's result may consist of (``kvsim run --out DIR``): a new run removes them.
+RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE, "requests.parquet",
+             "timeline.parquet", BENCH_FILE)
+
+#: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
+    "finish_reason", "priority", "replica", "first_scheduled_s", "first_token_s", "finish_s",
+    "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "cached_tokens",
+    "num_preemptions", "completed", "rejected", "truncated",
+)
+#: A request's time split into vLLM's three phases (its ``request_queue_time_seconds``,
+#: ``request_prefill_time_seconds`` and ``request_decode_time_seconds``; Vidur's scheduling
+#: delay, prefill time and decode time): column -> (from, to). They sum to ``e2e_s``.
+PHASE_COLUMNS = {
+    "queue_s": ("arrival_s", "first_scheduled_s"),
+    "prefill_s": ("first_scheduled_s", "first_token_s"),
+    "decode_s": ("first_token_s", "finish_s"),
+}
+#: Columns of timeline.csv (docs/frames.md).
+TIMELINE_COLUMNS = (
+    "time_s", "interval_s", "num_steps", "num_running", "num_waiting", "batch_size",
+    "output_tokens", "throughput_tokens_per_s", "kv_used_blocks", "kv_cached_idle_blocks",
+    "kv_free_blocks", "kv_usage", "host_used_blocks", "frag_token_states", "frag_reservation",
+    "frag_internal", "frag_external", "frag_free", "prefix_queries_tokens", "prefix_hit_tokens",
+    "prefix_hit_rate", "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks",
+    "promote_blocks", "compact_blocks", "transfer_s",
+)
+#: Timeline columns that count events within an interval: downsampling sums them.
+TIMELINE_SUM_COLUMNS = frozenset({
+    "interval_s", "num_steps", "output_tokens", "prefix_queries_tokens", "prefix_hit_tokens",
+    "preemptions", "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
+    "compact_blocks", "transfer_s",
+})
+
+#: requests.csv columns computed from others when the frame is built (the simulator logs the
+#: rest): the latencies and the phases.
+DERIVED_REQUEST_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", *PHASE_COLUMNS)
+#: requests.csv columns the simulator logs per request, in the frame's order.
+LOGGED_REQUEST_COLUMNS = tuple(c for c in REQUEST_COLUMNS if c not in DERIVED_REQUEST_COLUMNS)
+
+
+def add_phase_columns(requests: pd.DataFrame) -> pd.DataFrame:
+    """Set the :data:`PHASE_COLUMNS` of a requests frame from its timestamps (NaN until the
+    phase has ended); returns the frame."""
+    for column, (start, end) in PHASE_COLUMNS.items():
+        requests[column] = requests[end] - requests[start]
+    return requests
