@@ -14,7 +14,7 @@ from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.sequence import Sequence
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE
 from kvsim.workloads import Request
-from kvsim.workloads.hashing import ROOT_HASH, hash_token_blocks
+from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
 A = list(range(100, 108))          # two full blocks
 B = list(range(200, 216))          # four

@@ -17,7 +17,7 @@ from test_tiering_properties import BS, PREFIXES, Memory
 
 from kvsim.cache.cpu_offload import make_offloading_manager
 from kvsim.cache.offloading import OffloadingKVCacheManager
-from kvsim.cache.policies import make_policy
+from kvsim.cache.eviction import make_policy
 
 
 class World:
