@@ -54,11 +54,6 @@ class Sequence:
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
 
-    @property
-    def is_prefill(self) -> bool:
-        """True while the tokens it has are not all computed beyond the latest one."""
-        return self.num_computed_tokens < self.num_tokens - 1
-
     def __lt__(self, other: "Sequence") -> bool:
         """Priority order, as vLLM's: priority, then arrival, then id."""
         return ((self.priority, self.arrival_s, self.request_id)
