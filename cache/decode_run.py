@@ -94,35 +94,60 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
     """Perform the next ``n`` steps of ``run`` on ``kv`` (a paged
     :class:`~kvsim.cache.KVCacheManager`) and bring the requests' counters forward.
 
-    The block events (a request opening or filling a block) of all ``n`` steps are found in
-    one array operation; only they call ``kv.allocate``, step by step in scheduling order, as
-    :meth:`~kvsim.cache.Scheduler.schedule` would. ``host``: the host tier (copies are taken
-    per step)."""
+    The block events (a request opening a block, or filling one it registers) of all ``n``
+    steps are found in one array operation; only they call ``kv.allocate``, step by step in
+    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would. ``host``: the host
+    tier (its copies are taken step by step)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
     computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
-    events = (computed % bs == 0) | ((computed + 1) % bs == 0)
-    rows, cols = (a.tolist() for a in np.nonzero(events))
+    registers = np.array([not kv.is_registration_deferred(s.request_id) for s in run.requests])
+    events = (computed % bs == 0) | (((computed + 1) % bs == 0) & registers)
     internal = ((-(computed + 1)) % bs).sum(axis=1)
-    used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
-    transfers: list[list[BlockTransfer]] = []
-    pool, k = kv.pool, 0
-    for j in range(n):
-        if host is not None:
-            kv.begin_step()
-        while k < len(rows) and rows[k] == j:
-            _open_or_fill(kv, run, cols[k], first + j)
-            k += 1
-        used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
-        if host is not None:
-            transfers.append(list(kv.take_transfers()))
-            host_used[j] = host.num_cached_blocks + host.num_pinned_blocks
-        else:
-            transfers.append([])
-            host_used[j] = 0
+    if host is None:
+        used, idle = _allocate_events(kv, run, events, first)
+        transfers, host_used = [[] for _ in range(n)], np.zeros(n, dtype=np.int64)
+    else:
+        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events, first,
+                                                                      host)
     run.num_committed += n
     _bring_forward(kv, run)
     return DecodeSteps(used, idle, used * bs - internal, internal, host_used, transfers)
+
+
+def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
+    """Allocate at every event (step by step, in scheduling order); the pool's used and cached
+    idle blocks after each step."""
+    pool, n = kv.pool, len(events)
+    before = (pool.num_used_blocks, pool.num_cached_free_blocks)
+    rows, cols = np.nonzero(events)
+    steps = np.flatnonzero(np.diff(rows, append=n)) if len(rows) else rows  # last event/step
+    after = np.empty((len(steps), 2), dtype=np.int64)
+    k = 0
+    for row, (j, i) in enumerate(zip(rows.tolist(), cols.tolist())):
+        _open_or_fill(kv, run, i, first + j)
+        if k < len(steps) and row == steps[k]:
+            after[k] = pool.num_used_blocks, pool.num_cached_free_blocks
+            k += 1
+    event_steps = rows[steps]
+    last = np.searchsorted(event_steps, np.arange(n), side="right") - 1   # -1: none yet
+    table = np.vstack([np.array([before], dtype=np.int64), after])
+    return table[last + 1, 0], table[last + 1, 1]
+
+
+def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host):
+    """As :func:`_allocate_events`, with the host tier's copies (and usage) of each step."""
+    pool, n = kv.pool, len(events)
+    used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
+    transfers = []
+    for j in range(n):
+        kv.begin_step()
+        for i in np.flatnonzero(events[j]).tolist():
+            _open_or_fill(kv, run, i, first + j)
+        used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
+        transfers.append(list(kv.take_transfers()))
+        host_used[j] = host.num_cached_blocks + host.num_pinned_blocks
+    return used, idle, host_used, transfers
 
 
 def _open_or_fill(kv, run: DecodeRun, i: int, step: int) -> None:
