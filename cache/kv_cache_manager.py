@@ -253,10 +253,7 @@ class KVCacheManager:
         if self._num_needed(held, slots, num_new_tokens, hit) > self.pool.num_free_blocks:
             return None
         if entry is None:
-            entry = self._requests[request_id] = _RequestBlocks()
-            if self._defer and getattr(tokens, "has_private_blocks", False):
-                entry.deferred = tokens
-                self._deferred[request_id] = entry
+            entry = self._new_entry(request_id, tokens)
         if self._scored:
             self.pool.begin(request_id, getattr(tokens, "priority", 0))
         if hit is not None and hit.num_tokens:
@@ -291,6 +288,13 @@ class KVCacheManager:
         return self.pool.reset_prefix_cache()
 
     # --- internals -----------------------------------------------------------------------
+
+    def _new_entry(self, request_id, tokens) -> _RequestBlocks:
+        entry = self._requests[request_id] = _RequestBlocks()
+        if self._defer and getattr(tokens, "has_private_blocks", False):
+            entry.deferred = tokens
+            self._deferred[request_id] = entry
+        return entry
 
     def _register(self, entry: _RequestBlocks) -> None:
         """Register a deferred entry's full blocks, as allocating them would have."""

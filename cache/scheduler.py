@@ -101,6 +101,7 @@ class Scheduler:
         self._last: dict[Sequence, int] = {}
         self._queries_at_schedule = (0, 0)    # prefix stats when the last step was planned
         self._decode_only = False     # the last step only decoded: a decode run may follow
+        self._run: DecodeRun | None = None    # the decode run planned last (until a step is)
         # external fragmentation depends on the next waiting request (not in paged layouts)
         self._external = not isinstance(kv, KVCacheManager)
         self._host = getattr(kv, "host", None)
@@ -129,6 +130,7 @@ class Scheduler:
         """Plan one step; the scheduled tokens count as computed from here on."""
         stats = self.kv.prefix_stats
         self._queries_at_schedule = (stats.num_queries_tokens, stats.num_hit_tokens)
+        self._run = None
         self.kv.begin_step()
         scheduled: dict[Sequence, int] = {}
         preempted: list[Sequence] = []
@@ -189,7 +191,7 @@ class Scheduler:
         """The decode-only steps that can follow the last one (None: plan a normal step):
         every running request only decodes, no waiting request can be admitted meanwhile, no
         allocation can fail (capped by the free blocks) and nobody finishes. Paged layout
-        only; side-effect free."""
+        only; the cache is left as it is."""
         running = self.running
         if not self._decode_only or self._external or not running:
             return None
@@ -204,16 +206,18 @@ class Scheduler:
                                           self.kv.num_free_blocks, steps - 1)
         if not n:
             return None
-        return DecodeRun(list(running), computed, [s.num_output_tokens for s in running], n,
-                         self._host is not None)
+        self._run = DecodeRun(list(running), computed, [s.num_output_tokens for s in running],
+                              n, self._host is not None)
+        return self._run
 
     def commit_decode_run(self, run: DecodeRun, num_steps: int) -> DecodeSteps:
         """Take the next ``num_steps`` steps of ``run`` (planned by :meth:`plan_decode_run`,
         nothing scheduled since): their block allocations and copies, every request's
         counters brought forward. Returns what each step left (for the step log)."""
-        if self._last or not 0 < num_steps <= run.num_left:
+        if run is not self._run or not 0 < num_steps <= run.num_left:
             raise ValueError(f"cannot commit {num_steps} of the {run.num_left} steps left of "
-                             f"a decode run{' while a step is planned' if self._last else ''}")
+                             "a decode run" + (" planned before the last step" if
+                                              run is not self._run else ""))
         self._decode_only = False
         return decode_run.commit_steps(self.kv, run, num_steps, self._host)
 

@@ -55,3 +55,30 @@ def test_a_running_private_request_registers_its_blocks_only_when_it_frees_them(
     assert kv.is_registration_deferred(1) and not any(kv.is_cached(b) for b in blocks)
     kv.free(1)
     assert all(kv.is_cached(b) for b in blocks) and kv.pool.num_cached_free_blocks == 3
+
+
+def test_a_length_only_run_with_preemptions_is_unchanged(monkeypatch):
+    """A tight pool: requests are preempted and resume on their own cached blocks. Registering
+    private blocks late gives the same steps, requests and prefix stats as registering them as
+    they fill."""
+    import numpy as np
+
+    from kvsim.sim import results, runner
+    from kvsim.sim.config import RunConfig
+
+    rng = np.random.default_rng(3)
+    trace = [(0.01 * i, int(rng.integers(20, 300)), int(rng.integers(20, 200)))
+             for i in range(120)]
+    config = RunConfig(model="llama-2-7b", num_gpu_blocks=90, max_num_seqs=32,
+                       max_num_batched_tokens=512, block_size=16)
+
+    def frames():
+        r = runner.simulate([Request(i, *t) for i, t in enumerate(trace)], config)
+        stats = [rep.kv.prefix_stats for rep in r.replicas]
+        return results.steps_frame(r), results.requests_frame(r), stats
+
+    late = frames()
+    monkeypatch.setattr(runner, "KVCacheManager", lambda *args, **kw: KVCacheManager(*args))
+    eager = frames()
+    assert late[0].equals(eager[0]) and late[1].equals(eager[1]) and late[2] == eager[2]
+    assert late[0]["preemptions"].sum() > 0 and late[2][0].num_hit_tokens == 0

@@ -226,3 +226,26 @@ def test_step_log_takes_records_and_whole_columns():
     assert list(log.columns["duration"]) == [1.0, 1.0, 2.0]
     with pytest.raises(ValueError):
         log.extend({name: np.zeros(2 + (name == "duration")) for name in STEP_COLUMNS})
+
+
+def test_a_decode_run_is_committed_only_before_the_next_step():
+    """A run planned, then overtaken by a normal step, can no longer be committed; nor can
+    more steps than it has."""
+    kv = KVCacheManager(100, 16)
+    scheduler = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=512))
+    scheduler.add(Sequence(Request(0, 0.0, 20, 50), 16))
+    for _ in range(2):
+        scheduler.schedule()
+        scheduler.update_from_output()
+    run = scheduler.plan_decode_run()
+    assert run is not None and run.max_steps == 47
+    with pytest.raises(ValueError):
+        scheduler.commit_decode_run(run, 48)
+    facts = scheduler.commit_decode_run(run, 10)
+    assert list(facts.kv_used_blocks) == [2] * 10     # the third block opens at step 11
+    assert scheduler.running[0].num_output_tokens == 12
+    assert list(facts.internal_slots) == [32 - 22 - j for j in range(10)]
+    scheduler.schedule()
+    scheduler.update_from_output()
+    with pytest.raises(ValueError):
+        scheduler.commit_decode_run(run, 1)
