@@ -140,7 +140,8 @@ class Replica:
         self.num_decode_runs += 1
         self.num_skipped_steps += n
         rows = self._rows(now, durations, moved, b, facts)
-        self.steps.extend({name: column[:-1] for name, column in rows.items()})
+        if n > 1:
+            self.steps.extend({name: column[:-1] for name, column in rows.items()})
         self.outstanding_tokens -= b * (n - 1)
         yield from self._wait(now, durations)
         last = StepRecord(*(float(column[-1]) for column in rows.values()))
