@@ -4,6 +4,14 @@
 A request's prompt is given either as token ids (hashed here, per full block, chained) or as a
 :class:`BlockHashSource` that already knows its block ids (traces carry per-block prefix ids,
 never per-token lists). Both give the same semantics.
+
+A sequence whose block ids are private to it (``has_private_blocks``: a length-only request)
+costs no prefix-cache work that cannot pay off: its first lookup is a miss without computing its
+ids (nothing holds them before it ran), and with ``defer_private_blocks`` its full blocks are
+registered in the prefix index only when it frees them, or as soon as any other sequence uses
+the index (a request continuing it could look them up). Nothing observable changes: hits, the
+free queue's order and the cached-block counts are those of registering every block as it
+fills.
 """
 
 from __future__ import annotations
@@ -66,13 +74,14 @@ class PrefixCacheStats:
 class _RequestBlocks:
     """One request's block table and how much of it is hashed."""
 
-    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes")
+    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred")
 
     def __init__(self) -> None:
         self.block_ids: list[int] = []
         self.num_slots = 0        # tokens the request has KV slots for
         self.num_cached = 0       # leading blocks registered in the prefix index
         self.hashes: list[int] = []  # hashes computed so far (token-id input only)
+        self.deferred = None      # the sequence whose full blocks wait to be registered
 
 
 class KVCacheManager:
@@ -86,11 +95,19 @@ class KVCacheManager:
     ([0, 1], 8)
     """
 
+    #: Whether the scheduler may commit decode-only steps lazily (only at the steps where a
+    #: request opens or fills a block): true when an ``allocate`` that adds no block has no
+    #: effect.
+    supports_decode_runs = True
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, policy=None):
+                 max_model_len: int | None = None, policy=None,
+                 defer_private_blocks: bool = False):
         """``policy``: a :class:`~kvsim.cache.policies.CachePolicy` (default: vLLM's LRU). A
         policy that needs the requester (priority, trace position) gets it from ``allocate``:
-        its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``Sequence``)."""
+        its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``Sequence``).
+        ``defer_private_blocks``: register a private sequence's full blocks late (see the
+        module docstring; LRU only: other policies score blocks as they are registered)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
@@ -101,6 +118,8 @@ class KVCacheManager:
         self._scored = policy is not None and not policy.is_lru
         self.prefix_stats = PrefixCacheStats()
         self._requests: dict[object, _RequestBlocks] = {}
+        self._defer = defer_private_blocks and enable_prefix_caching and not self._scored
+        self._deferred: dict[object, _RequestBlocks] = {}   # entries whose registration waits
 
     # --- queries -------------------------------------------------------------------------
 
@@ -166,10 +185,14 @@ class KVCacheManager:
         return CacheHit(found, len(found) * self.block_size)
 
     def _lookup_hashes(self, tokens) -> Sequence[int]:
-        """Ids of the blocks a lookup may cover (none with prefix caching off)."""
+        """Ids of the blocks a lookup may cover (none with prefix caching off, nor for a private
+        sequence that was never preempted: nothing can hold its ids yet)."""
         max_blocks = (len(tokens) - 1) // self.block_size
-        if not self.enable_prefix_caching or max_blocks <= 0:
+        if not self.enable_prefix_caching or max_blocks <= 0 or (
+                getattr(tokens, "has_private_blocks", False) and not tokens.num_preemptions):
             return ()
+        if self._deferred:
+            self._register_deferred()
         return _hashes(tokens, self.block_size, 0, max_blocks)
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
@@ -216,6 +239,8 @@ class KVCacheManager:
         ``min(slots, len(tokens))`` tokens is registered.
         """
         entry = self._requests.get(request_id)
+        if self._deferred and not getattr(tokens, "has_private_blocks", False):
+            self._register_deferred()     # a sequence that may share blocks uses the index
         if entry is not None and (hit is None or not hit.num_tokens):
             # Fast path (decode): no block boundary crossed, so nothing can fail or be taken;
             # the same effects as the general path below, with less bookkeeping.
@@ -225,7 +250,8 @@ class KVCacheManager:
                 slots = self.max_model_len
             if slots <= len(entry.block_ids) * self.block_size:
                 entry.num_slots = slots
-                if self.enable_prefix_caching and slots // self.block_size > entry.num_cached:
+                if (self.enable_prefix_caching and slots // self.block_size > entry.num_cached
+                        and entry.deferred is None):
                     n = len(tokens)
                     self._cache_full_blocks(entry, tokens, slots if slots < n else n)
                 return []
@@ -235,7 +261,7 @@ class KVCacheManager:
         if self._num_needed(held, slots, num_new_tokens, hit) > self.pool.num_free_blocks:
             return None
         if entry is None:
-            entry = self._requests[request_id] = _RequestBlocks()
+            entry = self._new_entry(request_id, tokens)
         if self._scored:
             self.pool.begin(request_id, getattr(tokens, "priority", 0))
         if hit is not None and hit.num_tokens:
@@ -246,7 +272,7 @@ class KVCacheManager:
         num_new = -(-entry.num_slots // self.block_size) - len(entry.block_ids)
         new_blocks = self.pool.get_new_blocks(num_new) if num_new > 0 else []
         entry.block_ids.extend(new_blocks)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and entry.deferred is None:
             n = len(tokens)
             self._cache_full_blocks(entry, tokens, entry.num_slots if entry.num_slots < n else n)
         return new_blocks
@@ -255,13 +281,40 @@ class KVCacheManager:
         """Release a request's blocks, tail first (so a chain is evicted deepest first)."""
         entry = self._requests.pop(request_id, None)
         if entry is not None:
+            if entry.deferred is not None:
+                del self._deferred[request_id]
+                self._register(entry)
             self.pool.free_blocks(reversed(entry.block_ids))
+
+    def is_registration_deferred(self, request_id) -> bool:
+        """Whether ``request_id``'s full blocks wait to be registered (see the module doc)."""
+        entry = self._requests.get(request_id)
+        return entry is not None and entry.deferred is not None
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached content; only possible while no block is in use."""
         return self.pool.reset_prefix_cache()
 
     # --- internals -----------------------------------------------------------------------
+
+    def _new_entry(self, request_id, tokens) -> _RequestBlocks:
+        entry = self._requests[request_id] = _RequestBlocks()
+        if self._defer and getattr(tokens, "has_private_blocks", False):
+            entry.deferred = tokens
+            self._deferred[request_id] = entry
+        return entry
+
+    def _register(self, entry: _RequestBlocks) -> None:
+        """Register a deferred entry's full blocks, as allocating them would have."""
+        seq, entry.deferred = entry.deferred, None
+        n = len(seq)
+        self._cache_full_blocks(entry, seq, entry.num_slots if entry.num_slots < n else n)
+
+    def _register_deferred(self) -> None:
+        """Another sequence uses the prefix index: register every deferred block first."""
+        for entry in self._deferred.values():
+            self._register(entry)
+        self._deferred.clear()
 
     def _adopt(self, entry: _RequestBlocks, hit: CacheHit) -> None:
         if entry.block_ids:

@@ -43,6 +43,10 @@ class OffloadingKVCacheManager(KVCacheManager):
     [('offload', [(0, 0), (1, 1)])]
     """
 
+    #: vLLM offers and touches a request's blocks at every step it is scheduled, a block
+    #: filled or not, so every decode step counts: no lazy decode runs.
+    supports_decode_runs = False
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, policy=None, *, offload):
         super().__init__(num_blocks, block_size, enable_prefix_caching, max_model_len, policy)

@@ -15,13 +15,23 @@ Each :meth:`Scheduler.schedule` call plans one engine step:
    stops admission.
 
 :meth:`Scheduler.update_from_output` then commits the step: requests that reached the end of
-their tokens emit one output token; those done are freed, in scheduling order.
+their tokens emit one output token; those done are freed, in scheduling order. Its
+:class:`StepOutcome` carries what the step log needs of the cache (:class:`KvUsage`, the prefix
+lookups of the step), so nobody outside the scheduler reads the KV manager.
+
+:meth:`Scheduler.plan_decode_run` and :meth:`Scheduler.commit_decode_run` take a stretch of
+decode-only steps at once (:mod:`kvsim.cache.decode_run`), with the same decisions, block ids and
+copies as planning them one step at a time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import decode_run
+from .decode_run import DecodeRun, DecodeSteps
 from .kv_cache_manager import CacheHit, KVCacheManager
 from .request_queue import make_queue
 from .sequence import Sequence, SequenceStatus
@@ -53,13 +63,30 @@ class SchedulerConfig:
         make_queue(self.policy)
 
 
+@dataclass(slots=True, frozen=True)
+class KvUsage:
+    """The KV pool after a step: blocks in use, cached blocks no request holds, the slot counts
+    of :meth:`~kvsim.cache.KVCacheManager.fragmentation`, and host blocks holding data."""
+
+    num_used_blocks: int
+    num_cached_idle_blocks: int
+    num_token_slots: int
+    num_reserved_slots: int
+    num_internal_slots: int
+    num_external_slots: int
+    num_host_used_blocks: int
+
+
 @dataclass(slots=True)
 class StepOutcome:
-    """What committing a step produced."""
+    """What committing a step produced, and the cache as it left it."""
 
     first_tokens: list[Sequence]
     finished: list[Sequence]
     num_output_tokens: int
+    usage: KvUsage
+    num_prefix_queries_tokens: int = 0   # prompt tokens looked up by this step's admissions
+    num_prefix_hit_tokens: int = 0       # and found cached
 
 
 class Scheduler:
@@ -71,12 +98,16 @@ class Scheduler:
         self.waiting = make_queue(self.config.policy)
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.num_resumed_queries_tokens = 0
-        self.num_resumed_hit_tokens = 0
         self._last: dict[Sequence, int] = {}
         policy = getattr(getattr(kv, "pool", None), "policy", None)
         # a policy that reads the waiting queue (lookahead) is told who waits
         self._queue_reader = policy if hasattr(policy, "enqueue") else None
+        self._queries_at_schedule = (0, 0)    # prefix stats when the last step was planned
+        self._decode_only = False     # the last step only decoded: a decode run may follow
+        self._run: DecodeRun | None = None    # the decode run planned last (until a step is)
+        # external fragmentation depends on the next waiting request (not in paged layouts)
+        self._external = not isinstance(kv, KVCacheManager)
+        self._host = getattr(kv, "host", None)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -102,6 +133,9 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Plan one step; the scheduled tokens count as computed from here on."""
+        stats = self.kv.prefix_stats
+        self._queries_at_schedule = (stats.num_queries_tokens, stats.num_hit_tokens)
+        self._run = None
         self.kv.begin_step()
         scheduled: dict[Sequence, int] = {}
         preempted: list[Sequence] = []
@@ -119,6 +153,8 @@ class Scheduler:
             add(ScheduledRequest(seq.request_id, n, seq.num_computed_tokens))
             seq.num_computed_tokens += n
         self._last = scheduled
+        self._decode_only = (not admitted and not preempted
+                             and len(scheduled) == sum(scheduled.values()))
         return plan
 
     def update_from_output(self) -> StepOutcome:
@@ -141,7 +177,55 @@ class Scheduler:
             done = set(finished)
             self.running = [s for s in self.running if s not in done]
         self._last = {}
-        return StepOutcome(first, finished, emitted)
+        stats, (q0, h0) = self.kv.prefix_stats, self._queries_at_schedule
+        return StepOutcome(first, finished, emitted, self._usage(),
+                           stats.num_queries_tokens - q0, stats.num_hit_tokens - h0)
+
+    def _usage(self) -> KvUsage:
+        kv, pool = self.kv, self.kv.pool
+        nxt = self.waiting.peek() if self._external and self.waiting else None
+        tokens, reserved, internal, external = kv.fragmentation(self.running, nxt)
+        host = self._host
+        return KvUsage(pool.num_used_blocks, pool.num_cached_free_blocks, tokens, reserved,
+                       internal, external,
+                       host.num_cached_blocks + host.num_pinned_blocks if host else 0)
+
+    # --- decode runs ---------------------------------------------------------------------
+
+    def plan_decode_run(self) -> DecodeRun | None:
+        """The decode-only steps that can follow the last one (None: plan a normal step):
+        every running request only decodes, no waiting request can be admitted meanwhile, no
+        allocation can fail (capped by the free blocks) and nobody finishes. Paged layout
+        only; the cache is left as it is."""
+        running = self.running
+        if (not self._decode_only or self._external or not running
+                or not self.kv.supports_decode_runs):
+            return None
+        budget_left = self.config.max_num_batched_tokens - len(running)
+        if budget_left < 0 or not self.admission_blocked(budget_left):
+            return None
+        steps = decode_run.max_decode_steps(running, self.config.max_model_len)
+        if steps < 3 or any(s.num_computed_tokens != len(s) - 1 for s in running):
+            return None
+        computed = np.array([s.num_computed_tokens for s in running], dtype=np.int64)
+        n = decode_run.cap_by_free_blocks(computed, self.kv.block_size,
+                                          self.kv.num_free_blocks, steps - 1)
+        if not n:
+            return None
+        self._run = DecodeRun(list(running), computed, [s.num_output_tokens for s in running],
+                              n, self._host is not None)
+        return self._run
+
+    def commit_decode_run(self, run: DecodeRun, num_steps: int) -> DecodeSteps:
+        """Take the next ``num_steps`` steps of ``run`` (planned by :meth:`plan_decode_run`,
+        nothing scheduled since): their block allocations and copies, every request's
+        counters brought forward. Returns what each step left (for the step log)."""
+        if run is not self._run or not 0 < num_steps <= run.num_left:
+            raise ValueError(f"cannot commit {num_steps} of the {run.num_left} steps left of "
+                             "a decode run" + (" planned before the last step" if
+                                              run is not self._run else ""))
+        self._decode_only = False
+        return decode_run.commit_steps(self.kv, run, num_steps, self._host)
 
     def admission_blocked(self, decode_budget_left: int) -> bool:
         """True when no waiting request could be admitted this step, and none can be while
@@ -276,11 +360,8 @@ class Scheduler:
         self.running.append(seq)
 
     def _record_lookup(self, seq: Sequence, hit: CacheHit) -> None:
-        if seq.num_preemptions == 0:
+        if seq.num_preemptions == 0:    # a resumed request's lookup is not counted again
             self.kv.record_query(len(seq), hit)
-        elif not hit.swapped:   # a swap-in is the request's own blocks, not a lookup
-            self.num_resumed_queries_tokens += len(seq)
-            self.num_resumed_hit_tokens += hit.num_tokens
 
     def _num_new_tokens(self, seq: Sequence, computed: int, threshold: int,
                         budget: int) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from kvsim.workloads.identity import block_ids
+from kvsim.workloads.identity import block_ids, unique_block_ids
 
 if TYPE_CHECKING:
     from kvsim.workloads.request import Request
@@ -25,11 +25,16 @@ class Sequence:
     :func:`kvsim.workloads.identity.block_ids` at the engine block size (computed once, on first use);
     ``greedy`` is the sampling mode of generated tokens the trace does not record.
     ``len(seq)`` is the number of tokens it has now (prompt plus generated).
+
+    ``has_private_blocks``: its block ids are unique to it (a length-only request: no token
+    ids, prefix hashes, recorded outputs or earlier request it continues), so no other request
+    can hit them unless it continues this one.
     """
 
     __slots__ = ("request", "request_id", "arrival_s", "priority", "num_prompt_tokens",
                  "max_tokens", "num_output_tokens", "num_computed_tokens", "status",
-                 "num_preemptions", "num_cached_tokens", "block_size", "greedy", "_hashes")
+                 "num_preemptions", "num_cached_tokens", "block_size", "greedy", "_hashes",
+                 "has_private_blocks")
 
     def __init__(self, request: "Request", block_size: int, greedy: bool = False):
         self.request = request
@@ -46,6 +51,10 @@ class Sequence:
         self.block_size = block_size
         self.greedy = greedy
         self._hashes: list[int] | None = None
+        self.has_private_blocks = (request.prompt_token_ids is None
+                                   and request.prefix_hashes is None
+                                   and getattr(request, "output_token_ids", None) is None
+                                   and request.continues is None)
 
     def __len__(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
@@ -53,11 +62,6 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
-
-    @property
-    def is_prefill(self) -> bool:
-        """True while the tokens it has are not all computed beyond the latest one."""
-        return self.num_computed_tokens < self.num_tokens - 1
 
     def __lt__(self, other: "Sequence") -> bool:
         """Priority order, as vLLM's: priority, then arrival, then id."""
@@ -68,8 +72,11 @@ class Sequence:
         hashes = self._hashes
         if hashes is None:
             total = self.num_prompt_tokens + self.max_tokens
-            hashes = self._hashes = block_ids(self.request, self.block_size, total,
-                                              self.greedy).tolist()
+            if self.has_private_blocks and not self.greedy:    # block_ids' ids, in one go
+                ids = unique_block_ids(self.request_id, 0, total // self.block_size)
+            else:
+                ids = block_ids(self.request, self.block_size, total, self.greedy)
+            hashes = self._hashes = ids.tolist()
         return hashes[start:end]
 
     def release_hashes(self) -> None:

@@ -3,8 +3,9 @@
 It is an :class:`kvsim.sim.executor.Executor` (``step_duration(plan) -> seconds``), so
 ``kvsim.sim.runner.simulate(requests, config, executor=TorchExecutor(...))`` replays a trace with
 the same scheduler and cache manager as a simulated run, the clock advancing by measured time.
-It deliberately has no ``decode_durations``: the loop then never skips ahead, and every step
-really runs.
+It deliberately does not support decode runs (``supports_decode_runs`` is false): the loop then
+never skips ahead, and every step really runs. ``transfer_time(plan)`` is the measured time of
+the copies of the plan it performed last.
 
 One step, all inside the timed region:
 
@@ -38,8 +39,9 @@ from typing import Callable, Iterable, TypeVar
 import torch
 
 from kvsim.cache.step_plan import StepPlan
+from kvsim.sim.executor import Executor
 
-from .runner import ModelRunner, RequestChunk
+from .model_runner import ModelRunner, RequestChunk
 from .tokens import token_ids_for
 
 CLOCKS = ("wall", "cpu")
@@ -67,8 +69,10 @@ def interlude() -> int:
     return total
 
 
-class TorchExecutor:
+class TorchExecutor(Executor):
     """Executes step plans on a :class:`ModelRunner` and returns measured seconds."""
+
+    supports_decode_runs = False
 
     def __init__(self, runner: ModelRunner, requests: Iterable, *, clock: str = "wall",
                  repeats: int = 1) -> None:
@@ -89,6 +93,7 @@ class TorchExecutor:
         self.outputs: dict[int, list[int]] = {}   # finished request -> its generated tokens
         self.num_steps = 0
         self.bytes_copied = 0
+        self._copied: tuple[StepPlan | None, float] = (None, 0.0)   # last plan, its copy time
 
     # --- tokens ---------------------------------------------------------------------------
     def tokens(self, request_id: int) -> list[int]:
@@ -123,6 +128,7 @@ class TorchExecutor:
         """Perform the step and return its measured duration in seconds."""
         self.num_steps += 1
         seconds = self._timed(lambda: self._copy_blocks(plan))[0] if plan.transfers else 0.0
+        self._copied = (plan, seconds)
         if plan.scheduled:
             chunks = self._chunks(plan)
             runs = [self._timed(lambda: self.runner.greedy(chunks))]
@@ -131,6 +137,14 @@ class TorchExecutor:
                 runs.append(self._timed(lambda: self.runner.greedy(chunks)))
             seconds += statistics.median(r for r, _ in runs) if self.repeats > 1 else runs[0][0]
             self._append_sampled(plan, runs[-1][1])
+        return seconds
+
+    def transfer_time(self, plan: StepPlan) -> float:
+        """Measured seconds of the block copies of ``plan``, the step performed last."""
+        performed, seconds = self._copied
+        if plan is not performed:
+            raise ValueError("a TorchExecutor times copies by performing them: ask for the "
+                             "transfer time of the plan its last step_duration ran")
         return seconds
 
     def _copy_blocks(self, plan: StepPlan) -> None:

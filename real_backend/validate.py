@@ -30,6 +30,7 @@ from kvsim.errors import ConfigError
 from kvsim.sim import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.cost_model import CostModel
+from kvsim.sim.executor import Executor
 from kvsim.sim.runner import RunResult, simulate
 
 from .executor import TorchExecutor
@@ -56,9 +57,11 @@ class ValidateJob:
     noise_floor: bool = False                    # run the real side twice, compare the runs
 
 
-class PredictingExecutor:
+class PredictingExecutor(Executor):
     """Runs each step on the real backend (its duration is what the loop sees) and records the
-    cost model's prediction of the same plan. No ``decode_durations``: no skipping ahead."""
+    cost model's prediction of the same plan. No decode runs: no skipping ahead."""
+
+    supports_decode_runs = False
 
     def __init__(self, real: TorchExecutor, model: CostModel) -> None:
         self.real, self.model = real, model
@@ -73,6 +76,9 @@ class PredictingExecutor:
         self.predicted.append(self.model.step_duration(plan))
         self.measured.append(self.real.step_duration(plan))
         return self.measured[-1]
+
+    def transfer_time(self, plan) -> float:
+        return self.real.transfer_time(plan)
 
 
 def step_kind(plan) -> str:

@@ -41,6 +41,7 @@ import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepPlan
 from kvsim.errors import ConfigError
+from kvsim.sim.executor import Executor
 from kvsim.sim.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
 from kvsim.sim.profile import ELEMENTWISE_OPS, Profile, Roofline, load_profile
@@ -166,8 +167,10 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
 
 
-class CostModel:
+class CostModel(Executor):
     """Predicts step durations for ``model`` on a group of ``tp`` ``gpu``\\ s."""
+
+    supports_decode_runs = True
 
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                  block_size: int = 16, profile: None | str | Path | dict = None,

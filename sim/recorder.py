@@ -9,17 +9,43 @@ from __future__ import annotations
 
 import math
 from array import array
+from typing import Mapping, NamedTuple
+
+import numpy as np
 
 from kvsim.reports.frames import LOGGED_REQUEST_COLUMNS
 
-STEP_COLUMNS = (
-    "t_start", "duration", "replica", "batch_size", "scheduled_tokens", "output_tokens",
-    "num_running", "num_waiting", "kv_used_blocks", "kv_cached_idle_blocks",
-    "token_slots", "internal_slots", "reserved_slots", "external_slots",
-    "preemptions", "prefix_queries_tokens", "prefix_hit_tokens",
-    "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks", "compact_blocks",
-    "host_used_blocks", "transfer_s",
-)
+
+class StepRecord(NamedTuple):
+    """One engine step of one replica, as the step log stores it (fields in column order)."""
+
+    t_start: float
+    duration: float
+    replica: int
+    batch_size: int
+    scheduled_tokens: int
+    output_tokens: int
+    num_running: int
+    num_waiting: int
+    kv_used_blocks: int
+    kv_cached_idle_blocks: int
+    token_slots: int
+    internal_slots: int
+    reserved_slots: int
+    external_slots: int
+    preemptions: int
+    prefix_queries_tokens: int
+    prefix_hit_tokens: int
+    swap_out_blocks: int
+    swap_in_blocks: int
+    offload_blocks: int
+    promote_blocks: int
+    compact_blocks: int
+    host_used_blocks: int
+    transfer_s: float
+
+
+STEP_COLUMNS = StepRecord._fields
 
 #: The request log's columns: the requests.csv columns the simulator logs (the others are
 #: derived when the frame is built), times as doubles ("d"), everything else as integers ("q").
@@ -39,10 +65,20 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.columns["t_start"])
 
-    def append(self, *values) -> None:
-        """Append one step; ``values`` in :data:`STEP_COLUMNS` order."""
-        for append, value in zip(self._appenders, values):
+    def append(self, record: StepRecord) -> None:
+        """Append one step."""
+        for append, value in zip(self._appenders, record):
             append(value)
+
+    def extend(self, columns: Mapping[str, np.ndarray]) -> None:
+        """Append several steps at once: one 1-d array per name of :data:`STEP_COLUMNS`, all
+        of the same length (row ``i`` of every array is one step)."""
+        arrays = {name: np.asarray(columns[name], dtype=np.float64) for name in STEP_COLUMNS}
+        if set(columns) != set(STEP_COLUMNS) or len({a.shape for a in arrays.values()}) > 1 \
+                or arrays["t_start"].ndim != 1:
+            raise ValueError("extend needs every step column as 1-d arrays of one length")
+        for name, values in arrays.items():
+            self.columns[name].frombytes(np.ascontiguousarray(values).tobytes())
 
 
 class RequestLog:

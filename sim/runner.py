@@ -157,7 +157,7 @@ def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
     if deployment.num_cpu_blocks:
         host = HostTier(deployment.num_cpu_blocks, make_policy(config.eviction, oracle))
         return TieredKVCacheManager(*args, host=host, write=config.offload_write)
-    return KVCacheManager(*args)
+    return KVCacheManager(*args, defer_private_blocks=True)
 
 
 def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Scheduler:

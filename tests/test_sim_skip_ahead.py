@@ -1,10 +1,20 @@
 """Skipping ahead over decode-only steps must change nothing but speed."""
 
+import sys
+
 import numpy as np
 import pytest
+import simpy
 
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.scheduler import Scheduler, SchedulerConfig
+from kvsim.cache.sequence import Sequence
+from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.sim import results
 from kvsim.sim.config import RunConfig
+from kvsim.sim.cost_model import CostModel
+from kvsim.sim.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
+from kvsim.sim.replica import Replica
 from kvsim.sim.runner import simulate
 from kvsim.workloads import Request
 
@@ -38,9 +48,11 @@ CASES = {
     "no-prefix-caching": dict(num_gpu_blocks=700, enable_prefix_caching=False, block_size=32),
     "hybrid-eviction": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="hybrid"),
     "host-tier-swap": dict(num_gpu_blocks=260, max_num_seqs=64, num_cpu_blocks=400,
-                           preemption_mode="swap", block_size=8),
+                           preemption_mode="swap", offload_write="back", block_size=8),
     "host-tier-lfu": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
-                          eviction="lfu"),
+                          eviction="lfu", offload_write="back"),
+    # vLLM's native offloading: no lazy decode runs (every step offers blocks), still identical
+    "host-tier-native": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200),
     "host-tier-write-through": dict(num_gpu_blocks=400, max_num_seqs=48, num_cpu_blocks=300,
                                     offload_write="through"),
 }
@@ -63,3 +75,179 @@ def test_skip_ahead_actually_skips_work():
     r = simulate(workload(150), config)
     replica = r.replicas[0]
     assert replica.num_skipped_steps > len(r.steps) // 4
+
+
+# --- arrivals against decode runs: at step boundaries, inside the first and the last step ----
+
+BOUNDARY_CASES = {
+    "plain": dict(num_gpu_blocks=400),
+    "host-tier-write-through": dict(num_gpu_blocks=60, num_cpu_blocks=200,
+                                    offload_write="through"),
+    "two-replicas": dict(num_gpu_blocks=400, replicas=2, router="least-outstanding-tokens"),
+}
+
+
+def lone_request_runs(base):
+    """Steps of one long request alone, and the (first step, steps) of each decode run it got
+    (a run logs all its steps but the last with one ``extend``)."""
+    runs, extend = [], StepLog.extend
+
+    def recording(log, columns):
+        runs.append((len(log), len(columns["t_start"]) + 1))
+        extend(log, columns)
+
+    StepLog.extend = recording
+    try:
+        r = simulate([Request(0, 0.0, 40, 300)], RunConfig(skip_ahead=True, **base))
+    finally:
+        StepLog.extend = extend
+    return results.steps_frame(r), runs
+
+
+def identical_with_arrival_at(base, arrival_s):
+    trace = lambda: [Request(0, 0.0, 40, 300), Request(1, arrival_s, 24, 30),
+                     Request(2, arrival_s, 8, 20)]
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base))
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base))
+    assert fast.duration_s == slow.duration_s
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    assert [rep.kv.pool.free_queue() for rep in fast.replicas] == \
+        [rep.kv.pool.free_queue() for rep in slow.replicas]
+    return fast
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDARY_CASES))
+def test_arrivals_around_a_decode_run_change_nothing(case):
+    """Two requests arrive together at chosen instants of the lone request's first decode run:
+    exactly on its first step's start, inside its first step, exactly on a boundary inside the
+    run, inside its last step, exactly on its last step's start and exactly on its end."""
+    base = dict(model="llama-2-7b", max_num_batched_tokens=1024, block_size=16,
+                **BOUNDARY_CASES[case])
+    steps, runs = lone_request_runs(base)
+    assert runs and runs[0][1] >= 10
+    first, n = runs[0]
+    t, d = steps["t_start"].to_numpy(), steps["duration"].to_numpy()
+    last = first + n - 1
+    instants = [t[first], t[first] + d[first] / 2, t[first + 5], t[last] + d[last] / 3,
+                t[last], t[last] + d[last]]
+    for arrival_s in instants:
+        fast = identical_with_arrival_at(base, float(arrival_s))
+        assert sum(rep.num_decode_runs for rep in fast.replicas) >= 1
+
+
+# --- the replica talks to the scheduler and the executor only --------------------------------
+
+class KvOnlyForTheScheduler:
+    """A KV manager that refuses every attribute read from outside ``kvsim.cache``."""
+
+    def __init__(self, kv):
+        object.__setattr__(self, "_kv", kv)
+
+    @property
+    def __class__(self):        # isinstance checks in the scheduler see the real class
+        return type(object.__getattribute__(self, "_kv"))
+
+    def __getattr__(self, name):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith("kvsim.cache"):
+            raise AssertionError(f"{caller} read the KV manager's {name!r}")
+        return getattr(object.__getattribute__(self, "_kv"), name)
+
+
+def replica_on_guarded_kv(kv, requests):
+    env, steps, log = simpy.Environment(), StepLog(), RequestLog()
+    scheduler = Scheduler(KvOnlyForTheScheduler(kv), SchedulerConfig(
+        max_num_seqs=32, max_num_batched_tokens=512, max_model_len=2048))
+    replica = Replica(env, 0, scheduler, CostModel("llama-2-7b", "a100-80gb"), steps, log)
+
+    def arrivals():
+        for request in requests:
+            if request.arrival_s > env.now:
+                yield env.timeout(request.arrival_s - env.now)
+            log.on_arrival(request, 0)
+            replica.submit(Sequence(request, kv.block_size))
+
+    env.process(arrivals())
+    env.run()
+    return replica, steps, log
+
+
+@pytest.mark.parametrize("tier", ["gpu-only", "host-tier"])
+def test_the_replica_never_touches_the_kv_manager(tier):
+    """Twelve requests through a replica whose KV manager answers only ``kvsim.cache``: every
+    one completes, steps are logged, and decode runs were taken."""
+    requests = [Request(i, 0.05 * i, 30 + 7 * i, 60 + 11 * i) for i in range(12)]
+    kv = (TieredKVCacheManager(120, 16, host=HostTier(300), write="through")
+          if tier == "host-tier" else KVCacheManager(400, 16))
+    replica, steps, log = replica_on_guarded_kv(kv, requests)
+    assert replica.num_finished == 12 and list(log.columns["completed"]) == [1] * 12
+    assert replica.num_decode_runs > 0 and len(steps) > replica.num_skipped_steps > 0
+
+
+# --- a decode run is one SimPy event -----------------------------------------------------------
+
+def count_events(config, requests, monkeypatch):
+    count, step = [0], simpy.Environment.step
+
+    def counting(env):
+        count[0] += 1
+        step(env)
+
+    monkeypatch.setattr(simpy.Environment, "step", counting)
+    r = simulate(requests, config)
+    monkeypatch.setattr(simpy.Environment, "step", step)
+    return count[0], r
+
+
+def test_a_long_decode_run_costs_one_event(monkeypatch):
+    """One request decoding 2,000 tokens alone: a prefill step, one decode step, then a single
+    decode run of 1,997 steps (one timeout), then its last step. Stepping one at a time takes
+    a timeout per step: 1,996 events more, and nothing else differs."""
+    base = dict(model="llama-2-7b", num_gpu_blocks=400, block_size=16)
+    fast_events, fast = count_events(RunConfig(skip_ahead=True, **base),
+                                     [Request(0, 0.0, 16, 2000)], monkeypatch)
+    slow_events, slow = count_events(RunConfig(skip_ahead=False, **base),
+                                     [Request(0, 0.0, 16, 2000)], monkeypatch)
+    assert len(fast.steps) == len(slow.steps) == 2000
+    assert fast.replicas[0].num_decode_runs == 1
+    assert fast.replicas[0].num_skipped_steps == 1997
+    assert slow_events - fast_events == 1996
+    assert fast_events < 10
+    assert fast.duration_s == slow.duration_s
+
+
+# --- the step log's record and bulk append -----------------------------------------------------
+
+def test_step_log_takes_records_and_whole_columns():
+    log = StepLog()
+    record = StepRecord(*range(len(STEP_COLUMNS)))
+    log.append(record)
+    log.extend({name: np.array([1.0, 2.0]) * k for k, name in enumerate(STEP_COLUMNS)})
+    assert len(log) == 3
+    assert list(log.columns["duration"]) == [1.0, 1.0, 2.0]
+    with pytest.raises(ValueError):
+        log.extend({name: np.zeros(2 + (name == "duration")) for name in STEP_COLUMNS})
+
+
+def test_a_decode_run_is_committed_only_before_the_next_step():
+    """A run planned, then overtaken by a normal step, can no longer be committed; nor can
+    more steps than it has."""
+    kv = KVCacheManager(100, 16)
+    scheduler = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=512))
+    scheduler.add(Sequence(Request(0, 0.0, 20, 50), 16))
+    for _ in range(2):
+        scheduler.schedule()
+        scheduler.update_from_output()
+    run = scheduler.plan_decode_run()
+    assert run is not None and run.max_steps == 47
+    with pytest.raises(ValueError):
+        scheduler.commit_decode_run(run, 48)
+    facts = scheduler.commit_decode_run(run, 10)
+    assert list(facts.kv_used_blocks) == [2] * 10     # the third block opens at step 11
+    assert scheduler.running[0].num_output_tokens == 12
+    assert list(facts.internal_slots) == [32 - 22 - j for j in range(10)]
+    scheduler.schedule()
+    scheduler.update_from_output()
+    with pytest.raises(ValueError):
+        scheduler.commit_decode_run(run, 1)

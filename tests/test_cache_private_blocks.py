@@ -1,0 +1,84 @@
+"""Length-only requests (block ids private to them) skip prefix-cache work that cannot pay off,
+and nothing observable changes."""
+
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.sequence import Sequence
+from kvsim.workloads import Request
+
+
+def seq(request_id, prompt, output, continues=None):
+    return Sequence(Request(request_id, 0.0, prompt, output, continues=continues), 4)
+
+
+def run_on(kv):
+    """Two private requests decode side by side; the first is preempted and resumes; a third
+    request continuing the second looks it up while the second still runs."""
+    a, b = seq(1, 10, 20), seq(2, 9, 20)
+    events = []
+    for s in (a, b):
+        events.append(kv.lookup(s).num_tokens)
+        kv.allocate(s.request_id, s, len(s))
+        s.num_computed_tokens = len(s)
+    for _ in range(7):               # both decode: blocks fill as they grow
+        for s in (a, b):
+            s.num_output_tokens += 1
+            kv.allocate(s.request_id, s, 1, num_computed_tokens=s.num_computed_tokens)
+            s.num_computed_tokens += 1
+    kv.free(a.request_id)            # preempted by recompute
+    a.num_preemptions, a.num_computed_tokens = 1, 0
+    events.append(kv.lookup(a).block_ids)          # its own blocks, still cached
+    follow = seq(3, len(b) + 3, 5, continues=b.request)
+    events.append(kv.lookup(follow).block_ids)     # b's full blocks, b still running
+    kv.free(b.request_id)
+    events += [kv.free_queue(), kv.pool.num_cached_free_blocks]
+    return events
+
+
+def test_private_blocks_registered_late_change_nothing():
+    late = run_on(KVCacheManager(30, 4, defer_private_blocks=True))
+    assert late == run_on(KVCacheManager(30, 4))
+    assert late[2] == [0, 1, 2, 6] and late[3] == [3, 4, 5, 7]   # the hits the story needs
+    assert late[5] == 8
+
+
+def test_a_fresh_private_request_misses_without_computing_its_ids():
+    kv = KVCacheManager(30, 4, defer_private_blocks=True)
+    a = seq(1, 40, 5)
+    assert kv.lookup(a).num_tokens == 0
+    assert a._hashes is None
+
+
+def test_a_running_private_request_registers_its_blocks_only_when_it_frees_them():
+    kv = KVCacheManager(30, 4, defer_private_blocks=True)
+    a = seq(1, 12, 5)
+    blocks = kv.allocate(1, a, 12)
+    assert kv.is_registration_deferred(1) and not any(kv.is_cached(b) for b in blocks)
+    kv.free(1)
+    assert all(kv.is_cached(b) for b in blocks) and kv.pool.num_cached_free_blocks == 3
+
+
+def test_a_length_only_run_with_preemptions_is_unchanged(monkeypatch):
+    """A tight pool: requests are preempted and resume on their own cached blocks. Registering
+    private blocks late gives the same steps, requests and prefix stats as registering them as
+    they fill."""
+    import numpy as np
+
+    from kvsim.sim import results, runner
+    from kvsim.sim.config import RunConfig
+
+    rng = np.random.default_rng(3)
+    trace = [(0.01 * i, int(rng.integers(20, 300)), int(rng.integers(20, 200)))
+             for i in range(120)]
+    config = RunConfig(model="llama-2-7b", num_gpu_blocks=90, max_num_seqs=32,
+                       max_num_batched_tokens=512, block_size=16)
+
+    def frames():
+        r = runner.simulate([Request(i, *t) for i, t in enumerate(trace)], config)
+        stats = [rep.kv.prefix_stats for rep in r.replicas]
+        return results.steps_frame(r), results.requests_frame(r), stats
+
+    late = frames()
+    monkeypatch.setattr(runner, "KVCacheManager", lambda *args, **kw: KVCacheManager(*args))
+    eager = frames()
+    assert late[0].equals(eager[0]) and late[1].equals(eager[1]) and late[2] == eager[2]
+    assert late[0]["preemptions"].sum() > 0 and late[2][0].num_hit_tokens == 0
