@@ -16,9 +16,9 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from .errors import ConfigError
-from .sim.config import RunConfig, located
-from .workloads import Request, TraceOptions
+from kvsim.errors import ConfigError
+from kvsim.sim.config import RunConfig, located
+from kvsim.workloads import Request, TraceOptions
 
 #: Keyword arguments that say how to read the trace (the CLI's trace options); every other
 #: keyword of :func:`run` is a run setting.
@@ -68,8 +68,8 @@ def load_trace(trace: str | os.PathLike | None = None, **reading: Any) -> Trace:
     if unknown:
         raise ConfigError(f"not a trace option; known: {', '.join(TRACE_KEYWORDS)}",
                           location="kvsim.load_trace", field=unknown[0])
-    from .workloads.sources import resolve_trace
-    from .workloads import load_trace as read
+    from kvsim.workloads.sources import resolve_trace
+    from kvsim.workloads import load_trace as read
     path, label = resolve_trace(None if trace is None else os.fspath(trace))
     options = trace_options(reading)
     return Trace(read(path, options), path, label, options)
@@ -79,7 +79,7 @@ def run_config(trace_label: str, settings: dict, config: Any = None,
                source: str = "kvsim.run") -> RunConfig:
     """The run's :class:`RunConfig`: defaults < ``config`` (a TOML file, a dict or a
     RunConfig) < ``settings``; checked."""
-    from .pipeline import read_config_file
+    from kvsim.pipeline import read_config_file
     if isinstance(config, RunConfig):
         base = config.to_dict()
     elif isinstance(config, dict):
@@ -107,10 +107,10 @@ class Result:
         """Write the run's files into ``out_dir`` exactly as ``kvsim run --out`` does
         (``output_format`` csv or parquet; ``bench``: also ``bench.json``); returns
         ``{name: path}``."""
-        from .reports.frames import RUN_FILES
-        from .reports.io import require_parquet
-        from .reports.run_outputs import write_run_outputs
-        from .reports.outdir import OutputDir
+        from kvsim.reports.frames import RUN_FILES
+        from kvsim.reports.io import require_parquet
+        from kvsim.reports.run_outputs import write_run_outputs
+        from kvsim.reports.outdir import OutputDir
         if output_format == "parquet":
             require_parquet()
         with OutputDir(out_dir, RUN_FILES):
@@ -119,13 +119,13 @@ class Result:
 
     def report(self, path: str | os.PathLike) -> Path:
         """Write the run's interactive HTML report to ``path``; returns the path."""
-        from .reports.html import render_run_report
+        from kvsim.reports.html import render_run_report
         return render_run_report(self.summary, self.requests, self.timeline, path,
                                  slo=self.summary.get("slo"))
 
     def bench(self, detailed: bool = True) -> dict:
         """The result in ``vllm bench serve --save-result`` form (see ``bench.json``)."""
-        from .reports.bench import bench_result
+        from kvsim.reports.bench import bench_result
         return bench_result(self.summary, self.requests, detailed=detailed)
 
     def __repr__(self) -> str:
@@ -139,7 +139,7 @@ class Result:
 def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     """(label, source) of ``run``'s ``trace`` argument: the source is a trace file's path, or
     the list of requests given."""
-    from .workloads.sources import resolve_trace
+    from kvsim.workloads.sources import resolve_trace
     if trace is None or isinstance(trace, (str, os.PathLike)):
         return resolve_trace(None if trace is None else os.fspath(trace))[::-1]
     if reading:
@@ -158,8 +158,8 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
 
     Everything is checked first (a :class:`ConfigError` before any work); nothing is written.
     """
-    from .sim.runner import resolve_deployment, simulate
-    from .workloads import load_trace as read
+    from kvsim.sim.serving.runner import resolve_deployment, simulate
+    from kvsim.workloads import load_trace as read
     reading, settings = split_keywords(settings)
     label, source = _source(trace, reading)
     run_cfg = run_config(label, settings, config)
@@ -177,7 +177,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
 
 def run_frames(result) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(summary, requests, steps, timeline) of a finished simulation."""
-    from .sim import results
+    from kvsim.sim.serving import results
     return results.run_frames(result)
 
 

@@ -15,10 +15,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .api import Result, Trace, load_trace, run_config, run_frames, split_keywords, \
+from kvsim.api import Result, Trace, load_trace, run_config, run_frames, split_keywords, \
     trace_options
-from .errors import ConfigError
-from .sim.config import CPU_OFFLOAD_GB_REFUSAL
+from kvsim.errors import ConfigError
+from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL
 
 _DEFAULT_POLICIES = ("lru", "lfu", "priority", "hybrid", "belady")
 
@@ -53,7 +53,7 @@ class Comparison:
 
     @property
     def table(self) -> pd.DataFrame:
-        from .reports.grid_table import identical_to, table_metrics
+        from kvsim.reports.grid_table import identical_to, table_metrics
         same = identical_to(self.labels, [r.summary for r in self.runs])
         rows = [{"label": label, **table_metrics(r.summary), "identical_to": other or ""}
                 for label, r, other in zip(self.labels, self.runs, same)]
@@ -62,11 +62,11 @@ class Comparison:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
-        from .grid import COMPARE_FILE, COMPARE_FILES, compare_result
-        from .reports.html import render_compare_report
-        from .reports.io import write_json_atomic
-        from .reports.run_outputs import write_run_outputs
-        from .reports.outdir import OutputDir
+        from kvsim.grid import COMPARE_FILE, COMPARE_FILES, compare_result
+        from kvsim.reports.html import render_compare_report
+        from kvsim.reports.io import write_json_atomic
+        from kvsim.reports.run_outputs import write_run_outputs
+        from kvsim.reports.outdir import OutputDir
         out = Path(out_dir)
         with OutputDir(out, COMPARE_FILES, subdirs=True):
             for point, r in zip(self.points, self.runs):
@@ -81,7 +81,7 @@ class Comparison:
 
     def report(self, path: str | os.PathLike) -> Path:
         """Write the comparison's HTML report (every run overlaid) to ``path``."""
-        from .reports.html import render_compare_report
+        from kvsim.reports.html import render_compare_report
         return render_compare_report(self._frames(), path, self.spec.slo)
 
     def _frames(self) -> list[tuple]:
@@ -94,8 +94,8 @@ class Comparison:
 
 def _simulate_point(point) -> tuple:
     """One grid point's frames (module level: runs in a worker process)."""
-    from .sim.runner import simulate
-    from .workloads import load_trace as read
+    from kvsim.sim.serving.runner import simulate
+    from kvsim.workloads import load_trace as read
     return run_frames(simulate(read(point.job.trace_path, point.job.trace_options),
                                point.job.config))
 
@@ -105,8 +105,8 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     """Run every combination of the settings given as lists (``eviction=["lru", "lfu"],
     block_size=[16, 32]``); a single value is shared by all runs. ``trace``, ``config``,
     ``slo`` and the trace keywords as in :func:`kvsim.run`; ``workers`` processes."""
-    from .grid import CompareSpec, grid_points
-    from .sim.sweep import SweepOptions, run_tasks
+    from kvsim.grid import CompareSpec, grid_points
+    from kvsim.sim.plan.sweep import SweepOptions, run_tasks
     reading, settings = split_keywords(settings)
     path, options = _trace_file(trace, reading, "kvsim.compare")
     dims = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in settings.items()}
@@ -148,7 +148,7 @@ class Plan:
 
     @property
     def table(self) -> pd.DataFrame:
-        from .reports.plan import plan_frame
+        from kvsim.reports.plan import plan_frame
         return plan_frame(self.result)
 
     @property
@@ -157,13 +157,13 @@ class Plan:
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
-        from .reports.outdir import OutputDir
-        from .reports.plan import PLAN_FILES, write_plan_outputs
+        from kvsim.reports.outdir import OutputDir
+        from kvsim.reports.plan import PLAN_FILES, write_plan_outputs
         with OutputDir(out_dir, PLAN_FILES):
             return write_plan_outputs(out_dir, self.result, html=html)
 
     def report(self, path: str | os.PathLike) -> Path:
-        from .reports.plan import render_plan_report
+        from kvsim.reports.plan import render_plan_report
         return render_plan_report(self.result, path)
 
     def __repr__(self) -> str:
@@ -197,11 +197,12 @@ def plan(trace: Any = None, *, slo: dict, target_rate: float | None = None,
     ``trace`` at its own rate (``rate_scale=`` scales it) or at ``target_rate`` requests/s.
     Candidate settings take a value or a list (``gpu=["a100-80gb", "h100-80gb"], tp=[1, 2]``);
     see :data:`PLAN_DEFAULTS`."""
-    from .sim import plan_spec, planner
-    from .sim.sweep import SweepOptions
+    from kvsim.sim.plan import spec as plan_spec
+    from kvsim.sim.plan import planner
+    from kvsim.sim.plan.sweep import SweepOptions
     reading, candidates = split_keywords(candidates)
     path, options = _trace_file(trace, reading, "kvsim.plan")
-    from .workloads.sources import resolve_trace
+    from kvsim.workloads.sources import resolve_trace
     file, label = resolve_trace(path)
     extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
                  rate_iterations=rate_iterations,
@@ -226,14 +227,14 @@ class HitRates:
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``hitrate.json`` and ``hitrate.html`` as ``kvsim hitrate --out``."""
-        from .reports.io import write_json_atomic
+        from kvsim.reports.io import write_json_atomic
         out = Path(out_dir)
         written = {"report": self.report(out / "hitrate.html")} if html else {}
         written["json"] = write_json_atomic(out / "hitrate.json", self.result)
         return written
 
     def report(self, path: str | os.PathLike) -> Path:
-        from .reports.html import render_hitrate_report
+        from kvsim.reports.html import render_hitrate_report
         return render_hitrate_report(self.table, path, config={
             k: v for k, v in self.result.items() if k != "rows"})
 
@@ -252,7 +253,7 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
     """Prefix hit rate of each eviction policy at each cache capacity (blocks, or
     ``capacity_tokens``), replaying the cache only (no timing). ``trace`` as in
     :func:`kvsim.run`, or a list of requests."""
-    from .cache import hitrate as hr
+    from kvsim.cache import hitrate as hr
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"must be a positive integer, got {block_size!r}",
                           location="kvsim.hitrate", field="block_size")

@@ -16,13 +16,13 @@ import sys
 
 import typer
 
-from . import __version__
-from .cli_backend import profile_command, validate_command, validate_real_command
-from .cli_compare import compare_command
-from .cli_plan import plan_command
-from .cli_run import report_command, run_command
-from .cli_traces import gen_command, hitrate_command, trace_stats_command
-from .errors import KvsimError
+from kvsim import __version__
+from kvsim.commands.backend import profile_command, validate_command, validate_real_command
+from kvsim.commands.compare import compare_command
+from kvsim.commands.plan import plan_command
+from kvsim.commands.run import report_command, run_command
+from kvsim.commands.traces import gen_command, hitrate_command, trace_stats_command
+from kvsim.errors import KvsimError
 
 app = typer.Typer(
     name="kvsim",

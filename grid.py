@@ -24,12 +24,12 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import ConfigError
-from .pipeline import RunJob, read_config_file, run_job_frames
-from .workloads.sources import resolve_trace
-from .reports.grid_table import identical_to, table_metrics
-from .sim.config import RunConfig
-from .workloads import TraceOptions
+from kvsim.errors import ConfigError
+from kvsim.pipeline import RunJob, read_config_file, run_job_frames
+from kvsim.workloads.sources import resolve_trace
+from kvsim.reports.grid_table import identical_to, table_metrics
+from kvsim.sim.config import RunConfig
+from kvsim.workloads import TraceOptions
 
 COMPARE_FILE = "compare.json"
 #: The files of a comparison directory besides its run directories: ``report.html`` and the
@@ -212,10 +212,10 @@ def compare_result(spec: CompareSpec, points: Sequence[GridPoint],
 def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     """Run every configuration (``workers`` processes; 1: in this process), write each one's
     outputs, ``compare.json`` and ``report.html``; returns the ``compare.json`` dict."""
-    from .reports.html import render_compare_report
-    from .reports.io import write_json_atomic
-    from .sim.sweep import SweepOptions, run_tasks
-    from .reports.outdir import OutputDir
+    from kvsim.reports.html import render_compare_report
+    from kvsim.reports.io import write_json_atomic
+    from kvsim.sim.plan.sweep import SweepOptions, run_tasks
+    from kvsim.reports.outdir import OutputDir
     points = grid_points(spec)
     with OutputDir(spec.out_dir, COMPARE_FILES, subdirs=True):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)

@@ -10,17 +10,17 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, TraceError
-from .reports.frames import RUN_FILES
-from .reports.io import require_parquet
-from .reports.run_outputs import write_run_outputs
-from .reports.outdir import OutputDir
-from .reports.terminal import ProgressLines, RunProgress
-from .sim import results
-from .sim.config import RunConfig
-from .sim.runner import resolve_deployment, simulate
-from .workloads import TraceOptions, load_trace
-from .workloads.sources import check_regular_file, resolve_trace
+from kvsim.errors import ConfigError, TraceError
+from kvsim.reports.frames import RUN_FILES
+from kvsim.reports.io import require_parquet
+from kvsim.reports.run_outputs import write_run_outputs
+from kvsim.reports.outdir import OutputDir
+from kvsim.reports.terminal import ProgressLines, RunProgress
+from kvsim.sim.serving import results
+from kvsim.sim.config import RunConfig
+from kvsim.sim.serving.runner import resolve_deployment, simulate
+from kvsim.workloads import TraceOptions, load_trace
+from kvsim.workloads.sources import check_regular_file, resolve_trace
 
 @dataclass(frozen=True)
 class RunJob:

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import KvsimError
-from .workloads import Request
+from kvsim.errors import KvsimError
+from kvsim.workloads import Request
 
 TINY_LLAMA = Path(__file__).resolve().parent / "real_backend" / "configs" / "tiny-llama.json"
 #: The error table's rows: (name, unit).
@@ -88,7 +88,7 @@ def _read_real_run(p: Path, trace) -> RealRun:
 
 
 def _trace_requests(trace: Path) -> list[Request]:
-    from .workloads import TraceOptions, read_trace
+    from kvsim.workloads import TraceOptions, read_trace
     return read_trace(trace, TraceOptions(sort=True))
 
 
@@ -167,8 +167,8 @@ def _bench_run(path: Path, data: dict, trace) -> RealRun:
 def _bench_settings(data: dict) -> dict:
     """The result's ``model_id`` as the model, when kvsim knows it (catalog, Hugging Face
     cache or a config.json path)."""
-    from .errors import ConfigError
-    from .sim.models import resolve_model
+    from kvsim.errors import ConfigError
+    from kvsim.sim.perf.models import resolve_model
     model = data.get("model_id")
     try:
         resolve_model(model) if isinstance(model, str) and model else None
@@ -216,7 +216,7 @@ def fit_profile(real: RealRun, model) -> dict:
     """A fitted profile (``"kind": "fitted"``) whose step terms (per step, request, new token,
     KV token read, attention unit) are the non-negative least-squares fit of the oracle's
     measured step times; ``model`` is the :class:`ModelSpec` it was measured on."""
-    from .sim.profile import MODEL_SHAPE_KEYS
+    from kvsim.sim.perf.profile import MODEL_SHAPE_KEYS
     if real.steps is None or real.steps.empty:
         raise KvsimError("fitting needs the engine steps of a vllm-oracle replay",
                          location=real.label, field="fit")
@@ -260,8 +260,8 @@ SPEED_SECTIONS = ("gemm", "elementwise", "attention", "overhead")
 def scaled_profile(gpu: str, factor: float) -> dict:
     """The GPU's default profile with every compute time ``factor`` times longer: its
     efficiencies divided by ``factor``, its fixed latencies and overheads multiplied."""
-    from .sim._catalog import profile_path
-    from .sim.gpus import resolve_gpu
+    from kvsim.sim.perf._catalog import profile_path
+    from kvsim.sim.perf.gpus import resolve_gpu
 
     def scale(node: dict) -> dict:
         out = {}
@@ -281,8 +281,8 @@ def fit_speed(real: RealRun, chosen: dict, path, iterations: int = 4) -> dict:
     """Fit one speed factor of the cost model to a real run without engine steps (a
     ``vllm bench serve`` result): TPOT scales with it, so a few fixed-point rounds
     ``factor *= real median TPOT / kvsim's`` settle it. Writes the profile to ``path``."""
-    from .api import run
-    from .reports.io import write_json_atomic
+    from kvsim.api import run
+    from kvsim.reports.io import write_json_atomic
     gpu = chosen.get("gpu") or "a100-80gb"
     factor, target = 1.0, float(real.measured["tpot_s"].median())
     for _ in range(iterations):
@@ -298,9 +298,9 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
                   settings: dict | None = None, fit: str | os.PathLike | None = None) -> dict:
     """Replay a real run in kvsim; the error table, and with ``fit`` (a file to write) the
     fitted profile and the error table of a run with it. ``settings`` override the run's."""
-    from .api import run
-    from .reports.io import write_json_atomic
-    from .sim.models import resolve_model
+    from kvsim.api import run
+    from kvsim.reports.io import write_json_atomic
+    from kvsim.sim.perf.models import resolve_model
     real = read_real_run(result, trace)
     chosen = {**real.settings, **(settings or {})}
     first = run(real.requests, **chosen)

@@ -13,7 +13,7 @@ refitting its GPU's parameters, ``bench/fit_profiles.py``, on the other models o
 leave one TP degree out (each TP degree after refitting on the GPU's other TP degrees); needs
 scipy. ``--fit`` refits the GEMM and elementwise
 parameters (needs scipy) and prints them (``bench/fit_profiles.py`` writes them into
-``sim/profiles/``).
+``sim/perf/profiles/``).
 
 Data: Vidur (Agrawal et al., MLSys 2024), github.com/microsoft/vidur ``data/profiling/`` (MIT).
 """
@@ -27,10 +27,10 @@ import sys
 import numpy as np
 import pandas as pd
 
-from kvsim.sim import calibration as cal
-from kvsim.sim.gpus import resolve_gpu
-from kvsim.sim.models import resolve_model
-from kvsim.sim.profile import ELEMENTWISE_OPS, load_profile
+from kvsim.sim.perf import calibration as cal
+from kvsim.sim.perf.gpus import resolve_gpu
+from kvsim.sim.perf.models import resolve_model
+from kvsim.sim.perf.profile import ELEMENTWISE_OPS, load_profile
 
 
 def print_attention(root) -> None:

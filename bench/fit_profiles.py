@@ -1,5 +1,5 @@
 """Refit the GEMM and elementwise parameters of the shipped calibration profiles from Vidur's
-measured operator timings, so the numbers in ``sim/profiles/*.json`` are reproducible.
+measured operator timings, so the numbers in ``sim/perf/profiles/*.json`` are reproducible.
 
     python bench/fit_profiles.py [--data DIR] [--check]
 
@@ -12,14 +12,14 @@ model of that GPU:
   (the per-row term is the small-token region: a kernel that gives each token's row to one
   thread block takes longer for wider rows; q rounds the knee);
 - each GEMM (``attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj``) on its own times,
-  by its matrix shape (``kvsim.sim.cost_model.gemm_time``): the soft maximum of a memory side
+  by its matrix shape (``kvsim.sim.perf.cost_model.gemm_time``): the soft maximum of a memory side
   ``memory_latency + bytes / (bw * memory_eff)`` and a compute side ``latency + waves * tile
   FLOPs / (SM peak * tile eff)`` for the fastest of the output tiles :data:`TILES`, with
   ``ceil(tokens / tile_m) * ceil(N / tile_n)`` tiles over the GPU's SMs (:data:`NUM_SMS`) and
   ``wave_tail`` of a partly filled last wave paid. Eight numbers per GPU, one set for every
   operator, model and TP degree: what differs between them is the shape (N, K).
 
-It writes those sections into ``sim/profiles/<gpu>.json`` and into the profiles copied from it
+It writes those sections into ``sim/perf/profiles/<gpu>.json`` and into the profiles copied from it
 (:data:`COPIES`: same architecture, not measured here); every other section is left alone.
 ``--check`` writes nothing and exits 1 if a file would change. Needs scipy.
 
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.sim import calibration as cal
-from kvsim.sim.gpus import resolve_gpu
-from kvsim.sim.profile import ELEMENTWISE_OPS, Elementwise, Roofline, load_profile
+from kvsim.sim.perf import calibration as cal
+from kvsim.sim.perf.gpus import resolve_gpu
+from kvsim.sim.perf.profile import ELEMENTWISE_OPS, Elementwise, Roofline, load_profile
 
 TILES = ((128, 128), (64, 128), (64, 64))
 """Output tile shapes (rows of tokens x columns of N) the GEMM library chooses between: the

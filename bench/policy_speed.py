@@ -41,7 +41,7 @@ def hitrate_rows(requests, capacity: int, block_size: int) -> list[tuple]:
 
 def run_rows(requests, limit: int | None) -> list[tuple]:
     from kvsim.sim.config import RunConfig
-    from kvsim.sim.runner import simulate
+    from kvsim.sim.serving.runner import simulate
     base = dict(model="llama-3-70b", gpu="h100-80gb", tp=4, max_model_len=131072)
     cases = [(name, dict(eviction=name)) for name in POLICIES]
     cases += [("host-native", dict(kv_offloading_size=256.0)),

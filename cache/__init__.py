@@ -4,11 +4,11 @@ It decides what happens to KV blocks and returns physical effects as data
 (:class:`~kvsim.cache.step_plan.StepPlan`).
 """
 
-from .block_pool import BlockPool, PrefixIndex
-from .host_tier import HostTier
-from .kv_cache_manager import BlockHashSource, CacheHit, KVCacheManager, PrefixCacheStats
-from .step_plan import BlockTransfer, ScheduledRequest, StepPlan
-from .tiered import TieredKVCacheManager
+from kvsim.cache.block_pool import BlockPool, PrefixIndex
+from kvsim.cache.host_tier import HostTier
+from kvsim.cache.kv_cache_manager import BlockHashSource, CacheHit, KVCacheManager, PrefixCacheStats
+from kvsim.cache.step_plan import BlockTransfer, ScheduledRequest, StepPlan
+from kvsim.cache.tiered import TieredKVCacheManager
 
 __all__ = [
     "BlockHashSource", "BlockPool", "BlockTransfer", "CacheHit", "HostTier", "KVCacheManager",

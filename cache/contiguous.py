@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .buddy_allocator import BuddyAllocator, block_size_for
-from .kv_cache_manager import CacheHit, PrefixCacheStats
-from .slot_allocator import SlotAllocator
-from .step_plan import COMPACT, BlockTransfer
+from kvsim.cache.buddy_allocator import BuddyAllocator, block_size_for
+from kvsim.cache.kv_cache_manager import CacheHit, PrefixCacheStats
+from kvsim.cache.slot_allocator import SlotAllocator
+from kvsim.cache.step_plan import COMPACT, BlockTransfer
 
 RESERVE_POLICIES = ("max", "pow2", "oracle", "pow2-output")
 ALLOCATORS = ("first-fit", "buddy")
@@ -89,7 +89,7 @@ class _SlotPool:
 
 
 def final_length(tokens, max_model_len: int) -> int:
-    """Tokens ``tokens`` (a :class:`~kvsim.cache.sequence.Sequence`) will have at the end."""
+    """Tokens ``tokens`` (a :class:`~kvsim.cache.request_state.RequestState`) will have at the end."""
     return min(tokens.num_prompt_tokens + tokens.max_tokens, max_model_len)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .step_plan import BlockTransfer
+from kvsim.cache.step_plan import BlockTransfer
 
 
 @dataclass(slots=True)

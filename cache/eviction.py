@@ -13,12 +13,12 @@ classes so that none of those modules imports another in a circle:
 
 from __future__ import annotations
 
-from .block_pool import BlockPool
-from .lookahead import LookaheadPolicy, LookaheadPool
-from .policies import (POLICY_NAMES, BeladyOracle, BeladyPolicy, CachePolicy, HybridPolicy,
+from kvsim.cache.block_pool import BlockPool
+from kvsim.cache.lookahead import LookaheadPolicy, LookaheadPool
+from kvsim.cache.policies import (POLICY_NAMES, BeladyOracle, BeladyPolicy, CachePolicy, HybridPolicy,
                        LFUPolicy, LRUPolicy, PriorityPolicy)
-from .queue_pool import ARCPolicy, QueuePool, S3FIFOPolicy
-from .scored_pool import ScoredBlockPool
+from kvsim.cache.queue_pool import ARCPolicy, QueuePool, S3FIFOPolicy
+from kvsim.cache.scored_pool import ScoredBlockPool
 
 POLICY_CLASSES = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,
                   "hybrid": HybridPolicy, "arc": ARCPolicy, "s3fifo": S3FIFOPolicy,

@@ -24,8 +24,8 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 
-from .eviction import make_policy, make_pool
-from .policies import POLICY_NAMES, BeladyOracle
+from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.policies import POLICY_NAMES, BeladyOracle
 
 # the replay's stand-in for the waiting queue of a busy server: requests that arrive within
 # this many seconds after the one being served (see docs/eviction.md)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .eviction import make_pool
+from kvsim.cache.eviction import make_pool
 
 
 class HostTier:

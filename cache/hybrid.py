@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .contiguous import Region, final_length, reservation_size
-from .kv_cache_manager import CacheHit, KVCacheManager
+from kvsim.cache.contiguous import Region, final_length, reservation_size
+from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager
 
 
 def free_runs(refs, min_len: int) -> list[tuple[int, int]]:
@@ -91,7 +91,7 @@ class HybridKVManager:
     # --- which side ----------------------------------------------------------------------
 
     def is_short(self, tokens) -> bool:
-        """True when ``tokens`` (a Sequence) ends below the threshold: a contiguous region."""
+        """True when ``tokens`` (a RequestState) ends below the threshold: a contiguous region."""
         return final_length(tokens, self.max_model_len) < self.threshold
 
     def _blocks_for(self, tokens) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
-from .eviction import make_pool
+from kvsim.cache.eviction import make_pool
 
 
 @runtime_checkable
@@ -105,7 +105,7 @@ class KVCacheManager:
                  defer_private_blocks: bool = False):
         """``policy``: a :class:`~kvsim.cache.policies.CachePolicy` (default: vLLM's LRU). A
         policy that needs the requester (priority, trace position) gets it from ``allocate``:
-        its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``Sequence``).
+        its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``RequestState``).
         ``defer_private_blocks``: register a private sequence's full blocks late (see the
         module docstring; LRU only: other policies score blocks as they are registered)."""
         if block_size < 1:

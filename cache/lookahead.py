@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .policies import CachePolicy
-from .scored_pool import ScoredBlockPool
+from kvsim.cache.policies import CachePolicy
+from kvsim.cache.scored_pool import ScoredBlockPool
 
 
 class LookaheadPolicy(CachePolicy):

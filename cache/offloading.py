@@ -25,9 +25,9 @@ Pure bookkeeping: the copies are pairs the step plan carries, charged by the cos
 
 from __future__ import annotations
 
-from .kv_cache_manager import CacheHit, KVCacheManager, _hashes
-from .step_plan import OFFLOAD, PROMOTE, TRANSFER_KINDS, BlockTransfer
-from .tiered import TieredKVCacheManager
+from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager, _hashes
+from kvsim.cache.step_plan import OFFLOAD, PROMOTE, TRANSFER_KINDS, BlockTransfer
+from kvsim.cache.tiered import TieredKVCacheManager
 
 
 class OffloadingKVCacheManager(KVCacheManager):

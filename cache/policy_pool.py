@@ -10,7 +10,7 @@ first, as vLLM), free *cached* blocks belong to the policy's own structure, coun
 
 from __future__ import annotations
 
-from .block_pool import BlockPool
+from kvsim.cache.block_pool import BlockPool
 
 
 class PolicyPool(BlockPool):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
-from .policy_pool import PolicyPool
+from kvsim.cache.policy_pool import PolicyPool
 
 
 class QueuePolicy:

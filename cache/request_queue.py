@@ -5,14 +5,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from .sequence import Sequence
+from kvsim.cache.request_state import RequestState
 
 
 class FCFSQueue:
     """Arrival order; a preempted request goes back to the front."""
 
     def __init__(self) -> None:
-        self._queue: deque[Sequence] = deque()
+        self._queue: deque[RequestState] = deque()
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -20,16 +20,16 @@ class FCFSQueue:
     def __iter__(self):
         return iter(self._queue)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: RequestState) -> None:
         self._queue.append(seq)
 
-    def prepend(self, seq: Sequence) -> None:
+    def prepend(self, seq: RequestState) -> None:
         self._queue.appendleft(seq)
 
-    def peek(self) -> Sequence:
+    def peek(self) -> RequestState:
         return self._queue[0]
 
-    def pop(self) -> Sequence:
+    def pop(self) -> RequestState:
         return self._queue.popleft()
 
 
@@ -37,7 +37,7 @@ class PriorityQueue:
     """(priority, arrival, id) order; a preempted request simply rejoins the heap."""
 
     def __init__(self) -> None:
-        self._heap: list[Sequence] = []
+        self._heap: list[RequestState] = []
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -45,15 +45,15 @@ class PriorityQueue:
     def __iter__(self):
         return iter(sorted(self._heap))
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: RequestState) -> None:
         heapq.heappush(self._heap, seq)
 
     prepend = add
 
-    def peek(self) -> Sequence:
+    def peek(self) -> RequestState:
         return self._heap[0]
 
-    def pop(self) -> Sequence:
+    def pop(self) -> RequestState:
         return heapq.heappop(self._heap)
 
 

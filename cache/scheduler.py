@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import decode_run
-from .decode_run import DecodeRun, DecodeSteps
-from .kv_cache_manager import CacheHit, KVCacheManager
-from .request_queue import make_queue
-from .sequence import Sequence, SequenceStatus
-from .step_plan import ScheduledRequest, StepPlan
+from kvsim.cache import decode_run
+from kvsim.cache.decode_run import DecodeRun, DecodeSteps
+from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager
+from kvsim.cache.request_queue import make_queue
+from kvsim.cache.request_state import RequestState, RequestStatus
+from kvsim.cache.step_plan import ScheduledRequest, StepPlan
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -81,8 +81,8 @@ class KvUsage:
 class StepOutcome:
     """What committing a step produced, and the cache as it left it."""
 
-    first_tokens: list[Sequence]
-    finished: list[Sequence]
+    first_tokens: list[RequestState]
+    finished: list[RequestState]
     num_output_tokens: int
     usage: KvUsage
     num_prefix_queries_tokens: int = 0   # prompt tokens looked up by this step's admissions
@@ -96,9 +96,9 @@ class Scheduler:
         self.kv = kv
         self.config = config or SchedulerConfig()
         self.waiting = make_queue(self.config.policy)
-        self.running: list[Sequence] = []
+        self.running: list[RequestState] = []
         self.num_preemptions = 0
-        self._last: dict[Sequence, int] = {}
+        self._last: dict[RequestState, int] = {}
         policy = getattr(getattr(kv, "pool", None), "policy", None)
         # a policy that reads the waiting queue (lookahead) is told who waits
         self._queue_reader = policy if hasattr(policy, "enqueue") else None
@@ -124,9 +124,9 @@ class Scheduler:
 
     # --- actions -------------------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: RequestState) -> None:
         """Queue a new request."""
-        seq.status = SequenceStatus.WAITING
+        seq.status = RequestStatus.WAITING
         self.waiting.add(seq)
         if self._queue_reader is not None:
             self._queue_reader.enqueue(self.kv._lookup_hashes(seq))
@@ -137,11 +137,11 @@ class Scheduler:
         self._queries_at_schedule = (stats.num_queries_tokens, stats.num_hit_tokens)
         self._run = None
         self.kv.begin_step()
-        scheduled: dict[Sequence, int] = {}
-        preempted: list[Sequence] = []
+        scheduled: dict[RequestState, int] = {}
+        preempted: list[RequestState] = []
         threshold = self._prefill_threshold()
         budget = self._schedule_running(scheduled, preempted, threshold)
-        admitted: list[Sequence] = []
+        admitted: list[RequestState] = []
         if not preempted:
             self._schedule_waiting(scheduled, admitted, budget, threshold)
         plan = StepPlan(preempted=[s.request_id for s in preempted],
@@ -160,7 +160,7 @@ class Scheduler:
     def update_from_output(self) -> StepOutcome:
         """Commit the last planned step: emit tokens, finish and free completed requests."""
         first, finished, emitted = [], [], 0
-        running, max_len = SequenceStatus.RUNNING, self.config.max_model_len
+        running, max_len = RequestStatus.RUNNING, self.config.max_model_len
         for seq in self._last:
             if (seq.status is not running
                     or seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens):
@@ -299,19 +299,19 @@ class Scheduler:
                 return False, i, budget
         return True, i, budget
 
-    def _pick_victim(self) -> Sequence:
+    def _pick_victim(self) -> RequestState:
         if self.config.policy == "priority":
             return max(self.running, key=lambda s: (s.priority, s.arrival_s, s.request_id))
         return self.running[-1]
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: RequestState) -> None:
         rid, computed = seq.request_id, seq.num_computed_tokens
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out(rid, computed):
             self.kv.swap_out(rid, computed)
         else:
             self.kv.free(rid)
             seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.PREEMPTED
+        seq.status = RequestStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(seq)
@@ -335,19 +335,19 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
 
-    def _lookup(self, seq: Sequence) -> CacheHit:
+    def _lookup(self, seq: RequestState) -> CacheHit:
         """Where admitting ``seq`` starts: its swapped-out blocks, or a prefix hit."""
         if self.config.preemption_mode == "swap" and self.kv.is_swapped(seq.request_id):
             return self.kv.swapped_hit(seq, seq.request_id)
         return self.kv.lookup(seq) if self.kv.enable_prefix_caching else CacheHit()
 
-    def _can_admit(self, seq: Sequence, hit: CacheHit) -> bool:
+    def _can_admit(self, seq: RequestState, hit: CacheHit) -> bool:
         if not self.config.reserve_full_sequence:
             return True
         full = min(len(seq), self.config.max_model_len)
         return self.kv.can_allocate(seq.request_id, full - hit.num_tokens, hit)
 
-    def _admit(self, seq: Sequence, hit: CacheHit) -> None:
+    def _admit(self, seq: RequestState, hit: CacheHit) -> None:
         self.waiting.pop()
         if self._queue_reader is not None:
             self._queue_reader.dequeue(self.kv._lookup_hashes(seq))
@@ -356,14 +356,14 @@ class Scheduler:
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit.num_tokens
         seq.num_computed_tokens = hit.num_tokens
-        seq.status = SequenceStatus.RUNNING
+        seq.status = RequestStatus.RUNNING
         self.running.append(seq)
 
-    def _record_lookup(self, seq: Sequence, hit: CacheHit) -> None:
+    def _record_lookup(self, seq: RequestState, hit: CacheHit) -> None:
         if seq.num_preemptions == 0:    # a resumed request's lookup is not counted again
             self.kv.record_query(len(seq), hit)
 
-    def _num_new_tokens(self, seq: Sequence, computed: int, threshold: int,
+    def _num_new_tokens(self, seq: RequestState, computed: int, threshold: int,
                         budget: int) -> int | None:
         """Tokens a waiting request would be scheduled; None when, without chunked prefill,
         they (capped by the threshold first, as vLLM does) do not fit the budget."""
@@ -376,8 +376,8 @@ class Scheduler:
 
     # --- finishing -----------------------------------------------------------------------
 
-    def _finish(self, seq: Sequence) -> None:
+    def _finish(self, seq: RequestState) -> None:
         self.kv.free(seq.request_id)
-        seq.status = SequenceStatus.FINISHED
+        seq.status = RequestStatus.FINISHED
         seq.release_hashes()
 

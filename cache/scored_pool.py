@@ -7,7 +7,7 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 from typing import Iterable
 
-from .policy_pool import PolicyPool
+from kvsim.cache.policy_pool import PolicyPool
 
 
 class ScoredBlockPool(PolicyPool):

@@ -25,9 +25,9 @@ reads or writes changes hands.
 
 from __future__ import annotations
 
-from .host_tier import HostTier
-from .kv_cache_manager import CacheHit, KVCacheManager, _RequestBlocks
-from .step_plan import OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, TRANSFER_KINDS, BlockTransfer
+from kvsim.cache.host_tier import HostTier
+from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager, _RequestBlocks
+from kvsim.cache.step_plan import OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, TRANSFER_KINDS, BlockTransfer
 
 WRITE_POLICIES = ("back", "through")
 

@@ -1,7 +1,7 @@
 """Which decoder the real backend builds for a ``--model`` name, and its shape.
 
-``kvsim.sim.models.resolve_model`` turns a catalog name, a Hugging Face id or a ``config.json``
-path into a :class:`~kvsim.sim.model_shape.ModelSpec`; :func:`resolve_backend_model` checks that
+``kvsim.sim.perf.models.resolve_model`` turns a catalog name, a Hugging Face id or a ``config.json``
+path into a :class:`~kvsim.sim.perf.model_shape.ModelSpec`; :func:`resolve_backend_model` checks that
 the architecture is one the backend implements (Llama-like: RMSNorm, RoPE, gated SiLU MLP, no
 biases). :class:`LlamaConfig` is what :mod:`.llama` builds: that same ``ModelSpec`` (the one
 model-shape definition) plus the two constants that change values, never cost or KV size.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.sim.arch import model_from_hf_dict
-from kvsim.sim.models import ModelSpec, resolve_model
+from kvsim.sim.perf.arch import model_from_hf_dict
+from kvsim.sim.perf.models import ModelSpec, resolve_model
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 BUNDLED = {"tiny-llama": CONFIG_DIR / "tiny-llama.json"}

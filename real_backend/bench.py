@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from .backend_model import CONFIG_DIR, LlamaConfig
-from .model_runner import ModelRunner, RequestChunk
+from kvsim.real_backend.backend_model import CONFIG_DIR, LlamaConfig
+from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
 
 TINY_LLAMA = LlamaConfig.from_json(CONFIG_DIR / "tiny-llama.json")
 

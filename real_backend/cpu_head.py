@@ -8,7 +8,7 @@ Step time should grow smoothly with the batch (the cost model is linear in it), 
 :meth:`CpuHead.tune` times ``x @ Wt`` against ``(W @ x.T).T`` for every row count up to
 :data:`TUNED_ROWS` once, and each call uses the faster (``x @ Wt`` when untuned). Both give the
 same logits up to float summation order. Even so the head's time is irregular in the row count
-(a fitted profile measures it per row count: ``kvsim.sim.profile.Fitted.per_batch_s``), and the
+(a fitted profile measures it per row count: ``kvsim.sim.perf.profile.Fitted.per_batch_s``), and the
 choice can differ between processes when both layouts are close, so ``kvsim profile`` records
 the choices (:meth:`CpuHead.layouts`) and ``kvsim validate`` reuses them
 (:meth:`CpuHead.set_layouts`).

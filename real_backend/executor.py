@@ -1,7 +1,7 @@
 """TorchExecutor: perform a :class:`~kvsim.cache.StepPlan` on real tensors and time it.
 
-It is an :class:`kvsim.sim.executor.Executor` (``step_duration(plan) -> seconds``), so
-``kvsim.sim.runner.simulate(requests, config, executor=TorchExecutor(...))`` replays a trace with
+It is an :class:`kvsim.sim.serving.executor.Executor` (``step_duration(plan) -> seconds``), so
+``kvsim.sim.serving.runner.simulate(requests, config, executor=TorchExecutor(...))`` replays a trace with
 the same scheduler and cache manager as a simulated run, the clock advancing by measured time.
 It deliberately does not support decode runs (``supports_decode_runs`` is false): the loop then
 never skips ahead, and every step really runs. ``transfer_time(plan)`` is the measured time of
@@ -39,10 +39,10 @@ from typing import Callable, Iterable, TypeVar
 import torch
 
 from kvsim.cache.step_plan import StepPlan
-from kvsim.sim.executor import Executor
+from kvsim.sim.serving.executor import Executor
 
-from .model_runner import ModelRunner, RequestChunk
-from .tokens import token_ids_for
+from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
+from kvsim.real_backend.tokens import token_ids_for
 
 CLOCKS = ("wall", "cpu")
 

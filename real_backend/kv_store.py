@@ -20,8 +20,8 @@ import torch
 
 from kvsim.cache.step_plan import COMPACT, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT
 
-from .backend_model import LlamaConfig
-from .llama import resolve_dtype
+from kvsim.real_backend.backend_model import LlamaConfig
+from kvsim.real_backend.llama import resolve_dtype
 
 DEVICE, HOST = "device", "host"
 # kind -> (source tier, destination tier)

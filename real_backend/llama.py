@@ -1,7 +1,7 @@
 """A Llama-architecture decoder in torch with random weights, run over a packed token stream.
 
 Its shape is a :class:`~kvsim.real_backend.backend_model.LlamaConfig` (the simulator's
-:class:`~kvsim.sim.model_shape.ModelSpec` plus RoPE theta and norm eps).
+:class:`~kvsim.sim.perf.model_shape.ModelSpec` plus RoPE theta and norm eps).
 
 RMSNorm, rotary position embeddings (RoPE, the HF ``rotate_half`` convention), grouped-query
 attention through the paged KV store, a SwiGLU MLP, token embedding and LM head. Like vLLM, every
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionMetadata, paged_attention
-from .backend_model import LlamaConfig
-from .cpu_head import CpuHead
+from kvsim.real_backend.attention import AttentionMetadata, paged_attention
+from kvsim.real_backend.backend_model import LlamaConfig
+from kvsim.real_backend.cpu_head import CpuHead
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,

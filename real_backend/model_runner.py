@@ -20,10 +20,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .attention import AttentionMetadata, build_attention_metadata
-from .kv_store import PagedKVStore
-from .backend_model import LlamaConfig
-from .llama import LlamaForCausalLM, build_model
+from kvsim.real_backend.attention import AttentionMetadata, build_attention_metadata
+from kvsim.real_backend.kv_store import PagedKVStore
+from kvsim.real_backend.backend_model import LlamaConfig
+from kvsim.real_backend.llama import LlamaForCausalLM, build_model
 
 #: Gathered K+V bytes per decode group and layer on the CPU (about half an L2 cache).
 CPU_DECODE_GROUP_BYTES = 1 << 20

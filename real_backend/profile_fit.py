@@ -19,7 +19,7 @@ import statistics
 import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT
-from kvsim.sim import cost_model
+from kvsim.sim.perf import cost_model
 
 COMPUTE_TERMS = ("step_s", "per_seq_s", "per_token_s", "per_kv_token_s", "per_attn_unit_s")
 GROUPS = ("prefill", "decode", "mixed", "transfer")
@@ -162,7 +162,7 @@ def batch_slope(table: list[float]) -> float:
 
 def fit_profile(points: list, times: list[float], block_bytes: int,
                 batch_table=None) -> dict:
-    """Every coefficient of a fitted profile (``kvsim.sim.profile.FITTED_TERMS``), and
+    """Every coefficient of a fitted profile (``kvsim.sim.perf.profile.FITTED_TERMS``), and
     ``per_batch_s``/``per_batch_slope_s`` when a ``batch_table`` (seconds for 1, 2, ...
     requests; see :func:`measure_batch_table`) is given."""
     table = [float(v) for v in batch_table or ()]

@@ -7,7 +7,7 @@ warm-up, as the median of several back-to-back calls each preceded by engine-lik
 and the median of that over a few passes of the grid (see :func:`measure_grid`).
 
 The fit (:mod:`.profile_fit`) is the cost model's *fitted* form (see
-``kvsim.sim.profile.Fitted``). ``per_batch_s`` in it is the LM head (logits of one row per
+``kvsim.sim.perf.profile.Fitted``). ``per_batch_s`` in it is the LM head (logits of one row per
 request) timed alone for every batch size up to ``max_num_seqs`` (see
 :func:`measure_batch_table`), then corrected by the decode steps of each size
 (:func:`~.profile_fit.backfit_table`): on a CPU its time jumps between row counts (BLAS kernels
@@ -29,9 +29,9 @@ import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT
 
-from .executor import clock_fn, interlude
-from .profile_fit import fit_errors, fit_profile, predict
-from .model_runner import ModelRunner, RequestChunk
+from kvsim.real_backend.executor import clock_fn, interlude
+from kvsim.real_backend.profile_fit import fit_errors, fit_profile, predict
+from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
 
 MAX_BATCH_TABLE = 512   # per_batch_s covers at most this many requests
 
@@ -250,9 +250,9 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
     ``progress`` receives a line after the model is built and after each pass of the grid."""
     import torch
 
-    from kvsim.sim.profile import MODEL_SHAPE_KEYS
+    from kvsim.sim.perf.profile import MODEL_SHAPE_KEYS
 
-    from .session import build_runner, device_name, prepare_device, warm_up
+    from kvsim.real_backend.session import build_runner, device_name, prepare_device, warm_up
 
     built = time.perf_counter()
     model = prepare_device(settings)

@@ -13,10 +13,10 @@ import torch
 
 from kvsim.errors import ConfigError
 
-from .executor import CLOCKS
-from .llama import resolve_dtype
-from .backend_model import BackendModel, resolve_backend_model
-from .model_runner import ModelRunner, RequestChunk
+from kvsim.real_backend.executor import CLOCKS
+from kvsim.real_backend.llama import resolve_dtype
+from kvsim.real_backend.backend_model import BackendModel, resolve_backend_model
+from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``kvsim validate``: the same trace through the real backend and through the simulator.
 
-Two runs of ``kvsim.sim.runner.simulate`` with one :class:`RunConfig`:
+Two runs of ``kvsim.sim.serving.runner.simulate`` with one :class:`RunConfig`:
 
 - *real*: a :class:`TorchExecutor` performs every step and the clock advances by measured time.
   It is wrapped in :class:`PredictingExecutor`, which also asks the cost model about the very
@@ -27,15 +27,15 @@ from typing import Callable, Iterable
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.sim import results
+from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.cost_model import CostModel
-from kvsim.sim.executor import Executor
-from kvsim.sim.runner import RunResult, simulate
+from kvsim.sim.perf.cost_model import CostModel
+from kvsim.sim.serving.executor import Executor
+from kvsim.sim.serving.runner import RunResult, simulate
 
-from .executor import TorchExecutor
-from .profiling import Limits, quiet, run_profile
-from .session import BackendSettings, build_runner, device_name, prepare_device, warm_up
+from kvsim.real_backend.executor import TorchExecutor
+from kvsim.real_backend.profiling import Limits, quiet, run_profile
+from kvsim.real_backend.session import BackendSettings, build_runner, device_name, prepare_device, warm_up
 
 METRICS = (("throughput_output_tokens_per_s", None), ("ttft_s", "p50"), ("ttft_s", "p90"),
            ("tpot_s", "p50"), ("tpot_s", "p90"), ("e2e_s", "p50"), ("e2e_s", "p90"))
@@ -261,7 +261,7 @@ def validate_job(trace_path, trace_options, job: ValidateJob, out_dir=None,
     from kvsim.workloads.sources import resolve_trace
     from kvsim.workloads import load_trace
 
-    from .validate_report import write_outputs
+    from kvsim.real_backend.validate_report import write_outputs
     path, label = resolve_trace(str(trace_path))   # a file, or sample:NAME
     report = validate(load_trace(path, trace_options), job, progress)
     report["trace"] = label

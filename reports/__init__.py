@@ -11,11 +11,11 @@ simulation. Public API:
 - :func:`rerender_report` (``kvsim report DIR``).
 """
 
-from .html import render_compare_report, render_hitrate_report, render_run_report
-from .io import downsample, read_run_outputs, write_csv_atomic, write_json_atomic, write_text_atomic
-from .run_outputs import write_run_outputs
-from .rerender import rerender_report
-from .terminal import RunProgress, print_summary, summary_table
+from kvsim.reports.html import render_compare_report, render_hitrate_report, render_run_report
+from kvsim.reports.io import downsample, read_run_outputs, write_csv_atomic, write_json_atomic, write_text_atomic
+from kvsim.reports.run_outputs import write_run_outputs
+from kvsim.reports.rerender import rerender_report
+from kvsim.reports.terminal import RunProgress, print_summary, summary_table
 
 __all__ = [
     "RunProgress", "downsample", "print_summary", "read_run_outputs", "render_compare_report",

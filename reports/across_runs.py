@@ -10,10 +10,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .grid_table import identical_to, result_fingerprint
-from .figures import parse_slo
-from .page import esc, flatten, fmt_setting
-from .style import (empty_figure, fmt_num, fmt_pct, fmt_seconds, get, is_number, series_color,
+from kvsim.reports.grid_table import identical_to, result_fingerprint
+from kvsim.reports.figures import parse_slo
+from kvsim.reports.page import esc, flatten, fmt_setting
+from kvsim.reports.style import (empty_figure, fmt_num, fmt_pct, fmt_seconds, get, is_number, series_color,
                     style_figure)
 
 Run = tuple[str, dict, pd.DataFrame, pd.DataFrame]

@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from .io import write_json_atomic
+from kvsim.reports.io import write_json_atomic
 
 BENCH_FILE = "bench.json"
 #: vLLM's latency metrics, as its result file names them, and kvsim's requests.csv column.

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import (FRAG_COLORS, FRAG_KEYS, FRAG_LABELS, KV_COLORS, empty_figure, fmt_pct,
+from kvsim.reports.style import (FRAG_COLORS, FRAG_KEYS, FRAG_LABELS, KV_COLORS, empty_figure, fmt_pct,
                     fmt_seconds, is_number, series_color, style_figure)
 
 LATENCY_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))

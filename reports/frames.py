@@ -1,8 +1,8 @@
 """The output contract of a run: its files and the columns of its two frames.
 
 The one definition of what ``kvsim run --out DIR`` writes (``docs/frames.md`` is tested against
-it): the simulator builds its frames to these columns (:mod:`kvsim.sim.results`, and the request
-log of :mod:`kvsim.sim.recorder` is derived from them), :mod:`kvsim.reports` writes and reads
+it): the simulator builds its frames to these columns (:mod:`kvsim.sim.serving.results`, and the request
+log of :mod:`kvsim.sim.serving.recorder` is derived from them), :mod:`kvsim.reports` writes and reads
 them back.
 """
 

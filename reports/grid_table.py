@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .style import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, get, is_number
+from kvsim.reports.style import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, get, is_number
 
 #: Name stems of the transfer kinds whose byte counters :func:`bytes_moved` adds up.
 TRANSFER_STEMS = ("swap", "offload", "promot", "compact", "to_host", "to_device")

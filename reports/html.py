@@ -16,12 +16,12 @@ from typing import Sequence
 
 import pandas as pd
 
-from . import across_runs as cmp
-from . import figures as figs
-from . import phases
-from .io import DEFAULT_MAX_POINTS, downsample
-from .page import cards, card, esc, figure_div, panel, render_page, settings_block
-from .style import (fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text, tier_text,
+from kvsim.reports import across_runs as cmp
+from kvsim.reports import figures as figs
+from kvsim.reports import phases
+from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample
+from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
+from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text, tier_text,
                     truncated_text)
 
 #: div ids of the figures in a run report, in page order.

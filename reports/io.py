@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from ..errors import KvsimError
-from .frames import (PHASE_COLUMNS, REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE,
+from kvsim.errors import KvsimError
+from kvsim.reports.frames import (PHASE_COLUMNS, REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE,
                      TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS, add_phase_columns)
 
 DEFAULT_MAX_POINTS = 2000

@@ -13,7 +13,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from ..errors import KvsimError
+from kvsim.errors import KvsimError
 
 LOCK_FILE = ".kvsim.lock"
 

@@ -18,8 +18,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from .io import write_text_atomic
-from .style import fmt_num, is_number
+from kvsim.reports.io import write_text_atomic
+from kvsim.reports.style import fmt_num, is_number
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 PLOTLY_JS_FILE = "plotly.min.js"
@@ -30,7 +30,7 @@ FIGURE_CONFIG = {"displaylogo": False, "responsive": True,
 
 def _version() -> str:
     try:
-        from .. import __version__
+        from kvsim import __version__
         return str(__version__)
     except ImportError:  # pragma: no cover - running outside the package
         return "unknown"

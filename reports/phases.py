@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .frames import PHASE_COLUMNS, add_phase_columns
-from .style import empty_figure, fmt_pct, fmt_seconds, style_figure
+from kvsim.reports.frames import PHASE_COLUMNS, add_phase_columns
+from kvsim.reports.style import empty_figure, fmt_pct, fmt_seconds, style_figure
 
 PHASES = (("queue_s", "queueing", "#dc2626"), ("prefill_s", "prefill", "#f59e0b"),
           ("decode_s", "decode", "#2563eb"))

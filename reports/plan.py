@@ -1,7 +1,7 @@
 """The capacity planner's outputs: terminal table, progress bar, ``plan.csv``, ``plan.json`` and
 a self-contained ``report.html`` with the cost-vs-latency Pareto front.
 
-Everything here reads the plan dict that :func:`kvsim.sim.planner.plan` returns (plain JSON
+Everything here reads the plan dict that :func:`kvsim.sim.plan.planner.plan` returns (plain JSON
 types); nothing here simulates.
 """
 
@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .io import write_csv_atomic, write_json_atomic
-from .page import card, cards, esc, figure_div, panel, render_page
-from .style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
+from kvsim.reports.io import write_csv_atomic, write_json_atomic
+from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
+from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
 
 PLAN_FILE, PLAN_CSV, PLAN_REPORT = "plan.json", "plan.csv", "report.html"
 PLAN_FILES = (PLAN_FILE, PLAN_CSV, PLAN_REPORT)

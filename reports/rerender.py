@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .html import render_run_report
-from .frames import REPORT_FILE
-from .io import read_run_outputs
+from kvsim.reports.html import render_run_report
+from kvsim.reports.frames import REPORT_FILE
+from kvsim.reports.io import read_run_outputs
 
 
 def rerender_report(run_dir: str | os.PathLike, out: Optional[str | os.PathLike] = None, *,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import KvsimError
-from .bench import write_bench_json
-from .frames import (BENCH_FILE, OUTPUT_FORMATS, REPORT_FILE, REQUESTS_FILE, SUMMARY_FILE,
+from kvsim.errors import KvsimError
+from kvsim.reports.bench import write_bench_json
+from kvsim.reports.frames import (BENCH_FILE, OUTPUT_FORMATS, REPORT_FILE, REQUESTS_FILE, SUMMARY_FILE,
                      TIMELINE_FILE)
-from .html import render_run_report
-from .io import require_parquet, write_csv_atomic, write_json_atomic, write_parquet_atomic
+from kvsim.reports.html import render_run_report
+from kvsim.reports.io import require_parquet, write_csv_atomic, write_json_atomic, write_parquet_atomic
 
 
 def write_frames(out: Path, requests_df: pd.DataFrame, timeline_df: pd.DataFrame,

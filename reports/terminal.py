@@ -11,7 +11,7 @@ from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from .style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text,
+from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text,
                     tier_text, truncated_text)
 
 

@@ -23,8 +23,8 @@ from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 from kvsim.workloads.identity import SAMPLING_MODES
 
-from .models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
-from .router import ROUTERS
+from kvsim.sim.perf.models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
+from kvsim.sim.serving.router import ROUTERS
 
 LAYOUTS = ("paged", "contiguous", "hybrid")
 #: What to do with a request whose prompt does not fit ``max_model_len``: ``reject`` it (vLLM

@@ -1,9 +1,9 @@
 """Small Llama shapes for the real-backend tests, built the one way the package builds them:
-a :class:`~kvsim.sim.model_shape.ModelSpec` wrapped in a
+a :class:`~kvsim.sim.perf.model_shape.ModelSpec` wrapped in a
 :class:`~kvsim.real_backend.backend_model.LlamaConfig`."""
 
 from kvsim.real_backend.backend_model import LlamaConfig
-from kvsim.sim.model_shape import ModelSpec
+from kvsim.sim.perf.model_shape import ModelSpec
 
 
 def llama(rope_theta: float = 10000.0, max_model_len: int = 4096, **dims) -> LlamaConfig:

@@ -71,7 +71,7 @@ def test_result_frames(result):
     (dict(limit=0), "field 'limit': must be a positive integer, got 0"),
 ])
 def test_bad_settings_fail_before_any_work_in_one_line(settings, message, monkeypatch):
-    import kvsim.sim.runner as runner
+    import kvsim.sim.serving.runner as runner
     monkeypatch.setattr(runner, "simulate", lambda *a, **k: pytest.fail("simulated"))
     with pytest.raises(ValueError) as info:
         kvsim.run("sample:azure-conv", **settings)

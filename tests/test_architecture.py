@@ -132,9 +132,9 @@ def allowed(a: str, b: str) -> bool:
 def test_the_graph_sees_top_level_and_function_level_imports():
     modules, edges = import_graph()
     assert len(modules) > 80
-    assert ("kvsim.cli", "kvsim.cli_run") in edges                 # module level
-    assert ("kvsim.cli_run", "kvsim.pipeline") in edges             # inside a function
-    assert ("kvsim.cache.sequence", "kvsim.workloads.request") in edges   # TYPE_CHECKING
+    assert ("kvsim.cli", "kvsim.commands.run") in edges                 # module level
+    assert ("kvsim.commands.run", "kvsim.pipeline") in edges             # inside a function
+    assert ("kvsim.cache.request_state", "kvsim.workloads.request") in edges   # TYPE_CHECKING
     assert ("kvsim.cache.host_tier", "kvsim.cache.eviction") in edges     # relative
 
 
@@ -155,12 +155,12 @@ def test_imports_only_go_down_the_layers():
 
 def test_the_layer_rules_refuse_upward_imports():
     assert not allowed("kvsim.cache.kv_cache_manager", "kvsim.workloads.loader")
-    assert not allowed("kvsim.reports.html", "kvsim.sim.results")
-    assert not allowed("kvsim.sim.results", "kvsim.reports.html")
-    assert not allowed("kvsim.sim.runner", "kvsim.real_backend.session")
+    assert not allowed("kvsim.reports.html", "kvsim.sim.serving.results")
+    assert not allowed("kvsim.sim.serving.results", "kvsim.reports.html")
+    assert not allowed("kvsim.sim.serving.runner", "kvsim.real_backend.session")
     assert not allowed("kvsim.real_backend.validate", "kvsim.pipeline")
-    assert allowed("kvsim.cache.sequence", "kvsim.workloads.identity")
-    assert allowed("kvsim.sim.results", "kvsim.reports.frames")
+    assert allowed("kvsim.cache.request_state", "kvsim.workloads.identity")
+    assert allowed("kvsim.sim.serving.results", "kvsim.reports.frames")
 
 
 def test_the_cache_engine_loads_no_trace_parser():

@@ -7,11 +7,11 @@ from hypothesis import strategies as st
 
 from kvsim.cache.buddy_allocator import BuddyAllocator, block_size_for
 from kvsim.cache.contiguous import ContiguousKVManager, reservation_size
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.errors import ConfigError
-from kvsim.sim import results
+from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.runner import simulate
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 from kvsim.workloads.generators.build import GenConfig, generate, preset_named
 
@@ -21,7 +21,7 @@ PAPER_POOL = 982 * 16        # the paper's OPT-13B / A100-40GB: 15,712 slots
 
 
 def seq(rid, prompt, output):
-    return Sequence(Request(rid, 0.0, prompt, output), 16)
+    return RequestState(Request(rid, 0.0, prompt, output), 16)
 
 
 # --- the allocator -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
 from kvsim.pipeline import run_outputs
 from kvsim.sim.config import RunConfig
-from kvsim.sim.runner import simulate
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import TraceOptions, load_trace, sample_path
 
 

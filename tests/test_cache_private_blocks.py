@@ -2,12 +2,12 @@
 and nothing observable changes."""
 
 from kvsim.cache.kv_cache_manager import KVCacheManager
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.workloads import Request
 
 
 def seq(request_id, prompt, output, continues=None):
-    return Sequence(Request(request_id, 0.0, prompt, output, continues=continues), 4)
+    return RequestState(Request(request_id, 0.0, prompt, output, continues=continues), 4)
 
 
 def run_on(kv):
@@ -63,7 +63,9 @@ def test_a_length_only_run_with_preemptions_is_unchanged(monkeypatch):
     they fill."""
     import numpy as np
 
-    from kvsim.sim import results, runner
+    from kvsim.sim.serving import results
+
+    from kvsim.sim.serving import runner
     from kvsim.sim.config import RunConfig
 
     rng = np.random.default_rng(3)

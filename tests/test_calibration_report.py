@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.sim import calibration as cal
-from kvsim.sim.gpus import resolve_gpu
-from kvsim.sim.profile import ELEMENTWISE_OPS, load_profile
+from kvsim.sim.perf import calibration as cal
+from kvsim.sim.perf.gpus import resolve_gpu
+from kvsim.sim.perf.profile import ELEMENTWISE_OPS, load_profile
 
 REPORT = Path(__file__).resolve().parents[1] / "bench" / "calibration_report.py"
 

@@ -5,14 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.cache.contiguous import ContiguousKVManager, reservation_size
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.cache.slot_allocator import SlotAllocator
 from kvsim.cache.step_plan import COMPACT
 from kvsim.workloads import Request
 
 
 def seq(rid, prompt, output):
-    return Sequence(Request(rid, 0.0, prompt, output), 16)
+    return RequestState(Request(rid, 0.0, prompt, output), 16)
 
 
 # --- the allocator -----------------------------------------------------------------------

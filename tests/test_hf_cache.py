@@ -7,8 +7,8 @@ import sys
 
 import pytest
 from kvsim.errors import ConfigError
-from kvsim.sim.hf_cache import cached_config, hub_cache_dir
-from kvsim.sim.models import resolve_model
+from kvsim.sim.perf.hf_cache import cached_config, hub_cache_dir
+from kvsim.sim.perf.models import resolve_model
 
 SMALL_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
                "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -8,7 +8,7 @@ import pytest
 
 from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.errors import TraceError
 from kvsim.workloads.identity import block_ids, hash_token_blocks
 from kvsim.workloads import Request, read_trace
@@ -74,7 +74,7 @@ def run(requests, greedy, num_blocks=64):
     sched = Scheduler(KVCacheManager(num_blocks, BS), SchedulerConfig(max_model_len=4096))
     hits = []
     for r in requests:
-        seq = Sequence(r, BS, greedy)
+        seq = RequestState(r, BS, greedy)
         sched.add(seq)
         while sched.has_unfinished():
             sched.schedule()
@@ -96,12 +96,12 @@ def test_a_resumed_twin_hits_its_siblings_generated_blocks_only_when_greedy(gree
     ids = list(range(3, 12))
     assert run([req(0, 0, 12, ids=ids)], greedy) == [0]
     sched = Scheduler(KVCacheManager(64, BS), SchedulerConfig(max_model_len=4096))
-    first = Sequence(req(0, 0, 14, ids=ids), BS, greedy)
+    first = RequestState(req(0, 0, 14, ids=ids), BS, greedy)
     sched.add(first)
     while sched.has_unfinished():
         sched.schedule()
         sched.update_from_output()
-    twin = Sequence(req(1, 0, 14, ids=ids), BS, greedy)
+    twin = RequestState(req(1, 0, 14, ids=ids), BS, greedy)
     twin.num_output_tokens = 13          # as a twin preempted after 13 tokens, resuming
     assert sched.kv.lookup(twin).num_tokens == hit
 

@@ -7,11 +7,11 @@ from hypothesis import strategies as st
 
 from kvsim.cache.hybrid import HybridKVManager, free_runs
 from kvsim.cache.scheduler import Scheduler
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.errors import ConfigError
-from kvsim.sim import results
+from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.runner import simulate
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 from kvsim.workloads.generators.build import GenConfig, generate, preset_named
 
@@ -19,7 +19,7 @@ OPT_A100 = dict(model="opt-13b", gpu="a100-40gb", num_gpu_blocks=982, max_model_
 
 
 def seq(rid, prompt, output):
-    return Sequence(Request(rid, 0.0, prompt, output), 16)
+    return RequestState(Request(rid, 0.0, prompt, output), 16)
 
 
 # --- hybrid manager ------------------------------------------------------------------------

@@ -84,11 +84,11 @@ def test_hitrate_reports_each_policys_share_of_beladys_gain():
 def test_the_scheduler_tells_lookahead_who_waits_and_who_was_admitted():
     from kvsim.cache.kv_cache_manager import KVCacheManager
     from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-    from kvsim.cache.sequence import Sequence
+    from kvsim.cache.request_state import RequestState
     kv = KVCacheManager(8, 4, policy=make_policy("lookahead"))
     sched = Scheduler(kv, SchedulerConfig(max_model_len=64, max_num_batched_tokens=9))
-    first = Sequence(Request(0, 0.0, 9, 1, prompt_token_ids=np.arange(9)), 4)
-    second = Sequence(Request(1, 0.0, 9, 1, prompt_token_ids=np.arange(100, 109)), 4)
+    first = RequestState(Request(0, 0.0, 9, 1, prompt_token_ids=np.arange(9)), 4)
+    second = RequestState(Request(1, 0.0, 9, 1, prompt_token_ids=np.arange(100, 109)), 4)
     sched.add(first)
     sched.add(second)
     wanted = kv.pool.policy.wanted

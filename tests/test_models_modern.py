@@ -9,11 +9,11 @@ import pytest
 from kvsim.cache.attention_groups import LayerGroup, group_layers
 from kvsim.cache.multi_group import NULL, MultiGroupKVManager
 from kvsim.errors import ConfigError
-from kvsim.sim.cost_model import CostModel
-from kvsim.sim.kv_layout import kv_layout, longest_request
-from kvsim.sim.memory import kv_pool
-from kvsim.sim.models import list_models, resolve_model
-from kvsim.sim.moe import expected_experts
+from kvsim.sim.perf.cost_model import CostModel
+from kvsim.sim.perf.kv_layout import kv_layout, longest_request
+from kvsim.sim.perf.memory import kv_pool
+from kvsim.sim.perf.models import list_models, resolve_model
+from kvsim.sim.perf.moe import expected_experts
 
 GIB = 1 << 30
 NEW = ["llama-3.1-405b", "llama-3.3-70b", "llama-4-scout", "llama-4-maverick", "qwen3-8b",
@@ -170,7 +170,7 @@ def test_moe_cost_reads_only_touched_experts():
 
 
 def test_hf_config_files_of_each_family_read_like_the_catalog(tmp_path):
-    from kvsim.sim._catalog import load_catalog
+    from kvsim.sim.perf._catalog import load_catalog
     for name, entry in load_catalog("hf_models.json")["models"].items():
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(entry["config"]))
@@ -184,7 +184,7 @@ def test_hf_config_files_of_each_family_read_like_the_catalog(tmp_path):
     ({"sliding_window": None}, "sliding_window"),
     ({"num_local_experts": 0}, "num_local_experts")])
 def test_bad_configs_name_file_and_field(tmp_path, change, field):
-    from kvsim.sim._catalog import load_catalog
+    from kvsim.sim.perf._catalog import load_catalog
     cfg = {**load_catalog("hf_models.json")["models"]["gpt-oss-120b"]["config"], **change}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -195,7 +195,7 @@ def test_bad_configs_name_file_and_field(tmp_path, change, field):
 
 
 def test_mla_config_needs_its_latent_rank(tmp_path):
-    from kvsim.sim._catalog import load_catalog
+    from kvsim.sim.perf._catalog import load_catalog
     cfg = dict(load_catalog("hf_models.json")["models"]["deepseek-v3"]["config"])
     del cfg["kv_lora_rank"]
     path = tmp_path / "config.json"
@@ -221,7 +221,7 @@ def test_cli_run_of_a_hybrid_model_reports_groups_and_active_params(tmp_path):
 
 def test_cli_bad_hybrid_config_and_unsupported_layout_exit_2(tmp_path):
     from clirun import kvsim
-    from kvsim.sim._catalog import load_catalog
+    from kvsim.sim.perf._catalog import load_catalog
     cfg = dict(load_catalog("hf_models.json")["models"]["gpt-oss-20b"]["config"])
     cfg["layer_types"] = cfg["layer_types"][:5]
     path = tmp_path / "config.json"
@@ -249,7 +249,7 @@ def test_chunked_local_group_frees_the_blocks_before_the_current_chunk():
 
 def test_a_simulated_hybrid_run_gives_every_block_back():
     from kvsim.sim.config import RunConfig
-    from kvsim.sim.runner import simulate
+    from kvsim.sim.serving.runner import simulate
     from kvsim.workloads.loader import read_trace, sample_path
     from kvsim.workloads.options import TraceOptions
     requests = read_trace(sample_path("mooncake"), TraceOptions(limit=60))

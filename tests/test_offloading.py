@@ -11,7 +11,7 @@ from kvsim.cache.cpu_offload import (ARCOffloadingManager, FilterReusedOffloadin
                                      LRUOffloadingManager, make_offloading_manager)
 from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE
 from kvsim.workloads import Request
 from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
@@ -166,7 +166,7 @@ def test_a_request_preempted_while_planned_gives_up_the_stores_of_its_step():
 
 
 def sequence(rid, tokens, output=1):
-    return Sequence(Request(rid, float(rid), len(tokens), output,
+    return RequestState(Request(rid, float(rid), len(tokens), output,
                             prompt_token_ids=tokens), 4)
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from kvsim import pipeline
-from kvsim.sim import planner
+from kvsim.sim.plan import planner
 from kvsim.sim.config import RunConfig
-from kvsim.sim.plan_bounds import latency_floors
-from kvsim.sim.plan_spec import DEFAULT_ROUTER, build_slo, build_spec
-from kvsim.sim.results import requests_frame
-from kvsim.sim.runner import simulate
-from kvsim.sim.sweep import SweepOptions
+from kvsim.sim.plan.bounds import latency_floors
+from kvsim.sim.plan.spec import DEFAULT_ROUTER, build_slo, build_spec
+from kvsim.sim.serving.results import requests_frame
+from kvsim.sim.serving.runner import simulate
+from kvsim.sim.plan.sweep import SweepOptions
 from kvsim.workloads import TraceOptions, load_trace, sample_path
 
 AZURE = sample_path("azure-conv")

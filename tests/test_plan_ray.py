@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvsim.sim import planner
+from kvsim.sim.plan import planner
 from kvsim.sim.config import RunConfig
-from kvsim.sim.plan_spec import DEFAULT_ROUTER, build_slo, build_spec
-from kvsim.sim.sweep import SweepOptions
+from kvsim.sim.plan.spec import DEFAULT_ROUTER, build_slo, build_spec
+from kvsim.sim.plan.sweep import SweepOptions
 from kvsim.workloads import TraceOptions, sample_path
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kvsim[ray]')")

@@ -7,9 +7,9 @@ import pytest
 
 from kvsim.errors import ConfigError
 from kvsim.reports.plan import pareto_front
-from kvsim.sim.plan_bounds import suggested_block_size
-from kvsim.sim.plan_search import fewest_passing, largest_passing
-from kvsim.sim.plan_spec import build_slo, load_prices, parse_list
+from kvsim.sim.plan.bounds import suggested_block_size
+from kvsim.sim.plan.search import fewest_passing, largest_passing
+from kvsim.sim.plan.spec import build_slo, load_prices, parse_list
 
 
 def counting(predicate):
@@ -83,8 +83,8 @@ def test_price_table_overrides_the_catalog_and_accepts_aliases(tmp_path):
 
 def test_dtype_and_host_tier_candidates_are_labelled_priced_and_replayable():
     from kvsim.sim.config import RunConfig
-    from kvsim.sim.plan_spec import expand_candidates, gpu_hour_price
-    from kvsim.sim.planner import candidate_label
+    from kvsim.sim.plan.spec import expand_candidates, gpu_hour_price
+    from kvsim.sim.plan.planner import candidate_label
     base = RunConfig(model="llama-3-70b", gpu="h100-80gb", tp=4)
     dims = {"weight_dtype": ("bf16", "int4"), "kv_offloading_size": (0.0, 200.0)}
     configs = expand_candidates(base, dims)

@@ -16,7 +16,7 @@ from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
 from kvsim.real_backend.model_runner import ModelRunner  # noqa: E402
 from kvsim.real_backend.tokens import token_ids_for  # noqa: E402
 from kvsim.sim.config import RunConfig  # noqa: E402
-from kvsim.sim.runner import simulate  # noqa: E402
+from kvsim.sim.serving.runner import simulate  # noqa: E402
 from kvsim.workloads import Request  # noqa: E402
 
 TINY = resolve_backend_model("tiny-llama")

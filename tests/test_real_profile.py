@@ -15,8 +15,8 @@ from kvsim.errors import ConfigError  # noqa: E402
 from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
 from kvsim.real_backend.profile_fit import fit_errors, fit_profile, predict  # noqa: E402
 from kvsim.real_backend.profiling import Limits, default_grid  # noqa: E402
-from kvsim.sim.cost_model import CostModel  # noqa: E402
-from kvsim.sim.profile import FITTED_TERMS, MODEL_SHAPE_KEYS  # noqa: E402
+from kvsim.sim.perf.cost_model import CostModel  # noqa: E402
+from kvsim.sim.perf.profile import FITTED_TERMS, MODEL_SHAPE_KEYS  # noqa: E402
 from clirun import kvsim  # noqa: E402
 
 TINY = resolve_backend_model("tiny-llama")

@@ -233,7 +233,7 @@ def test_docs_list_exactly_the_timeline_columns_in_order():
 
 
 def test_the_request_log_holds_the_logged_columns_of_the_contract():
-    from kvsim.sim.recorder import REQUEST_COLUMNS as LOG_COLUMNS
+    from kvsim.sim.serving.recorder import REQUEST_COLUMNS as LOG_COLUMNS
     assert tuple(LOG_COLUMNS) == frames.LOGGED_REQUEST_COLUMNS
     assert set(frames.LOGGED_REQUEST_COLUMNS) | set(frames.DERIVED_REQUEST_COLUMNS) == \
         set(frames.REQUEST_COLUMNS)

@@ -4,7 +4,7 @@ import numpy as np
 
 from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.workloads import Request
 
 
@@ -15,7 +15,7 @@ def make(num_blocks=16, **config):
 
 def add(sched, rid, prompt, output, priority=0, tokens=None):
     ids = np.array(tokens if tokens is not None else range(100 * rid, 100 * rid + prompt))
-    seq = Sequence(Request(rid, float(rid), len(ids), output, prompt_token_ids=ids,
+    seq = RequestState(Request(rid, float(rid), len(ids), output, prompt_token_ids=ids,
                            priority=priority), 4)
     sched.add(seq)
     return seq

@@ -9,7 +9,7 @@ from clirun import kvsim
 
 from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.workloads import Request
 
 
@@ -18,7 +18,7 @@ def first_step(prompts, caching=True, **config):
                       SchedulerConfig(max_num_batched_tokens=100, max_model_len=1000, **config))
     for i, n in enumerate(prompts):
         ids = np.arange(n, dtype=np.int64) + 1000 * i
-        sched.add(Sequence(Request(i, 0.0, n, 4, prompt_token_ids=ids), 16))
+        sched.add(RequestState(Request(i, 0.0, n, 4, prompt_token_ids=ids), 16))
     plan = sched.schedule()
     sched.update_from_output()
     return {s.request_id: s.num_new_tokens for s in plan.scheduled}, sched

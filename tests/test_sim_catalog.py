@@ -5,9 +5,9 @@ import json
 import pytest
 
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.sim.gpus import list_gpus, resolve_gpu
-from kvsim.sim.memory import cpu_offload_blocks, estimate_activation_bytes, kv_pool
-from kvsim.sim.models import list_models, resolve_model
+from kvsim.sim.perf.gpus import list_gpus, resolve_gpu
+from kvsim.sim.perf.memory import cpu_offload_blocks, estimate_activation_bytes, kv_pool
+from kvsim.sim.perf.models import list_models, resolve_model
 
 GIB = 1 << 30
 
@@ -131,7 +131,7 @@ def test_int4_weights_fit_a_70b_model_on_one_card():
 
 
 def test_smaller_weights_make_memory_bound_decode_faster():
-    from kvsim.sim.cost_model import CostModel
+    from kvsim.sim.perf.cost_model import CostModel
     bf16 = CostModel("llama-2-70b", "h100-80gb", tp=4)
     int4 = CostModel("llama-2-70b", "h100-80gb", tp=4, weight_dtype="int4")
     one, big = (bf16.decode_durations(1, 1000, 1)[0], int4.decode_durations(1, 1000, 1)[0])

@@ -8,7 +8,7 @@ import pytest
 
 from kvsim.cache.step_plan import BlockTransfer, ScheduledRequest, StepPlan
 from kvsim.errors import ConfigError
-from kvsim.sim.cost_model import CostModel
+from kvsim.sim.perf.cost_model import CostModel
 
 
 def decode_plan(contexts):

@@ -14,10 +14,10 @@ The held-out (leave-one-model-out) bound on a committed subset is in ``test_cali
 import numpy as np
 import pytest
 
-from kvsim.sim import calibration as cal
-from kvsim.sim.gpus import resolve_gpu
-from kvsim.sim.models import resolve_model
-from kvsim.sim.profile import load_profile
+from kvsim.sim.perf import calibration as cal
+from kvsim.sim.perf.gpus import resolve_gpu
+from kvsim.sim.perf.models import resolve_model
+from kvsim.sim.perf.profile import load_profile
 
 ROOT = cal.calibration_dir()
 pytestmark = pytest.mark.skipif(ROOT is None, reason="shared/calibration (Vidur data) not found")
@@ -94,7 +94,7 @@ def test_the_efficiency_curve_and_tiles_give_rows_exactly():
     """Curve through (0, 0), (16, 32), (128, 160), slope 1 beyond; tiles of 128, half the
     padding paid beyond the first tile (n + 0.5 * (ceil(n / 128) * 128 - n)); rows are the
     larger of the two."""
-    from kvsim.sim.profile import Roofline, curve_rows
+    from kvsim.sim.perf.profile import Roofline, curve_rows
     assert [curve_rows(n, (16.0, 128.0), (32.0, 160.0)) for n in (1, 8, 72, 129, 200)] == [
         2.0, 16.0, 96.0, 161.0, 232.0]
     g = Roofline(0.7, 0.8, 0.0, 128, 0.5, (16.0, 128.0), (32.0, 160.0))
@@ -119,9 +119,9 @@ def test_a_gemm_by_its_shape_pays_whole_tiles_and_part_of_the_last_wave():
     filled wave paid, no latencies, hard maximum. 200 tokens x K=1024 into N=512: 2 x 4 = 8
     tiles = 2 full waves; 129 tokens: the same 8 tiles; 128 tokens: 4 tiles, 1 wave; N=640 at
     128 tokens: 5 tiles = 1.25 waves + 0.5 * 0.75 idle = 1.625 waves."""
-    from kvsim.sim.cost_model import gemm_time
-    from kvsim.sim.gpus import GpuSpec
-    from kvsim.sim.profile import Roofline
+    from kvsim.sim.perf.cost_model import gemm_time
+    from kvsim.sim.perf.gpus import GpuSpec
+    from kvsim.sim.perf.profile import Roofline
     gpu = GpuSpec("t", "t", 1, 1e18, 4e12, 0, "pcie", 1.0, 1.0)     # memory never binds
     g = Roofline(0.5, 1.0, 0.0, num_sms=4, tiles=((128.0, 128.0, 0.5),), wave_tail=0.5)
     wave = 2.0 * 128 * 128 * 1024 / (1e12 * 0.5)
@@ -135,7 +135,7 @@ def test_a_gemm_by_its_shape_pays_whole_tiles_and_part_of_the_last_wave():
 
 
 def test_the_soft_maximum_rounds_the_corner():
-    from kvsim.sim.cost_model import smooth_max
+    from kvsim.sim.perf.cost_model import smooth_max
     assert smooth_max(3.0, 4.0, 2.0) == 5.0 and smooth_max(3.0, 4.0, 0.0) == 4.0
 
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from kvsim.sim import results
+from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.executor import FixedExecutor
-from kvsim.sim.runner import simulate
+from kvsim.sim.serving.executor import FixedExecutor
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 
 

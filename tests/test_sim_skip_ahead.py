@@ -8,14 +8,14 @@ import simpy
 
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
-from kvsim.sim import results
+from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.cost_model import CostModel
-from kvsim.sim.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
-from kvsim.sim.replica import Replica
-from kvsim.sim.runner import simulate
+from kvsim.sim.perf.cost_model import CostModel
+from kvsim.sim.serving.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
+from kvsim.sim.serving.replica import Replica
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 
 
@@ -166,7 +166,7 @@ def replica_on_guarded_kv(kv, requests):
             if request.arrival_s > env.now:
                 yield env.timeout(request.arrival_s - env.now)
             log.on_arrival(request, 0)
-            replica.submit(Sequence(request, kv.block_size))
+            replica.submit(RequestState(request, kv.block_size))
 
     env.process(arrivals())
     env.run()
@@ -235,7 +235,7 @@ def test_a_decode_run_is_committed_only_before_the_next_step():
     more steps than it has."""
     kv = KVCacheManager(100, 16)
     scheduler = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=512))
-    scheduler.add(Sequence(Request(0, 0.0, 20, 50), 16))
+    scheduler.add(RequestState(Request(0, 0.0, 20, 50), 16))
     for _ in range(2):
         scheduler.schedule()
         scheduler.update_from_output()

@@ -6,7 +6,7 @@ import pytest
 from kvsim.cache.host_tier import HostTier
 from kvsim.cache.eviction import make_policy
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.sequence import Sequence
+from kvsim.cache.request_state import RequestState
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT
 from kvsim.cache.tiered import TieredKVCacheManager
 from kvsim.workloads import Request
@@ -167,7 +167,7 @@ def test_swap_in_adopts_the_prefix_still_cached_on_the_gpu():
 
 def _seq(rid, prompt, output):
     ids = np.arange(1000 * rid, 1000 * rid + prompt)
-    return Sequence(Request(rid, float(rid), prompt, output, prompt_token_ids=ids), 4)
+    return RequestState(Request(rid, float(rid), prompt, output, prompt_token_ids=ids), 4)
 
 
 def _run(sched, steps):

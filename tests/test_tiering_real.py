@@ -12,9 +12,9 @@ from kvsim.real_backend.executor import TorchExecutor  # noqa: E402
 from shapes import llama  # noqa: E402
 from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
 from kvsim.real_backend.model_runner import ModelRunner  # noqa: E402
-from kvsim.sim import results  # noqa: E402
+from kvsim.sim.serving import results  # noqa: E402
 from kvsim.sim.config import RunConfig  # noqa: E402
-from kvsim.sim.runner import simulate  # noqa: E402
+from kvsim.sim.serving.runner import simulate  # noqa: E402
 from kvsim.workloads import Request  # noqa: E402
 
 SMALL = llama(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,

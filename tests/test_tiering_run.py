@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from kvsim.reports.grid_table import bytes_moved
-from kvsim.sim import results
+from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.models import resolve_model
-from kvsim.sim.runner import simulate
+from kvsim.sim.perf.models import resolve_model
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 from clirun import kvsim
 
@@ -155,7 +155,7 @@ def test_native_offloading_stores_every_computed_block_and_loads_hits_a_step_ear
 
 
 def test_kv_offloading_size_is_the_whole_replica_s_host_memory():
-    from kvsim.sim.memory import kv_offloading_blocks
+    from kvsim.sim.perf.memory import kv_offloading_blocks
     one = kv_offloading_blocks("llama-3.1-8b", 16, tp=1)
     assert kv_offloading_blocks("llama-3.1-8b", 16, tp=2) == one     # split over the ranks
     assert one == 16 * 2 ** 30 // (16 * resolve_model("llama-3.1-8b").kv_bytes_per_token("bf16"))

@@ -6,7 +6,7 @@ import pytest
 
 from kvsim.pipeline import run_outputs
 from kvsim.sim.config import RunConfig
-from kvsim.sim.runner import simulate
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads.request import Request
 from kvsim.workloads.truncate import truncate, vidur_lengths
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.sim.vllm_fixture import load_fixture, replay_fixture
+from kvsim.sim.serving.vllm_fixture import load_fixture, replay_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 NAMES = sorted(p.name[: -len(".vllm.json")] for p in FIXTURES.glob("*.vllm.json"))
@@ -111,7 +111,7 @@ ISSUE_19 = {
 
 @pytest.mark.parametrize("name", sorted(n for n in ISSUE_19 if n in NAMES))
 def test_the_issue_19_fixtures_replay_their_model_configs(name):
-    from kvsim.sim.vllm_fixture import MODELS, fixture_layout
+    from kvsim.sim.serving.vllm_fixture import MODELS, fixture_layout
 
     model, kinds = ISSUE_19[name]
     summary = load(name)[1]["summary"]

@@ -22,9 +22,9 @@ import re
 from functools import lru_cache
 from typing import Iterator
 
-from ..errors import TraceError
-from . import fields as F
-from .request import Request
+from kvsim.errors import TraceError
+from kvsim.workloads import fields as F
+from kvsim.workloads.request import Request
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..errors import TraceError
+from kvsim.errors import TraceError
 
 MAX_TOKENS = 10_000_000
 """Lengths above this are taken for corrupt data (no model has a 10M-token context)."""

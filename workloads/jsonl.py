@@ -42,10 +42,10 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-from ..errors import TraceError
-from . import fields as F
-from .links import Links
-from .request import Request
+from kvsim.errors import TraceError
+from kvsim.workloads import fields as F
+from kvsim.workloads.links import Links
+from kvsim.workloads.request import Request
 
 MOONCAKE_BLOCK = 512
 """Tokens per Mooncake ``hash_ids`` entry."""

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import TraceError
+from kvsim.errors import TraceError
 
 BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 64 << 20

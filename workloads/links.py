@@ -15,8 +15,8 @@ so a request outside a ``--start``/``--limit`` window can still be continued).
 
 from __future__ import annotations
 
-from . import fields as F
-from .request import Request
+from kvsim.workloads import fields as F
+from kvsim.workloads.request import Request
 
 
 class Links:

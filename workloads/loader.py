@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..errors import TraceError
-from . import csvs, jsonl
-from .lines import numbered_lines, where
-from .options import TraceOptions
-from .request import Request
+from kvsim.errors import TraceError
+from kvsim.workloads import csvs, jsonl
+from kvsim.workloads.lines import numbered_lines, where
+from kvsim.workloads.options import TraceOptions
+from kvsim.workloads.request import Request
 
 TIME_FIELDS = {"native": jsonl.NATIVE_TIME_FIELD, "mooncake": jsonl.MOONCAKE_TIME_FIELD,
                "azure": csvs.AZURE_TIME_FIELD, "burstgpt": csvs.BURSTGPT_TIME_FIELD}

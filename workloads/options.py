@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import TraceError
+from kvsim.errors import TraceError
 
 FORMATS = ("native", "mooncake", "azure", "burstgpt")
 """Trace formats :func:`kvsim.workloads.load_trace` reads (``--format`` values)."""

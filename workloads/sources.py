@@ -11,8 +11,8 @@ import stat
 import sys
 from pathlib import Path
 
-from ..errors import TraceError
-from .loader import sample_path
+from kvsim.errors import TraceError
+from kvsim.workloads.loader import sample_path
 
 DEFAULT_SAMPLE = "mooncake"
 

@@ -22,10 +22,10 @@ from typing import Iterable
 
 import numpy as np
 
-from .lines import numbered_lines, where
-from .loader import detect_format, load_trace
-from .options import TraceOptions
-from .request import Request
+from kvsim.workloads.lines import numbered_lines, where
+from kvsim.workloads.loader import detect_format, load_trace
+from kvsim.workloads.options import TraceOptions
+from kvsim.workloads.request import Request
 
 PERCENTILES = (50, 90, 99)
 _MERGE_EVERY = 16_000_000

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .request import Request
+from kvsim.workloads.request import Request
 
 
 def vidur_lengths(prompt: int, output: int, max_len: int) -> tuple[int, int]:

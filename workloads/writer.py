@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import KvsimError
-from .request import Request
+from kvsim.errors import KvsimError
+from kvsim.workloads.request import Request
 
 
 def native_record(request: Request, named: bool = False) -> dict:

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ...errors import ConfigError
+from kvsim.errors import ConfigError
 
 KINDS = ("poisson", "gamma", "trace")
 _CHUNK = 1024
@@ -70,7 +70,7 @@ class Arrivals:
 @lru_cache(maxsize=4)
 def trace_gaps(path: str) -> np.ndarray:
     """Inter-arrival gaps of a trace, with one mean gap appended to close the cycle."""
-    from ..loader import load_trace
+    from kvsim.workloads.loader import load_trace
     times = np.fromiter((r.arrival_s for r in load_trace(path)), dtype=np.float64)
     gaps = np.diff(times)
     closing = gaps.mean() if len(gaps) else 1.0

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import ConfigError
-from ..request import Request
-from ..writer import write_native
-from .arrivals import Arrivals
-from .lengths import Lengths
-from .presets import PRESETS, Draft
-from .prompts import TOKEN_BASE, Keys, prefix_ids, rename_first_seen, token_ids
+from kvsim.errors import ConfigError
+from kvsim.workloads.request import Request
+from kvsim.workloads.writer import write_native
+from kvsim.workloads.generators.arrivals import Arrivals
+from kvsim.workloads.generators.lengths import Lengths
+from kvsim.workloads.generators.presets import PRESETS, Draft
+from kvsim.workloads.generators.prompts import TOKEN_BASE, Keys, prefix_ids, rename_first_seen, token_ids
 
 HIGH_PRIORITY, NORMAL_PRIORITY = 0, 1
 MAX_EMPTY_SESSIONS = 1000

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ...errors import ConfigError
+from kvsim.errors import ConfigError
 
 KINDS = ("fixed", "uniform", "lognormal", "trace")
 
@@ -78,7 +78,7 @@ def resampled(path, field: str = "prompt") -> Lengths:
 @lru_cache(maxsize=8)
 def trace_lengths(path: str, field: str) -> np.ndarray:
     """The prompt (``field="prompt"``) or output lengths of every request of a trace."""
-    from ..loader import load_trace
+    from kvsim.workloads.loader import load_trace
     attr = "prompt_tokens" if field == "prompt" else "output_tokens"
     return np.fromiter((getattr(r, attr) for r in load_trace(path)), dtype=np.int64)
 

@@ -19,8 +19,8 @@ from typing import ClassVar, Iterator, Literal
 
 import numpy as np
 
-from .lengths import Lengths, lognormal, uniform
-from .prompts import Keys, Segment
+from kvsim.workloads.generators.lengths import Lengths, lognormal, uniform
+from kvsim.workloads.generators.prompts import Keys, Segment
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..identity import ROOT_HASH, mix
+from kvsim.workloads.identity import ROOT_HASH, mix
 
 Segment = tuple[int, int]
 """``(content_key, length_in_tokens)``."""

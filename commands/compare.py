@@ -1,0 +1,54 @@
+"""``kvsim compare``: a grid of ``kvsim run`` settings over one trace, in one table.
+
+Grid options (``--eviction lru,lfu --block-size 16,32`` ...) are parsed by :mod:`kvsim.grid`
+from the remaining arguments, so every RunConfig field can vary without an option here; the
+trace reading and SLO options are ``kvsim run``'s (one definition, in :mod:`kvsim.commands.options`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvsim.commands.options import (JSON_OPTION, SLO_TARGETS, TRACE_MODEL_OPTION, emit, opt,
+                          trace_options, trace_reading, with_groups)
+
+
+@with_groups
+def compare_command(
+    ctx: typer.Context,
+    config_file: Optional[str] = opt("TOML file holding shared settings.", "--config"),
+    out: str = typer.Option("kvsim-compare", "--out", metavar="DIR", help="Output directory."),
+    workers: Optional[int] = opt("Worker processes.", "--workers", min=1,
+                                 show_default="min(4, CPUs)"),
+    slo: dict = SLO_TARGETS,
+    reading: dict = trace_reading(model=TRACE_MODEL_OPTION),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
+    html: bool = typer.Option(True, "--html/--no-html", help="Also write the HTML reports "
+                              "(the comparison's and each run's; plotly.min.js once)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run a grid of `kvsim run` settings over TRACE and compare them in one table.
+
+    Any run setting takes a comma-separated list (e.g. --eviction lru,priority
+    --enable-prefix-caching true,false); one value is shared. Writes compare.json,
+    report.html and one run directory per configuration into --out."""
+    from kvsim import grid
+    from kvsim.reports.terminal import ProgressLines
+    from kvsim.sim.plan.sweep import default_workers
+    spec = grid.spec_from_cli(ctx.args, config_file, trace_options(reading, seed=0), out,
+                              slo or None, html)
+    with ProgressLines("compare") as lines:
+        result = grid.run_compare(spec, workers or default_workers(), None if (
+            quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
+    emit(result, as_json, None if quiet else lambda r: typer.echo(
+        _table(r) + f"\nwrote {Path(out) / 'compare.json'}{', report.html' if html else ''} "
+        f"and {len(r['runs'])} run directories"))
+
+
+def _table(result: dict) -> str:
+    from kvsim.reports.grid_table import render_compare_table
+    return render_compare_table([run["label"] for run in result["runs"]],
+                                [run["summary"] for run in result["runs"]])

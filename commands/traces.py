@@ -1,0 +1,112 @@
+"""The commands that read or write traces without a timed simulation: ``kvsim trace-stats``,
+``kvsim gen`` and ``kvsim hitrate`` (a cache-only replay). Wiring only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, opt, trace_options,
+                          trace_reading, with_groups)
+from kvsim.workloads.generators.presets import PresetName
+
+
+@with_groups
+def trace_stats_command(
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any supported "
+                                "format), '-' for standard input, or sample:NAME."),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Block size (tokens) of "
+                                   "the ideal prefix hit ratio."),
+    reading: dict = trace_reading(seed=True, model=MODEL_OPTION),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Requests, time span, rate, length percentiles, burstiness, ideal prefix hit ratio."""
+    from kvsim.workloads.sources import resolve_trace
+    from kvsim.workloads.stats import render_stats, trace_file_stats
+    path, label = resolve_trace(trace)
+    emit({**trace_file_stats(path, trace_options(reading), block_size), "trace": label},
+         as_json, lambda s: typer.echo(render_stats(s)))
+
+
+def gen_command(
+    preset: PresetName = typer.Argument(..., metavar="PRESET", help="Workload preset."),
+    out: str = typer.Option(..., "--out", metavar="FILE", help="Native JSONL file to write."),
+    num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1),
+    seed: int = SEED_OPTION,
+    arrival: Literal["poisson", "gamma", "trace"] = typer.Option(
+        "poisson", "--arrival", help="Arrival process."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Arrivals per second "
+                                         "(conversations, tasks or requests; preset default)."),
+    cv: float = typer.Option(1.0, "--cv", help="Gamma arrivals: CV of the gaps (burstiness)."),
+    arrival_trace: Optional[str] = typer.Option(None, "--arrival-trace", metavar="FILE",
+                                                help="Trace whose timestamps to reuse."),
+    high_priority: float = typer.Option(0.0, "--high-priority-fraction", help="Share of "
+                                        "sessions at priority 0; the others get 1."),
+    input_len: Optional[str] = typer.Option(None, "--input-len", metavar="SPEC", help="New "
+                                            "input lengths: fixed:N, uniform:LO:HI, "
+                                            "lognormal:MEAN:SIGMA or trace:FILE."),
+    output_len: Optional[str] = typer.Option(None, "--output-len", metavar="SPEC",
+                                             help="Output lengths (same forms)."),
+    hash_block_size: int = typer.Option(16, "--hash-block-size", min=1),
+    with_token_ids: bool = typer.Option(False, "--token-ids", help="Write prompt_token_ids "
+                                        "(for vllm-oracle; small workloads)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Generate a synthetic workload as native JSONL (same seed, same file)."""
+    from kvsim.workloads.generators import GenConfig, parse_lengths, write_workload
+    config = GenConfig(
+        num_requests=num_requests, seed=seed, arrival=arrival, rate=rate, cv=cv,
+        arrival_trace=arrival_trace, high_priority_fraction=high_priority,
+        input_tokens=input_len and parse_lengths(input_len, "prompt"),
+        output_tokens=output_len and parse_lengths(output_len, "output"),
+        hash_block_size=hash_block_size, token_ids=with_token_ids)
+    emit(write_workload(preset, out, config), as_json,
+         lambda r: typer.echo(f"wrote {r['num_requests']} {r['preset']} requests to {r['path']}"))
+
+
+@with_groups
+def hitrate_command(
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
+    capacity: Optional[str] = opt("Cache capacities in blocks, comma-separated "
+                                  "(e.g. 1000,5000,20000).", "--capacity"),
+    capacity_tokens: Optional[str] = opt("Cache capacities in tokens instead.",
+                                         "--capacity-tokens"),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per block."),
+    eviction: str = typer.Option("lru,lfu,priority,hybrid,arc,s3fifo,lookahead,belady",
+                                 "--eviction", help="Policies to compare, comma-separated."),
+    out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out"),
+    lookahead_s: float = typer.Option(30.0, "--lookahead-s", min=0,
+                                      help="lookahead policy: requests arriving within this "
+                                      "many seconds count as queued (a queueing delay)."),
+    reading: dict = trace_reading(rate_scale=None),
+    html: bool = typer.Option(True, "--html/--no-html", help="With --out: also write "
+                              "hitrate.html."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Cache-only replay: prefix hit rate per eviction policy and capacity.
+
+    No timing; LRU's whole curve comes from one stack-distance pass."""
+    from kvsim.cache import hitrate
+    from kvsim.workloads import load_trace
+    from kvsim.workloads.sources import resolve_trace
+    caps = hitrate.parse_capacities(capacity, capacity_tokens, block_size)
+    policies = hitrate.parse_policies(eviction)
+    path, label = resolve_trace(trace)
+    requests = load_trace(path, trace_options(reading, seed=0))
+    result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s),
+              "trace": label}
+    if out:
+        _write_hitrate(result, Path(out), html)
+    emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
+
+
+def _write_hitrate(result: dict, out: Path, html: bool) -> None:
+    import pandas as pd
+    from kvsim.reports.html import render_hitrate_report
+    from kvsim.reports.io import write_json_atomic
+    if html:
+        render_hitrate_report(pd.DataFrame(result["rows"]), out / "hitrate.html",
+                              config={k: v for k, v in result.items() if k != "rows"})
+    write_json_atomic(out / "hitrate.json", result)

@@ -1,0 +1,1 @@
+"""The performance model: cost model, calibration, GPU and model catalogs, memory sizing."""

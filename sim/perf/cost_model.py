@@ -1,0 +1,327 @@
+"""Roofline cost model: how long one engine step (a :class:`StepPlan`) takes on a TP group.
+
+Per step, on each of ``tp`` GPUs (weights, heads and KV split ``tp`` ways)::
+
+    step_overhead + per_seq_overhead * seqs
+    + layers * (4 * gemm_latency + max(linear FLOPs(rows) / (peak * eff_c), weight bytes / (bw * eff_m)))
+    + LM head (a GEMM of ``seqs`` rows, same roofline)
+    + layers * sum_op max(min_time_op + row_op, tokens * bytes_op / (bw * eff_op))  # norms, rope, ...
+    + layers * (attn_latency + max(attn FLOPs / (peak * eff_p), KV bytes read / (bw * eff_d)))
+    + layers * 2 * (ar_latency + tokens * hidden * bytes * 2(tp-1)/tp / bus_bw)   # tp > 1
+    + block transfers: host<->device bytes / (pcie * eff), compaction 2 * bytes / (bw * eff)
+
+Attention of a request with ``q`` new tokens on ``c`` cached ones costs
+``4 * heads * head_dim * q * (c + (q + 1) / 2)`` FLOPs per layer (causal) and reads ``c + q``
+tokens of KV per layer; the step's attention is a roofline over the batch (one varlen kernel):
+prefill-heavy steps are bound by FLOPs, decode steps by KV bytes read. A step depends on requests
+only through four sums (tokens, requests, KV tokens ``c + q``, attention units
+``q * (2c + q + 1)``), which is what lets :meth:`CostModel.decode_durations` reproduce
+:meth:`CostModel.step_duration` bit for bit.
+
+With a *fitted* profile (``kvsim profile``, see :class:`kvsim.sim.perf.profile.Fitted`) the roofline
+is replaced by measured linear coefficients over the same four sums (the roofline terms are
+zero and ``kv_tok_s``/``attn_unit_s`` carry the attention), plus an optional measured table of
+seconds per batch size (``per_batch_s``: costs irregular in the number of requests, such as a CPU
+LM head), and transfers by measured copy times.
+
+``rows`` (:meth:`kvsim.sim.perf.profile.Roofline.rows`) is the profile's measured compute-efficiency
+curve over tokens per step and its wave quantization: the rows whose FLOPs a GEMM over the
+step's tokens costs (more than the tokens near the roofline's ridge, where a hard corner was
+~20% too fast); ``row_op`` is a kernel's per-row time (bytes of one token's row times
+``row_s_per_byte``), its floor at small batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepPlan
+from kvsim.errors import ConfigError
+from kvsim.sim.serving.executor import Executor
+from kvsim.sim.perf.gpus import GpuSpec, resolve_gpu
+from kvsim.sim.perf.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
+from kvsim.sim.perf.profile import ELEMENTWISE_OPS, Profile, Roofline, load_profile
+from kvsim.sim.perf import moe
+
+
+def gemm_params(model: ModelSpec) -> dict[str, int]:
+    """Weights of each GEMM of one layer, keyed by Vidur's operator names."""
+    h, i = model.hidden_size, model.intermediate_size
+    return {"attn_pre_proj": h * (model.q_size + 2 * model.kv_size),
+            "attn_post_proj": model.q_size * h,
+            "mlp_up_proj": h * i * (2 if model.gated_mlp else 1),
+            "mlp_down_proj": i * h}
+
+
+def gemm_shapes(model: ModelSpec, tp) -> dict[str, tuple]:
+    """``(N, K)`` of each GEMM of one layer on one of ``tp`` GPUs (``tokens x K`` activations
+    times a ``K x N`` weight shard), keyed like :func:`gemm_params`; ``tp`` may be an array."""
+    h, i = model.hidden_size, model.intermediate_size
+    return {"attn_pre_proj": ((model.q_size + 2 * model.kv_size) / tp, h),
+            "attn_post_proj": (h, model.q_size / tp),
+            "mlp_up_proj": (i * (2 if model.gated_mlp else 1) / tp, h),
+            "mlp_down_proj": (h, i / tp)}
+
+
+def smooth_max(a, b, q: float, maximum=np.maximum):
+    """``(a^q + b^q)^(1/q)``, a rounded maximum of ``a, b >= 0``; ``maximum(a, b)`` when q is 0."""
+    if not q:
+        return maximum(a, b)
+    return (a ** q + b ** q) ** (1.0 / q)
+
+
+def gemm_time(g: Roofline, gpu: GpuSpec, tokens, n, k, weight_bytes: float = 2.0,
+              act_bytes: float = 2.0):
+    """Seconds of one ``tokens x k`` by ``k x n`` GEMM by its shape (a profile with
+    :attr:`Roofline.shaped`; numpy arrays and scalars alike): the soft maximum of
+
+    - memory: ``memory_latency + (weights + activations in and out) / (bw * memory_eff)``;
+    - compute: ``latency +`` the fastest tile shape's ``waves * tile FLOPs / (SM peak * eff)``,
+      with ``ceil(tokens / tile_m) * ceil(n / tile_n)`` tiles over ``num_sms`` SMs and
+      ``waves = tiles / sms + wave_tail * (ceil(tiles / sms) - tiles / sms)`` (the last wave's
+      idle SMs, paid in part)."""
+    mem = g.memory_latency_s + (n * k * weight_bytes + tokens * (n + k) * act_bytes) / (
+        gpu.hbm_bandwidth_bytes_per_s * g.memory_efficiency)
+    sm_flops, comp = gpu.dense_bf16_flops / g.num_sms, None
+    for tile_m, tile_n, eff in g.tiles:
+        tiles = np.ceil(tokens / tile_m) * np.ceil(n / tile_n) / g.num_sms
+        waves = tiles + g.wave_tail * (np.ceil(tiles) - tiles)
+        t = waves * 2.0 * tile_m * tile_n * k / (sm_flops * eff)
+        comp = t if comp is None else np.minimum(comp, t)
+    return smooth_max(mem, g.latency_s + comp, g.smoothness)
+
+
+def elementwise_bytes(model: ModelSpec, tp: int, dtype: str = "bf16") -> dict[str, float]:
+    """Bytes read + written per token per layer on one GPU by each memory-bound kernel."""
+    b, h = dtype_bytes(dtype), model.hidden_size
+    act_in = (2 if model.gated_mlp else 1) * model.intermediate_size
+    return {"input_layernorm": 2.0 * h * b, "post_attention_layernorm": 2.0 * h * b,
+            "attn_rope": 2.0 * (model.q_size + model.kv_size) * b / tp,
+            "mlp_act": (act_in + model.intermediate_size) * b / tp,
+            "add": 3.0 * h * b}
+
+
+@dataclass(frozen=True)
+class _Coeffs:
+    """Per-step constants (seconds, or seconds per unit), all already summed over layers."""
+
+    fixed_s: float
+    per_seq_s: float
+    gemm_flop_s: float      # per token
+    gemm_byte_s: float      # per step (weights read once)
+    head_flop_s: float      # per sequence
+    head_byte_s: float
+    elem_min_s: tuple[float, ...]
+    elem_tok_s: tuple[float, ...]
+    attn_flop_s: float      # per unit of q * (2c + q + 1)
+    attn_byte_s: float      # per KV token read (c + q)
+    ar_tok_s: float         # per token
+    kv_tok_s: float = 0.0   # additive, per KV token read (fitted profiles only)
+    attn_unit_s: float = 0.0  # additive, per attention unit (fitted profiles only)
+    batch_s: tuple[float, ...] = ()  # additive, seconds for 1, 2, ... requests (fitted only)
+    batch_slope_s: float = 0.0       # per request beyond the batch_s table
+    moe_expert_s: float = 0.0   # per distinct routed expert touched (all MoE layers), per step
+    moe_experts: int = 0        # routed experts E (0: not a mixture of experts)
+    moe_top_k: int = 0
+    rows: object = None     # GEMM rows per token count (the profile's Roofline.rows)
+    gemm_s: object = None   # shaped profiles: seconds of all layers' GEMMs per token count
+    head_s: object = None   # shaped profiles: seconds of the LM head per request count
+    elem_q: tuple[float, ...] = ()   # soft-maximum exponent per kernel (0: hard maximum)
+
+
+def batch_time(table, slope: float, seqs):
+    """A fitted profile's ``per_batch_s`` at ``seqs`` requests (a python or numpy scalar: a
+    step's request count): the table's entry, beyond it the last one plus ``slope`` per
+    request. ``table`` must not be empty."""
+    n = len(table)
+    i = int(seqs)
+    if i <= n:
+        return table[max(i, 1) - 1]
+    return table[-1] + (seqs - n) * slope
+
+
+def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.maximum):
+    """The forward-pass time; one expression for python floats (``maximum=max``: the fast
+    scalar path) and numpy arrays alike. Both do the same IEEE operations in the same order,
+    so they agree bit for bit."""
+    t = c.fixed_s + seqs * c.per_seq_s
+    if c.batch_s:
+        t = t + batch_time(c.batch_s, c.batch_slope_s, seqs)
+    gemm_bytes = c.gemm_byte_s
+    if c.moe_experts:
+        gemm_bytes = gemm_bytes + c.moe_expert_s * moe.expected_experts(
+            c.moe_experts, c.moe_top_k, tokens)
+    if c.gemm_s is not None:
+        t = t + c.gemm_s(tokens) + c.head_s(seqs)
+    else:
+        t = t + maximum(c.rows(tokens) * c.gemm_flop_s, gemm_bytes)
+        t = t + maximum(c.rows(seqs) * c.head_flop_s, c.head_byte_s)
+    for floor, per_token, q in zip(c.elem_min_s, c.elem_tok_s, c.elem_q or (0.0,) * len(c.elem_min_s)):
+        t = t + smooth_max(floor, tokens * per_token, q, maximum)
+    t = t + tokens * c.ar_tok_s
+    t = t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
+    return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
+
+
+class CostModel(Executor):
+    """Predicts step durations for ``model`` on a group of ``tp`` ``gpu``\\ s."""
+
+    supports_decode_runs = True
+
+    def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
+                 block_size: int = 16, profile: None | str | Path | dict = None,
+                 dtype: str = "bf16", kv_dtype: str | None = None,
+                 weight_dtype: str | None = None):
+        self.model = model if isinstance(model, ModelSpec) else resolve_model(model)
+        self.gpu = resolve_gpu(gpu)
+        self.tp, self.block_size, self.dtype = tp, block_size, dtype
+        self.weight_dtype = weight_dtype or dtype
+        self.profile: Profile = load_profile(self.gpu.name, profile)
+        kv_token = self.model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
+        self.block_bytes = block_size * kv_token
+        fitted = self.profile.fitted
+        self._c = self._fitted_coefficients(fitted) if fitted else self._coefficients(kv_token)
+
+    # --- public --------------------------------------------------------------------------------
+    def step_duration(self, plan: StepPlan) -> float:
+        """Seconds the step takes: forward pass (if any tokens) plus its block transfers."""
+        t = 0.0
+        if plan.scheduled:
+            sums = (float(x) for x in self.step_sums(plan))
+            t = float(_compute_time(self._c, *sums, maximum=max))
+        elif plan.transfers:
+            t = self._c.fixed_s if self.profile.fitted else self.profile.step_overhead_s
+        if plan.transfers:
+            t = t + self.transfer_time(plan)
+        return t
+
+    def decode_durations(self, num_seqs: int, total_context_tokens: int,
+                         num_steps: int) -> np.ndarray:
+        """Durations of ``num_steps`` decode-only steps of ``num_seqs`` requests whose summed
+        computed tokens start at ``total_context_tokens`` and grow by ``num_seqs`` per step;
+        equal (``==``) to :meth:`step_duration` of the corresponding plans."""
+        if num_seqs < 1 or num_steps < 0:
+            raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
+        steps = np.arange(num_steps, dtype=np.int64)
+        kv = total_context_tokens + num_seqs + steps * num_seqs
+        n = np.float64(num_seqs)
+        out = _compute_time(self._c, n, n, kv.astype(np.float64), (2 * kv).astype(np.float64))
+        return np.asarray(out, dtype=np.float64)
+
+    @staticmethod
+    def step_sums(plan: StepPlan) -> tuple[np.float64, np.float64, np.float64, np.float64]:
+        """(tokens, requests, KV tokens read ``sum c+q``, attention units ``sum q*(2c+q+1)``)."""
+        tokens = kv = units = 0
+        for s in plan.scheduled:
+            q, c = s.num_new_tokens, s.num_computed_tokens
+            tokens += q
+            kv += c + q
+            units += q * (2 * c + q + 1)
+        f = np.float64
+        return f(tokens), f(len(plan.scheduled)), f(kv), f(units)
+
+    def transfer_time(self, plan: StepPlan) -> float:
+        """Seconds of the plan's block copies: host<->device by PCIe, compaction by HBM."""
+        host = sum(plan.num_transfer_blocks(k) for k in HOST_TO_DEVICE + DEVICE_TO_HOST)
+        moved = plan.num_transfer_blocks(COMPACT)
+        f = self.profile.fitted
+        if f is not None:
+            return (f.copy_call_s * sum(1 for t in plan.transfers if t.pairs)
+                    + self.block_bytes * (host * f.host_copy_s_per_byte
+                                          + moved * f.device_copy_s_per_byte))
+        pcie = self.gpu.pcie_host_bandwidth_bytes_per_s * self.profile.pcie_efficiency
+        hbm = self.gpu.hbm_bandwidth_bytes_per_s * self.profile.copy_memory_efficiency
+        return host * self.block_bytes / pcie + moved * 2 * self.block_bytes / hbm
+
+    # --- constants -----------------------------------------------------------------------------
+    def _coefficients(self, kv_token: int) -> _Coeffs:
+        m, g, p, tp, L = self.model, self.gpu, self.profile, self.tp, self.model.num_layers
+        peak, bw, b = g.dense_bf16_flops, g.hbm_bandwidth_bytes_per_s, dtype_bytes(self.dtype)
+        pc, pm = peak * p.gemm.compute_efficiency, bw * p.gemm.memory_efficiency
+        layer_w = m.linear_params_per_layer / tp
+        head_w = m.lm_head_params / tp
+        ar_lat, ar_bytes = self._all_reduce_terms()
+        elem = elementwise_bytes(m, tp, self.dtype)
+        ops = [p.elementwise[op] for op in ELEMENTWISE_OPS]
+        gemm_lat = 0.0 if p.gemm.shaped else p.gemm.latency_s   # shaped: inside gemm_time
+        fixed = (p.step_overhead_s + L * (4 * gemm_lat + p.attn_latency_s + ar_lat) + gemm_lat)
+        c = _Coeffs(
+            fixed_s=fixed, per_seq_s=p.per_seq_overhead_s,
+            gemm_flop_s=L * 2 * layer_w / pc,
+            gemm_byte_s=L * layer_w * weight_dtype_bytes(self.weight_dtype) / pm,
+            head_flop_s=2 * head_w / pc, head_byte_s=head_w * b / pm,
+            elem_min_s=tuple(L * (e.min_time_s + elem[op] * e.row_s_per_byte)
+                             for op, e in zip(ELEMENTWISE_OPS, ops)),
+            elem_tok_s=tuple(L * elem[op] / (bw * e.memory_efficiency)
+                             for op, e in zip(ELEMENTWISE_OPS, ops)),
+            attn_flop_s=L * 2 * m.num_heads * m.head_dim / tp / (peak * p.attn_prefill_compute_efficiency),
+            attn_byte_s=kv_token / (bw * p.attn_decode_memory_efficiency),
+            ar_tok_s=ar_bytes * L * m.hidden_size * b,
+            rows=p.gemm.rows, elem_q=tuple(e.smoothness for e in ops))
+        if moe.is_special(m):
+            return self._architecture_terms(replace(c, fixed_s=c.fixed_s + (
+                (4 * L + 1) * p.gemm.latency_s if p.gemm.shaped else 0.0)), kv_token)
+        return replace(c, **self._shaped_gemms()) if p.gemm.shaped else c
+
+    def _shaped_gemms(self) -> dict:
+        """``gemm_s``/``head_s`` of a shaped profile: each GEMM by its own matrix shape
+        (:func:`gemm_time`), memoised per token count (steps repeat their sizes)."""
+        m, g, tp, L = self.model, self.gpu, self.tp, self.model.num_layers
+        p, wb, ab = self.profile.gemm, weight_dtype_bytes(self.weight_dtype), dtype_bytes(self.dtype)
+        shapes = tuple(gemm_shapes(m, tp).values())
+
+        @lru_cache(maxsize=16384)
+        def layers(tokens: float) -> float:
+            return float(L * sum(gemm_time(p, g, tokens, n, k, wb, ab) for n, k in shapes))
+
+        @lru_cache(maxsize=4096)
+        def head(seqs: float) -> float:
+            return float(gemm_time(p, g, seqs, m.lm_head_params / m.hidden_size / tp,
+                                   m.hidden_size, ab, ab))
+        return {"gemm_s": lambda tokens: layers(float(tokens)),
+                "head_s": lambda seqs: head(float(seqs))}
+
+    def _architecture_terms(self, c: _Coeffs, kv_token: int) -> _Coeffs:
+        """MoE, MLA and windowed-attention terms (see :mod:`kvsim.sim.perf.moe`: models, not
+        measurements)."""
+        m, g, p, tp = self.model, self.gpu, self.profile, self.tp
+        pc = g.dense_bf16_flops * p.gemm.compute_efficiency
+        pm = g.hbm_bandwidth_bytes_per_s * p.gemm.memory_efficiency
+        wb = weight_dtype_bytes(self.weight_dtype)
+        always, per_expert, active = moe.gemm_weights(m)
+        attn_bw = g.hbm_bandwidth_bytes_per_s * p.attn_decode_memory_efficiency
+        full_share = moe.full_attention_layers(m) / m.num_layers
+        window_s = moe.windowed_bytes_per_request(m, tp, self.dtype) / attn_bw
+        return replace(
+            c, gemm_flop_s=2 * active / tp / pc, gemm_byte_s=always / tp * wb / pm,
+            moe_expert_s=per_expert / tp * wb / pm, moe_experts=m.num_experts if m.is_moe else 0,
+            moe_top_k=m.experts_per_token, per_seq_s=c.per_seq_s + window_s,
+            attn_flop_s=moe.attention_flops_per_unit(m, tp) / (
+                g.dense_bf16_flops * p.attn_prefill_compute_efficiency),
+            attn_byte_s=kv_token * full_share / attn_bw)
+
+    def _fitted_coefficients(self, f) -> _Coeffs:
+        """A fitted profile's measured coefficients (linear terms only; tp must be 1)."""
+        shape = {k: getattr(self.model, k) for k in f.model_shape}
+        if shape != f.model_shape or self.tp != 1:
+            raise ConfigError(f"the fitted profile was measured on a model shaped "
+                              f"{f.model_shape} at tp=1; this run has {shape} at tp={self.tp}",
+                              field="profile")
+        return _Coeffs(fixed_s=f.step_s, per_seq_s=f.per_seq_s, gemm_flop_s=f.per_token_s,
+                       gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
+                       elem_tok_s=(), attn_flop_s=0.0, attn_byte_s=0.0, ar_tok_s=0.0,
+                       kv_tok_s=f.per_kv_token_s, attn_unit_s=f.per_attn_unit_s,
+                       batch_s=f.per_batch_s, batch_slope_s=f.per_batch_slope_s,
+                       rows=Roofline(1.0, 1.0, 0.0).rows)
+
+    def _all_reduce_terms(self) -> tuple[float, float]:
+        """(latency per layer, seconds per all-reduced byte per layer) for two all-reduces."""
+        if self.tp == 1:
+            return 0.0, 0.0
+        lat, bus = self.profile.all_reduce_params(self.tp, self.gpu.interconnect_bandwidth_bytes_per_s)
+        ring = 2 * (self.tp - 1) / self.tp
+        return 2 * lat, 2 * ring / bus

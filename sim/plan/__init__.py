@@ -1,0 +1,1 @@
+"""The capacity planner: candidates, latency floors, searches, the sweep backend."""

@@ -1,0 +1,254 @@
+"""The inputs of ``kvsim plan``, checked: SLO targets, the load, the candidates, the prices.
+
+:func:`build_spec` turns what a user typed into a :class:`PlanSpec`, raising
+:class:`~kvsim.errors.ConfigError` (one line, exit status 2 on the CLI) for anything wrong, so
+that the workers never meet bad input. A spec is small and picklable: workers get the trace's
+path and :class:`TraceOptions`, never request objects, and load the trace themselves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from kvsim.errors import ConfigError
+from kvsim.workloads import TraceOptions, load_trace
+
+from kvsim.sim.perf._catalog import read_json_object
+from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, RunConfig, build
+from kvsim.sim.perf.gpus import list_gpus, resolve_gpu
+from kvsim.sim.perf.models import resolve_model
+from kvsim.sim.serving.router import ROUTERS
+
+#: Settings a plan can sweep, in the order candidates are enumerated.
+SWEEP_DIMS = ("gpu", "tp", "block_size", "max_num_seqs", "enable_prefix_caching", "eviction",
+              "dtype", "weight_dtype", "kv_offloading_size")
+#: The price-table key of host memory (a CPU KV tier's ``kv_offloading_size``), USD per
+#: GiB-hour.
+HOST_MEMORY_KEY = "host-memory-gib"
+#: Its default: about on-demand cloud DRAM (GCP's N2 custom-memory rate, ~$0.0042/GiB-hour).
+DEFAULT_HOST_GIB_HOUR_USD = 0.0042
+#: Latencies every evaluation reports, besides those the SLO names.
+REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
+#: The planner's router: load-aware routing keeps p99 TTFT and E2E close to monotone in the
+#: replica count (round-robin can put two long prompts on one replica as replicas are added).
+DEFAULT_ROUTER = "least-outstanding-tokens"
+_SLO_KEY = re.compile(r"^(ttft|tpot|e2e)_p(\d+(?:\.\d+)?)_s$")
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything a worker needs to evaluate candidate ``i`` (``candidates[i]``).
+
+    ``trace_options.rate_scale`` is the load to plan for; ``native_rate_per_s`` is the trace's
+    mean request rate at rate scale 1 (requests / time span, after the window and limit).
+    ``prices`` maps GPU catalog names to USD per GPU-hour (``None``: unknown).
+    """
+
+    trace_path: str
+    trace_label: str
+    trace_options: TraceOptions
+    base: RunConfig
+    slo: dict
+    candidates: tuple[RunConfig, ...]
+    varying: tuple[str, ...]
+    prices: dict
+    native_rate_per_s: float | None
+    num_requests: int
+    max_replicas: int = 32
+    rate_iterations: int = 8
+
+    @property
+    def targets(self) -> list[tuple[str, str, float, float]]:
+        """``[(slo_key, metric column, percentile, target seconds)]``."""
+        return slo_targets(self.slo)
+
+    @property
+    def request_rate_per_s(self) -> float | None:
+        """The planned request rate (the trace's mean rate times the rate scale)."""
+        rate = self.native_rate_per_s
+        return None if rate is None else rate * self.trace_options.rate_scale
+
+
+def slo_targets(slo: dict) -> list[tuple[str, str, float, float]]:
+    """``{'ttft_p99_s': 0.5}`` → ``[('ttft_p99_s', 'ttft_s', 99.0, 0.5)]``; bad keys raise."""
+    out = []
+    for key, target in slo.items():
+        m = _SLO_KEY.match(key)
+        if m is None:
+            raise ConfigError("expected ttft|tpot|e2e_pNN_s", field=key)
+        out.append((key, f"{m.group(1)}_s", float(m.group(2)), float(target)))
+    return out
+
+
+def reported_keys(slo: dict) -> list[tuple[str, str, float]]:
+    """``[(key, metric, pct)]`` of :data:`REPORTED` plus the SLO's own keys, no repeats."""
+    keys = list(REPORTED) + [k for k in slo if k not in REPORTED]
+    return [(k, m, p) for k, m, p, _ in slo_targets({k: 1.0 for k in keys})]
+
+
+def build_slo(**targets: float | None) -> dict:
+    """``build_slo(ttft_p99_s=0.5, tpot_p99_s=None)`` → ``{'ttft_p99_s': 0.5}``; at least one
+    target, every one a finite number > 0."""
+    slo = {k: float(v) for k, v in targets.items() if v is not None}
+    if not slo:
+        raise ConfigError("give at least one SLO target (--slo-ttft-p99, --slo-tpot-p99, ...)",
+                          field="slo")
+    for key, value in slo.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"must be a number of seconds > 0, got {value}", field=key)
+    slo_targets(slo)
+    return slo
+
+
+def parse_list(text: str | Sequence | None, field: str, cast: Callable = str) -> tuple:
+    """``"1,2,4"`` → ``(1, 2, 4)`` (order kept, repeats dropped); ``None`` → ``()``."""
+    if text is None:
+        return ()
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for part in parts:
+        part = part.strip() if isinstance(part, str) else part
+        try:
+            value = cast(part)
+        except (TypeError, ValueError):
+            raise ConfigError(f"not a comma-separated list of {cast.__name__}: {text!r}",
+                              field=field) from None
+        if value not in out:
+            out.append(value)
+    if not out or "" in out:
+        raise ConfigError(f"empty item in {text!r}", field=field)
+    return tuple(out)
+
+
+def expand_candidates(base: RunConfig, dims: dict[str, tuple]) -> tuple[RunConfig, ...]:
+    """Every combination of the swept settings (:data:`SWEEP_DIMS` order), one replica each;
+    a dimension not in ``dims`` keeps ``base``'s value."""
+    names = [d for d in SWEEP_DIMS if dims.get(d)]
+    combos = itertools.product(*(dims[n] for n in names))
+    configs = tuple(replace(base, replicas=1, **dict(zip(names, combo))) for combo in combos)
+    for config in configs:
+        config.validate()
+    return configs
+
+
+def load_prices(path: str | None = None) -> dict[str, float | None]:
+    """USD per GPU-hour by catalog name: ``gpus.json``'s ``price_per_hour_usd``, overridden
+    by ``path``, a JSON object ``{"gpu": price, ...}`` (or one under a ``"prices"`` key; keys
+    starting with ``_`` are comments; aliases such as ``h100`` work). The entry
+    :data:`HOST_MEMORY_KEY` is host memory in USD per GiB-hour instead."""
+    prices = {name: resolve_gpu(name).price_per_hour_usd for name in list_gpus()}
+    prices[HOST_MEMORY_KEY] = DEFAULT_HOST_GIB_HOUR_USD
+    if path is not None:
+        prices.update(_read_prices(path))
+    return prices
+
+
+def _read_prices(path: str) -> dict[str, float]:
+    data = read_json_object(path, "price table", "price_table")
+    data = data.get("prices", data)
+    if not isinstance(data, dict):
+        raise ConfigError('expected a JSON object {"gpu": price per GPU-hour}', location=path)
+    out = {}
+    for key, value in data.items():
+        if str(key).startswith("_"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 <= value < math.inf:
+            raise ConfigError(f"price must be a number >= 0, got {value!r}", location=path,
+                              field=key)
+        out[key if key == HOST_MEMORY_KEY else resolve_gpu(key).name] = float(value)
+    return out
+
+
+def gpu_hour_price(prices: dict, config: RunConfig) -> float | None:
+    """USD per GPU-hour of ``config``: its GPU plus the host memory of its host tier
+    (``kv_offloading_size`` GiB per replica, so its ``tp``-th part per GPU); None when the
+    GPU's price is unknown."""
+    gpu = prices.get(config.gpu)
+    if gpu is None:
+        return None
+    host_gib = (config.kv_offloading_size or 0.0) / config.tp
+    return gpu + host_gib * prices.get(HOST_MEMORY_KEY, DEFAULT_HOST_GIB_HOUR_USD)
+
+
+def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
+                 ) -> tuple[TraceOptions, float | None, int]:
+    """(options at the planned rate scale, native mean rate, request count).
+
+    Reads the trace once at rate scale 1 (validating every kept line). ``target_rate``
+    (requests/s), when given, replaces ``opts.rate_scale`` by ``target_rate / native rate``.
+    """
+    count, span = 0, 0.0
+    for request in load_trace(path, replace(opts, rate_scale=1.0)):
+        count, span = count + 1, request.arrival_s
+    native = count / span if span > 0 else None
+    if target_rate is None:
+        return opts.checked(), native, count
+    if not (math.isfinite(target_rate) and target_rate > 0):
+        raise ConfigError(f"must be a request rate > 0, got {target_rate}", field="target_rate")
+    if native is None:
+        raise ConfigError("the trace spans no time, so it has no rate to scale to "
+                          "--target-rate", location=str(path))
+    return replace(opts, rate_scale=target_rate / native).checked(), native, count
+
+
+def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig, slo: dict,
+               dims: dict[str, tuple], *, target_rate: float | None = None,
+               price_table: str | None = None, max_replicas: int = 32,
+               rate_iterations: int = 8) -> PlanSpec:
+    """Check every input and build the plan's :class:`PlanSpec` (see the module doc)."""
+    resolve_model(base.model)
+    if base.router not in ROUTERS:
+        raise ConfigError(f"unknown router; known: {', '.join(sorted(ROUTERS))}", field="router")
+    if max_replicas < 1 or rate_iterations < 0:
+        raise ConfigError("--max-replicas must be >= 1 and --rate-iterations >= 0",
+                          field="max_replicas")
+    dims = {**dims, "gpu": tuple(dict.fromkeys(resolve_gpu(g).name
+                                               for g in dims.get("gpu") or (base.gpu,)))}
+    candidates = expand_candidates(base, dims)
+    varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
+    opts, native, count = resolve_load(str(trace_path), opts, target_rate)
+    return PlanSpec(str(trace_path), trace_label, opts, base, slo, candidates, varying,
+                    load_prices(price_table), native, count, max_replicas, rate_iterations)
+
+
+def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
+                      values: dict) -> PlanSpec:
+    """:func:`build_spec` from ``kvsim plan``'s option values (named as the CLI names them;
+    list options are comma-separated strings). ``rate_scale`` and ``target_rate`` exclude
+    each other."""
+    if values.get("target_rate") is not None and values.get("rate_scale") is not None:
+        raise ConfigError("give --rate-scale or --target-rate, not both", field="target_rate")
+    if values.get("cpu_offload_gb") is not None:
+        raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, field="cpu_offload_gb")
+    base = build(RunConfig, dict(
+        trace=trace_label, model=values["model"], router=values.get("router") or DEFAULT_ROUTER,
+        max_num_batched_tokens=values["max_num_batched_tokens"],
+        gpu_memory_utilization=values["gpu_memory_utilization"],
+        max_model_len=values.get("max_model_len"),
+        long_prompt=values.get("long_prompt") or "reject",
+        profile=values.get("profile"), seed=values.get("seed", 0)), "command line")
+    base.validate("command line")
+    dims = {"gpu": parse_list(values["gpu"], "gpu"), "tp": parse_list(values["tp"], "tp", int),
+            "block_size": parse_list(values["block_size"], "block_size", int),
+            "max_num_seqs": parse_list(values["max_num_seqs"], "max_num_seqs", int),
+            "enable_prefix_caching": (bool(values["enable_prefix_caching"]),)}
+    if values.get("eviction") is not None:
+        dims["eviction"] = parse_list(values["eviction"], "eviction")
+    for name in ("dtype", "weight_dtype"):
+        if values.get(name) is not None:
+            dims[name] = parse_list(values[name], name)
+    if values.get("kv_offloading_size") is not None:
+        dims["kv_offloading_size"] = parse_list(values["kv_offloading_size"],
+                                                "kv_offloading_size", float)
+    slo = build_slo(ttft_p99_s=values.get("slo_ttft_p99"), tpot_p99_s=values.get("slo_tpot_p99"),
+                    ttft_p50_s=values.get("slo_ttft_p50"), e2e_p99_s=values.get("slo_e2e_p99"))
+    return build_spec(trace_path, trace_label, opts, base, slo, dims,
+                      target_rate=values.get("target_rate"),
+                      price_table=values.get("price_table"),
+                      max_replicas=values["max_replicas"],
+                      rate_iterations=values["rate_iterations"])

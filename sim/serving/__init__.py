@@ -1,0 +1,1 @@
+"""The serving loop: the SimPy replica, router, runner, step and request logs, results."""

@@ -1,0 +1,65 @@
+"""Executors turn a :class:`~kvsim.cache.StepPlan` into elapsed seconds.
+
+The simulator predicts durations (:class:`~kvsim.sim.perf.cost_model.CostModel`);
+``kvsim.real_backend`` performs the step on real tensors and measures it
+(:class:`~kvsim.real_backend.executor.TorchExecutor`). Both run under the same replica loop.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from kvsim.cache.step_plan import StepPlan
+
+
+class Executor(Protocol):
+    """What the replica loop asks of an executor.
+
+    Decode runs are an optional extension: an executor that sets ``supports_decode_runs``
+    predicts a whole run of decode-only steps at once (:meth:`decode_durations`), which lets the
+    loop wait out the run as one event. The default (inherited by an executor that subclasses
+    this protocol) does not support them, and the loop then takes every step one at a time.
+    """
+
+    #: True when :meth:`decode_durations` is implemented (the loop may skip ahead).
+    supports_decode_runs: bool = False
+
+    def step_duration(self, plan: StepPlan) -> float:
+        """Seconds the step takes (compute plus the block copies it asks for)."""
+
+    def transfer_time(self, plan: StepPlan) -> float:
+        """Seconds of the plan's block copies (part of :meth:`step_duration`)."""
+
+    def decode_durations(self, num_seqs: int, total_context_tokens: int,
+                         num_steps: int) -> np.ndarray:
+        """Durations of ``num_steps`` decode steps of ``num_seqs`` requests whose computed
+        context totals ``total_context_tokens`` before the first and grows by ``num_seqs``; each
+        equal (``==``) to :meth:`step_duration` of the same step without block copies. Called
+        only when ``supports_decode_runs`` is true."""
+        raise NotImplementedError(f"{type(self).__name__} does not predict decode runs "
+                                  "(supports_decode_runs is False)")
+
+
+class FixedExecutor(Executor):
+    """Every step takes ``step_s + per_token_s * tokens`` seconds; copies take
+    ``per_block_s`` a block (for tests)."""
+
+    supports_decode_runs = True
+
+    def __init__(self, step_s: float = 0.01, per_token_s: float = 0.0, per_block_s: float = 0.0):
+        self.step_s = step_s
+        self.per_token_s = per_token_s
+        self.per_block_s = per_block_s
+
+    def step_duration(self, plan: StepPlan) -> float:
+        t = self.step_s + self.per_token_s * plan.num_scheduled_tokens
+        return t + self.transfer_time(plan) if plan.transfers else t
+
+    def transfer_time(self, plan: StepPlan) -> float:
+        return self.per_block_s * sum(t.num_blocks for t in plan.transfers)
+
+    def decode_durations(self, num_seqs: int, total_context_tokens: int,
+                         num_steps: int) -> np.ndarray:
+        return np.full(num_steps, self.step_s + self.per_token_s * num_seqs)

@@ -1,0 +1,221 @@
+"""One serving replica as a SimPy process: schedule a step, ask the executor how long it takes,
+wait that long, commit the outputs, repeat. It talks to the scheduler and the executor only:
+every cache decision, and every cache fact the step log records, comes from the scheduler as
+data.
+
+**Decode runs.** When the scheduler offers a run of decode-only steps
+(:meth:`~kvsim.cache.Scheduler.plan_decode_run`) and the executor predicts them
+(``supports_decode_runs``), the replica takes the steps of the run that *start* before the next
+event of the simulation (``env.peek()``: an arrival, another replica's step), has the scheduler
+commit them at once, logs their rows in bulk and waits out the whole stretch as one timeout.
+Nothing else happens in between, so every arrival, routing decision and other replica sees what
+stepping one iteration at a time would show it; an arrival during the last step is seen by the
+next step, as it would be. An event at exactly a step boundary fires before that step's start,
+as SimPy orders it (it was scheduled first), so the run stops before that step. The run's end
+time is the same sum of step durations SimPy would make, bit for bit
+(``tests/test_sim_skip_ahead.py`` checks whole runs against ``--no-skip-ahead``).
+
+With a host tier a step's copies (demotions, write-through) are known only once it is committed
+and lengthen it by the executor's ``transfer_time``, so its steps are committed one by one until
+the next event; they still cost one timeout together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from kvsim.cache.decode_run import DecodeRun, DecodeSteps
+from kvsim.cache.scheduler import Scheduler, StepOutcome
+from kvsim.cache.request_state import RequestState
+from kvsim.cache.step_plan import TRANSFER_KINDS, StepPlan
+
+from kvsim.sim.serving.executor import Executor
+from kvsim.sim.serving.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
+
+
+class Replica:
+    """A scheduler and an executor, driven by simulated time."""
+
+    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler,
+                 executor: Executor, steps: StepLog, requests: RequestLog,
+                 skip_ahead: bool = True):
+        self.env = env
+        self.index = index
+        self.scheduler = scheduler
+        self.executor = executor
+        self.steps = steps
+        self.requests = requests
+        self.skip_ahead = skip_ahead and executor.supports_decode_runs
+        self.outstanding_tokens = 0
+        self.num_finished = 0
+        self.num_decode_runs = 0    # decode runs waited out as one event each
+        self.num_skipped_steps = 0  # steps taken inside them
+        self._wakeup = env.event()
+        self._idle = False
+        self.process = env.process(self._run())
+
+    @property
+    def kv(self):
+        """The scheduler's KV manager, for readers outside the loop (the results, the
+        prefix-affinity router); the loop never touches it."""
+        return self.scheduler.kv
+
+    # --- arrivals ------------------------------------------------------------------------
+
+    def submit(self, seq: RequestState) -> None:
+        """Queue a request on this replica (called at its arrival time)."""
+        self.scheduler.add(seq)
+        self.outstanding_tokens += seq.num_prompt_tokens + seq.max_tokens
+        if self._idle:
+            self._idle = False
+            self._wakeup.succeed()
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _run(self):
+        while True:
+            if not self.scheduler.has_unfinished():
+                self._idle = True
+                yield self._wakeup
+                self._wakeup = self.env.event()
+                continue
+            run = self.scheduler.plan_decode_run() if self.skip_ahead else None
+            if run is None or not (yield from self._decode_run(run)):
+                yield from self._step()
+
+    def _step(self):
+        now = self.env.now
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            raise RuntimeError(f"replica {self.index}: the scheduler made no progress at "
+                               f"t={now:.6f}s with {self.scheduler.num_waiting} waiting")
+        for request_id in plan.admitted:
+            self.requests.on_scheduled(request_id, now)
+        duration = self.executor.step_duration(plan)
+        yield self.env.timeout(duration)
+        outcome = self.scheduler.update_from_output()
+        self._commit(outcome)
+        self._log_step(now, duration, plan, outcome)
+
+    def _commit(self, outcome: StepOutcome) -> None:
+        now = self.env.now
+        for seq in outcome.first_tokens:
+            self.requests.on_first_token(seq, now)
+        for seq in outcome.finished:
+            self.requests.on_finish(seq, now)
+        self.num_finished += len(outcome.finished)
+
+    def _log_step(self, t0, duration, plan: StepPlan, outcome: StepOutcome) -> None:
+        scheduled = plan.num_scheduled_tokens
+        self.outstanding_tokens -= scheduled
+        u, sched = outcome.usage, self.scheduler
+        moved = self.executor.transfer_time(plan) if plan.transfers else 0.0
+        self.steps.append(StepRecord(
+            t0, duration, self.index, len(plan.scheduled), scheduled, outcome.num_output_tokens,
+            sched.num_running, sched.num_waiting, u.num_used_blocks, u.num_cached_idle_blocks,
+            u.num_token_slots, u.num_internal_slots, u.num_reserved_slots, u.num_external_slots,
+            len(plan.preempted), outcome.num_prefix_queries_tokens, outcome.num_prefix_hit_tokens,
+            *map(plan.num_transfer_blocks, TRANSFER_KINDS), u.num_host_used_blocks, moved))
+
+    # --- decode runs ---------------------------------------------------------------------
+
+    def _decode_run(self, run: DecodeRun):
+        """Take the steps of ``run`` that start before the next event as one timeout; False
+        (nothing taken) when that would be fewer than two steps of a run without copies."""
+        now, horizon = self.env.now, self.env.peek()
+        compute = self.executor.decode_durations(run.num_seqs, run.num_context_tokens,
+                                                 run.max_steps)
+        if run.has_transfers:
+            facts, durations, moved = self._commit_with_copies(run, compute, now, horizon)
+        else:
+            n = num_steps_starting_before(now, compute, horizon)
+            if n < 2:
+                return False
+            facts, durations, moved = (self.scheduler.commit_decode_run(run, n), compute[:n],
+                                       np.zeros(n))
+        n, b = len(facts), run.num_seqs
+        self.num_decode_runs += 1
+        self.num_skipped_steps += n
+        rows = self._rows(now, durations, moved, b, facts)
+        if n > 1:
+            self.steps.extend({name: column[:-1] for name, column in rows.items()})
+        self.outstanding_tokens -= b * (n - 1)
+        yield from self._wait(now, durations)
+        last = StepRecord(*(float(column[-1]) for column in rows.values()))
+        self.steps.append(last._replace(num_waiting=self.scheduler.num_waiting))
+        self.outstanding_tokens -= b
+        return True
+
+    def _commit_with_copies(self, run: DecodeRun, compute: np.ndarray, now: float,
+                            horizon: float):
+        """Commit the run step by step while steps start before ``horizon``, each lengthened
+        by the executor's time for the copies it asks for."""
+        parts, durations, moved, t = [], [], [], now
+        for j in range(run.max_steps):
+            if j and t >= horizon:
+                break
+            facts = self.scheduler.commit_decode_run(run, 1)
+            duration, seconds = float(compute[j]), 0.0
+            if facts.transfers[0]:
+                seconds = self.executor.transfer_time(StepPlan(transfers=facts.transfers[0]))
+                duration = duration + seconds
+            t = t + duration
+            parts.append(facts)
+            durations.append(duration)
+            moved.append(seconds)
+        return DecodeSteps.concatenate(parts), np.array(durations), np.array(moved)
+
+    def _rows(self, now: float, durations, moved, b: int, facts: DecodeSteps) -> dict:
+        """The step log's columns for the steps of a decode run."""
+        n = len(facts)
+        starts = np.add.accumulate(np.concatenate(([now], durations[:-1])))
+        copies = np.zeros((len(TRANSFER_KINDS), n))
+        for j, transfers in enumerate(facts.transfers):
+            if transfers:
+                plan = StepPlan(transfers=transfers)
+                copies[:, j] = [plan.num_transfer_blocks(kind) for kind in TRANSFER_KINDS]
+        same = {"replica": self.index, "batch_size": b, "scheduled_tokens": b,
+                "output_tokens": b, "num_running": b, "num_waiting": self.scheduler.num_waiting}
+        columns = {name: np.full(n, value, dtype=np.float64) for name, value in same.items()}
+        columns.update(
+            t_start=starts, duration=durations, kv_used_blocks=facts.kv_used_blocks,
+            kv_cached_idle_blocks=facts.kv_cached_idle_blocks, token_slots=facts.token_slots,
+            internal_slots=facts.internal_slots, host_used_blocks=facts.host_used_blocks,
+            transfer_s=moved,
+            **{f"{kind}_blocks": copies[k] for k, kind in enumerate(TRANSFER_KINDS)})
+        zero = np.zeros(n)
+        return {name: columns.get(name, zero) for name in STEP_COLUMNS}
+
+    def _wait(self, now: float, durations):
+        """Wait until ``now`` plus the durations, added one by one as SimPy would."""
+        end = now
+        for duration in durations.tolist():
+            end = end + duration
+        delay = exact_delay(now, end)
+        if delay is not None:
+            yield self.env.timeout(delay)
+            return
+        for duration in durations.tolist():   # no single delay lands exactly there
+            yield self.env.timeout(duration)
+
+
+def num_steps_starting_before(now: float, durations: np.ndarray, horizon: float) -> int:
+    """Steps of ``durations``, run back to back from ``now``, that start before ``horizon``
+    (the first always does: it starts now)."""
+    starts = np.add.accumulate(np.concatenate(([now], durations[:-1])))
+    return 1 + int(np.searchsorted(starts[1:], horizon, side="left"))
+
+
+def exact_delay(now: float, end: float) -> float | None:
+    """A delay ``d`` with ``now + d == end`` in floating point (SimPy schedules a timeout at
+    ``now + d``), or None when there is none near ``end - now``."""
+    delay = end - now
+    for _ in range(4):
+        got = now + delay
+        if got == end:
+            return delay
+        delay = math.nextafter(delay, math.inf if got < end else -math.inf)
+    return None

@@ -1,0 +1,208 @@
+"""Build a simulated deployment from a :class:`RunConfig` and replay requests through it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import simpy
+
+from kvsim.cache.contiguous import ContiguousKVManager
+from kvsim.cache.hybrid import HybridKVManager
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.multi_group import MultiGroupKVManager
+from kvsim.cache.eviction import make_policy
+from kvsim.cache.policies import prepare_eviction
+from kvsim.cache.scheduler import Scheduler, SchedulerConfig
+from kvsim.cache.request_state import RequestState
+from kvsim.cache.cpu_offload import make_offloading_manager
+from kvsim.cache.offloading import OffloadingKVCacheManager
+from kvsim.cache.tiered import HostTier, TieredKVCacheManager
+from kvsim.errors import ConfigError
+from kvsim.workloads.request import Request
+from kvsim.workloads.truncate import truncate
+
+from kvsim.sim.config import RunConfig
+from kvsim.sim.perf.cost_model import CostModel
+from kvsim.sim.perf.kv_layout import KvLayout, kv_layout, longest_request
+from kvsim.sim.perf.memory import kv_offloading_blocks, kv_pool
+from kvsim.sim.perf.models import check_tensor_parallel, resolve_model
+from kvsim.sim.serving.recorder import RequestLog, StepLog
+from kvsim.sim.serving.replica import Replica
+from kvsim.sim.serving.router import make_router
+
+
+@dataclass
+class Deployment:
+    """What a config resolves to: the pool per replica and the limits derived from it."""
+
+    num_gpu_blocks: int
+    max_model_len: int
+    pool_explanation: str
+    num_cpu_blocks: int = 0
+    layout: KvLayout | None = None
+
+    @property
+    def multi_group(self) -> bool:
+        """True when the model needs vLLM's hybrid KV cache manager (several layer groups)."""
+        return self.layout is not None and self.layout.is_hybrid
+
+
+@dataclass
+class RunResult:
+    """Everything a finished simulation hands to :mod:`kvsim.sim.serving.results`."""
+
+    config: RunConfig
+    deployment: Deployment
+    steps: StepLog
+    requests: RequestLog
+    replicas: list
+    duration_s: float
+    wall_time_s: float
+
+
+def resolve_deployment(config: RunConfig) -> Deployment:
+    """Size the KV pool (or take ``num_gpu_blocks``) and check ``max_model_len`` against it."""
+    model = resolve_model(config.model)
+    check_tensor_parallel(model, config.tp)
+    if config.num_gpu_blocks is not None:
+        blocks, text = config.num_gpu_blocks, f"{config.num_gpu_blocks} blocks (given)"
+    else:
+        pool = kv_pool(model, config.gpu, config.tp, config.block_size,
+                       config.gpu_memory_utilization, config.dtype,
+                       max_num_batched_tokens=config.max_num_batched_tokens,
+                       max_num_seqs=config.max_num_seqs, weight_dtype=config.weight_dtype)
+        blocks, text = pool.num_gpu_blocks, pool.explanation
+    layout = kv_layout(model, config.tp, config.block_size, config.dtype)
+    slots = blocks * config.block_size
+    if layout.is_hybrid:
+        _check_multi_group(config, model.name)
+        slots = longest_request(layout, blocks, config.max_num_batched_tokens,
+                                config.max_model_len or model.max_model_len)
+    max_len = config.max_model_len or min(model.max_model_len, slots)
+    if max_len > slots:
+        raise ConfigError(
+            f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
+            f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
+            field="max_model_len")
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
+        raise ConfigError(
+            f"without chunked prefill the token budget ({config.max_num_batched_tokens:,}) "
+            f"must hold the longest prompt: raise it to max_model_len ({max_len:,}) or lower "
+            "that (vLLM refuses this too)", field="max_num_batched_tokens")
+    host = config.num_cpu_blocks or kv_offloading_blocks(
+        model, config.kv_offloading_size or 0.0, config.tp, config.block_size, config.dtype)
+    return Deployment(blocks, max_len, text, host, layout)
+
+
+def _check_multi_group(config: RunConfig, name: str) -> None:
+    """The hybrid manager is simulated for the paged layout with LRU and no CPU tier only."""
+    if config.layout != "paged" or config.eviction != "lru" or config.has_host_tier \
+            or config.preemption_mode == "swap":
+        raise ConfigError(f"{name} has sliding-window or chunked-local layers (vLLM's hybrid "
+                          "KV cache manager): kvsim simulates it with --layout paged, "
+                          "--eviction lru and no CPU tier", field="layout")
+
+
+def default_executor(config: RunConfig) -> CostModel:
+    return CostModel(config.model, config.gpu, config.tp, config.block_size,
+                     profile=config.profile, dtype=config.dtype,
+                     weight_dtype=config.weight_dtype)
+
+
+def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
+             progress: Callable[[float, int], None] | None = None) -> RunResult:
+    """Replay ``requests`` (in arrival order) and return the logs of the run."""
+    config.validate()
+    requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
+    deployment = resolve_deployment(config)
+    executor = executor or default_executor(config)
+    env = simpy.Environment()
+    steps, log = StepLog(), RequestLog()
+    replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
+                        config.skip_ahead and config.layout == "paged"
+                        and not deployment.multi_group)
+                for i in range(config.replicas)]
+    env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
+                          deployment.max_model_len))
+    start = time.perf_counter()
+    _run(env, replicas, progress)
+    return RunResult(config, deployment, steps, log, replicas, env.now,
+                     time.perf_counter() - start)
+
+
+def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
+    """The KV manager of ``config.layout``: paged (vLLM's), contiguous or hybrid; a model with
+    sliding-window or chunked-local layers gets vLLM's hybrid manager (one table per group)."""
+    if deployment.multi_group:
+        return MultiGroupKVManager(deployment.num_gpu_blocks, config.block_size,
+                                   deployment.layout.groups, config.enable_prefix_caching,
+                                   deployment.max_model_len, config.max_num_batched_tokens)
+    if config.layout == "contiguous":
+        return ContiguousKVManager(deployment.num_gpu_blocks, config.block_size,
+                                   deployment.max_model_len, config.reserve,
+                                   config.compaction_threshold, config.allocator)
+    if config.layout == "hybrid":
+        return HybridKVManager(deployment.num_gpu_blocks, config.block_size,
+                               deployment.max_model_len, config.hybrid_threshold,
+                               config.reserve, config.enable_prefix_caching)
+    args = (deployment.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
+            deployment.max_model_len, make_policy(config.eviction, oracle))
+    if deployment.num_cpu_blocks and config.offload_write == "native":
+        offload = make_offloading_manager(deployment.num_cpu_blocks,
+                                          config.offload_eviction_policy,
+                                          config.offload_store_threshold)
+        return OffloadingKVCacheManager(*args, offload=offload)
+    if deployment.num_cpu_blocks:
+        host = HostTier(deployment.num_cpu_blocks, make_policy(config.eviction, oracle))
+        return TieredKVCacheManager(*args, host=host, write=config.offload_write)
+    return KVCacheManager(*args, defer_private_blocks=True)
+
+
+def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Scheduler:
+    kv = make_kv_manager(config, deployment, oracle)
+    return Scheduler(kv, SchedulerConfig(
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=deployment.max_model_len,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        policy=config.scheduling_policy, preemption_mode=config.preemption_mode,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        reserve_full_sequence=config.scheduler_reserve_full_isl))
+
+
+def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfig,
+              max_model_len: int):
+    truncating = config.long_prompt == "truncate"
+    greedy = config.sampling == "greedy"
+    for request in requests:
+        if request.arrival_s > env.now:
+            yield env.timeout(request.arrival_s - env.now)
+        log.on_arrival(request, -1)
+        if truncating and truncate(request, max_model_len):
+            log.on_truncated(request.request_id)
+        seq = RequestState(request, config.block_size, greedy)
+        index = router.choose(replicas, seq)     # a replica answers the rejection, as in vLLM
+        log.on_routed(request.request_id, index)
+        if request.prompt_tokens >= max_model_len:
+            log.on_rejected(request.request_id)
+            continue
+        replicas[index].submit(seq)
+
+
+def _run(env: simpy.Environment, replicas, progress, every_events: int = 512) -> None:
+    """Run until no event is left, calling ``progress(sim_s, finished)`` every
+    ``every_events`` events and once at the end (the caller throttles drawing)."""
+    if progress is None:
+        env.run()
+        return
+    step, count = env.step, 0
+    try:
+        while True:
+            step()
+            count += 1
+            if count % every_events == 0:
+                progress(env.now, sum(r.num_finished for r in replicas))
+    except simpy.core.EmptySchedule:
+        pass
+    progress(env.now, sum(r.num_finished for r in replicas))
