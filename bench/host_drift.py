@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-llama")
     args = ap.parse_args()
 
-    from kvsim.real_backend.executor import clock_fn, interlude
+    from kvsim.real_backend.torch_executor import clock_fn, interlude
     from kvsim.real_backend.model_runner import RequestChunk
     from kvsim.real_backend.session import BackendSettings, build_runner, prepare_device, warm_up
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from kvsim.cache.step_plan import COMPACT, SWAP_OUT
 
-from kvsim.real_backend.executor import clock_fn, interlude
+from kvsim.real_backend.torch_executor import clock_fn, interlude
 from kvsim.real_backend.profile_fit import fit_errors, fit_profile, predict
 from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
 

@@ -13,7 +13,7 @@ import torch
 
 from kvsim.errors import ConfigError
 
-from kvsim.real_backend.executor import CLOCKS
+from kvsim.real_backend.torch_executor import CLOCKS
 from kvsim.real_backend.llama import resolve_dtype
 from kvsim.real_backend.backend_model import BackendModel, resolve_backend_model
 from kvsim.real_backend.model_runner import ModelRunner, RequestChunk

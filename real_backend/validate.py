@@ -33,7 +33,7 @@ from kvsim.sim.perf.cost_model import CostModel
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.serving.runner import RunResult, simulate
 
-from kvsim.real_backend.executor import TorchExecutor
+from kvsim.real_backend.torch_executor import TorchExecutor
 from kvsim.real_backend.profiling import Limits, quiet, run_profile
 from kvsim.real_backend.session import BackendSettings, build_runner, device_name, prepare_device, warm_up
 

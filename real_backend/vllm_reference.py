@@ -23,7 +23,7 @@ import numpy as np
 
 from kvsim.sim.serving.vllm_fixture import load_fixture, replay_fixture
 
-from kvsim.real_backend.executor import TorchExecutor
+from kvsim.real_backend.torch_executor import TorchExecutor
 from kvsim.real_backend.session import BackendSettings, build_runner, device_name, prepare_device, warm_up
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm"

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from kvsim.cache.step_plan import SWAP_IN, SWAP_OUT, BlockTransfer, StepPlan  # noqa: E402
 from kvsim.errors import ConfigError  # noqa: E402
-from kvsim.real_backend.executor import TorchExecutor  # noqa: E402
+from kvsim.real_backend.torch_executor import TorchExecutor  # noqa: E402
 from shapes import llama  # noqa: E402
 from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
 from kvsim.real_backend.model_runner import ModelRunner  # noqa: E402

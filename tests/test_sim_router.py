@@ -4,7 +4,7 @@ import numpy as np
 
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.serving.executor import FixedExecutor
+from executors import FixedExecutor
 from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 

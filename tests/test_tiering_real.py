@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsim.real_backend.executor import TorchExecutor  # noqa: E402
+from kvsim.real_backend.torch_executor import TorchExecutor  # noqa: E402
 from shapes import llama  # noqa: E402
 from kvsim.real_backend.backend_model import resolve_backend_model  # noqa: E402
 from kvsim.real_backend.model_runner import ModelRunner  # noqa: E402

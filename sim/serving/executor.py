@@ -2,7 +2,7 @@
 
 The simulator predicts durations (:class:`~kvsim.sim.perf.cost_model.CostModel`);
 ``kvsim.real_backend`` performs the step on real tensors and measures it
-(:class:`~kvsim.real_backend.executor.TorchExecutor`). Both run under the same replica loop.
+(:class:`~kvsim.real_backend.torch_executor.TorchExecutor`). Both run under the same replica loop.
 """
 
 from __future__ import annotations
@@ -40,26 +40,3 @@ class Executor(Protocol):
         only when ``supports_decode_runs`` is true."""
         raise NotImplementedError(f"{type(self).__name__} does not predict decode runs "
                                   "(supports_decode_runs is False)")
-
-
-class FixedExecutor(Executor):
-    """Every step takes ``step_s + per_token_s * tokens`` seconds; copies take
-    ``per_block_s`` a block (for tests)."""
-
-    supports_decode_runs = True
-
-    def __init__(self, step_s: float = 0.01, per_token_s: float = 0.0, per_block_s: float = 0.0):
-        self.step_s = step_s
-        self.per_token_s = per_token_s
-        self.per_block_s = per_block_s
-
-    def step_duration(self, plan: StepPlan) -> float:
-        t = self.step_s + self.per_token_s * plan.num_scheduled_tokens
-        return t + self.transfer_time(plan) if plan.transfers else t
-
-    def transfer_time(self, plan: StepPlan) -> float:
-        return self.per_block_s * sum(t.num_blocks for t in plan.transfers)
-
-    def decode_durations(self, num_seqs: int, total_context_tokens: int,
-                         num_steps: int) -> np.ndarray:
-        return np.full(num_steps, self.step_s + self.per_token_s * num_seqs)
