@@ -1,23 +1,59 @@
-"""What the simulation remembers: one row per engine step and one per request.
+"""What the simulation remembers: running totals and a bounded timeline of the engine steps, and
+one row per request.
 
-Both logs are columnar (``array`` columns, cheap appends in the hot loop, 8 bytes a value), so a
-million-request trace keeps no per-request Python object once a request is done.
-:mod:`kvsim.sim.results` turns them into the output frames.
+Memory grows with the requests in flight, not with the steps: :class:`StepLog` buffers at most
+:data:`CHUNK_STEPS` steps, then folds them into :class:`~kvsim.sim.step_totals.StepTotals`
+(what ``summary.json`` needs) and a :class:`~kvsim.sim.step_totals.Timeline` of at most
+``MAX_TIMELINE_ROWS`` time bins. Only ``keep_steps=True`` (``kvsim validate``, tests, the Python
+API's opt-in) also keeps every step. :class:`RequestLog` is columnar (8 bytes a value) and holds
+no per-request Python object once a request is done. :mod:`kvsim.sim.results` turns both into
+the output frames.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from typing import Mapping, NamedTuple
 
-STEP_COLUMNS = (
-    "t_start", "duration", "replica", "batch_size", "scheduled_tokens", "output_tokens",
-    "num_running", "num_waiting", "kv_used_blocks", "kv_cached_idle_blocks",
-    "token_slots", "internal_slots", "reserved_slots", "external_slots",
-    "preemptions", "prefix_queries_tokens", "prefix_hit_tokens",
-    "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks", "compact_blocks",
-    "host_used_blocks", "transfer_s",
-)
+import numpy as np
+
+from .step_totals import CHUNK_STEPS, STEP_COLUMNS, StepTotals, Timeline
+
+__all__ = ["CHUNK_STEPS", "FINISH_REASONS", "REQUEST_COLUMNS", "STEP_COLUMNS", "RequestLog",
+           "StepLog", "StepRecord"]
+
+
+class StepRecord(NamedTuple):
+    """One engine step of one replica (the fields of :data:`STEP_COLUMNS`, in order)."""
+
+    t_start: float
+    duration: float
+    replica: int
+    batch_size: int
+    scheduled_tokens: int
+    output_tokens: int
+    num_running: int
+    num_waiting: int
+    kv_used_blocks: int
+    kv_cached_idle_blocks: int
+    token_slots: int
+    internal_slots: int
+    reserved_slots: int
+    external_slots: int
+    preemptions: int
+    prefix_queries_tokens: int
+    prefix_hit_tokens: int
+    swap_out_blocks: int
+    swap_in_blocks: int
+    offload_blocks: int
+    promote_blocks: int
+    compact_blocks: int
+    host_used_blocks: int
+    transfer_s: float
+
+
+assert StepRecord._fields == STEP_COLUMNS
 
 REQUEST_COLUMNS = {
     "request_id": "q", "arrival_s": "d", "prompt_tokens": "q", "output_tokens": "q",
@@ -31,19 +67,61 @@ FINISH_REASONS = ("", "stop", "length", "rejected")
 
 
 class StepLog:
-    """Columnar log of engine steps."""
+    """Engine steps as running totals and a bounded timeline (and, with ``keep_steps``, every
+    step). Steps of one replica come in time order; replicas may interleave."""
 
-    def __init__(self) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS}
-        self._appenders = [self.columns[name].append for name in STEP_COLUMNS]
+    def __init__(self, keep_steps: bool = False, max_rows: int | None = None) -> None:
+        self.keep_steps = keep_steps
+        self.totals = StepTotals()
+        self.timeline = Timeline() if max_rows is None else Timeline(max_rows)
+        self._pending: list[StepRecord] = []
+        self._kept: list[np.ndarray] = []
 
     def __len__(self) -> int:
-        return len(self.columns["t_start"])
+        return self.totals.num_steps + len(self._pending)
 
-    def append(self, *values) -> None:
-        """Append one step; ``values`` in :data:`STEP_COLUMNS` order."""
-        for append, value in zip(self._appenders, values):
-            append(value)
+    def append(self, record: StepRecord) -> None:
+        """Log one step."""
+        self._pending.append(record)
+        if len(self._pending) >= CHUNK_STEPS:
+            self.flush()
+
+    def extend(self, columns: Mapping[str, np.ndarray]) -> None:
+        """Log a run of steps at once: one array per :data:`STEP_COLUMNS` name, equal lengths."""
+        self.flush()
+        block = np.column_stack([np.asarray(columns[name], dtype=np.float64)
+                                 for name in STEP_COLUMNS])
+        for start in range(0, len(block), CHUNK_STEPS):
+            self._fold(block[start:start + CHUNK_STEPS])
+
+    def flush(self) -> None:
+        """Fold the buffered steps into the totals and the timeline."""
+        if self._pending:
+            block = np.array(self._pending, dtype=np.float64)
+            self._pending.clear()
+            self._fold(block)
+
+    def finish(self, duration_s: float) -> None:
+        """Close the log at the end of the run (simulated second ``duration_s``)."""
+        self.flush()
+        self.timeline.close(duration_s)
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step, one array per :data:`STEP_COLUMNS` name (``keep_steps`` only)."""
+        if not self.keep_steps:
+            raise ValueError("the per-step log was not kept: simulate with keep_steps=True")
+        self.flush()
+        block = np.concatenate(self._kept) if self._kept else np.empty((0, len(STEP_COLUMNS)))
+        return {name: np.ascontiguousarray(block[:, i]) for i, name in enumerate(STEP_COLUMNS)}
+
+    def _fold(self, block: np.ndarray) -> None:
+        if not len(block):
+            return
+        self.totals.add(block)
+        self.timeline.add(block)
+        if self.keep_steps:
+            self._kept.append(block)
 
 
 class RequestLog:

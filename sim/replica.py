@@ -25,7 +25,7 @@ from kvsim.cache.step_plan import COMPACT, OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, 
 COPY_KINDS = (SWAP_OUT, SWAP_IN, OFFLOAD, PROMOTE, COMPACT)
 
 from .executor import DecodeRunPredictor, Executor
-from .recorder import RequestLog, StepLog
+from .recorder import RequestLog, StepLog, StepRecord
 
 
 class Replica:
@@ -116,12 +116,12 @@ class Replica:
         tokens, reserved, internal, external = self.kv.fragmentation(
             running, sched.waiting.peek() if self._external and sched.waiting else None)
         moved = self._transfer_time(plan) if plan.transfers and self._transfer_time else 0.0
-        self.steps.append(
+        self.steps.append(StepRecord(
             t0, duration, self.index, len(plan.scheduled), scheduled, outcome.num_output_tokens,
             len(running), sched.num_waiting, self.kv.pool.num_used_blocks,
             self.kv.pool.num_cached_free_blocks, tokens, internal, reserved, external,
             len(plan.preempted), queries, hits,
-            *map(plan.num_transfer_blocks, COPY_KINDS), self._host_used(), moved)
+            *map(plan.num_transfer_blocks, COPY_KINDS), self._host_used(), moved))
 
     def _host_used(self) -> int:
         """Host blocks holding data: cached content plus swap space."""
@@ -206,10 +206,10 @@ class Replica:
         self.outstanding_tokens -= b
         internal = int(((-(c0 + j + 1)) % bs).sum())
         used = self.kv.pool.num_used_blocks
-        self.steps.append(
+        self.steps.append(StepRecord(
             now, duration, self.index, b, b, b, b, self.scheduler.num_waiting, used,
             self.kv.pool.num_cached_free_blocks, used * bs - internal, internal, 0, 0, 0, 0, 0,
-            *copies, self._host_used(), moved)
+            *copies, self._host_used(), moved))
 
     def _sync(self, running, c0, o0, done: int) -> None:
         """Bring every request's counters to where ``done`` decode steps left them."""

@@ -24,7 +24,7 @@ def workload(n=400, seed=1, shared=True):
 
 
 def outputs(config, executor=None):
-    r = simulate(workload(), config, executor=executor)
+    r = simulate(workload(), config, executor=executor, keep_steps=True)
     steps = results.steps_frame(r)
     return r, results.requests_frame(r), steps, [kv.pool.free_queue() for kv in
                                                  (rep.kv for rep in r.replicas)]
