@@ -70,10 +70,10 @@ class StepLog:
     """Engine steps as running totals and a bounded timeline (and, with ``keep_steps``, every
     step). Steps of one replica come in time order; replicas may interleave."""
 
-    def __init__(self, keep_steps: bool = False, max_rows: int | None = None) -> None:
+    def __init__(self, keep_steps: bool = False, timeline: Timeline | None = None) -> None:
         self.keep_steps = keep_steps
         self.totals = StepTotals()
-        self.timeline = Timeline() if max_rows is None else Timeline(max_rows)
+        self.timeline = timeline or Timeline()
         self._pending: list[StepRecord] = []
         self._kept: list[np.ndarray] = []
 
