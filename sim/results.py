@@ -8,7 +8,7 @@ import pandas as pd
 
 from .model_summary import kv_extra, model_info
 from .models import resolve_model
-from kvsim.reports.io import REQUEST_COLUMNS, add_phase_columns
+from kvsim.reports.io import PHASE_COLUMNS, REQUEST_COLUMNS
 
 from .recorder import FINISH_REASONS
 from .recorder import REQUEST_COLUMNS as LOG_COLUMNS
@@ -20,16 +20,19 @@ FRAGMENT_COLUMNS = ("frag_token_states", "frag_reservation", "frag_internal", "f
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
-    """One row per request, in arrival order, with its latencies."""
-    df = pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d"
-                                         else np.int64) for k, v in result.requests.columns.items()})
-    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
-    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
-    generated = df["generated_tokens"]
-    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (generated.clip(lower=2) - 1)
-                    ).where(generated > 1)
-    df["finish_reason"] = np.asarray(FINISH_REASONS, dtype=object)[df["finish_reason"]]
-    return add_phase_columns(df)[list(REQUEST_COLUMNS)]
+    """One row per request, in arrival order, with its latencies (built column by column, so
+    the frame is the only copy of the log made)."""
+    cols = {k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d" else np.int64)
+            for k, v in result.requests.columns.items()}
+    arrival, first, finish = cols["arrival_s"], cols["first_token_s"], cols["finish_s"]
+    generated = cols["generated_tokens"]
+    with np.errstate(invalid="ignore"):
+        tpot = np.where(generated > 1, (finish - first) / (np.maximum(generated, 2) - 1), np.nan)
+    cols.update(ttft_s=first - arrival, e2e_s=finish - arrival, tpot_s=tpot,
+                finish_reason=np.asarray(FINISH_REASONS, dtype=object)[cols["finish_reason"]])
+    for column, (start, end) in PHASE_COLUMNS.items():    # as reports.io.add_phase_columns
+        cols[column] = cols[end] - cols[start]
+    return pd.DataFrame({k: cols[k] for k in REQUEST_COLUMNS})
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
