@@ -146,3 +146,18 @@ def test_extend_and_append_log_the_same_steps_alike():
                                                               rel=1e-13)
         np.testing.assert_allclose(one.timeline.rows()[name], bulk.timeline.rows()[name],
                                    rtol=1e-12)
+
+
+def test_a_finished_run_holds_no_request_or_sequence_objects():
+    """Requests stream in and leave nothing behind once done: the logs are columnar."""
+    import gc
+
+    from kvsim.cache.sequence import Sequence
+    from kvsim.workloads import Request
+    from kvsim.workloads.generators import GenConfig, iter_requests
+
+    result = simulate(iter_requests("chat", GenConfig(num_requests=120, seed=2)),
+                      RunConfig(model="llama-2-7b", num_gpu_blocks=2000))
+    gc.collect()
+    alive = [o for o in gc.get_objects() if isinstance(o, (Request, Sequence))]
+    assert len(result.requests) == 120 and alive == []
