@@ -9,9 +9,9 @@ lengths: short outputs keep a million requests to minutes of simulation), then r
 ``--no-html`` on the default deployment. At the defaults (50 requests/s, outputs of 8-64
 tokens) the deployment sustains the rate (completed requests/s equal the arrival rate, TTFT p99
 about 0.3 s at every size), so the requests in flight stay bounded: what grows with the trace
-is the per-request log and the output frame. Each command is a child process whose peak resident set is read with
-``os.wait4`` (``ru_maxrss``). Runs ``kvsim`` as a user would, so it measures whatever ``kvsim``
-is on PATH. Wall times are printed too, but on a shared machine only the memory is meaningful.
+is the per-request log and the output frame. Each command is a child process whose peak
+resident set is read with ``os.wait4`` (``ru_maxrss``). Runs ``kvsim`` as a user would, so it
+measures whatever ``kvsim`` is on PATH. Wall times are printed too, but on a shared machine only the memory is meaningful.
 """
 
 from __future__ import annotations
