@@ -4,7 +4,7 @@ The Python API (``docs/api.md``)::
 
     import kvsim
     result = kvsim.run("sample:azure-conv", model="llama-2-7b", limit=50)
-    result.summary["ttft_s"]["p99"], result.requests, result.steps, result.timeline
+    result.summary["ttft_s"]["p99"], result.requests, result.timeline
 
 ``run``, ``load_trace``, ``compare``, ``plan`` and ``hitrate`` are imported on first use, so
 ``import kvsim`` stays light.

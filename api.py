@@ -93,12 +93,13 @@ def run_config(trace_label: str, settings: dict, config: Any = None,
 @dataclass
 class Result:
     """One simulated run: ``summary`` (the ``summary.json`` dict), ``requests`` (one row per
-    request: ``requests.csv``'s columns), ``steps`` (one row per engine step, per replica),
-    ``timeline`` (``timeline.csv``: the steps on a uniform time grid) and the ``config``."""
+    request: ``requests.csv``'s columns), ``steps`` (one row per engine step, per replica, for
+    a run with ``keep_steps=True``; else ``None``), ``timeline`` (``timeline.csv``: the steps
+    on a uniform time grid) and the ``config``."""
 
     summary: dict
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame | None
     timeline: pd.DataFrame
     config: RunConfig
 
@@ -149,12 +150,14 @@ def _source(trace: Any, reading: dict) -> tuple[str, Any]:
 
 
 def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
-        **settings: Any) -> Result:
+        keep_steps: bool = False, **settings: Any) -> Result:
     """Simulate ``trace`` (a file, ``sample:NAME``, ``None`` for the default sample, a
     :class:`Trace` or any list of requests) with ``settings`` (the ``kvsim run`` settings by
     their Python names: ``model="llama-2-7b"``, ``max_num_seqs=64``, ...; trace files also take
     :data:`TRACE_KEYWORDS`). ``config``: a TOML file, dict or RunConfig under the settings.
     ``slo``: targets such as ``{"ttft_p99_s": 2.0}``, kept in the summary and the report.
+    ``keep_steps``: also return every engine step as ``Result.steps`` (memory grows with the
+    steps; without it the run keeps running totals and the bounded timeline only).
 
     Everything is checked first (a :class:`ConfigError` before any work); nothing is written.
     """
@@ -169,7 +172,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     except ConfigError as e:
         raise located(e, "kvsim.run") from None
     requests = iter(source) if options is None else read(source, options)
-    frames = run_frames(simulate(requests, run_cfg))
+    frames = run_frames(simulate(requests, run_cfg, keep_steps=keep_steps))
     if slo:
         frames[0]["slo"] = dict(slo)
     return Result(*frames, config=run_cfg)

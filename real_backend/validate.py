@@ -148,15 +148,15 @@ def validate(requests: Iterable, job: ValidateJob,
     tee = PredictingExecutor(TorchExecutor(runner, reqs, clock=job.settings.clock,
                                            repeats=job.repeats), cost)
     start = time.perf_counter()
-    real = simulate(reqs, config, executor=tee)
+    real = simulate(reqs, config, executor=tee, keep_steps=True)
     real_wall = time.perf_counter() - start
     progress(f"validate: real run, {len(tee.measured)} steps in {real_wall:.1f}s")
-    sim = simulate(reqs, config, executor=cost)
+    sim = simulate(reqs, config, executor=cost, keep_steps=True)
     report = compare(real, sim, tee.predicted, tee.kinds, tee.kv_tokens)
     if job.noise_floor:
         progress("validate: a second real run (noise floor)")
         again = simulate(reqs, config, executor=TorchExecutor(
-            runner, reqs, clock=job.settings.clock, repeats=job.repeats))
+            runner, reqs, clock=job.settings.clock, repeats=job.repeats), keep_steps=True)
         report["noise_floor"] = noise_floor(real, again)
     report.update(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
                   config=config.to_dict(), repeats=job.repeats, offline=job.offline,
@@ -214,8 +214,8 @@ def noise_floor(first: RunResult, second: RunResult) -> dict:
     one of them. Per-step differences only when both made the same steps."""
     (a, ra), (b, rb) = _frames(first), _frames(second)
     out = {"total_time_rel_diff": _rel(float(a["duration"].sum()), float(b["duration"].sum()))}
-    thr = [results.build_summary(r, req, f)["throughput_output_tokens_per_s"]
-           for r, f, req in ((first, a, ra), (second, b, rb))]
+    thr = [results.build_summary(r, req)["throughput_output_tokens_per_s"]
+           for r, req in ((first, ra), (second, rb))]
     out["throughput_rel_diff"] = _rel(thr[0], thr[1])
     if decisions(a, b, ra, rb)["per_step_identical"]:
         da, db = a["duration"].to_numpy(), b["duration"].to_numpy()
@@ -229,8 +229,8 @@ def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list
     and a simulated run."""
     (real_steps, real_requests), (sim_steps, sim_requests) = _frames(real), _frames(sim)
     measured = real_steps["duration"].to_numpy()
-    summaries = {"real": results.build_summary(real, real_requests, real_steps),
-                 "sim": results.build_summary(sim, sim_requests, sim_steps)}
+    summaries = {"real": results.build_summary(real, real_requests),
+                 "sim": results.build_summary(sim, sim_requests)}
     metrics = {}
     for key, pct in METRICS:
         r, s = (summaries[n][key] if pct is None else summaries[n][key][pct]

@@ -54,10 +54,18 @@ def test_run_equals_kvsim_run(result, tmp_path):
 
 
 def test_result_frames(result):
-    assert len(result.requests) == 30 and len(result.steps) == result.summary["num_steps"]
-    assert result.steps["output_tokens"].sum() == result.requests["generated_tokens"].sum()
+    assert len(result.requests) == 30 and result.steps is None
+    assert result.timeline["num_steps"].sum() == result.summary["num_steps"]
     assert len(result.timeline) <= 2000 and result.config.max_num_seqs == 16
     assert repr(result).startswith("<kvsim.Result sample:azure-conv on llama-2-7b: 30/30")
+
+
+def test_keep_steps_returns_every_engine_step(result):
+    kept = kvsim.run("sample:azure-conv", keep_steps=True, **AZURE)
+    assert len(kept.steps) == kept.summary["num_steps"] == result.summary["num_steps"]
+    assert kept.steps["output_tokens"].sum() == kept.requests["generated_tokens"].sum()
+    assert {k: v for k, v in kept.summary.items() if k != "wall_time_s"} == \
+        {k: v for k, v in result.summary.items() if k != "wall_time_s"}
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -75,7 +75,8 @@ def test_a_length_only_run_with_preemptions_is_unchanged(monkeypatch):
                        max_num_batched_tokens=512, block_size=16)
 
     def frames():
-        r = runner.simulate([Request(i, *t) for i, t in enumerate(trace)], config)
+        r = runner.simulate([Request(i, *t) for i, t in enumerate(trace)], config,
+                            keep_steps=True)
         stats = [rep.kv.prefix_stats for rep in r.replicas]
         return results.steps_frame(r), results.requests_frame(r), stats
 

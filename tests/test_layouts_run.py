@@ -75,9 +75,9 @@ def burst(n=40, prompt=161, output=338):
 
 
 def run(requests, **settings):
-    r = simulate(requests, RunConfig(**OPT_A100, **settings))
+    r = simulate(requests, RunConfig(**OPT_A100, **settings), keep_steps=True)
     steps, reqs = results.steps_frame(r), results.requests_frame(r)
-    return r, steps, results.build_summary(r, reqs, steps)
+    return r, steps, results.build_summary(r, reqs)
 
 
 def test_contiguous_max_never_batches_more_than_seven_requests():

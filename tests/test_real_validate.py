@@ -100,7 +100,7 @@ def test_a_host_tier_validates_with_identical_copies():
     performs every demotion, promotion and swap, and both sides agree on each of them."""
     job = ValidateJob(BackendSettings(clock="cpu"),
                       {"num_gpu_blocks": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256,
-                       "num_cpu_blocks": 64, "preemption_mode": "swap"})
+                       "num_cpu_blocks": 64, "preemption_mode": "swap", "offload_write": "back"})
     report = validate(workload(), job)
     d = report["decisions"]
     assert d["identical"] and d["per_step_identical"] and d["cached_tokens_identical"]

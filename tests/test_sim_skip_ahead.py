@@ -34,7 +34,7 @@ def workload(n=400, seed=1, shared=True):
 
 
 def outputs(config, executor=None):
-    r = simulate(workload(), config, executor=executor)
+    r = simulate(workload(), config, executor=executor, keep_steps=True)
     steps = results.steps_frame(r)
     return r, results.requests_frame(r), steps, [kv.pool.free_queue() for kv in
                                                  (rep.kv for rep in r.replicas)]
@@ -98,7 +98,8 @@ def lone_request_runs(base):
 
     StepLog.extend = recording
     try:
-        r = simulate([Request(0, 0.0, 40, 300)], RunConfig(skip_ahead=True, **base))
+        r = simulate([Request(0, 0.0, 40, 300)], RunConfig(skip_ahead=True, **base),
+                     keep_steps=True)
     finally:
         StepLog.extend = extend
     return results.steps_frame(r), runs
@@ -107,8 +108,8 @@ def lone_request_runs(base):
 def identical_with_arrival_at(base, arrival_s):
     trace = lambda: [Request(0, 0.0, 40, 300), Request(1, arrival_s, 24, 30),
                      Request(2, arrival_s, 8, 20)]
-    fast = simulate(trace(), RunConfig(skip_ahead=True, **base))
-    slow = simulate(trace(), RunConfig(skip_ahead=False, **base))
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
     assert fast.duration_s == slow.duration_s
     assert results.requests_frame(fast).equals(results.requests_frame(slow))
     assert results.steps_frame(fast).equals(results.steps_frame(slow))
@@ -220,7 +221,7 @@ def test_a_long_decode_run_costs_one_event(monkeypatch):
 # --- the step log's record and bulk append -----------------------------------------------------
 
 def test_step_log_takes_records_and_whole_columns():
-    log = StepLog()
+    log = StepLog(keep_steps=True)
     record = StepRecord(*range(len(STEP_COLUMNS)))
     log.append(record)
     log.extend({name: np.array([1.0, 2.0]) * k for k, name in enumerate(STEP_COLUMNS)})

@@ -41,7 +41,7 @@ def run(requests, num_blocks, host_blocks=0, **engine):
     config = RunConfig(model=TINY_SIM, block_size=16, num_gpu_blocks=num_blocks,
                        num_cpu_blocks=host_blocks or None, max_num_seqs=4,
                        max_num_batched_tokens=64, max_model_len=128, **engine)
-    result = simulate(requests, config, executor=executor)
+    result = simulate(requests, config, executor=executor, keep_steps=True)
     return results.steps_frame(result), executor
 
 

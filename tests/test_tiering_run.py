@@ -31,9 +31,9 @@ def sessions(num_sessions=12, turns=4, context=1500, gap=0.5, output=32, seed=3)
 
 def run(workload=None, **kw):
     config = RunConfig(model="llama-3.1-8b", num_gpu_blocks=600, max_model_len=8192, **kw)
-    r = simulate(workload or sessions(), config)
+    r = simulate(workload or sessions(), config, keep_steps=True)
     requests, steps = results.requests_frame(r), results.steps_frame(r)
-    return results.build_summary(r, requests, steps), steps, r
+    return results.build_summary(r, requests), steps, r
 
 
 def test_a_host_tier_turns_returning_sessions_into_host_hits():
@@ -127,8 +127,7 @@ def test_the_timeline_keeps_cached_and_host_blocks_through_idle_gaps():
     r = simulate(reqs, RunConfig(model="llama-3.1-8b", num_gpu_blocks=300,
                                  max_model_len=4096, num_cpu_blocks=1000,
                                  offload_write="back"))
-    steps = results.steps_frame(r)
-    tl = results.timeline_frame(steps, r.duration_s, 300, 16)
+    tl = results.timeline_frame(r.steps.timeline, 300, 16)
     first_gap = tl[(tl["time_s"] > 10) & (tl["time_s"] + tl["interval_s"] < 95)]
     second_gap = tl[(tl["time_s"] > 110) & (tl["time_s"] + tl["interval_s"] < 195)]
     assert len(first_gap) and np.allclose(first_gap["kv_cached_idle_blocks"], 250)

@@ -23,7 +23,7 @@ class Links:
     """The named requests seen so far in one file."""
 
     def __init__(self) -> None:
-        self._named: dict[str, tuple[Request, str]] = {}
+        self._named: dict[str, tuple[Request, int]] = {}    # name -> (request, line number)
 
     def read(self, record: dict, loc: str, line_no: int, request: Request) -> None:
         """Apply ``record``'s optional link fields to ``request`` (parsed from line ``loc``)."""
@@ -34,7 +34,7 @@ class Links:
             request.continues = self._parent(F.label(parent, "continues", loc), loc, request)
         name = record.get("request_id")
         if name is not None:
-            self._name(F.label(name, "request_id", loc), loc, request)
+            self._name(F.label(name, "request_id", loc), loc, line_no, request)
 
     def _parent(self, name: str, loc: str, request: Request) -> Request:
         if name not in self._named:
@@ -49,11 +49,11 @@ class Links:
                          f"continued request {name!r}: its prompt + output is {whole} tokens")
         return parent
 
-    def _name(self, name: str, loc: str, request: Request) -> None:
+    def _name(self, name: str, loc: str, line_no: int, request: Request) -> None:
         if name in self._named:
-            raise F.fail(loc, "request_id", f"{name!r} is already used at "
-                                            f"{self._named[name][1]}")
-        self._named[name] = (request, loc)
+            first = loc.rsplit(":", 1)[0] + f":{self._named[name][1]}"
+            raise F.fail(loc, "request_id", f"{name!r} is already used at {first}")
+        self._named[name] = (request, line_no)
 
 
 def _outputs(record: dict, loc: str, request: Request) -> None:

@@ -38,14 +38,23 @@ def native_record(request: Request, named: bool = False) -> dict:
 
 
 def write_native(requests: Iterable[Request], path: str | os.PathLike) -> int:
-    """Write ``requests`` to ``path`` as native JSONL; returns how many were written.
+    """Write ``requests`` to ``path`` as native JSONL; returns how many were written. A request
+    that a later one continues gets its ``request_id`` written (so the list is held whole;
+    :func:`write_lines` streams). The file appears whole or not at all."""
+    requests = list(requests)
+    continued = {id(r.continues) for r in requests if r.continues is not None}
+    return write_lines(((r, id(r) in continued) for r in requests), path)
+
+
+def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike) -> int:
+    """Write ``(request, continued)`` pairs to ``path`` as native JSONL, one line at a time
+    (``continued``: a later line continues it, so its ``request_id`` is written); returns how
+    many were written.
 
     The file appears whole or not at all: lines go to a temporary file beside ``path`` that
     replaces it only once every request is written.
     """
     path = Path(path)
-    requests = list(requests)
-    continued = {id(r.continues) for r in requests if r.continues is not None}
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -54,8 +63,9 @@ def write_native(requests: Iterable[Request], path: str | os.PathLike) -> int:
     count = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for count, request in enumerate(requests, start=1):
-                f.write(json.dumps(native_record(request, id(request) in continued), separators=(", ", ": ")) + "\n")
+            for count, (request, continued) in enumerate(records, start=1):
+                f.write(json.dumps(native_record(request, continued),
+                                   separators=(", ", ": ")) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,8 +1,13 @@
-"""What the simulation remembers: one row per engine step and one per request.
+"""What the simulation remembers: running totals and a bounded timeline of the engine steps, and
+one row per request.
 
-Both logs are columnar (``array`` columns, cheap appends in the hot loop, 8 bytes a value), so a
-million-request trace keeps no per-request Python object once a request is done.
-:mod:`kvsim.sim.serving.results` turns them into the output frames.
+Memory grows with the requests in flight, not with the steps: :class:`StepLog` buffers at most
+:data:`CHUNK_STEPS` steps, then folds them into :class:`~kvsim.sim.serving.step_totals.StepTotals`
+(what ``summary.json`` needs) and a :class:`~kvsim.sim.serving.step_totals.Timeline` of at most
+``MAX_TIMELINE_ROWS`` time bins. Only ``keep_steps=True`` (``kvsim validate``, tests, the Python
+API's opt-in) also keeps every step. :class:`RequestLog` is columnar (8 bytes a value) and holds
+no per-request Python object once a request is done. :mod:`kvsim.sim.serving.results` turns both into
+the output frames.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from kvsim.reports.frames import LOGGED_REQUEST_COLUMNS
+from kvsim.sim.serving.step_totals import CHUNK_STEPS, STEP_COLUMNS, StepTotals, Timeline
+
+__all__ = ["CHUNK_STEPS", "FINISH_REASONS", "REQUEST_COLUMNS", "STEP_COLUMNS", "RequestLog",
+           "StepLog", "StepRecord"]
 
 
 class StepRecord(NamedTuple):
@@ -45,7 +54,7 @@ class StepRecord(NamedTuple):
     transfer_s: float
 
 
-STEP_COLUMNS = StepRecord._fields
+assert StepRecord._fields == STEP_COLUMNS   # the step log's columns (step_totals.py)
 
 #: The request log's columns: the requests.csv columns the simulator logs (the others are
 #: derived when the frame is built), times as doubles ("d"), everything else as integers ("q").
@@ -56,29 +65,65 @@ FINISH_REASONS = ("", "stop", "length", "rejected")
 
 
 class StepLog:
-    """Columnar log of engine steps."""
+    """Engine steps as running totals and a bounded timeline (and, with ``keep_steps``, every
+    step). Steps of one replica come in time order; replicas may interleave."""
 
-    def __init__(self) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS}
-        self._appenders = [self.columns[name].append for name in STEP_COLUMNS]
+    def __init__(self, keep_steps: bool = False, timeline: Timeline | None = None) -> None:
+        self.keep_steps = keep_steps
+        self.totals = StepTotals()
+        self.timeline = timeline or Timeline()
+        self._pending: list[StepRecord] = []
+        self._kept: list[np.ndarray] = []
 
     def __len__(self) -> int:
-        return len(self.columns["t_start"])
+        return self.totals.num_steps + len(self._pending)
 
     def append(self, record: StepRecord) -> None:
-        """Append one step."""
-        for append, value in zip(self._appenders, record):
-            append(value)
+        """Log one step."""
+        self._pending.append(record)
+        if len(self._pending) >= CHUNK_STEPS:
+            self.flush()
 
     def extend(self, columns: Mapping[str, np.ndarray]) -> None:
-        """Append several steps at once: one 1-d array per name of :data:`STEP_COLUMNS`, all
-        of the same length (row ``i`` of every array is one step)."""
-        arrays = {name: np.asarray(columns[name], dtype=np.float64) for name in STEP_COLUMNS}
-        if set(columns) != set(STEP_COLUMNS) or len({a.shape for a in arrays.values()}) > 1 \
-                or arrays["t_start"].ndim != 1:
+        """Log a run of steps at once: one 1-d array per :data:`STEP_COLUMNS` name, all of one
+        length (row ``i`` of every array is one step)."""
+        arrays = [np.asarray(columns[name], dtype=np.float64) for name in STEP_COLUMNS]
+        if set(columns) != set(STEP_COLUMNS) or len({a.shape for a in arrays}) > 1 \
+                or arrays[0].ndim != 1:
             raise ValueError("extend needs every step column as 1-d arrays of one length")
-        for name, values in arrays.items():
-            self.columns[name].frombytes(np.ascontiguousarray(values).tobytes())
+        self.flush()
+        block = np.column_stack(arrays)
+        for start in range(0, len(block), CHUNK_STEPS):
+            self._fold(block[start:start + CHUNK_STEPS])
+
+    def flush(self) -> None:
+        """Fold the buffered steps into the totals and the timeline."""
+        if self._pending:
+            block = np.array(self._pending, dtype=np.float64)
+            self._pending.clear()
+            self._fold(block)
+
+    def finish(self, duration_s: float) -> None:
+        """Close the log at the end of the run (simulated second ``duration_s``)."""
+        self.flush()
+        self.timeline.close(duration_s)
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step, one array per :data:`STEP_COLUMNS` name (``keep_steps`` only)."""
+        if not self.keep_steps:
+            raise ValueError("the per-step log was not kept: simulate with keep_steps=True")
+        self.flush()
+        block = np.concatenate(self._kept) if self._kept else np.empty((0, len(STEP_COLUMNS)))
+        return {name: np.ascontiguousarray(block[:, i]) for i, name in enumerate(STEP_COLUMNS)}
+
+    def _fold(self, block: np.ndarray) -> None:
+        if not len(block):
+            return
+        self.totals.add(block)
+        self.timeline.add(block)
+        if self.keep_steps:
+            self._kept.append(block)
 
 
 class RequestLog:

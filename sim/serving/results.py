@@ -8,33 +8,36 @@ import pandas as pd
 
 from kvsim.sim.perf.model_summary import kv_extra, model_info
 from kvsim.sim.perf.models import resolve_model
-from kvsim.reports.frames import REQUEST_COLUMNS, TIMELINE_COLUMNS, add_phase_columns
+from kvsim.reports.frames import PHASE_COLUMNS, REQUEST_COLUMNS, TIMELINE_COLUMNS
 
-from kvsim.sim.serving.recorder import FINISH_REASONS, STEP_COLUMNS
+from kvsim.sim.serving.recorder import FINISH_REASONS
 from kvsim.sim.serving.recorder import REQUEST_COLUMNS as LOG_COLUMNS
 from kvsim.sim.serving.runner import RunResult
+from kvsim.sim.serving.step_totals import StepTotals, Timeline
 
-MAX_TIMELINE_ROWS = 2000
 FRAGMENT_COLUMNS = ("frag_token_states", "frag_reservation", "frag_internal", "frag_external",
                     "frag_free")
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
-    """One row per request, in arrival order, with its latencies."""
-    df = pd.DataFrame({k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d"
-                                         else np.int64) for k, v in result.requests.columns.items()})
-    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
-    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
-    generated = df["generated_tokens"]
-    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (generated.clip(lower=2) - 1)
-                    ).where(generated > 1)
-    df["finish_reason"] = np.asarray(FINISH_REASONS, dtype=object)[df["finish_reason"]]
-    return add_phase_columns(df)[list(REQUEST_COLUMNS)]
+    """One row per request, in arrival order, with its latencies (built column by column, so
+    the frame is the only copy of the log made)."""
+    cols = {k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d" else np.int64)
+            for k, v in result.requests.columns.items()}
+    arrival, first, finish = cols["arrival_s"], cols["first_token_s"], cols["finish_s"]
+    generated = cols["generated_tokens"]
+    with np.errstate(invalid="ignore"):
+        tpot = np.where(generated > 1, (finish - first) / (np.maximum(generated, 2) - 1), np.nan)
+    cols.update(ttft_s=first - arrival, e2e_s=finish - arrival, tpot_s=tpot,
+                finish_reason=np.asarray(FINISH_REASONS, dtype=object)[cols["finish_reason"]])
+    for column, (start, end) in PHASE_COLUMNS.items():    # as reports.frames.add_phase_columns
+        cols[column] = cols[end] - cols[start]
+    return pd.DataFrame({k: cols[k] for k in REQUEST_COLUMNS})
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
-    return pd.DataFrame({k: np.frombuffer(result.steps.columns[k], dtype=np.float64)
-                         for k in STEP_COLUMNS})
+    """One row per engine step (per replica): only for a run simulated with ``keep_steps``."""
+    return pd.DataFrame(result.steps.columns)
 
 
 def _percentiles(values: pd.Series) -> dict:
@@ -45,64 +48,75 @@ def _percentiles(values: pd.Series) -> dict:
     return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def _fragmentation(steps: pd.DataFrame, pool_slots: int) -> dict:
+def _fragmentation(steps: StepTotals, pool_slots: int) -> dict:
     """Time-averaged shares of the GPU pool (per replica pool, averaged over replicas).
     ``fragmentation_under_load`` is the same over the steps after which a request waited."""
-    w = steps["duration"].to_numpy()
-    if not len(w) or w.sum() == 0:
+    if not steps.num_steps or steps.sum("duration") == 0:
         return {"token_states": 0.0, "reservation": 0.0, "internal": 0.0, "external": 0.0,
                 "free": 1.0}
-    shares = {name: float(np.average(steps[col], weights=w) / pool_slots) for name, col in (
+    shares = {name: steps.time_average(col) / pool_slots for name, col in (
         ("token_states", "token_slots"), ("reservation", "reserved_slots"),
         ("internal", "internal_slots"), ("external", "external_slots"))}
     shares["free"] = max(0.0, 1.0 - sum(shares.values()))
     return shares
 
 
-def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame) -> dict:
+def _latencies(requests: pd.DataFrame) -> dict:
+    """Counts and latency percentiles of the completed requests (column by column, so no
+    filtered copy of the whole frame is made)."""
+    done = (requests["completed"] == 1).to_numpy()
+    stopped = (requests["finish_reason"] == "length").to_numpy() & done
+    return {
+        "num_completed": int(done.sum()),
+        "num_stopped_by_length": int(stopped.sum()),
+        "generated": int(requests["generated_tokens"].to_numpy()[done].sum()),
+        "prompt": int(requests["prompt_tokens"].to_numpy()[done].sum()),
+        **{k: _percentiles(requests[k][done]) for k in ("ttft_s", "tpot_s", "e2e_s")},
+    }
+
+
+def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
     """The ``summary.json`` dict (keys are a stable contract: see ``../shared/DESIGN.md``)."""
     cfg, dep = result.config, result.deployment
-    done = requests[requests["completed"] == 1]
-    duration = result.duration_s
-    out_tokens = int(done["generated_tokens"].sum())
-    in_tokens = int(done["prompt_tokens"].sum())
+    steps = result.steps.totals
+    done = _latencies(requests)
+    completed, duration = done["num_completed"], result.duration_s
+    out_tokens, in_tokens = done["generated"], done["prompt"]
     kvs = [r.kv for r in result.replicas]
     queries = sum(kv.prefix_stats.num_queries_tokens for kv in kvs)
     hits = sum(kv.prefix_stats.num_hit_tokens for kv in kvs)
     pool = dep.num_gpu_blocks
-    w = steps["duration"].to_numpy()
-    usage = steps["kv_used_blocks"].to_numpy() / pool
-    idle = float(np.average(steps["kv_cached_idle_blocks"], weights=w)) if w.sum() else 0.0
+    idle = steps.time_average("kv_cached_idle_blocks")
     return {
         "num_requests": int(len(requests)),
-        "num_completed": int(len(done)),
+        "num_completed": completed,
         "num_rejected": int(requests["rejected"].sum()),
         "num_truncated": int(requests["truncated"].sum()),
-        "num_stopped_by_length": int((done["finish_reason"] == "length").sum()),
-        "num_steps": int(len(steps)),
+        "num_stopped_by_length": done["num_stopped_by_length"],
+        "num_steps": steps.num_steps,
         "duration_s": duration,
         "wall_time_s": result.wall_time_s,
         "throughput_output_tokens_per_s": out_tokens / duration if duration else 0.0,
-        "request_throughput_per_s": len(done) / duration if duration else 0.0,
+        "request_throughput_per_s": completed / duration if duration else 0.0,
         # vLLM's bench serve counts prompt tokens of completed requests, cached or not
         "throughput_input_tokens_per_s": in_tokens / duration if duration else 0.0,
         "throughput_total_tokens_per_s": (in_tokens + out_tokens) / duration if duration
         else 0.0,
-        "ttft_s": _percentiles(done["ttft_s"]),
-        "tpot_s": _percentiles(done["tpot_s"]),
-        "e2e_s": _percentiles(done["e2e_s"]),
+        "ttft_s": done["ttft_s"],
+        "tpot_s": done["tpot_s"],
+        "e2e_s": done["e2e_s"],
         "prefix_cache": {"queries_tokens": queries, "hit_tokens": hits,
                          "hit_rate": hits / queries if queries else 0.0,
                          "host_hit_tokens": sum(kv.prefix_stats.num_host_hit_tokens
                                                 for kv in kvs)},
-        "preemptions": int(steps["preemptions"].sum()),
-        "swapped_out_blocks": int(steps["swap_out_blocks"].sum()),
-        "swapped_in_blocks": int(steps["swap_in_blocks"].sum()),
+        "preemptions": int(steps.sum("preemptions")),
+        "swapped_out_blocks": int(steps.sum("swap_out_blocks")),
+        "swapped_in_blocks": int(steps.sum("swap_in_blocks")),
         "kv": {"num_gpu_blocks": pool, "num_cpu_blocks": dep.num_cpu_blocks,
                "block_size": cfg.block_size,
-               "mean_usage": float(np.average(usage, weights=w)) if w.sum() else 0.0,
-               "peak_usage": float(usage.max()) if len(usage) else 0.0,
-               "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
+               "mean_usage": steps.time_average("kv_used_blocks") / pool,
+               "peak_usage": steps.max("kv_used_blocks") / pool,
+               "mean_batch_size": steps.mean("batch_size"),
                # cached blocks no request holds: the room an eviction policy has to choose in
                "mean_cached_idle_blocks": idle,
                "mean_cached_idle_fraction": idle / pool if pool else 0.0,
@@ -112,22 +126,19 @@ def build_summary(result: RunResult, requests: pd.DataFrame, steps: pd.DataFrame
         "fragmentation": _fragmentation(steps, pool * cfg.block_size),
         "compaction": _compaction(result),
         "tiering": _tiering(result, steps),
-        "fragmentation_under_load": _fragmentation(steps[steps["num_waiting"] > 0],
-                                                   pool * cfg.block_size),
+        "fragmentation_under_load": _fragmentation(steps.under_load, pool * cfg.block_size),
         "config": {**cfg.to_dict(), "max_model_len": dep.max_model_len},
     }
 
 
-def _tiering(result: RunResult, steps: pd.DataFrame) -> dict:
+def _tiering(result: RunResult, steps: StepTotals) -> dict:
     """Host-tier traffic summed over replicas (all zero without a tier): blocks and bytes each
     way (a block's bytes over all tensor-parallel shards), the seconds the executor charged
     for copies, and host usage (share of the host blocks holding data, time-averaged / peak)."""
     cfg, host = result.config, result.deployment.num_cpu_blocks
     per_block = resolve_model(cfg.model).kv_bytes_per_token(cfg.dtype) * cfg.block_size
-    n = {c: int(steps[c].sum()) for c in ("swap_out_blocks", "swap_in_blocks",
-                                          "offload_blocks", "promote_blocks")}
-    w = steps["duration"].to_numpy()
-    used = steps["host_used_blocks"].to_numpy() / host if host else np.zeros(len(steps))
+    n = {c: int(steps.sum(c)) for c in ("swap_out_blocks", "swap_in_blocks",
+                                        "offload_blocks", "promote_blocks")}
     stores = [kv.host for kv in (r.kv for r in result.replicas) if hasattr(kv, "host")]
     return {
         "num_cpu_blocks": host, "offload_write": cfg.offload_write,
@@ -136,9 +147,9 @@ def _tiering(result: RunResult, steps: pd.DataFrame) -> dict:
         "dropped_blocks": sum(h.num_dropped_blocks for h in stores),
         "bytes_to_host": (n["offload_blocks"] + n["swap_out_blocks"]) * per_block,
         "bytes_to_device": (n["promote_blocks"] + n["swap_in_blocks"]) * per_block,
-        "transfer_time_s": float(steps["transfer_s"].sum()),
-        "mean_host_usage": float(np.average(used, weights=w)) if w.sum() else 0.0,
-        "peak_host_usage": float(used.max()) if len(used) else 0.0,
+        "transfer_time_s": steps.sum("transfer_s"),
+        "mean_host_usage": steps.time_average("host_used_blocks") / host if host else 0.0,
+        "peak_host_usage": steps.max("host_used_blocks") / host if host else 0.0,
     }
 
 
@@ -159,58 +170,20 @@ def _compaction(result: RunResult) -> dict:
             "external_after": sum(s.external_after_sum for s in stats) / n if n else 0.0}
 
 
-STATE_COLUMNS = ("num_running", "num_waiting", "kv_used_blocks", "kv_cached_idle_blocks",
-                 "token_slots", "internal_slots", "reserved_slots", "external_slots",
-                 "host_used_blocks")
-COUNT_COLUMNS = ("output_tokens", "preemptions", "prefix_queries_tokens", "prefix_hit_tokens",
-                 "swap_out_blocks", "swap_in_blocks", "offload_blocks", "promote_blocks",
-                 "compact_blocks", "transfer_s")
+def timeline_frame(timeline: Timeline, pool_blocks: int, block_size: int,
+                   num_replicas: int = 1) -> pd.DataFrame:
+    """The closed :class:`~kvsim.sim.serving.step_totals.Timeline` as ``timeline.csv``'s frame: at
+    most ``MAX_TIMELINE_ROWS`` rows of a power-of-two width (the smallest that covers the run,
+    and no more rows than steps); states are time averages over each row's interval (blocks
+    summed over replicas), counts are the steps ending in it. Shares are of all replicas'
+    pools."""
+    grid = pd.DataFrame(timeline.rows())
+    return _finish_timeline(grid, pool_blocks * num_replicas, block_size)
 
 
-def timeline_frame(steps: pd.DataFrame, duration_s: float, pool_blocks: int,
-                   block_size: int, num_replicas: int = 1) -> pd.DataFrame:
-    """Steps on a uniform simulated-time grid of at most :data:`MAX_TIMELINE_ROWS` rows.
-
-    States (running, KV blocks, slots) are exact time averages over each interval, the state a
-    step leaves holding until that replica's next step starts, so idle gaps keep their cached
-    blocks (summed over replicas); counts (tokens, preemptions, transfers) fall in the interval
-    where their step ends. Shares are of all replicas' pools.
-    """
-    n_bins = max(1, min(MAX_TIMELINE_ROWS, len(steps)))
-    width = duration_s / n_bins if duration_s > 0 else 1.0
-    edges = np.arange(n_bins + 1) * width
-    grid = pd.DataFrame({c: _time_average(steps, c, edges) for c in STATE_COLUMNS})
-    ends = steps["t_start"] + steps["duration"]
-    bins = np.clip((ends / width).astype(int), 0, n_bins - 1)
-    counts = steps[list(COUNT_COLUMNS)].groupby(bins).sum()
-    grid = grid.join(counts).fillna(0.0)
-    grid["num_steps"] = np.bincount(bins, minlength=n_bins)[:n_bins]
-    grid["batch_size"] = (steps["batch_size"].groupby(bins).mean()
-                          .reindex(grid.index).fillna(0.0))
-    return _finish_timeline(grid, width, pool_blocks * num_replicas, block_size)
-
-
-def _time_average(steps: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarray:
-    """Mean of a step-wise constant quantity over each interval, summed over replicas."""
-    total = np.zeros(len(edges) - 1)
-    for _, s in steps.groupby("replica"):
-        t, d, v = (s[c].to_numpy() for c in ("t_start", "duration", column))
-        if len(t):     # a step's state holds until the next step (idle gaps included)
-            d = np.append(np.diff(t), max(d[-1], edges[-1] - t[-1]))
-        area = np.concatenate([[0.0], np.cumsum(v * d)])
-        k = np.clip(np.searchsorted(t, edges, side="right") - 1, 0, None)
-        inside = np.clip(edges - t[k], 0.0, d[k]) if len(t) else np.zeros_like(edges)
-        integral = area[k] + v[k] * inside if len(t) else np.zeros_like(edges)
-        total += np.diff(integral) / np.diff(edges)
-    return total
-
-
-def _finish_timeline(grid: pd.DataFrame, width: float, pool_blocks: int,
-                     block_size: int) -> pd.DataFrame:
+def _finish_timeline(grid: pd.DataFrame, pool_blocks: int, block_size: int) -> pd.DataFrame:
     slots = pool_blocks * block_size
-    grid.insert(0, "time_s", grid.index.to_numpy() * width)
-    grid.insert(1, "interval_s", width)
-    grid["throughput_tokens_per_s"] = grid["output_tokens"] / width
+    grid["throughput_tokens_per_s"] = grid["output_tokens"] / grid["interval_s"]
     grid["kv_free_blocks"] = pool_blocks - grid["kv_used_blocks"] - grid["kv_cached_idle_blocks"]
     grid["kv_usage"] = grid["kv_used_blocks"] / pool_blocks
     grid["frag_token_states"] = grid["token_slots"] / slots
@@ -224,11 +197,13 @@ def _finish_timeline(grid: pd.DataFrame, width: float, pool_blocks: int,
     return grid.drop(columns=drop).reset_index(drop=True)[list(TIMELINE_COLUMNS)]
 
 
-def run_frames(result: RunResult) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``(summary, requests, steps, timeline)`` of a finished simulation."""
+def run_frames(result: RunResult) -> tuple[dict, pd.DataFrame, pd.DataFrame | None,
+                                           pd.DataFrame]:
+    """``(summary, requests, steps, timeline)`` of a finished simulation; ``steps`` is
+    ``None`` unless it was simulated with ``keep_steps``."""
     requests = requests_frame(result)
-    steps = steps_frame(result)
-    summary = build_summary(result, requests, steps)
-    timeline = timeline_frame(steps, result.duration_s, result.deployment.num_gpu_blocks,
+    summary = build_summary(result, requests)
+    steps = steps_frame(result) if result.steps.keep_steps else None
+    timeline = timeline_frame(result.steps.timeline, result.deployment.num_gpu_blocks,
                               result.config.block_size, result.config.replicas)
     return summary, requests, steps, timeline

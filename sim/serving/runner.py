@@ -112,14 +112,17 @@ def default_executor(config: RunConfig) -> CostModel:
 
 
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
-             progress: Callable[[float, int], None] | None = None) -> RunResult:
-    """Replay ``requests`` (in arrival order) and return the logs of the run."""
+             progress: Callable[[float, int], None] | None = None,
+             keep_steps: bool = False) -> RunResult:
+    """Replay ``requests`` (in arrival order; an iterator is read as the run goes) and return
+    the logs of the run. ``keep_steps``: also keep every engine step (memory grows with the
+    steps; ``kvsim validate`` and tests need them), not just totals and the timeline."""
     config.validate()
     requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
     executor = executor or default_executor(config)
     env = simpy.Environment()
-    steps, log = StepLog(), RequestLog()
+    steps, log = StepLog(keep_steps), RequestLog()
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                         config.skip_ahead and config.layout == "paged"
                         and not deployment.multi_group)
@@ -128,6 +131,7 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
                           deployment.max_model_len))
     start = time.perf_counter()
     _run(env, replicas, progress)
+    steps.finish(env.now)
     return RunResult(config, deployment, steps, log, replicas, env.now,
                      time.perf_counter() - start)
 

@@ -13,10 +13,10 @@ The same preset, parameters and seed give the same requests and the same file, b
 from __future__ import annotations
 
 from kvsim.workloads.generators.arrivals import Arrivals
-from kvsim.workloads.generators.build import GenConfig, generate, preset_named, write_workload
+from kvsim.workloads.generators.build import GenConfig, generate, iter_requests, preset_named, write_workload
 from kvsim.workloads.generators.lengths import Lengths, fixed, lognormal, parse_lengths, resampled, uniform
 from kvsim.workloads.generators.presets import PRESETS, Agent, Chat, CustomerService, Rag, ShareGptLike
 
 __all__ = ["Agent", "Arrivals", "Chat", "CustomerService", "GenConfig", "Lengths", "PRESETS",
-           "Rag", "ShareGptLike", "fixed", "generate", "lognormal", "parse_lengths",
-           "preset_named", "resampled", "uniform", "write_workload"]
+           "Rag", "ShareGptLike", "fixed", "generate", "iter_requests", "lognormal",
+           "parse_lengths", "preset_named", "resampled", "uniform", "write_workload"]

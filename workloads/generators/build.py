@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import os
+from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.workloads.request import Request
-from kvsim.workloads.writer import write_native
+from kvsim.workloads.writer import write_lines
 from kvsim.workloads.generators.arrivals import Arrivals
 from kvsim.workloads.generators.lengths import Lengths
 from kvsim.workloads.generators.presets import PRESETS, Draft
-from kvsim.workloads.generators.prompts import TOKEN_BASE, Keys, prefix_ids, rename_first_seen, token_ids
+from kvsim.workloads.generators.prompts import TOKEN_BASE, FirstSeenNames, Keys, prefix_ids, token_ids
 
 HIGH_PRIORITY, NORMAL_PRIORITY = 0, 1
 MAX_EMPTY_SESSIONS = 1000
@@ -77,6 +80,27 @@ def preset_named(name: str):
 def generate(preset, config: GenConfig | None = None) -> list[Request]:
     """The requests of ``preset`` (a name or a preset object) under ``config``, in arrival
     order, ids ``0..n-1``, the first arrival at 0."""
+    return list(iter_requests(preset, config))
+
+
+def iter_requests(preset, config: GenConfig | None = None) -> Iterator[Request]:
+    """:func:`generate` as a stream: memory grows with the sessions under way, not with
+    ``num_requests``."""
+    return (request for request, _ in _stream(preset, config))
+
+
+def write_workload(preset, path: str | os.PathLike, config: GenConfig | None = None) -> dict:
+    """Generate ``preset`` and write it to ``path`` as native JSONL (whole or not at all), one
+    line at a time. Returns a summary: ``preset``, ``path``, ``num_requests``, ``seed``."""
+    config = (config or GenConfig()).checked()
+    count = write_lines(_stream(preset, config), path)
+    name = preset if isinstance(preset, str) else preset.name
+    return {"preset": name, "path": str(path), "num_requests": count, "seed": config.seed}
+
+
+def _stream(preset, config: GenConfig | None) -> Iterator[tuple[Request, bool]]:
+    """``(request, continued)`` in arrival order: ``continued`` when a later request of the
+    workload continues it (its line then names its ``request_id``)."""
     config = (config or GenConfig()).checked()
     preset = _with_overrides(preset_named(preset) if isinstance(preset, str) else preset, config)
     seeds = np.random.SeedSequence(config.seed).spawn(3)
@@ -86,17 +110,7 @@ def generate(preset, config: GenConfig | None = None) -> list[Request]:
     sessions = preset.sessions(times, rng_content, Keys())
     drafts = _first_drafts(sessions, config.num_requests, rng_priority,
                            config.high_priority_fraction)
-    return _finish(drafts, preset.shares_prefixes, config)
-
-
-def write_workload(preset, path: str | os.PathLike, config: GenConfig | None = None) -> dict:
-    """Generate ``preset`` and write it to ``path`` as native JSONL (whole or not at all).
-    Returns a summary: ``preset``, ``path``, ``num_requests``, ``seed``."""
-    config = (config or GenConfig()).checked()
-    requests = generate(preset, config)
-    count = write_native(requests, path)
-    name = preset if isinstance(preset, str) else preset.name
-    return {"preset": name, "path": str(path), "num_requests": count, "seed": config.seed}
+    return _requests(drafts, preset.shares_prefixes, config)
 
 
 def _with_overrides(preset, config: GenConfig):
@@ -110,12 +124,13 @@ def _arrivals(preset, config: GenConfig) -> Arrivals:
     return Arrivals(config.arrival, rate, config.cv, config.arrival_trace).checked()
 
 
-def _first_drafts(sessions, n: int, rng, high_fraction: float) -> list[Draft]:
-    """The ``n`` earliest drafts. Sessions come in start order, so once a session starts after
-    the ``n``-th earliest arrival seen so far, no later session can change the answer."""
-    drafts: list[Draft] = []
-    latest_kept: list[float] = []          # max-heap (negated) of the n earliest arrivals
-    empty = 0
+def _first_drafts(sessions, n: int, rng, high_fraction: float) -> Iterator[tuple[Draft, int]]:
+    """The ``n`` earliest drafts in arrival order (ties in session order), each with its
+    number of children (the drafts that continue it). Sessions come in start order, so a
+    pending draft that arrives no later than the next session's start comes before all of
+    that session's drafts and all later ones."""
+    pending: list[tuple[float, int, Draft, int]] = []      # heap by (arrival, draft order)
+    order, emitted, empty = itertools.count(), 0, 0
     for session in sessions:
         empty = 0 if session else empty + 1
         if empty >= MAX_EMPTY_SESSIONS:
@@ -123,17 +138,22 @@ def _first_drafts(sessions, n: int, rng, high_fraction: float) -> list[Draft]:
                               "max_context_tokens?)", field="preset")
         if not session:
             continue
-        if len(latest_kept) >= n and session[0].arrival_s > -latest_kept[0]:
-            break
-        priority = _priority(rng, high_fraction)
-        for draft in session:
-            draft.priority = priority
-            drafts.append(draft)
-            heapq.heappush(latest_kept, -draft.arrival_s)
-            if len(latest_kept) > n:
-                heapq.heappop(latest_kept)
-    drafts.sort(key=lambda d: d.arrival_s)
-    return drafts[:n]
+        while pending and pending[0][0] <= session[0].arrival_s:
+            yield heapq.heappop(pending)[2:]
+            emitted += 1
+            if emitted == n:
+                return
+        _push_session(pending, order, session, _priority(rng, high_fraction))
+    while pending and emitted < n:
+        yield heapq.heappop(pending)[2:]
+        emitted += 1
+
+
+def _push_session(pending: list, order, session: list[Draft], priority: int) -> None:
+    children = Counter(id(d.continues) for d in session if d.continues is not None)
+    for draft in session:
+        draft.priority = priority
+        heapq.heappush(pending, (draft.arrival_s, next(order), draft, children[id(draft)]))
 
 
 def _priority(rng, high_fraction: float) -> int:
@@ -142,24 +162,45 @@ def _priority(rng, high_fraction: float) -> int:
     return HIGH_PRIORITY if rng.random() < high_fraction else NORMAL_PRIORITY
 
 
-def _finish(drafts: list[Draft], shares_prefixes: bool, config: GenConfig) -> list[Request]:
-    origin = drafts[0].arrival_s
-    requests = [Request(i, round(d.arrival_s - origin, 6), d.prompt_tokens, d.output_tokens,
-                        priority=d.priority, session_id=d.session_id, template_id=d.template_id)
-                for i, d in enumerate(drafts)]
-    if config.token_ids:
-        for request, d in zip(requests, drafts):
+def _requests(drafts, shares_prefixes: bool, config: GenConfig) -> Iterator[tuple[Request, bool]]:
+    """Number, time and hash the drafts; each request goes out once it is known whether a
+    later one continues it (at its first child, or when the drafts end)."""
+    names, block = FirstSeenNames(), config.hash_block_size
+    queue: deque[list] = deque()        # [request, continued or None], in arrival order
+    parents: dict[int, list] = {}       # id(draft) -> [its queue entry, children to come]
+    origin = None
+    for i, (d, num_children) in enumerate(drafts):
+        origin = d.arrival_s if origin is None else origin
+        request = Request(i, round(d.arrival_s - origin, 6), d.prompt_tokens, d.output_tokens,
+                          priority=d.priority, session_id=d.session_id,
+                          template_id=d.template_id)
+        entry = [request, False if config.token_ids or not num_children else None]
+        if config.token_ids:
             request.prompt_token_ids = token_ids(d.segments, config.vocab_size)
-        return requests
-    by_draft = {id(d): r for d, r in zip(drafts, requests)}
-    for request, d in zip(requests, drafts):
-        request.continues = by_draft.get(id(d.continues))
-    if shares_prefixes:
-        block = config.hash_block_size
-        named = rename_first_seen([prefix_ids(d.segments, block) for d in drafts])
-        for request, ids in zip(requests, named):
-            request.prefix_hashes, request.hash_block_size = ids, block
-    return requests
+        else:
+            _link(request, d, parents, entry, num_children)
+            if shares_prefixes:
+                request.prefix_hashes = names.rename(prefix_ids(d.segments, block))
+                request.hash_block_size = block
+        queue.append(entry)
+        while queue and queue[0][1] is not None:
+            yield tuple(queue.popleft())
+    for request, continued in queue:
+        yield request, bool(continued)
+
+
+def _link(request: Request, draft: Draft, parents: dict, entry: list,
+          num_children: int) -> None:
+    """Tie ``request`` to the request of the draft it continues, and register its own."""
+    parent = parents.get(id(draft.continues)) if draft.continues is not None else None
+    if parent is not None:
+        request.continues = parent[0][0]
+        parent[0][1] = True
+        parent[1] -= 1
+        if not parent[1]:
+            del parents[id(draft.continues)]
+    if num_children:
+        parents[id(draft)] = [entry, num_children]
 
 
 def _positive_int(value, name: str) -> None:

@@ -81,21 +81,44 @@ def token_ids(segments: list[Segment], vocab_size: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) + TOKEN_BASE
 
 
-def rename_first_seen(id_lists: list[np.ndarray]) -> list[np.ndarray]:
-    """The same ids renamed to ``0, 1, 2, ...`` in first-seen order across all lists, as
-    Mooncake's ``hash_ids`` are, so generated files stay short and readable."""
-    if not id_lists:
-        return []
-    flat = np.concatenate(id_lists)
-    order = np.argsort(flat, kind="stable")
-    ordered = flat[order]
-    starts = np.empty(len(flat), dtype=bool)
-    starts[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-    group = np.cumsum(starts) - 1                  # group of each sorted element
-    first_seen = order[starts]                     # first position of each group
-    rank = np.empty(len(first_seen), dtype=np.int64)
-    rank[np.argsort(first_seen, kind="stable")] = np.arange(len(first_seen))
-    names = np.empty(len(flat), dtype=np.int64)
-    names[order] = rank[group]
-    return np.split(names, np.cumsum([len(ids) for ids in id_lists])[:-1])
+class FirstSeenNames:
+    """Ids renamed to ``0, 1, 2, ...`` in first-seen order across a stream of id arrays, as
+    Mooncake's ``hash_ids`` are, so generated files stay short and readable. Keeps 16 bytes
+    per distinct id: a sorted array, and a dict of the ids seen since it was last merged."""
+
+    def __init__(self) -> None:
+        self._ids = np.empty(0, dtype=np.int64)      # sorted
+        self._names = np.empty(0, dtype=np.int64)
+        self._recent: dict[int, int] = {}
+        self.num_names = 0
+
+    def rename(self, ids: np.ndarray) -> np.ndarray:
+        """The names of ``ids`` (new ids named in their order here)."""
+        out = np.empty(len(ids), dtype=np.int64)
+        found = np.zeros(len(ids), dtype=bool)
+        if len(self._ids):
+            pos = np.minimum(np.searchsorted(self._ids, ids), len(self._ids) - 1)
+            found = self._ids[pos] == ids
+            out[found] = self._names[pos[found]]
+        missing = np.flatnonzero(~found)
+        if len(missing):
+            out[missing] = [self._name(key) for key in ids[missing].tolist()]
+        if len(self._recent) > max(1 << 12, len(self._ids) // 8):
+            self._merge()
+        return out
+
+    def _name(self, key: int) -> int:
+        name = self._recent.setdefault(key, self.num_names)
+        if name == self.num_names:
+            self.num_names += 1
+        return name
+
+    def _merge(self) -> None:
+        """Move the recent ids into the sorted arrays."""
+        new = np.fromiter(self._recent, np.int64, len(self._recent))
+        names = np.fromiter(self._recent.values(), np.int64, len(self._recent))
+        order = np.argsort(new)
+        at = np.searchsorted(self._ids, new[order])
+        self._ids = np.insert(self._ids, at, new[order])
+        self._names = np.insert(self._names, at, names[order])
+        self._recent.clear()
