@@ -37,7 +37,7 @@ from .plan_bounds import floor_percentiles, fmt_latency, impossible_reason, late
 from .plan_bounds import suggested_block_size
 from .plan_search import fewest_passing, largest_passing
 from .plan_spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, reported_keys
-from .plan_stop import SloStop
+from .plan_stop import SloStop, StepCount
 from kvsim.workloads.truncate import truncate
 
 from .runner import resolve_deployment, simulate
@@ -190,7 +190,8 @@ def measure_point(spec: PlanSpec, config: RunConfig, rate_scale: float,
     saying why, and no latencies or hit rate (``None``), as its run was cut short."""
     opts = replace(spec.trace_options, rate_scale=rate_scale)
     stop = SloStop(spec.targets, spec.num_requests) if early_stop else None
-    result = simulate(load_trace(spec.trace_path, opts), config, stop=stop)
+    result = simulate(load_trace(spec.trace_path, opts), config, stop=stop,
+                      step_log=StepCount())
     df = results.requests_frame(result)
     done = df[df["completed"] == 1]
     point = {"replicas": config.replicas, "rate_scale": rate_scale, "meets": False,

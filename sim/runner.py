@@ -110,18 +110,21 @@ def default_executor(config: RunConfig) -> CostModel:
 
 
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
-             progress: Callable[[float, int], None] | None = None, stop=None) -> RunResult:
+             progress: Callable[[float, int], None] | None = None, stop=None,
+             step_log=None) -> RunResult:
     """Replay ``requests`` (in arrival order) and return the logs of the run.
 
     ``stop``: the request log's watch (see :class:`~kvsim.sim.recorder.RequestLog`); the run
     ends after the event at which its ``stopped`` turns True (the planner's
-    :class:`~kvsim.sim.plan_stop.SloStop`), leaving partial logs."""
+    :class:`~kvsim.sim.plan_stop.SloStop`), leaving partial logs. ``step_log``: where the
+    steps go instead of a :class:`StepLog` (anything with ``append(*values)`` and ``len``;
+    the planner only counts them)."""
     config.validate()
     requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
     executor = executor or default_executor(config)
     env = simpy.Environment()
-    steps, log = StepLog(), RequestLog(stop)
+    steps, log = StepLog() if step_log is None else step_log, RequestLog(stop)
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                         config.skip_ahead and config.layout == "paged"
                         and not deployment.multi_group)
