@@ -16,6 +16,13 @@ size x ...), :func:`evaluate_task` (one task per candidate, run by :mod:`kvsim.s
 4. finds the **largest sustainable request rate of one replica** (:data:`SUSTAINABLE`) by
    geometric bisection over the rate scale, ``rate_iterations`` times after bracketing.
 
+With ``spec.prune`` (the default) every simulation stops as soon as it certainly misses a
+target (:mod:`kvsim.sim.plan_stop`; a stopped point keeps its verdict and reason, not its
+latencies), step 4 runs first, and the load over the sustainable rate found there is the
+replica search's guess from above (:func:`replica_guess`), which replaces the first power of two
+beyond it. Verdicts are those of full runs and the guarantee of step 3 is unchanged; only the
+replica counts the search visits differ. ``prune=False`` runs the searches as above, in full.
+
 :func:`plan` ranks the candidates: feasible first, then by cost per hour, GPUs, and headroom.
 Every number comes from deterministic simulations, so the result is the same on every backend.
 """
