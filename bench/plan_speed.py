@@ -12,7 +12,11 @@ into a temporary directory, imported through its own ``PYTHONPATH``), so its CPU
 process and its worker processes) and peak RSS (the largest of them) are its own. Every
 ``simulate`` call the planner makes, in any worker, appends its engine-step count to a file, so
 the table counts simulations and simulated engine steps whatever the commit reports itself.
-On a shared machine compare CPU seconds and counts, not wall seconds.
+On a shared machine compare CPU seconds and counts, not wall seconds. ``--no-prune`` adds this
+tree with ``PlanSpec.prune`` off (the search and full runs of before issue 15, but this tree's
+simulator). ``b45c6b7``, the commit the issue measured, has no ``--max-model-len`` or
+``--long-prompt`` on ``kvsim plan``, so it cannot run the question as asked: compare with
+``435a660`` (this branch's start).
 """
 
 from __future__ import annotations
