@@ -16,6 +16,13 @@ size x ...), :func:`evaluate_task` (one task per candidate, run by :mod:`kvsim.s
 4. finds the **largest sustainable request rate of one replica** (:data:`SUSTAINABLE`) by
    geometric bisection over the rate scale, ``rate_iterations`` times after bracketing.
 
+With ``spec.prune`` (the default) every simulation stops as soon as it certainly misses a
+target (:mod:`kvsim.sim.plan.stop`; a stopped point keeps its verdict and reason, not its
+latencies), step 4 runs first, and the load over the sustainable rate found there is the
+replica search's guess from above (:func:`replica_guess`), which replaces the first power of two
+beyond it. Verdicts are those of full runs and the guarantee of step 3 is unchanged; only the
+replica counts the search visits differ. ``prune=False`` runs the searches as above, in full.
+
 :func:`plan` ranks the candidates: feasible first, then by cost per hour, GPUs, and headroom.
 Every number comes from deterministic simulations, so the result is the same on every backend.
 """
@@ -37,6 +44,7 @@ from kvsim.sim.plan.bounds import floor_percentiles, fmt_latency, impossible_rea
 from kvsim.sim.plan.bounds import suggested_block_size
 from kvsim.sim.plan.search import fewest_passing, largest_passing
 from kvsim.sim.plan.spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, reported_keys
+from kvsim.sim.plan.stop import SloStop
 from kvsim.workloads.truncate import truncate
 
 from kvsim.sim.serving.runner import resolve_deployment, simulate
@@ -123,6 +131,7 @@ def _row_head(spec: PlanSpec, index: int, config: RunConfig) -> dict:
             "reason": None, "replicas": None, "gpus": None, "cost_per_hour_usd": None,
             "latency": None, "headroom": None, "min_headroom": None, "hit_rate": None,
             "latency_floor": None, "max_rate": None, "evaluations": [], "num_simulations": 0,
+            "num_stopped_early": 0, "num_steps": 0,
             "run_config": None, "kvsim_run": None, "num_truncated": 0}
 
 
@@ -152,7 +161,8 @@ def candidate_label(config: RunConfig, varying: tuple[str, ...] = ()) -> str:
 
 
 class _Points:
-    """Simulated (replicas, rate scale) points of one candidate, each simulated once."""
+    """Simulated (replicas, rate scale) points of one candidate, each simulated once (and
+    stopped at a certain miss when the spec prunes)."""
 
     def __init__(self, spec: PlanSpec, config: RunConfig):
         self.spec, self.config, self.memo = spec, config, {}
@@ -161,27 +171,45 @@ class _Points:
         key = (replicas, rate_scale)
         if key not in self.memo:
             self.memo[key] = measure_point(self.spec, replace(self.config, replicas=replicas),
-                                           rate_scale)
+                                           rate_scale, early_stop=self.spec.prune)
         return self.memo[key]["meets"]
+
+    @property
+    def num_stopped(self) -> int:
+        return sum(p["stopped"] is not None for p in self.memo.values())
+
+    @property
+    def num_steps(self) -> int:
+        return sum(p["num_steps"] for p in self.memo.values())
 
     def at_scale(self, rate_scale: float) -> list[dict]:
         """The points at ``rate_scale``, fewest replicas first."""
         return [p for (n, s), p in sorted(self.memo.items()) if s == rate_scale]
 
 
-def measure_point(spec: PlanSpec, config: RunConfig, rate_scale: float) -> dict:
+def measure_point(spec: PlanSpec, config: RunConfig, rate_scale: float,
+                  early_stop: bool = False) -> dict:
     """Simulate the trace at ``rate_scale`` on ``config``: latencies reached, hit rate, and
-    whether every request completed and every SLO target is met."""
+    whether every request completed and every SLO target is met.
+
+    ``early_stop``: end the simulation once it certainly misses a target
+    (:class:`~kvsim.sim.plan.stop.SloStop`); such a point has ``meets`` False, ``stopped``
+    saying why, and no latencies or hit rate (``None``), as its run was cut short."""
     opts = replace(spec.trace_options, rate_scale=rate_scale)
-    result = simulate(load_trace(spec.trace_path, opts), config)
+    stop = SloStop(spec.targets, spec.num_requests) if early_stop else None
+    result = simulate(load_trace(spec.trace_path, opts), config, stop=stop)
     df = results.requests_frame(result)
     done = df[df["completed"] == 1]
+    point = {"replicas": config.replicas, "rate_scale": rate_scale, "meets": False,
+             "latency": {k: None for k, _, _ in reported_keys(spec.slo)}, "hit_rate": None,
+             "num_completed": int(len(done)), "num_requests": int(len(df)),
+             "num_steps": len(result.steps), "stopped": None}
+    if stop is not None and stop.stopped:
+        return {**point, "stopped": stop.reason}
     latency = {k: _percentile(done[m], p) for k, m, p in reported_keys(spec.slo)}
     meets = len(done) == len(df) and all(
         latency[k] is not None and latency[k] <= t for k, _, _, t in spec.targets)
-    return {"replicas": config.replicas, "rate_scale": rate_scale, "meets": meets,
-            "latency": latency, "hit_rate": _hit_rate(result),
-            "num_completed": int(len(done)), "num_requests": int(len(df))}
+    return {**point, "meets": meets, "latency": latency, "hit_rate": _hit_rate(result)}
 
 
 def _percentile(values, pct: float) -> float | None:
@@ -197,25 +225,44 @@ def _hit_rate(result) -> float:
 
 def _search(spec: PlanSpec, config: RunConfig, row: dict, ties: int) -> dict:
     """Steps 3 and 4 of the module doc, filling ``row``; ``ties`` counts requests arriving
-    at the same time as the one before (no rate scale separates them)."""
+    at the same time as the one before (no rate scale separates them). Pruning, the rate
+    search comes first and its sustainable rate gives the replica search its first guess."""
     points, load = _Points(spec, config), spec.trace_options.rate_scale
-    fewest = fewest_passing(lambda n: points.meets(n, load), spec.max_replicas)
+    if spec.prune:
+        boundary = largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations)
+        fewest = fewest_passing(lambda n: points.meets(n, load), spec.max_replicas,
+                                replica_guess(load, boundary))
+    else:
+        fewest = fewest_passing(lambda n: points.meets(n, load), spec.max_replicas)
+        boundary = largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations)
     row["evaluations"] = points.at_scale(load)
-    boundary = largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations)
     row["max_rate"] = _max_rate(spec, boundary, ties)
-    row["num_simulations"] = len(points.memo)
+    row.update(num_simulations=len(points.memo), num_stopped_early=points.num_stopped,
+               num_steps=points.num_steps)
     if fewest is None:
-        return _infeasible(row, _not_met(spec, row["evaluations"][-1]))
+        return _infeasible(row, _not_met(spec, points.memo[(spec.max_replicas, load)]))
     return _feasible(spec, config, row, points.memo[(fewest, load)])
 
 
+def replica_guess(load: float, boundary) -> int | None:
+    """An estimate from above of the fewest replicas at rate scale ``load``: the load over
+    one replica's sustainable rate scale (``boundary.passing``), rounded up (replicas behind a
+    load-aware router absorb one another's bursts, so fewer usually do); ``None`` when the
+    rate search found no boundary."""
+    if boundary.passing is None or boundary.failing is None:
+        return None
+    return max(1, math.ceil(load / boundary.passing))
+
+
 def _not_met(spec: PlanSpec, point: dict) -> str:
+    head = f"SLO not met with {point['replicas']} replicas (--max-replicas): "
+    if point["stopped"] is not None:
+        return head + point["stopped"]
     missed = [f"{k.removesuffix('_s').replace('_', ' ').upper()} "
               f"{fmt_latency(point['latency'][k])} > {fmt_latency(t)}"
               for k, _, _, t in spec.targets
               if point["latency"][k] is None or point["latency"][k] > t]
-    return (f"SLO not met with {point['replicas']} replicas (--max-replicas): "
-            + (", ".join(missed) or "not every request completed"))
+    return head + (", ".join(missed) or "not every request completed")
 
 
 def _feasible(spec: PlanSpec, config: RunConfig, row: dict, point: dict) -> dict:

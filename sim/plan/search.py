@@ -6,6 +6,9 @@ the predicate, so every point is simulated once.
 - :func:`fewest_passing`: the smallest integer ``n`` in ``1..limit`` with ``ok(n)``, assuming
   ``ok`` never turns false as ``n`` grows (more replicas never hurt). Exponential search up
   (1, 2, 4, ...) to the first passing ``n``, then bisection between it and the last failing one.
+  A ``guess`` (an estimate from above, such as the load over one replica's sustainable rate)
+  takes the place of the first power of two beyond it: 1, 2, 4, 7 for a guess of 7, so a good
+  guess spares the larger (and slower to simulate) counts above it.
 - :func:`largest_passing`: the largest ``x > 0`` with ``ok(x)``, assuming ``ok`` never turns
   true as ``x`` grows (a higher request rate never helps). From ``start`` it doubles (or halves)
   at most ``bracket_steps`` times to bracket the boundary, then bisects the bracket
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-def fewest_passing(ok: Callable[[int], bool], limit: int) -> int | None:
+def fewest_passing(ok: Callable[[int], bool], limit: int, guess: int | None = None
+                   ) -> int | None:
     """Smallest ``n`` in ``1..limit`` with ``ok(n)``, or ``None`` if ``ok(limit)`` fails.
 
     Whether or not ``ok`` is monotone, a returned ``n`` passed and ``n - 1`` failed (or
@@ -31,7 +35,8 @@ def fewest_passing(ok: Callable[[int], bool], limit: int) -> int | None:
     while not ok(n):
         if n >= limit:
             return None
-        bad, n = n, min(2 * n, limit)
+        up = guess if guess is not None and n < guess < 2 * n else 2 * n
+        bad, n = n, min(up, limit)
     good = n
     while good - bad > 1:
         mid = (good + bad) // 2

@@ -46,6 +46,9 @@ class PlanSpec:
     ``trace_options.rate_scale`` is the load to plan for; ``native_rate_per_s`` is the trace's
     mean request rate at rate scale 1 (requests / time span, after the window and limit).
     ``prices`` maps GPU catalog names to USD per GPU-hour (``None``: unknown).
+    ``prune`` (default) lets the planner stop a simulation once its SLO verdict is certain and
+    start each replica search from an estimate (:mod:`kvsim.sim.plan.planner`); False simulates
+    every point to the end and searches from one replica, as before issue 15.
     """
 
     trace_path: str
@@ -60,6 +63,7 @@ class PlanSpec:
     num_requests: int
     max_replicas: int = 32
     rate_iterations: int = 8
+    prune: bool = True
 
     @property
     def targets(self) -> list[tuple[str, str, float, float]]:
@@ -199,7 +203,7 @@ def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
 def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig, slo: dict,
                dims: dict[str, tuple], *, target_rate: float | None = None,
                price_table: str | None = None, max_replicas: int = 32,
-               rate_iterations: int = 8) -> PlanSpec:
+               rate_iterations: int = 8, prune: bool = True) -> PlanSpec:
     """Check every input and build the plan's :class:`PlanSpec` (see the module doc)."""
     resolve_model(base.model)
     if base.router not in ROUTERS:
@@ -213,7 +217,8 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
     opts, native, count = resolve_load(str(trace_path), opts, target_rate)
     return PlanSpec(str(trace_path), trace_label, opts, base, slo, candidates, varying,
-                    load_prices(price_table), native, count, max_replicas, rate_iterations)
+                    load_prices(price_table), native, count, max_replicas, rate_iterations,
+                    prune)
 
 
 def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
@@ -251,4 +256,5 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
                       target_rate=values.get("target_rate"),
                       price_table=values.get("price_table"),
                       max_replicas=values["max_replicas"],
-                      rate_iterations=values["rate_iterations"])
+                      rate_iterations=values["rate_iterations"],
+                      prune=values.get("prune", True))

@@ -128,11 +128,17 @@ class StepLog:
 
 class RequestLog:
     """Per-request timestamps (simulated seconds, NaN until they happen) and cache facts, by
-    arrival order."""
+    arrival order.
 
-    def __init__(self) -> None:
+    ``watch`` (optional, e.g. the planner's :class:`~kvsim.sim.plan.stop.SloStop`) is told of
+    every arrival, first token, finish and rejection after the log recorded it:
+    ``watch.on_arrival(log, row)``, ``on_first_token(log, row, now)``,
+    ``on_finish(log, row, now)``, ``on_rejected(log, row)``. It only reads the log."""
+
+    def __init__(self, watch=None) -> None:
         self.columns = {name: array(code) for name, code in REQUEST_COLUMNS.items()}
         self._row: dict[int, int] = {}
+        self.watch = watch
 
     def __len__(self) -> int:
         return len(self.columns["request_id"])
@@ -144,6 +150,8 @@ class RequestLog:
                  "priority": request.priority, "replica": replica}
         for name, column in self.columns.items():   # times NaN, counts 0 until they happen
             column.append(known.get(name, math.nan if column.typecode == "d" else 0))
+        if self.watch is not None:
+            self.watch.on_arrival(self, len(self) - 1)
 
     def _set(self, request_id: int, name: str, value) -> None:
         self.columns[name][self._row[request_id]] = value
@@ -161,6 +169,8 @@ class RequestLog:
 
     def on_first_token(self, seq, now: float) -> None:
         self._set(seq.request_id, "first_token_s", now)
+        if self.watch is not None:
+            self.watch.on_first_token(self, self._row[seq.request_id], now)
 
     def on_finish(self, seq, now: float) -> None:
         rid = seq.request_id
@@ -171,9 +181,13 @@ class RequestLog:
         self._set(rid, "generated_tokens", seq.num_output_tokens)
         self._set(rid, "finish_reason", FINISH_REASONS.index(
             "stop" if seq.num_output_tokens >= seq.max_tokens else "length"))
-        del self._row[rid]
+        row = self._row.pop(rid)
+        if self.watch is not None:
+            self.watch.on_finish(self, row, now)
 
     def on_rejected(self, request_id: int) -> None:
         self._set(request_id, "rejected", 1)
         self._set(request_id, "finish_reason", FINISH_REASONS.index("rejected"))
-        del self._row[request_id]
+        row = self._row.pop(request_id)
+        if self.watch is not None:
+            self.watch.on_rejected(self, row)

@@ -113,16 +113,19 @@ def default_executor(config: RunConfig) -> CostModel:
 
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
              progress: Callable[[float, int], None] | None = None,
-             keep_steps: bool = False) -> RunResult:
+             keep_steps: bool = False, stop=None) -> RunResult:
     """Replay ``requests`` (in arrival order; an iterator is read as the run goes) and return
     the logs of the run. ``keep_steps``: also keep every engine step (memory grows with the
-    steps; ``kvsim validate`` and tests need them), not just totals and the timeline."""
+    steps; ``kvsim validate`` and tests need them), not just totals and the timeline.
+    ``stop``: the request log's watch (see :class:`~kvsim.sim.serving.recorder.RequestLog`);
+    the run ends after the event at which its ``stopped`` turns True (the planner's
+    :class:`~kvsim.sim.plan.stop.SloStop`), leaving partial logs."""
     config.validate()
     requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
     executor = executor or default_executor(config)
     env = simpy.Environment()
-    steps, log = StepLog(keep_steps), RequestLog()
+    steps, log = StepLog(keep_steps), RequestLog(stop)
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                         config.skip_ahead and config.layout == "paged"
                         and not deployment.multi_group)
@@ -130,7 +133,7 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
                           deployment.max_model_len))
     start = time.perf_counter()
-    _run(env, replicas, progress)
+    _run(env, replicas, progress, stop)
     steps.finish(env.now)
     return RunResult(config, deployment, steps, log, replicas, env.now,
                      time.perf_counter() - start)
@@ -194,15 +197,17 @@ def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfi
         replicas[index].submit(seq)
 
 
-def _run(env: simpy.Environment, replicas, progress, every_events: int = 512) -> None:
-    """Run until no event is left, calling ``progress(sim_s, finished)`` every
-    ``every_events`` events and once at the end (the caller throttles drawing)."""
-    if progress is None:
+def _run(env: simpy.Environment, replicas, progress, stop=None,
+         every_events: int = 512) -> None:
+    """Run until no event is left or ``stop.stopped``, calling ``progress(sim_s, finished)``
+    every ``every_events`` events and once at the end (the caller throttles drawing)."""
+    if progress is None and stop is None:
         env.run()
         return
+    progress = progress or (lambda now, finished: None)
     step, count = env.step, 0
     try:
-        while True:
+        while stop is None or not stop.stopped:
             step()
             count += 1
             if count % every_events == 0:
