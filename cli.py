@@ -592,8 +592,13 @@ def validate_command(
     repeats: int = typer.Option(1, "--repeats", min=1, help="Forward passes timed per step "
                                 "(median; tames noise)."),
     offline: bool = typer.Option(False, "--offline", help="Every request arrives at t=0."),
-    noise_floor: bool = typer.Option(False, "--noise-floor", help="Run the real side twice "
-                                     "and report how much the two runs differ."),
+    noise_floor: bool = typer.Option(True, "--noise-floor/--no-noise-floor", help="Replay "
+                                     "the real steps once more; judge each error against "
+                                     "how much the two measurements differ."),
+    quick_profile: bool = typer.Option(False, "--quick-profile", help="Without --profile: "
+                                       "the quick grid, one pass (rough; says by how much)."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Time attention, MLP, LM head "
+                                   "and host work of every real step."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write validation.html."),
     num_gpu_blocks: int = typer.Option(512, "--num-gpu-blocks", min=1),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1),
@@ -624,7 +629,8 @@ def validate_command(
     tier = {"num_cpu_blocks": num_cpu_blocks or None, "offload_write": offload_write,
             "preemption_mode": preemption_mode}
     engine.update((k, v) for k, v in tier.items() if v is not None)
-    job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor)
+    job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor,
+                      profile_grid="quick" if quick_profile else "full", breakdown=breakdown)
     opts = trace_options(fmt, limit, start, end, rate_scale, sort, seed, None)
     emit(validate_job(trace, opts, job, out, html, _progress), as_json,
          lambda r: typer.echo(render_table(r) + "".join(
