@@ -125,7 +125,8 @@ def run_config(job: ValidateJob, sim_model: str, profile_path: str | None) -> Ru
 
 def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int,
                          progress: Callable[[str], None] = quiet) -> dict:
-    """The job's profile file, or a quick one over the run's operating range."""
+    """The job's profile file, or a new one over the run's operating range (the full grid,
+    or the quick one if ``job.profile_grid`` says so)."""
     if job.profile:
         try:
             return json.loads(Path(job.profile).read_text())
