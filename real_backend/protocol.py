@@ -152,7 +152,10 @@ def _read(read: Callable[[dict], object], report: dict):
 def conclusion(verdicts: list[str], target: float) -> str:
     """One sentence on a quantity's verdicts over the repeats."""
     n = len(verdicts)
-    count = {v: verdicts.count(v) for v in (PASS, WITHIN, FAIL)}
+    count = {v: verdicts.count(v) for v in (PASS, WITHIN, FAIL, UNJUDGED)}
+    if count[UNJUDGED]:
+        return (f"not judged in {count[UNJUDGED]} of {n} repeats (no noise floor); pass "
+                f"{count[PASS]}, within the noise floor {count[WITHIN]}, fail {count[FAIL]}")
     if count[PASS] == n:
         return f"within the {target:.0%} target and above the noise floor in all {n} repeats"
     if count[FAIL] == 0 and count[PASS] + count[WITHIN] == n:

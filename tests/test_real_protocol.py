@@ -62,6 +62,9 @@ def test_no_failure_when_every_repeat_is_inside_its_floor_or_the_target():
     assert protocol.conclusion(["within noise floor", "pass", "within noise floor"], 0.05) == (
         "within the noise floor in 2 of 3 repeats, within the 5% target in the other 1: no "
         "repeat failed")
+    assert protocol.conclusion(["not judged", "pass"], 0.05) == (
+        "not judged in 1 of 2 repeats (no noise floor); pass 1, within the noise floor 0, "
+        "fail 0")
 
 
 def test_the_parts_say_which_moved_between_runs_and_within_one():
