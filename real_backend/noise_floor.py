@@ -91,3 +91,24 @@ def verdicts(report: dict) -> dict:
     return {"step_median": judge(step, nf.get("step_median_abs_rel_diff"),
                                  TARGETS["step_median"]),
             "throughput": judge(thr, nf.get("throughput_rel_diff"), TARGETS["throughput"])}
+
+
+def speed_refit(measured: list[float], predicted: list[float], fraction: float = 0.1) -> dict:
+    """How much of the error is one speed offset between the profile and the run: the ratio
+    of measured to predicted busy time over the run's first ``fraction`` of timed steps
+    (``factor``), applied to the predictions of the remaining steps, and their errors before
+    (``*_before``) and after (``*_after``): median per-step and total busy time. An error that
+    drops to the noise floor after it was the host's speed, not the cost model's shape."""
+    m, p = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
+    timed = m > 0
+    m, p = m[timed], p[timed]
+    first = max(int(len(m) * fraction), 1)
+    if len(m) <= first or p[:first].sum() <= 0:
+        return {"first_steps": first, "factor": None}
+    factor = float(m[:first].sum() / p[:first].sum())
+    rest_m, rest_p = m[first:], p[first:]
+    return {"first_steps": first, "factor": factor,
+            "step_median_before": float(np.median(np.abs(rest_p / rest_m - 1))),
+            "step_median_after": float(np.median(np.abs(factor * rest_p / rest_m - 1))),
+            "busy_time_before": float(rest_p.sum() / rest_m.sum() - 1),
+            "busy_time_after": float(factor * rest_p.sum() / rest_m.sum() - 1)}

@@ -209,6 +209,7 @@ def validate(requests: Iterable, job: ValidateJob,
         report["steps"]["parts"] = {k: [p[k] for p in tee.parts] for k in PARTS + ("total",)}
         breakdown.detach()
     report["verdicts"] = nf.verdicts(report)
+    report["speed_refit"] = nf.speed_refit(tee.measured, tee.predicted)
     report.update(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
                   config=config.to_dict(), repeats=job.repeats, offline=job.offline,
                   real_wall_s=real_wall, profile_source=job.profile or quality["source"],

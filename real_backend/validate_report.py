@@ -59,7 +59,19 @@ def note_lines(report: dict) -> list[str]:
                  f"{_pct(nf.get('step_median_abs_rel_diff'))} median, throughput "
                  f"{_pct(nf['throughput_rel_diff'])}, total busy time "
                  f"{_pct(nf['total_time_rel_diff'])}")
-    return lines + verdict_lines(report.get("verdicts", {})) + breakdown_lines(report)
+    return (lines + verdict_lines(report.get("verdicts", {})) + refit_lines(report)
+            + breakdown_lines(report))
+
+
+def refit_lines(report: dict) -> list[str]:
+    """How much of the error one speed offset explains (see ``noise_floor.speed_refit``)."""
+    r = report.get("speed_refit") or {}
+    if r.get("factor") is None:
+        return []
+    return [f"host speed vs profile, refitted on the first {r['first_steps']} steps: "
+            f"x{r['factor']:.3f}; on the other steps the step error goes "
+            f"{_pct(r['step_median_before'])} -> {_pct(r['step_median_after'])} (median), busy "
+            f"time {_signed(r['busy_time_before'])} -> {_signed(r['busy_time_after'])}"]
 
 
 def profile_lines(quality: dict | None) -> list[str]:

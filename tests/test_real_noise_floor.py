@@ -84,6 +84,10 @@ def test_the_printed_notes_say_the_floor_and_each_verdict():
                         "0.7x the floor, target 5.0%: WITHIN NOISE FLOOR (the floor itself is "
                         "above the target)")
     assert lines[2].endswith("target 5.0%: PASS")
+    r["speed_refit"] = nf.speed_refit([1.2] * 10, [1.0] * 10, fraction=0.5)
+    assert note_lines(r)[3] == ("host speed vs profile, refitted on the first 5 steps: x1.200; on "
+                                "the other steps the step error goes 16.7% -> 0.0% (median), "
+                                "busy time -16.7% -> +0.0%")
     silent = {"steps": {}, "noise_floor": None}
     assert "not measured" in note_lines(silent)[0]
 
@@ -108,3 +112,17 @@ def test_a_sound_fresh_profile_gets_no_warning_and_a_rough_one_says_by_how_much(
                         "whole grid drifted -11.0%: the host changed speed while profiling"]
     old = profile_lines(quality(source="file", age_s=1800.0))
     assert len(old) == 1 and old[0].startswith("warning: the profile is 30 min old")
+
+
+def test_a_speed_offset_refitted_on_the_first_steps_leaves_only_the_shape_error():
+    # the host runs 20 % slower than profiled, and the model misses step 4 by 10 % besides
+    predicted = [1.0] * 10 + [2.0, 2.0, 2.0, 2.0]
+    measured = [1.2] * 10 + [2.4, 2.4, 2.4, 2.2 * 1.2]
+    out = nf.speed_refit(measured, predicted, fraction=0.5)
+    assert out["first_steps"] == 7 and out["factor"] == pytest.approx(1.2)
+    assert out["step_median_before"] == pytest.approx(abs(1 / 1.2 - 1))
+    assert out["step_median_after"] == pytest.approx(0.0)
+    # the rest: predicted 11 s, measured 13.44 s; refitted 13.2 s
+    assert out["busy_time_before"] == pytest.approx(11 / 13.44 - 1)
+    assert out["busy_time_after"] == pytest.approx(13.2 / 13.44 - 1)
+    assert nf.speed_refit([0.1], [0.1])["factor"] is None      # too few steps to refit
