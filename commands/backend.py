@@ -87,7 +87,8 @@ def validate_command(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any format)."),
     device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
     profile: Optional[str] = typer.Option(None, "--profile", metavar="FILE", help="Fitted "
-                                          "profile (kvsim profile); default: a quick one."),
+                                          "profile (kvsim profile); default: profile first, "
+                                          "full grid."),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write "
                                       "validation.json and validation.html here."),
     block_size: int = BACKEND_BLOCK_OPTION, dtype: BackendDtype = DTYPE_OPTION,
@@ -95,8 +96,13 @@ def validate_command(
     repeats: int = typer.Option(1, "--repeats", min=1, help="Forward passes timed per step "
                                 "(median; tames noise)."),
     offline: bool = typer.Option(False, "--offline", help="Every request arrives at t=0."),
-    noise_floor: bool = typer.Option(False, "--noise-floor", help="Run the real side twice "
-                                     "and report how much the two runs differ."),
+    noise_floor: bool = typer.Option(True, "--noise-floor/--no-noise-floor", help="Replay "
+                                     "the real steps once more; judge each error against "
+                                     "how much the two measurements differ."),
+    quick_profile: bool = typer.Option(False, "--quick-profile", help="Without --profile: "
+                                       "the quick grid, one pass (rough; says by how much)."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Time attention, MLP, LM head "
+                                   "and host work of every real step."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write validation.html."),
     engine: dict = VALIDATE_ENGINE,
     reading: dict = trace_reading(),
@@ -109,7 +115,8 @@ def validate_command(
     settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
     from kvsim.real_backend.validate import ValidateJob, validate_job
     from kvsim.real_backend.validate_report import render_table
-    job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor)
+    job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor,
+                      profile_grid="quick" if quick_profile else "full", breakdown=breakdown)
     emit(validate_job(trace, trace_options(reading, seed=seed), job, out, html, progress),
          as_json, lambda r: typer.echo(render_table(r) + "".join(
              f"\nwrote {p}" for p in r.get("outputs", {}).values())))

@@ -180,7 +180,17 @@ def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
                  batch_rows: int = 0, progress: Callable[[str], None] = quiet,
                  ) -> tuple[list[float], list[float]]:
     """Median seconds of every grid point, in grid order, and of the LM head for 1 ..
-    ``batch_rows`` rows (:func:`measure_batch_table`; empty when ``batch_rows`` is 0).
+    ``batch_rows`` rows (:func:`measure_batch_table`; empty when ``batch_rows`` is 0): the
+    median over the passes of :func:`measure_rounds`."""
+    rounds, tables = measure_rounds(runner, grid, clock, seed, batch_rows, progress)
+    return [statistics.median(t) for t in zip(*rounds)], [statistics.median(t)
+                                                          for t in zip(*tables)]
+
+
+def measure_rounds(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
+                   batch_rows: int = 0, progress: Callable[[str], None] = quiet,
+                   ) -> tuple[list[list[float]], list[list[float]]]:
+    """Seconds of every grid point and of the LM head table, once per pass over the grid.
 
     Each point runs ``warmup`` times and then is timed ``repeats`` times back to back, like
     consecutive engine steps (a decode step follows a decode step of nearly the same batch,
@@ -188,8 +198,8 @@ def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
     between steps (:func:`~.executor.interlude`). Measured on the CPU against ``kvsim
     validate``: timing the points interleaved instead (round-robin over the grid, caches holding
     other work) made decode steps ~20 % slower than the same steps in a replayed trace. The
-    whole grid is measured ``rounds`` times and each point gets the median of its rounds: on a
-    shared host the speed of one point drifts by 10-25 % between passes seconds apart.
+    whole grid is measured ``rounds`` times: on a shared host the speed of one point drifts by
+    10-25 % between passes seconds apart (:func:`round_spread` says by how much it did).
     ``progress`` is told when each pass ends.
     """
     rng = np.random.default_rng(seed)
@@ -206,8 +216,20 @@ def measure_grid(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
                                               grid.repeats))
         progress(f"profile: pass {i + 1}/{passes} over {len(calls)} points in "
                  f"{time.perf_counter() - start:.1f}s")
-    times = [statistics.median(t) for t in zip(*rounds)]
-    return times, [statistics.median(t) for t in zip(*tables)]
+    return rounds, tables
+
+
+def round_spread(rounds: list[list[float]]) -> dict | None:
+    """How much the passes over the grid disagreed: per point ``(max - min) / median`` over
+    the passes, its median and p90 over the points, and the signed drift of the whole grid
+    (last pass's total over the first's, less 1). None for a single pass (drift unseen)."""
+    if len(rounds) < 2:
+        return None
+    t = np.asarray(rounds, dtype=float)
+    spread = (t.max(axis=0) - t.min(axis=0)) / np.median(t, axis=0)
+    return {"passes": len(rounds), "median": float(np.median(spread)),
+            "p90": float(np.percentile(spread, 90)),
+            "drift": float(t[-1].sum() / t[0].sum() - 1)}
 
 
 def _steady_median(call: Callable[[], object], device, now: Callable[[], float], warmup: int,
@@ -244,10 +266,11 @@ def point_record(point: Point, measured: float, fitted: float) -> dict:
 
 
 def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
-                progress: Callable[[str], None] = quiet) -> dict:
+                progress: Callable[[str], None] = quiet, rounds: int | None = None) -> dict:
     """Profile ``settings.model`` on ``settings.device``; returns the fitted profile (a dict
     that ``CostModel(profile=...)`` and ``kvsim run --profile`` accept once written).
-    ``progress`` receives a line after the model is built and after each pass of the grid."""
+    ``progress`` receives a line after the model is built and after each pass of the grid;
+    ``rounds`` overrides the grid's number of passes."""
     import torch
 
     from kvsim.sim.perf.profile import MODEL_SHAPE_KEYS
@@ -257,14 +280,18 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
     built = time.perf_counter()
     model = prepare_device(settings)
     grid = default_grid(limits, quick=quick, seed=settings.seed)
+    if rounds is not None:
+        grid.rounds = max(rounds, 1)
     dev_blocks, host_blocks = blocks_needed(grid, settings.block_size)
     runner = build_runner(settings, model, dev_blocks, host_blocks)
     start = time.perf_counter()
     warm_up(runner, limits.max_num_seqs)
     progress(f"profile: {settings.model} on {settings.device} built in {start - built:.1f}s, "
              f"warmed up in {time.perf_counter() - start:.1f}s")
-    times, table = measure_grid(runner, grid, settings.clock, settings.seed,
-                                min(limits.max_num_seqs, MAX_BATCH_TABLE), progress)
+    passes, tables = measure_rounds(runner, grid, settings.clock, settings.seed,
+                                    min(limits.max_num_seqs, MAX_BATCH_TABLE), progress)
+    times = [statistics.median(t) for t in zip(*passes)]
+    table = [statistics.median(t) for t in zip(*tables)]
     bb = runner.kv_store.bytes_per_block
     coef = fit_profile(grid.points, times, bb, table)
     head = runner.model.cpu_head().layouts() if runner.device.type == "cpu" else {}
@@ -273,6 +300,8 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
         "model": settings.model, "sim_model": model.sim_model,
         "model_shape": {k: getattr(model.spec, k) for k in MODEL_SHAPE_KEYS},
         "settings": settings.to_dict(), "limits": vars(limits) | {"quick": quick},
+        "grid": {"points": len(grid.points), "rounds": len(passes), "repeats": grid.repeats,
+                 "warmup": grid.warmup}, "round_spread": round_spread(passes),
         "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "profiling_s": time.perf_counter() - start,
         "fitted": coef, "fit_error": fit_errors(grid.points, times, coef, bb),

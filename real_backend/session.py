@@ -101,3 +101,22 @@ def warm_up(runner: ModelRunner, max_rows: int = 32, head_layouts: dict | None =
     runner.greedy([RequestChunk(list(range(n)), 0, list(range(-(-n // bs))))])
     rows = min(max_rows, blocks)
     runner.greedy([RequestChunk([1], 0, [i]) for i in range(rows)])
+
+
+def keep_warm(runner: ModelRunner, seconds: float, rows: int = 8, context: int = 512) -> int:
+    """Run one decode step of ``rows`` requests at ``context`` tokens over and over for
+    ``seconds`` (wall clock), after :func:`warm_up`: a longer warm-up, to see whether the first
+    seconds of a run are slower than the rest (CPU frequency, caches, allocator). Returns the
+    number of steps run."""
+    import time
+    bs, blocks = runner.kv_store.block_size, runner.kv_store.num_blocks
+    per_request = -(-(context + 1) // bs)
+    rows = max(min(rows, blocks // per_request), 1)
+    context = min(context, per_request * bs - 1, blocks * bs - 1)
+    chunks = [RequestChunk([1], context, [(i * per_request + k) % blocks
+                                          for k in range(per_request)]) for i in range(rows)]
+    steps, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        runner.greedy(chunks)
+        steps += 1
+    return steps

@@ -13,10 +13,16 @@ whether the cache decisions were identical: step count, per-step scheduled token
 tokens, preemptions, block transfers, per-request cached tokens. Decisions can only differ when
 arrivals interleave differently with steps of different lengths (``offline=True`` sets every
 arrival to 0, which rules that out).
+
+Unless told not to, it also measures its noise floor (the real run's own steps replayed once
+more, :mod:`.noise_floor`) and judges the step and throughput errors against it; and it says
+how far its profile can be trusted (``profile_quality``): a profile made here uses the full
+grid, three passes, unless ``profile_grid="quick"`` asks for the rough one.
 """
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import json
 import time
@@ -33,9 +39,12 @@ from kvsim.sim.perf.cost_model import CostModel
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.serving.runner import RunResult, simulate
 
-from kvsim.real_backend.torch_executor import TorchExecutor
+from kvsim.real_backend import noise_floor as nf
+from kvsim.real_backend.breakdown import PARTS, StepBreakdown, mean_record
+from kvsim.real_backend.torch_executor import TorchExecutor, clock_fn
 from kvsim.real_backend.profiling import Limits, quiet, run_profile
-from kvsim.real_backend.session import BackendSettings, build_runner, device_name, prepare_device, warm_up
+from kvsim.real_backend.session import (BackendSettings, build_runner, device_name, keep_warm,
+                                        prepare_device, warm_up)
 
 METRICS = (("throughput_output_tokens_per_s", None), ("ttft_s", "p50"), ("ttft_s", "p90"),
            ("tpot_s", "p50"), ("tpot_s", "p90"), ("e2e_s", "p50"), ("e2e_s", "p90"))
@@ -54,7 +63,11 @@ class ValidateJob:
     repeats: int = 1                             # forward passes timed per step (median)
     offline: bool = False                        # every request arrives at t = 0
     trace_label: str = "trace"
-    noise_floor: bool = False                    # run the real side twice, compare the runs
+    noise_floor: bool = True                     # replay the real steps once more, compare
+    profile_grid: str = "full"                   # no profile given: "full" or "quick" grid
+    profile_rounds: int | None = None            # passes over that grid (None: the grid's)
+    breakdown: bool = False                      # time attention, MLP, LM head, host per step
+    warmup_s: float = 0.0                        # extra decode steps before the real run
 
 
 class PredictingExecutor(Executor):
@@ -63,22 +76,37 @@ class PredictingExecutor(Executor):
 
     supports_decode_runs = False
 
-    def __init__(self, real: TorchExecutor, model: CostModel) -> None:
-        self.real, self.model = real, model
+    def __init__(self, real: TorchExecutor, model: CostModel,
+                 breakdown: StepBreakdown | None = None) -> None:
+        self.real, self.model, self.breakdown = real, model, breakdown
         self.measured: list[float] = []
         self.predicted: list[float] = []
         self.kinds: list[str] = []
         self.kv_tokens: list[int] = []   # KV the step attends over, sum of (computed + new)
+        self.plans: list = []            # snapshots, for the noise floor's replay
+        self.parts: list[dict] = []      # per step, with a breakdown: mean forward pass parts
 
     def step_duration(self, plan) -> float:
         self.kinds.append(step_kind(plan))
         self.kv_tokens.append(int(self.model.step_sums(plan)[2]))
         self.predicted.append(self.model.step_duration(plan))
-        self.measured.append(self.real.step_duration(plan))
+        self.plans.append(nf.snapshot(plan))
+        self.measured.append(_with_parts(self.real, plan, self.breakdown, self.parts))
         return self.measured[-1]
 
     def transfer_time(self, plan) -> float:
         return self.real.transfer_time(plan)
+
+
+def _with_parts(executor, plan, breakdown: StepBreakdown | None, parts: list) -> float:
+    """``executor.step_duration(plan)``, and (with a breakdown) the step's mean forward pass
+    parts appended to ``parts``."""
+    if breakdown is None:
+        return executor.step_duration(plan)
+    first = len(breakdown.records)
+    seconds = executor.step_duration(plan)
+    parts.append(mean_record(breakdown.records[first:]))
+    return seconds
 
 
 def step_kind(plan) -> str:
@@ -103,14 +131,39 @@ def run_config(job: ValidateJob, sim_model: str, profile_path: str | None) -> Ru
 
 def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int,
                          progress: Callable[[str], None] = quiet) -> dict:
-    """The job's profile file, or a quick one over the run's operating range."""
+    """The job's profile file, or a new one over the run's operating range (the full grid,
+    or the quick one if ``job.profile_grid`` says so)."""
     if job.profile:
         try:
             return json.loads(Path(job.profile).read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read profile: {exc}", location=job.profile) from None
     limits = Limits(config.max_num_seqs, config.max_num_batched_tokens, max_context)
-    return run_profile(job.settings, limits, quick=True, progress=progress)
+    return run_profile(job.settings, limits, quick=job.profile_grid == "quick",
+                       progress=progress, rounds=job.profile_rounds)
+
+
+def profile_quality(profile: dict, source: str, now: float | None = None) -> dict:
+    """What a profile says about its own trust: where it came from (``file``, ``full grid``,
+    ``quick grid``), its points and passes, the median and worst fit error over its compute
+    groups, how much its passes disagreed (``round_spread``, None after one pass) and its age
+    in seconds when the validation started (None when it has no timestamp)."""
+    fit = {g: e for g, e in (profile.get("fit_error") or {}).items() if g != "transfer"}
+    created = profile.get("created")
+    age = None
+    if created:
+        stamp = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
+        age = max((time.time() if now is None else now) - stamp, 0.0)
+    grid = profile.get("grid") or {}
+    return {"source": source, "points": len(profile.get("points", [])),
+            "passes": grid.get("rounds"),
+            "fit_median": max((e["median_abs_rel_error"] for e in fit.values()), default=None),
+            "fit_max": max((e["max_abs_rel_error"] for e in fit.values()), default=None),
+            "round_spread": profile.get("round_spread"), "age_s": age}
+
+
+def _profile_source(job: ValidateJob) -> str:
+    return "file" if job.profile else f"{job.profile_grid} grid"
 
 
 def profile_mismatch(profile: dict, settings: BackendSettings) -> dict:
@@ -131,22 +184,24 @@ def validate(requests: Iterable, job: ValidateJob,
     """Run both sides and return the validation report (see :func:`compare`); ``progress``
     receives a line as each part (profile, real run, simulated run, noise floor) ends."""
     model = prepare_device(job.settings)
-    reqs = list(requests)
-    if job.offline:
-        reqs = _offline(reqs)
+    reqs = _offline(list(requests)) if job.offline else list(requests)
     if not reqs:
         raise ConfigError("the trace has no requests", field="trace")
     config = run_config(job, model.sim_model, None)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len), progress)
+    quality = profile_quality(profile, _profile_source(job))
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)
     runner = build_runner(job.settings, model, config.num_gpu_blocks,
                           num_host_blocks=config.num_cpu_blocks or 0)
     # the LM head layouts the profile was measured with (a fresh tuning may choose others)
     warm_up(runner, config.max_num_seqs, profile.get("cpu_head_layouts"))
-    tee = PredictingExecutor(TorchExecutor(runner, reqs, clock=job.settings.clock,
-                                           repeats=job.repeats), cost)
+    if job.warmup_s > 0:
+        keep_warm(runner, job.warmup_s, config.max_num_seqs // 2)
+    breakdown = StepBreakdown(clock_fn(job.settings.clock)).attach(runner) if job.breakdown \
+        else None
+    tee = PredictingExecutor(_executor(runner, reqs, job), cost, breakdown)
     start = time.perf_counter()
     real = simulate(reqs, config, executor=tee, keep_steps=True)
     real_wall = time.perf_counter() - start
@@ -154,16 +209,49 @@ def validate(requests: Iterable, job: ValidateJob,
     sim = simulate(reqs, config, executor=cost, keep_steps=True)
     report = compare(real, sim, tee.predicted, tee.kinds, tee.kv_tokens)
     if job.noise_floor:
-        progress("validate: a second real run (noise floor)")
-        again = simulate(reqs, config, executor=TorchExecutor(
-            runner, reqs, clock=job.settings.clock, repeats=job.repeats), keep_steps=True)
-        report["noise_floor"] = noise_floor(real, again)
+        report["noise_floor"] = _replay_floor(runner, reqs, job, tee, real, breakdown, report)
+        progress("validate: noise floor (the real steps replayed) done")
+    if breakdown is not None:
+        report["steps"]["parts"] = {k: [p[k] for p in tee.parts] for k in PARTS + ("total",)}
+        breakdown.detach()
+    report["verdicts"] = nf.verdicts(report)
+    report["speed_refit"] = nf.speed_refit(tee.measured, tee.predicted)
     report.update(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
                   config=config.to_dict(), repeats=job.repeats, offline=job.offline,
-                  real_wall_s=real_wall, profile_source=job.profile or "quick profile",
-                  profile_fit_error=profile.get("fit_error"),
+                  real_wall_s=real_wall, profile_source=job.profile or quality["source"],
+                  profile_quality=quality, profile_fit_error=profile.get("fit_error"),
                   profile_mismatch=profile_mismatch(profile, job.settings))
     return report
+
+
+def _executor(runner, reqs: list, job: ValidateJob) -> TorchExecutor:
+    return TorchExecutor(runner, reqs, clock=job.settings.clock, repeats=job.repeats)
+
+
+def _replay_floor(runner, reqs: list, job: ValidateJob, tee: PredictingExecutor,
+                  real: RunResult, breakdown: StepBreakdown | None, report: dict) -> dict:
+    """Replay the real run's steps (:func:`.noise_floor.replay`) and compare the two
+    measurements; with a breakdown, the replay's parts go into ``report["steps"]``."""
+    again = _executor(runner, reqs, job)
+    parts: list[dict] = []
+    second = nf.replay(_PartsExecutor(again, breakdown, parts), tee.plans)
+    out = nf.floor(tee.measured, second, real.duration_s)
+    out["same_outputs"] = again.outputs == tee.real.outputs
+    report["steps"]["replayed_s"] = second
+    if breakdown is not None:
+        report["steps"]["replayed_parts"] = {k: [p[k] for p in parts]
+                                             for k in PARTS + ("total",)}
+    return out
+
+
+class _PartsExecutor:
+    """An executor that also collects each step's breakdown parts (see :func:`_with_parts`)."""
+
+    def __init__(self, executor, breakdown: StepBreakdown | None, parts: list) -> None:
+        self.executor, self.breakdown, self.parts = executor, breakdown, parts
+
+    def step_duration(self, plan) -> float:
+        return _with_parts(self.executor, plan, self.breakdown, self.parts)
 
 
 def _rel(sim: float | None, real: float | None) -> float | None:
@@ -181,6 +269,7 @@ def step_errors(measured: np.ndarray, predicted: np.ndarray, kinds: list[str]) -
         if (kind == k).any():
             out[k] = _err_stats(err[kind == k])
     out["total_time_rel_error"] = _rel(float(predicted.sum()), float(measured.sum()))
+    out["total_time_signed_error"] = float(predicted.sum() / measured.sum() - 1)
     return out
 
 
@@ -207,20 +296,6 @@ def decisions(real_steps, sim_steps, real_requests, sim_requests) -> dict:
             "per_step_identical": bool(per_step),
             "cached_tokens_identical": bool(np.array_equal(*cached)),
             "identical": bool(per_step and np.array_equal(*cached))}
-
-
-def noise_floor(first: RunResult, second: RunResult) -> dict:
-    """How much two real runs of the same trace differ: the best any prediction can match
-    one of them. Per-step differences only when both made the same steps."""
-    (a, ra), (b, rb) = _frames(first), _frames(second)
-    out = {"total_time_rel_diff": _rel(float(a["duration"].sum()), float(b["duration"].sum()))}
-    thr = [results.build_summary(r, req)["throughput_output_tokens_per_s"]
-           for r, req in ((first, ra), (second, rb))]
-    out["throughput_rel_diff"] = _rel(thr[0], thr[1])
-    if decisions(a, b, ra, rb)["per_step_identical"]:
-        da, db = a["duration"].to_numpy(), b["duration"].to_numpy()
-        out["step_median_abs_rel_diff"] = float(np.median(np.abs(da - db) / db))
-    return out
 
 
 def compare(real: RunResult, sim: RunResult, predicted: list[float], kinds: list[str],

@@ -11,6 +11,8 @@ from kvsim.reports.io import write_json_atomic
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import fmt_pct, style_figure
 
+from kvsim.real_backend.breakdown import part_table
+
 
 def _pct(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
@@ -45,15 +47,90 @@ def decision_lines(report: dict) -> list[str]:
 
 
 def note_lines(report: dict) -> list[str]:
+    """Warnings about the profile, the noise floor, and each error judged against it."""
     lines = [f"warning: profile measured with {k}={a!r}, this run uses {b!r}"
              for k, (a, b) in report.get("profile_mismatch", {}).items()]
+    lines += profile_lines(report.get("profile_quality"))
     nf = report.get("noise_floor")
     if not nf:
-        return lines
-    step = nf.get("step_median_abs_rel_diff")
-    return lines + [f"noise floor (real run vs a second real run): step {_pct(step)} "
-                    f"median, throughput {_pct(nf['throughput_rel_diff'])}, total busy time "
-                    f"{_pct(nf['total_time_rel_diff'])}"]
+        return lines + ["noise floor: not measured (--no-noise-floor): no error below can be "
+                        "told from the host's own noise"]
+    lines.append(f"noise floor (the real steps replayed once more): step "
+                 f"{_pct(nf.get('step_median_abs_rel_diff'))} median, throughput "
+                 f"{_pct(nf['throughput_rel_diff'])}, total busy time "
+                 f"{_pct(nf['total_time_rel_diff'])}")
+    return (lines + verdict_lines(report.get("verdicts", {})) + refit_lines(report)
+            + breakdown_lines(report))
+
+
+def refit_lines(report: dict) -> list[str]:
+    """How much of the error one speed offset explains (see ``noise_floor.speed_refit``)."""
+    r = report.get("speed_refit") or {}
+    if r.get("factor") is None:
+        return []
+    return [f"host speed vs profile, refitted on the first {r['first_steps']} steps: "
+            f"x{r['factor']:.3f}; on the other steps the step error goes "
+            f"{_pct(r['step_median_before'])} -> {_pct(r['step_median_after'])} (median), busy "
+            f"time {_signed(r['busy_time_before'])} -> {_signed(r['busy_time_after'])}"]
+
+
+def profile_lines(quality: dict | None) -> list[str]:
+    """Plain words on how far the profile can be trusted (nothing for a sound, fresh one)."""
+    if not quality:
+        return []
+    lines = []
+    fit = f"{_pct(quality['fit_median'])} median, {_pct(quality['fit_max'])} max"
+    if quality["source"] == "quick grid":
+        lines.append(f"warning: quick profile ({quality['points']} points, one pass): rough. "
+                     f"Its fit misses its own points by {fit}, and one pass cannot see the "
+                     f"host drifting while it ran: expect step errors of the fit error plus "
+                     f"the noise floor, or more (drop --quick-profile for the full grid)")
+    spread = quality.get("round_spread")
+    if spread and spread["median"] > 0.05:
+        lines.append(f"warning: the profile's {spread['passes']} passes disagreed by "
+                     f"{_pct(spread['median'])} per point (median), whole grid drifted "
+                     f"{spread['drift']:+.1%}: the host changed speed while profiling")
+    age = quality.get("age_s")
+    if quality["source"] == "file" and age is not None and age > STALE_PROFILE_S:
+        lines.append(f"warning: the profile is {age / 60:.0f} min old; a shared host's speed "
+                     f"moves by several % over minutes: profile right before validating "
+                     f"(bench/validate_protocol.py) for a number that reproduces")
+    return lines
+
+
+#: A profile file older than this (seconds) is flagged: the host may have changed speed.
+STALE_PROFILE_S = 300.0
+
+
+def verdict_lines(verdicts: dict) -> list[str]:
+    """One line per judged error: the error, the floor, how many floors, the verdict."""
+    names = {"step_median": "step duration (median)", "throughput": "output throughput"}
+    lines = []
+    for key, v in verdicts.items():
+        times = "" if v["times_floor"] is None else f" = {v['times_floor']:.1f}x the floor"
+        extra = " (the floor itself is above the target)" if v["floor_above_target"] else ""
+        lines.append(f"{names.get(key, key)}: error {_pct(v['error'])} against a noise floor "
+                     f"of {_pct(v['noise_floor'])}{times}, target {_pct(v['target'])}: "
+                     f"{v['verdict'].upper()}{extra}")
+    return lines
+
+
+def breakdown_lines(report: dict) -> list[str]:
+    """Per part: mean ms per step, share of the step, and how much it moved between the real
+    run and its replay (median per step, and in total)."""
+    steps = report["steps"]
+    if "parts" not in steps:
+        return []
+    lines = ["where the time goes (mean per step; run vs replay: median per-step |diff|, total):"]
+    for part, row in part_table(steps).items():
+        lines.append(f"  {part:<10}{row['mean_s'] * 1e3:8.3f} ms {row['share']:6.1%}   "
+                     f"moved {_pct(row.get('step_median_abs_rel_diff'))}, "
+                     f"{_signed(row.get('total_signed_rel_diff'))}")
+    return lines
+
+
+def _signed(value) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
 
 
 def render_table(report: dict) -> str:
@@ -112,6 +189,9 @@ def write_html(path: str | os.PathLike, report: dict) -> Path:
         card("median step error", fmt_pct(sd["median_abs_rel_error"]), f"{sd['steps']} steps"),
         card("throughput error", fmt_pct(m["rel_error"]), f"real {m['real']:.1f} tok/s"),
         card("decisions", "identical" if report["decisions"]["identical"] else "different"),
+        *[card(f"{k.replace('_', ' ')} verdict", v["verdict"],
+               f"noise floor {_pct(v['noise_floor'])}")
+          for k, v in report.get("verdicts", {}).items()],
     ])
     body = (panel("Errors (sim vs real)", _table_html(report))
             + panel("Steps", figure_div(step_figure(report), "steps")

@@ -231,3 +231,31 @@ def test_a_profile_records_the_head_layouts_and_validate_reuses_them():
     warm_up(runner, 4, {"1": True, "2": False})
     layouts = runner.model.cpu_head().layouts()
     assert layouts[1] is True and layouts[2] is False and set(layouts) == {1, 2, 3, 4}
+
+
+def test_round_spread_says_how_much_the_passes_disagreed():
+    from kvsim.real_backend.profiling import round_spread
+    passes = [[1.0, 2.0, 4.0], [1.1, 2.0, 4.0], [1.0, 2.2, 3.0]]
+    spread = round_spread(passes)
+    # per point (max - min) / median: 10 %, 10 %, 25 %; the last pass took 6.2 s against 7
+    assert spread == {"passes": 3, "median": pytest.approx(0.1),
+                      "p90": pytest.approx(0.22), "drift": pytest.approx(6.2 / 7 - 1)}
+    assert round_spread(passes[:1]) is None       # one pass cannot see drift
+
+
+def test_profile_quality_names_its_source_fit_passes_and_age():
+    from calendar import timegm
+    from time import strptime
+
+    from kvsim.real_backend.validate import profile_quality
+    profile = {"created": "2026-12-01T18:00:00Z", "grid": {"rounds": 3},
+               "points": [{}] * 5, "round_spread": {"median": 0.02},
+               "fit_error": {"prefill": {"median_abs_rel_error": 0.02, "max_abs_rel_error": 0.1},
+                             "decode": {"median_abs_rel_error": 0.03, "max_abs_rel_error": 0.2},
+                             "transfer": {"median_abs_rel_error": 0.3,
+                                          "max_abs_rel_error": 0.9}}}
+    now = timegm(strptime("2026-12-01T18:10:00Z", "%Y-%m-%dT%H:%M:%SZ"))
+    assert profile_quality(profile, "file", now) == {
+        "source": "file", "points": 5, "passes": 3, "fit_median": 0.03, "fit_max": 0.2,
+        "round_spread": {"median": 0.02}, "age_s": 600.0}     # copies are not step time
+    assert profile_quality({}, "quick grid")["age_s"] is None

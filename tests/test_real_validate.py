@@ -38,7 +38,8 @@ def workload(n=20, seed=0):
 @pytest.fixture(scope="module")
 def report():
     job = ValidateJob(BackendSettings(clock="cpu"),
-                      {"num_gpu_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 256})
+                      {"num_gpu_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 256},
+                      profile_grid="quick", breakdown=True)
     return validate(workload(), job)
 
 
@@ -62,6 +63,26 @@ def test_cost_model_tracks_the_real_backend(report):
     assert steps["kv_tokens"][first_prefill] == steps["scheduled_tokens"][first_prefill]
 
 
+def test_every_validation_measures_its_noise_floor_on_the_same_steps(report):
+    floor = report["noise_floor"]
+    assert floor["steps"] == report["decisions"]["num_steps"][0]
+    assert floor["same_outputs"]            # the replay generated the very same tokens
+    assert len(report["steps"]["replayed_s"]) == len(report["steps"]["measured_s"])
+    assert set(report["verdicts"]) == {"step_median", "throughput"}
+    assert report["profile_quality"]["source"] == "quick grid"
+    assert report["profile_quality"]["passes"] == 1
+    table = render_table(report)
+    assert "quick profile" in table and "rough" in table and "noise floor" in table
+
+
+def test_a_breakdown_splits_every_real_step_into_its_parts(report):
+    parts, steps = report["steps"]["parts"], len(report["steps"]["measured_s"])
+    assert set(parts) == {"prepare", "attention", "mlp", "lm_head", "other", "total"}
+    assert all(len(v) == steps for v in parts.values())
+    assert parts["total"] == pytest.approx(report["steps"]["measured_s"], rel=0.5)
+    assert "where the time goes" in render_table(report)
+
+
 def test_report_is_written_as_json_and_html(report, tmp_path):
     paths = write_outputs(tmp_path, report)
     data = json.loads((tmp_path / "validation.json").read_text())
@@ -76,11 +97,12 @@ def test_validate_command_prints_the_table_and_json(tmp_path):
     trace.write_text("".join(json.dumps({"prompt_tokens": 30 + 7 * i, "output_tokens": 4,
                                          "arrival_s": 0.0}) + "\n" for i in range(4)))
     args = [sys.executable, "-m", "kvsim.cli", "validate", str(trace), "--num-gpu-blocks",
-            "32", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
+            "32", "--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--quick-profile"]
     done = subprocess.run(args + ["--out", str(tmp_path / "v")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "step duration" in done.stdout and "IDENTICAL" in done.stdout
+    assert "rough" in done.stdout and "against a noise floor of" in done.stdout
     assert (tmp_path / "v" / "validation.html").is_file()
     done = subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=300)
     assert json.loads(done.stdout)["decisions"]["identical"]
@@ -100,8 +122,10 @@ def test_a_host_tier_validates_with_identical_copies():
     performs every demotion, promotion and swap, and both sides agree on each of them."""
     job = ValidateJob(BackendSettings(clock="cpu"),
                       {"num_gpu_blocks": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256,
-                       "num_cpu_blocks": 64, "preemption_mode": "swap", "offload_write": "back"})
+                       "num_cpu_blocks": 64, "preemption_mode": "swap", "offload_write": "back"},
+                      profile_grid="quick")
     report = validate(workload(), job)
+    assert report["noise_floor"]["same_outputs"]     # the replay copied the same blocks
     d = report["decisions"]
     assert d["identical"] and d["per_step_identical"] and d["cached_tokens_identical"]
     totals = d["totals"]
