@@ -25,7 +25,7 @@ pinned (``ref_cnt > 0``) from :meth:`prepare_load` to :meth:`complete_load`. Onl
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -130,9 +130,9 @@ class LRUOffloadingManager:
     def touch(self, block_hashes: Sequence[int]) -> None:
         """Mark as recently used, the first hash most recently (a chain's tail goes first)."""
         blocks = self.blocks
-        for block_hash in reversed(block_hashes):
-            if block_hash in blocks:
-                blocks.move_to_end(block_hash)
+        # a whole prefix at every step: filtered and moved in C, no Python loop
+        deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(block_hashes))),
+              maxlen=0)
 
     def prepare_store(self, block_hashes: Sequence[int]) -> StoreResult | None:
         """Reserve host blocks for the hashes not yet offloaded, evicting what must go; None

@@ -94,6 +94,6 @@ class LookaheadPool(ScoredBlockPool):
         for block_id in block_ids:
             if block_id in self._cached_free:
                 clock = self._key[block_id][-1]
-                self._key[block_id] = self.policy.key(self, block_id, self.block_hashes[block_id],
-                                                      clock)
+                self._set_key(block_id, self.policy.key(self, block_id,
+                                                        self.block_hashes[block_id], clock))
                 self._push(block_id)

@@ -189,4 +189,4 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._copies.extend((request_id, b, host_of[h], h)
                             for b, h in zip(ids, hashes) if h in host_of)
         self._being_stored.setdefault(request_id, []).extend(host_of)
-        self.offload.touch([block_hashes[b] for b in entry.block_ids[:end]])
+        self.offload.touch(list(map(block_hashes.__getitem__, entry.block_ids[:end])))

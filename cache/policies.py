@@ -21,7 +21,7 @@ findable by hash) are given up:
 
 A non-LRU pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) calls :meth:`CachePolicy.key`
 when a cached block is released (its reference count drops to 0) and evicts the block with the
-smallest key. Keys are fixed at release: they only matter while a block is free, and a free
+smallest key (a tuple of ints, see :func:`~kvsim.cache.scored_pool.heap_entry`). Keys are fixed at release: they only matter while a block is free, and a free
 block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool keeps
 the chain property for every policy: only a block no other cached block names as its parent
 (or one whose content another block also holds) can be evicted.
@@ -38,6 +38,7 @@ POLICY_NAMES = ("lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead"
                 "belady")
 
 INF = math.inf
+NEVER = 1 << 62     # a next use beyond any trace position (keys are ints)
 
 
 class CachePolicy:
@@ -52,9 +53,6 @@ class CachePolicy:
 
     def key(self, pool, block_id: int, block_hash: int, clock: int) -> tuple:
         raise NotImplementedError
-
-    def on_evict(self, key: tuple) -> None:
-        """``key`` belonged to the block just evicted."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -153,7 +151,8 @@ class BeladyPolicy(CachePolicy):
             self.now = position
 
     def key(self, pool, block_id, block_hash, clock):
-        return (-self.oracle.next_use(block_hash, self.now, self._cursor), clock)
+        next_use = self.oracle.next_use(block_hash, self.now, self._cursor)
+        return (-(NEVER if next_use == INF else next_use), clock)
 
 
 class BeladyOracle:

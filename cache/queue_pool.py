@@ -282,11 +282,13 @@ class QueuePool(PolicyPool):
     def get_new_blocks(self, n: int) -> list[int]:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks: only {self.num_free_blocks} are free")
-        free, taken = self._free, []
-        for _ in range(n):
-            block_id = free.popitem(last=False)[0] if free else self._evict()
-            self.ref_counts[block_id] = 1
-            taken.append(block_id)
+        popitem, num_unhashed = self._free.popitem, min(n, len(self._free))
+        taken = [popitem(last=False)[0] for _ in range(num_unhashed)]
+        if n > num_unhashed:
+            taken += self._evict_many(n - num_unhashed)
+        refs = self.ref_counts
+        for block_id in taken:
+            refs[block_id] = 1
         return taken
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -333,13 +335,21 @@ class QueuePool(PolicyPool):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _evict(self) -> int:
-        block_id = self.policy.victim()
-        block_hash = self.block_hashes[block_id]
-        if self.evicted is not None:
-            self.evicted.append((block_id, block_hash))
-        self.index.remove(block_hash, block_id)
-        self.block_hashes[block_id] = None
-        self.num_cached_free_blocks -= 1
-        self.num_evictions += 1
-        return block_id
+    def _evict_many(self, n: int) -> list[int]:
+        """The policy's next ``n`` victims, uncached (one loop)."""
+        victim, hashes, index = self.policy.victim, self.block_hashes, self.index._map
+        evicted, victims = self.evicted, []
+        for _ in range(n):
+            block_id = victim()
+            block_hash = hashes[block_id]
+            if evicted is not None:
+                evicted.append((block_id, block_hash))
+            if index[block_hash].__class__ is int:
+                del index[block_hash]
+            else:
+                self.index.remove(block_hash, block_id)
+            hashes[block_id] = None
+            victims.append(block_id)
+        self.num_cached_free_blocks -= n
+        self.num_evictions += n
+        return victims

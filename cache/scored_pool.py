@@ -4,7 +4,7 @@ eviction policy (:mod:`kvsim.cache.policies`) instead of vLLM's LRU."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heappushpop
 from typing import Iterable
 
 from kvsim.cache.policy_pool import PolicyPool
@@ -14,9 +14,11 @@ class ScoredBlockPool(PolicyPool):
     """A :class:`~kvsim.cache.policy_pool.PolicyPool` whose free cached blocks are evicted in a policy's order.
 
     Free unhashed blocks stay in the ``OrderedDict`` (reused first, as vLLM). A free cached
-    block gets its key from ``policy.key`` when released and goes into a min-heap; entries are
-    invalidated lazily (a per-block stamp), and the heap is rebuilt when stale entries outnumber
-    live ones, so every block operation is O(log n) amortised.
+    block gets its key from ``policy.key`` when released and goes into a min-heap as one int
+    (:func:`heap_entry`: the key's parts and the block id packed in order, so the heap compares
+    ints, not tuples); entries are invalidated lazily (a block's live entry is remembered), and
+    the heap is rebuilt when stale entries outnumber live ones, so every block operation is
+    O(log n) amortised.
 
     Chain property: a block is evicted only if no cached block was registered after it in a
     chain (no cached child of its hash) or another block holds the same content. Such a block
@@ -34,8 +36,11 @@ class ScoredBlockPool(PolicyPool):
         self._children: dict[int, int] = {}                    # hash -> cached children
         self._cached_free: dict[int, None] = {}
         self._key: list[tuple | None] = [None] * num_blocks
-        self._stamp = [0] * num_blocks
-        self._heap: list[tuple] = []
+        self._entry: list[int | None] = [None] * num_blocks  # key and id packed (heap_entry)
+        self._live: list[int | None] = [None] * num_blocks   # its entry in the heap, if any
+        self._id_bits = num_blocks.bit_length()
+        self._heap: list[int] = []
+        self._parked: set[int] = set()     # free blocks popped while ineligible (see _wake)
         self._clock = 0
         self._priority = 0
 
@@ -56,13 +61,15 @@ class ScoredBlockPool(PolicyPool):
         """Take ``n`` free blocks: unhashed ones first, then the policy's victims."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} free blocks: only {self.num_free_blocks} are free")
-        free, taken = self._free, []
-        for _ in range(n):
-            block_id = free.popitem(last=False)[0] if free else self._evict()
-            self.ref_counts[block_id] = 1
-            self.hits[block_id] = 0
-            self.prio[block_id] = self._priority
-            taken.append(block_id)
+        popitem, num_unhashed = self._free.popitem, min(n, len(self._free))
+        taken = [popitem(last=False)[0] for _ in range(num_unhashed)]
+        if n > num_unhashed:
+            taken += self._evict_many(n - num_unhashed)
+        refs, hits, prio, priority = self.ref_counts, self.hits, self.prio, self._priority
+        for block_id in taken:
+            refs[block_id] = 1
+            hits[block_id] = 0
+            prio[block_id] = priority
         return taken
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -74,7 +81,8 @@ class ScoredBlockPool(PolicyPool):
                 else:
                     del self._cached_free[block_id]
                     self.num_cached_free_blocks -= 1
-                    self._stamp[block_id] += 1
+                    self._live[block_id] = None
+                    self._parked.discard(block_id)
             refs[block_id] += 1
             self.hits[block_id] += 1
             if priority < self.prio[block_id]:
@@ -82,29 +90,37 @@ class ScoredBlockPool(PolicyPool):
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         refs, hashes, first = self.ref_counts, self.block_hashes, []
+        key_of, keys, entries, id_bits = self.policy.key, self._key, self._entry, self._id_bits
+        cached_free, clock, released = self._cached_free, self._clock, []
         for block_id in ordered_block_ids:
             refs[block_id] -= 1
             if refs[block_id] == 0:
                 if hashes[block_id] is None:
                     first.append(block_id)
                     continue
-                self._clock += 1
-                self._key[block_id] = self.policy.key(self, block_id, hashes[block_id],
-                                                      self._clock)
-                self._cached_free[block_id] = None
-                self.num_cached_free_blocks += 1
-                self._push(block_id)
+                clock += 1
+                key = keys[block_id] = key_of(self, block_id, hashes[block_id], clock)
+                entries[block_id] = heap_entry(key, block_id, id_bits)
+                cached_free[block_id] = None
+                released.append(block_id)
+        self._clock = clock
+        self.num_cached_free_blocks += len(released)
+        self._queue_released(released)
         self._prepend(first)
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         parent_hash = self.block_hashes[parent] if parent is not None else None
         index, children = self.index._map, self._children
+        hashes, depths, parents = self.block_hashes, self.depth, self._parent
         for block_id, block_hash in zip(block_ids, block_hashes):
-            second_copy = block_hash in index and block_hash in children
-            self.block_hashes[block_id] = block_hash
-            self.index.insert(block_hash, block_id)
-            self.depth[block_id] = depth
-            self._parent[block_id] = parent_hash
+            hashes[block_id] = block_hash
+            if block_hash in index:
+                second_copy = block_hash in children
+                self.index.insert(block_hash, block_id)
+            else:
+                second_copy, index[block_hash] = False, block_id
+            depths[block_id] = depth
+            parents[block_id] = parent_hash
             if parent_hash is not None:
                 children[parent_hash] = children.get(parent_hash, 0) + 1
             if second_copy:
@@ -119,6 +135,7 @@ class ScoredBlockPool(PolicyPool):
         self._cached_free.clear()
         self._children.clear()
         self._heap.clear()
+        self._parked.clear()
         self._parent = [None] * self.num_blocks
         self.index.clear()
         self.block_hashes = [None] * self.num_blocks
@@ -127,59 +144,142 @@ class ScoredBlockPool(PolicyPool):
 
     # --- internals -----------------------------------------------------------------------
 
+    def _set_key(self, block_id: int, key: tuple) -> None:
+        self._key[block_id] = key
+        self._entry[block_id] = heap_entry(key, block_id, self._id_bits)
+
     def _push(self, block_id: int) -> None:
-        self._stamp[block_id] += 1
-        heappush(self._heap, (*self._key[block_id], block_id, self._stamp[block_id]))
-        if len(self._heap) > 2 * len(self._cached_free) + 64:
+        """Queue ``block_id`` under its current key (its older entries go stale)."""
+        self._parked.discard(block_id)
+        self._push_all([block_id])
+
+    def _push_all(self, block_ids: list[int]) -> None:
+        """:meth:`_push` for each of ``block_ids`` (none of them parked)."""
+        heap, live, entries = self._heap, self._live, self._entry
+        for block_id in block_ids:
+            entry = live[block_id] = entries[block_id]
+            heappush(heap, entry)
+        if len(heap) > 2 * len(self._cached_free) + 64:
             self._compact()
 
+    def _queue_released(self, block_ids: list[int]) -> None:
+        """Queue just released blocks: the eligible ones into the heap, the others parked at
+        once (the heap would only drop them when met: same victims, fewer heap entries)."""
+        hashes, children, index, parked = self.block_hashes, self._children, self.index._map, []
+        eligible = []
+        for block_id in block_ids:
+            block_hash = hashes[block_id]
+            if block_hash not in children:
+                eligible.append(block_id)
+                continue
+            found = index[block_hash]
+            (eligible if found.__class__ is not int and len(found) > 1 else parked).append(block_id)
+        self._parked.update(parked)
+        self._push_all(eligible)
+
     def _compact(self) -> None:
-        stamp, key = self._stamp, self._key
-        self._heap = [(*key[b], b, stamp[b]) for b in self._cached_free]
+        live, entries = self._live, self._entry
+        for block_id in self._cached_free:
+            live[block_id] = entries[block_id]
+        self._heap[:] = [live[block_id] for block_id in self._cached_free]   # in place
         heapify(self._heap)
+        self._parked.clear()
 
-    def _eligible(self, block_id: int) -> bool:
-        block_hash = self.block_hashes[block_id]
-        if block_hash not in self._children:
-            return True
-        found = self.index._map[block_hash]    # an int, or a dict of one or more copies
-        return found.__class__ is not int and len(found) > 1
+    def _evict_many(self, n: int) -> list[int]:
+        """The next ``n`` victims, uncached (one loop: the hottest of a non-LRU simulation).
 
-    def _evict(self) -> int:
-        heap, stamp = self._heap, self._stamp
-        while heap:
-            entry = heappop(heap)
-            block_id = entry[-2]
-            if entry[-1] == stamp[block_id] and self._eligible(block_id):
-                break
-        else:   # no eligible block: hashes that are not chained (see the class docstring)
-            block_id = min(self._cached_free, key=self._key.__getitem__)
-        if self.evicted is not None:
-            self.evicted.append((block_id, self.block_hashes[block_id]))
-        self._uncache(block_id)
-        self.policy.on_evict(self._key[block_id])
+        A victim's parent, woken when its last cached child goes, is usually the next victim:
+        its entry waits in ``woken`` and meets the heap by ``heappushpop`` (no heap work when it
+        is the smallest)."""
+        hashes, index, children = self.block_hashes, self.index._map, self._children
+        live, parked, parents, entries = self._live, self._parked, self._parent, self._entry
+        cached_free, evicted, victims, woken = self._cached_free, self.evicted, [], None
+        heap = self._heap
+        for _ in range(n):
+            if woken is not None and (not heap or woken < heap[0]):
+                block_id = woken_id     # a leaf now, and the smallest entry: no heap work
+            else:
+                block_id = self._next_victim(woken)
+            woken = None
+            block_hash = hashes[block_id]
+            if evicted is not None:
+                evicted.append((block_id, block_hash))
+            if index[block_hash].__class__ is int:
+                del index[block_hash]
+            else:
+                self.index.remove(block_hash, block_id)
+            hashes[block_id] = None
+            del cached_free[block_id]
+            live[block_id] = None
+            parent_hash = parents[block_id]
+            if parent_hash is not None:
+                parents[block_id] = None
+                left = children[parent_hash] - 1
+                if left:
+                    children[parent_hash] = left
+                else:
+                    del children[parent_hash]
+                    found = index.get(parent_hash)
+                    if found.__class__ is int and found in parked:
+                        parked.remove(found)
+                        woken, woken_id = entries[found], found
+                        live[found] = woken
+                    else:
+                        self._wake(parent_hash)
+            victims.append(block_id)
+        if woken is not None:
+            heappush(heap, woken)
+        self.num_cached_free_blocks -= n
+        self.num_evictions += n
+        return victims
+
+    def _next_victim(self, woken: int | None) -> int:
+        """The free cached block with the smallest live entry (in the heap, or ``woken``) that
+        is eligible: a chain leaf, or a block whose content another block also holds. An
+        ineligible block met on the way is *parked* (dropped from the heap) until
+        :meth:`_wake`."""
+        heap, live, hashes = self._heap, self._live, self.block_hashes
+        children, index, id_mask = self._children, self.index._map, (1 << self._id_bits) - 1
+        while heap or woken is not None:
+            if woken is None:
+                entry = heappop(heap)
+            else:
+                entry, woken = heappushpop(heap, woken), None
+            block_id = entry & id_mask
+            if live[block_id] != entry:
+                continue
+            block_hash = hashes[block_id]
+            if block_hash not in children:
+                return block_id
+            found = index[block_hash]   # an int, or a dict of one or more copies
+            if found.__class__ is not int and len(found) > 1:
+                return block_id
+            live[block_id] = None
+            self._parked.add(block_id)
+        # no eligible block: hashes that are not chained (see the class docstring)
+        block_id = min(self._cached_free, key=self._key.__getitem__)
+        self._parked.discard(block_id)
         return block_id
 
-    def _uncache(self, block_id: int) -> None:
-        block_hash = self.block_hashes[block_id]
-        self.index.remove(block_hash, block_id)
-        self.block_hashes[block_id] = None
-        del self._cached_free[block_id]
-        self.num_cached_free_blocks -= 1
-        self.num_evictions += 1
-        self._stamp[block_id] += 1
-        parent_hash, self._parent[block_id] = self._parent[block_id], None
-        if parent_hash is not None:
-            left = self._children[parent_hash] - 1
-            if left:
-                self._children[parent_hash] = left
-            else:
-                del self._children[parent_hash]
-                self._wake(parent_hash)
-
     def _wake(self, block_hash: int) -> None:
-        """Re-queue the free copies of ``block_hash`` (they may have become evictable)."""
-        found = self.index._map.get(block_hash)
+        """Re-queue the parked free copies of ``block_hash`` (they may have become evictable);
+        a copy whose entry is still queued needs nothing."""
+        found, parked = self.index._map.get(block_hash), self._parked
+        if not parked:
+            return
         for block_id in ((found,) if found.__class__ is int else found or ()):
-            if block_id in self._cached_free:
+            if block_id in parked:
                 self._push(block_id)
+
+
+#: bits of every key part after the first (release clocks, clocks plus a credit): below 2 ** 48
+KEY_PART_BITS = 48
+
+
+def heap_entry(key: tuple, block_id: int, id_bits: int) -> int:
+    """``key`` (a tuple of ints, every part after the first in ``[0, 2 ** KEY_PART_BITS)``) and
+    ``block_id`` packed into one int that orders as the tuple ``(*key, block_id)``."""
+    packed = key[0]
+    for part in key[1:]:
+        packed = (packed << KEY_PART_BITS) + part
+    return (packed << id_bits) + block_id

@@ -1,0 +1,78 @@
+"""The scored pool's fast paths (packed heap entries, parked non-leaves, the woken parent taken
+without heap work, evictions in one batch) pick exactly the victim the definition names: the
+smallest ``(key, block id)`` among free cached blocks that are chain leaves or one of several
+copies of their content."""
+
+import random
+
+import pytest
+
+from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.scored_pool import heap_entry
+
+
+def test_a_packed_entry_orders_as_the_key_tuple_with_the_block_id():
+    keys = [(-3, 5), (-3, 6), (0, 0), (0, 2 ** 47), (1, 0), (7, 1)]
+    entries = [heap_entry(k, b, 4) for k in keys for b in (0, 9)]
+    assert entries == sorted(entries)
+    assert [e & 15 for e in entries[:2]] == [0, 9]
+
+
+def test_a_three_part_key_packs_in_order():
+    assert heap_entry((0, 5, 1), 3, 2) < heap_entry((0, 5, 2), 0, 2) < heap_entry((1, 0, 0), 0, 2)
+
+
+def expected_victim(pool) -> int:
+    """The definition, by brute force (no unhashed block is free)."""
+    def eligible(b):
+        h = pool.block_hashes[b]
+        found = pool.index._map[h]
+        return h not in pool._children or (not isinstance(found, int) and len(found) > 1)
+    free = list(pool._cached_free)
+    leaves = [b for b in free if eligible(b)] or free
+    return min(leaves, key=lambda b: (pool._key[b], b))
+
+
+def story(seed: int):
+    """Requests on a tree of chained hashes: hit, take the rest, hold some, free others."""
+    rng, ids = random.Random(seed), {}
+    for _ in range(400):
+        path = [rng.randrange(3)] + [rng.randrange(2) for _ in range(rng.randrange(6))]
+        yield [ids.setdefault(tuple(path[:i + 1]), len(ids) + 1) for i in range(len(path))], \
+            rng.random() < 0.3, rng.randrange(3)
+
+
+def serve(pool, hashes, held, keep, priority, take):
+    pool.begin(None, -priority)
+    hit = pool.index.find_prefix(hashes)
+    need = len(hashes) - len(hit)
+    if need > pool.num_free_blocks - len(hit):
+        return
+    pool.touch(hit)
+    new = take(pool, need)
+    pool.cache_blocks(new, hashes[len(hit):], len(hit), hit[-1] if hit else None)
+    held.append(hit + new)
+    while len(held) > 3 or (held and not keep):
+        pool.free_blocks(reversed(held.pop(0)))
+
+
+def take_checked(pool, n):
+    taken = []
+    for _ in range(n):
+        expected = None if pool._free else expected_victim(pool)
+        block = pool.get_new_blocks(1)[0]
+        assert expected is None or block == expected
+        taken.append(block)
+    return taken
+
+
+@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid", "lookahead"])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(name, seed):
+    one, batch = (make_pool(12, policy=make_policy(name)) for _ in range(2))
+    held_one, held_batch = [], []
+    for hashes, keep, priority in story(seed):
+        serve(one, hashes, held_one, keep, priority, take_checked)
+        serve(batch, hashes, held_batch, keep, priority, lambda p, n: p.get_new_blocks(n))
+        assert held_one == held_batch
+    assert one.num_evictions == batch.num_evictions > 100
