@@ -72,16 +72,18 @@ class StepLog:
         self.keep_steps = keep_steps
         self.totals = StepTotals()
         self.timeline = timeline or Timeline()
-        self._pending: list[StepRecord] = []
+        self._pending: list[StepRecord] = []     # single steps not yet in a block
+        self._blocks: list[np.ndarray] = []      # buffered blocks of steps, in log order
+        self._num_buffered = 0                   # steps in those blocks
         self._kept: list[np.ndarray] = []
 
     def __len__(self) -> int:
-        return self.totals.num_steps + len(self._pending)
+        return self.totals.num_steps + self._num_buffered + len(self._pending)
 
     def append(self, record: StepRecord) -> None:
         """Log one step."""
         self._pending.append(record)
-        if len(self._pending) >= CHUNK_STEPS:
+        if len(self._pending) + self._num_buffered >= CHUNK_STEPS:
             self.flush()
 
     def extend(self, columns: Mapping[str, np.ndarray]) -> None:
@@ -91,17 +93,23 @@ class StepLog:
         if set(columns) != set(STEP_COLUMNS) or len({a.shape for a in arrays}) > 1 \
                 or arrays[0].ndim != 1:
             raise ValueError("extend needs every step column as 1-d arrays of one length")
-        self.flush()
-        block = np.column_stack(arrays)
-        for start in range(0, len(block), CHUNK_STEPS):
-            self._fold(block[start:start + CHUNK_STEPS])
+        self._seal_pending()
+        self._blocks.append(np.column_stack(arrays))
+        self._num_buffered += len(arrays[0])
+        if self._num_buffered >= CHUNK_STEPS:
+            self.flush()
 
     def flush(self) -> None:
-        """Fold the buffered steps into the totals and the timeline."""
-        if self._pending:
-            block = np.array(self._pending, dtype=np.float64)
-            self._pending.clear()
-            self._fold(block)
+        """Fold the buffered steps into the totals and the timeline, at most
+        :data:`CHUNK_STEPS` at a time (a fold costs the same for one step as for thousands)."""
+        self._seal_pending()
+        if not self._blocks:
+            return
+        block = self._blocks[0] if len(self._blocks) == 1 else np.concatenate(self._blocks)
+        self._blocks.clear()
+        self._num_buffered = 0
+        for start in range(0, len(block), CHUNK_STEPS):
+            self._fold(block[start:start + CHUNK_STEPS])
 
     def finish(self, duration_s: float) -> None:
         """Close the log at the end of the run (simulated second ``duration_s``)."""
@@ -116,6 +124,13 @@ class StepLog:
         self.flush()
         block = np.concatenate(self._kept) if self._kept else np.empty((0, len(STEP_COLUMNS)))
         return {name: np.ascontiguousarray(block[:, i]) for i, name in enumerate(STEP_COLUMNS)}
+
+    def _seal_pending(self) -> None:
+        """Turn the single steps logged since the last block into a block of their own."""
+        if self._pending:
+            self._blocks.append(np.array(self._pending, dtype=np.float64))
+            self._num_buffered += len(self._pending)
+            self._pending.clear()
 
     def _fold(self, block: np.ndarray) -> None:
         if not len(block):
