@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kvsim.cache.policies import CachePolicy
+from kvsim.cache.policies import KEY_PART_BITS, CachePolicy
 from kvsim.cache.scored_pool import ScoredBlockPool
 
 
@@ -40,9 +40,17 @@ class LookaheadPolicy(CachePolicy):
         self.wanted: dict[int, int] = {}     # hash -> queued requests that will look it up
         self.pool = None
 
+    num_key_parts = 3
+
     def key(self, pool, block_id, block_hash, clock):
         credit = pool.num_blocks if pool.reused[block_id] else 0
         return (1 if block_hash in self.wanted else 0, clock + credit, clock)
+
+    def entries(self, pool, block_ids, clock, id_bits):
+        reused, hashes, wanted, n = pool.reused, pool.block_hashes, self.wanted, pool.num_blocks
+        bits = KEY_PART_BITS
+        return [((((((hashes[b] in wanted) << bits) + c + (n if reused[b] else 0)) << bits) + c)
+                 << id_bits) + b for c, b in enumerate(block_ids, clock)]
 
     def enqueue(self, block_hashes: Sequence[int]) -> None:
         """A request joined the waiting queue; it will look up ``block_hashes``."""
@@ -70,6 +78,7 @@ class LookaheadPool(ScoredBlockPool):
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
         self.reused = [False] * num_blocks
+        self.depth = [0] * num_blocks      # blocks before it in its chain
         policy.pool = self
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
@@ -77,8 +86,10 @@ class LookaheadPool(ScoredBlockPool):
         (the request continued an earlier prompt, not just a shared first block)."""
         reused = parent is not None and (
             self.reused[parent] or (self.hits[parent] > 0 and self.depth[parent] >= 1))
-        for block_id in block_ids:
-            self.reused[block_id] = reused
+        marks, depths = self.reused, self.depth
+        for block_depth, block_id in enumerate(block_ids, depth):
+            marks[block_id] = reused
+            depths[block_id] = block_depth
         super().cache_blocks(block_ids, block_hashes, depth, parent)
 
     def touch(self, block_ids) -> None:
@@ -90,10 +101,11 @@ class LookaheadPool(ScoredBlockPool):
                 reused[block_id] = True
 
     def rekey(self, block_ids) -> None:
-        """Recompute the key of those of ``block_ids`` that are free and cached."""
+        """Recompute the key of those of ``block_ids`` that are free and cached (the key's last
+        part is the block's release clock)."""
         for block_id in block_ids:
             if block_id in self._cached_free:
-                clock = self._key[block_id][-1]
-                self._set_key(block_id, self.policy.key(self, block_id,
-                                                        self.block_hashes[block_id], clock))
+                clock = self.key_of(block_id)[-1]
+                self._entry[block_id] = self.policy.entries(self, [block_id], clock,
+                                                            self._id_bits)[0]
                 self._push(block_id)

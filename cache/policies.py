@@ -21,7 +21,7 @@ findable by hash) are given up:
 
 A non-LRU pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) calls :meth:`CachePolicy.key`
 when a cached block is released (its reference count drops to 0) and evicts the block with the
-smallest key (a tuple of ints, see :func:`~kvsim.cache.scored_pool.heap_entry`). Keys are fixed at release: they only matter while a block is free, and a free
+smallest key (a tuple of ints, see :func:`heap_entry`). Keys are fixed at release: they only matter while a block is free, and a free
 block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool keeps
 the chain property for every policy: only a block no other cached block names as its parent
 (or one whose content another block also holds) can be evicted.
@@ -39,20 +39,52 @@ POLICY_NAMES = ("lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead"
 
 INF = math.inf
 NEVER = 1 << 62     # a next use beyond any trace position (keys are ints)
+#: bits of every key part after the first (release clocks, clocks plus a credit): below 2 ** 48
+KEY_PART_BITS = 48
+
+
+def heap_entry(key: tuple, block_id: int, id_bits: int) -> int:
+    """``key`` (a tuple of ints, every part after the first in ``[0, 2 ** KEY_PART_BITS)``) and
+    ``block_id`` packed into one int that orders as the tuple ``(*key, block_id)``."""
+    packed = key[0]
+    for part in key[1:]:
+        packed = (packed << KEY_PART_BITS) + part
+    return (packed << id_bits) + block_id
+
+
+def unpack_key(entry: int, num_parts: int, id_bits: int) -> tuple:
+    """The key packed into ``entry`` by :func:`heap_entry` (``num_parts`` parts)."""
+    packed, mask, parts = entry >> id_bits, (1 << KEY_PART_BITS) - 1, []
+    for _ in range(num_parts - 1):
+        parts.append(packed & mask)
+        packed >>= KEY_PART_BITS
+    return (packed, *reversed(parts))
 
 
 class CachePolicy:
     """Base policy. ``key(pool, block_id, block_hash, clock)`` orders free cached blocks
-    (smallest evicted first); ``clock`` counts releases, so it is the LRU tie-break."""
+    (smallest evicted first); ``clock`` counts releases, so it is the LRU tie-break.
+
+    ``entries`` is the pool's hot path: the :func:`heap_entry` of the key of every block of one
+    release, in one pass. The base class computes it from ``key``; a policy may compute it
+    directly (it must equal the definition, which the tests check)."""
 
     name = "base"
     is_lru = False
+    num_key_parts = 2
 
     def begin(self, request_id) -> None:
         """The pool is about to take or touch blocks for ``request_id``."""
 
     def key(self, pool, block_id: int, block_hash: int, clock: int) -> tuple:
         raise NotImplementedError
+
+    def entries(self, pool, block_ids: list[int], clock: int, id_bits: int) -> list[int]:
+        """Heap entries of ``block_ids``, released in this order at clocks ``clock, clock+1,
+        ...``."""
+        key, hashes = self.key, pool.block_hashes
+        return [heap_entry(key(pool, b, hashes[b], c), b, id_bits)
+                for c, b in enumerate(block_ids, clock)]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -78,6 +110,10 @@ class LFUPolicy(CachePolicy):
     def key(self, pool, block_id, block_hash, clock):
         return (pool.hits[block_id], clock)
 
+    def entries(self, pool, block_ids, clock, id_bits):
+        hits, bits = pool.hits, KEY_PART_BITS
+        return [(((hits[b] << bits) + c) << id_bits) + b for c, b in enumerate(block_ids, clock)]
+
 
 class PriorityPolicy(CachePolicy):
     """Worst priority first (the block's priority is the lowest value among the requests that
@@ -87,6 +123,10 @@ class PriorityPolicy(CachePolicy):
 
     def key(self, pool, block_id, block_hash, clock):
         return (-pool.prio[block_id], clock)
+
+    def entries(self, pool, block_ids, clock, id_bits):
+        prio, bits = pool.prio, KEY_PART_BITS
+        return [(((-prio[b] << bits) + c) << id_bits) + b for c, b in enumerate(block_ids, clock)]
 
 
 class HybridPolicy(CachePolicy):
@@ -122,6 +162,12 @@ class HybridPolicy(CachePolicy):
     def key(self, pool, block_id, block_hash, clock):
         prio = min(max(pool.prio[block_id], -60), 60)
         return (clock + pool.num_blocks * (pool.reused[block_id] - prio), clock)
+
+    def entries(self, pool, block_ids, clock, id_bits):
+        prio, reused, n, bits = pool.prio, pool.reused, pool.num_blocks, KEY_PART_BITS
+        return [((((c + n * (reused[b] - (prio[b] if -60 <= prio[b] <= 60 else
+                                           (60 if prio[b] > 0 else -60)))) << bits) + c)
+                 << id_bits) + b for c, b in enumerate(block_ids, clock)]
 
 
 class BeladyPolicy(CachePolicy):

@@ -7,7 +7,10 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush, heappushpop
 from typing import Iterable
 
+from kvsim.cache.policies import heap_entry, unpack_key
 from kvsim.cache.policy_pool import PolicyPool
+
+__all__ = ["ScoredBlockPool", "heap_entry"]
 
 
 class ScoredBlockPool(PolicyPool):
@@ -31,11 +34,9 @@ class ScoredBlockPool(PolicyPool):
         super().__init__(num_blocks, enable_caching, policy)
         self.hits = [0] * num_blocks       # prefix hits since the block was filled
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since then
-        self.depth = [0] * num_blocks      # blocks before it in its chain
         self._parent: list[int | None] = [None] * num_blocks   # hash of its chain parent
         self._children: dict[int, int] = {}                    # hash -> cached children
         self._cached_free: dict[int, None] = {}
-        self._key: list[tuple | None] = [None] * num_blocks
         self._entry: list[int | None] = [None] * num_blocks  # key and id packed (heap_entry)
         self._live: list[int | None] = [None] * num_blocks   # its entry in the heap, if any
         self._id_bits = num_blocks.bit_length()
@@ -49,7 +50,11 @@ class ScoredBlockPool(PolicyPool):
     def cached_free_order(self) -> list[int]:
         """Free cached blocks by eviction key (the chain rule may still defer a block with a
         cached child)."""
-        return sorted(self._cached_free, key=self._key.__getitem__)
+        return sorted(self._cached_free, key=self._entry.__getitem__)
+
+    def key_of(self, block_id: int) -> tuple:
+        """The policy key ``block_id`` got when it was last released."""
+        return unpack_key(self._entry[block_id], self.policy.num_key_parts, self._id_bits)
 
     # --- actions -------------------------------------------------------------------------
 
@@ -89,43 +94,39 @@ class ScoredBlockPool(PolicyPool):
                 self.prio[block_id] = priority
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
-        refs, hashes, first = self.ref_counts, self.block_hashes, []
-        key_of, keys, entries, id_bits = self.policy.key, self._key, self._entry, self._id_bits
-        cached_free, clock, released = self._cached_free, self._clock, []
+        refs, hashes, first, released = self.ref_counts, self.block_hashes, [], []
         for block_id in ordered_block_ids:
             refs[block_id] -= 1
             if refs[block_id] == 0:
-                if hashes[block_id] is None:
-                    first.append(block_id)
-                    continue
-                clock += 1
-                key = keys[block_id] = key_of(self, block_id, hashes[block_id], clock)
-                entries[block_id] = heap_entry(key, block_id, id_bits)
-                cached_free[block_id] = None
-                released.append(block_id)
-        self._clock = clock
-        self.num_cached_free_blocks += len(released)
-        self._queue_released(released)
+                (released if hashes[block_id] is not None else first).append(block_id)
+        if released:
+            clock = self._clock + 1
+            self._clock += len(released)
+            entries = self._entry
+            for block_id, entry in zip(released, self.policy.entries(self, released, clock,
+                                                                      self._id_bits)):
+                entries[block_id] = entry
+            self._cached_free.update(dict.fromkeys(released))
+            self.num_cached_free_blocks += len(released)
+            self._queue_released(released)
         self._prepend(first)
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
+        """Register full, held blocks of one chain after block ``parent`` (None at the root);
+        each block's parent hash is counted as having one more cached child."""
         parent_hash = self.block_hashes[parent] if parent is not None else None
-        index, children = self.index._map, self._children
-        hashes, depths, parents = self.block_hashes, self.depth, self._parent
+        index, children, get = self.index._map, self._children, self._children.get
+        hashes, parents = self.block_hashes, self._parent
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
-            if block_hash in index:
-                second_copy = block_hash in children
-                self.index.insert(block_hash, block_id)
-            else:
-                second_copy, index[block_hash] = False, block_id
-            depths[block_id] = depth
             parents[block_id] = parent_hash
             if parent_hash is not None:
-                children[parent_hash] = children.get(parent_hash, 0) + 1
-            if second_copy:
-                self._wake(block_hash)   # an older free copy may now go
-            parent_hash, depth = block_hash, depth + 1
+                children[parent_hash] = get(parent_hash, 0) + 1
+            if block_hash in index:
+                self._cache_copy(block_id, block_hash)
+            else:
+                index[block_hash] = block_id
+            parent_hash = block_hash
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
@@ -144,9 +145,13 @@ class ScoredBlockPool(PolicyPool):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _set_key(self, block_id: int, key: tuple) -> None:
-        self._key[block_id] = key
-        self._entry[block_id] = heap_entry(key, block_id, self._id_bits)
+    def _cache_copy(self, block_id: int, block_hash: int) -> None:
+        """Register ``block_id`` as another copy of cached content: an older free copy with a
+        cached child may now go (only one copy must stay), so parked copies are woken."""
+        second_copy = block_hash in self._children
+        self.index.insert(block_hash, block_id)
+        if second_copy:
+            self._wake(block_hash)
 
     def _push(self, block_id: int) -> None:
         """Queue ``block_id`` under its current key (its older entries go stale)."""
@@ -257,7 +262,7 @@ class ScoredBlockPool(PolicyPool):
             live[block_id] = None
             self._parked.add(block_id)
         # no eligible block: hashes that are not chained (see the class docstring)
-        block_id = min(self._cached_free, key=self._key.__getitem__)
+        block_id = min(self._cached_free, key=self._entry.__getitem__)
         self._parked.discard(block_id)
         return block_id
 
@@ -270,16 +275,3 @@ class ScoredBlockPool(PolicyPool):
         for block_id in ((found,) if found.__class__ is int else found or ()):
             if block_id in parked:
                 self._push(block_id)
-
-
-#: bits of every key part after the first (release clocks, clocks plus a credit): below 2 ** 48
-KEY_PART_BITS = 48
-
-
-def heap_entry(key: tuple, block_id: int, id_bits: int) -> int:
-    """``key`` (a tuple of ints, every part after the first in ``[0, 2 ** KEY_PART_BITS)``) and
-    ``block_id`` packed into one int that orders as the tuple ``(*key, block_id)``."""
-    packed = key[0]
-    for part in key[1:]:
-        packed = (packed << KEY_PART_BITS) + part
-    return (packed << id_bits) + block_id

@@ -167,12 +167,12 @@ def test_hybrid_key_is_the_release_clock_plus_lifetimes_of_worth():
     blocks = pool.get_new_blocks(2)
     pool.cache_blocks(blocks, [11, 12])
     pool.free_blocks([blocks[1], blocks[0]])
-    assert pool._key[blocks[1]] == (1 - 8, 1) and pool._key[blocks[0]] == (2 - 8, 2)
+    assert pool.key_of(blocks[1]) == (1 - 8, 1) and pool.key_of(blocks[0]) == (2 - 8, 2)
     pool.begin("s", priority=-1)
     pool.touch(blocks)                      # a 2-block hit: the chain is reused
     pool.free_blocks([blocks[1], blocks[0]])
-    assert pool._key[blocks[1]] == (3 + 8 * (1 + 1), 3)   # reused, and priority -1 now
-    assert pool._key[blocks[0]] == (4 + 8 * 1, 4)         # the shared first block: not reused
+    assert pool.key_of(blocks[1]) == (3 + 8 * (1 + 1), 3)   # reused, and priority -1 now
+    assert pool.key_of(blocks[0]) == (4 + 8 * 1, 4)         # the shared first block: not reused
 
 
 def test_belady_evicts_the_block_used_farthest_in_the_future():

@@ -30,7 +30,7 @@ def expected_victim(pool) -> int:
         return h not in pool._children or (not isinstance(found, int) and len(found) > 1)
     free = list(pool._cached_free)
     leaves = [b for b in free if eligible(b)] or free
-    return min(leaves, key=lambda b: (pool._key[b], b))
+    return min(leaves, key=lambda b: (pool.key_of(b), b))
 
 
 def story(seed: int):
@@ -76,3 +76,22 @@ def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(n
         serve(batch, hashes, held_batch, keep, priority, lambda p, n: p.get_new_blocks(n))
         assert held_one == held_batch
     assert one.num_evictions == batch.num_evictions > 100
+
+
+@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid", "lookahead"])
+def test_a_policys_bulk_entries_pack_its_key(name):
+    """``entries`` (one pass per release, the hot path) equals ``heap_entry`` of ``key`` for
+    every block, whatever its hits, priority (clamped or not), reuse and protection."""
+    pool = make_pool(8, policy=make_policy(name))
+    pool.begin("r", priority=-70)
+    blocks = pool.get_new_blocks(6)
+    pool.cache_blocks(blocks, [11, 12, 13, 14, 15, 16])
+    pool.hits[blocks[1]], pool.prio[blocks[2]], pool.prio[blocks[3]] = 5, 3, 90
+    if hasattr(pool, "reused"):
+        pool.reused[blocks[4]] = True
+    if name == "lookahead":
+        pool.policy.wanted[13] = 1
+    policy, hashes = pool.policy, pool.block_hashes
+    expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits)
+                for c, b in enumerate(blocks, 40)]
+    assert policy.entries(pool, blocks, 40, pool._id_bits) == expected
