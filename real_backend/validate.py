@@ -190,17 +190,9 @@ def validate(requests: Iterable, job: ValidateJob,
     config = run_config(job, model.sim_model, None)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len), progress)
-    quality = profile_quality(profile, _profile_source(job))
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)
-    runner = build_runner(job.settings, model, config.num_gpu_blocks,
-                          num_host_blocks=config.num_cpu_blocks or 0)
-    # the LM head layouts the profile was measured with (a fresh tuning may choose others)
-    warm_up(runner, config.max_num_seqs, profile.get("cpu_head_layouts"))
-    if job.warmup_s > 0:
-        keep_warm(runner, job.warmup_s, config.max_num_seqs // 2)
-    breakdown = StepBreakdown(clock_fn(job.settings.clock)).attach(runner) if job.breakdown \
-        else None
+    runner, breakdown = _ready_runner(job, model, config, profile)
     tee = PredictingExecutor(_executor(runner, reqs, job), cost, breakdown)
     start = time.perf_counter()
     real = simulate(reqs, config, executor=tee, keep_steps=True)
@@ -216,12 +208,31 @@ def validate(requests: Iterable, job: ValidateJob,
         breakdown.detach()
     report["verdicts"] = nf.verdicts(report)
     report["speed_refit"] = nf.speed_refit(tee.measured, tee.predicted)
-    report.update(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
-                  config=config.to_dict(), repeats=job.repeats, offline=job.offline,
-                  real_wall_s=real_wall, profile_source=job.profile or quality["source"],
-                  profile_quality=quality, profile_fit_error=profile.get("fit_error"),
-                  profile_mismatch=profile_mismatch(profile, job.settings))
+    report.update(_provenance(job, config, profile), real_wall_s=real_wall)
     return report
+
+
+def _ready_runner(job: ValidateJob, model, config: RunConfig, profile: dict):
+    """The real backend's runner, warmed up as the profile was measured (its LM head layouts,
+    a fresh tuning may choose others), and its step breakdown when ``job`` asks for one."""
+    runner = build_runner(job.settings, model, config.num_gpu_blocks,
+                          num_host_blocks=config.num_cpu_blocks or 0)
+    warm_up(runner, config.max_num_seqs, profile.get("cpu_head_layouts"))
+    if job.warmup_s > 0:
+        keep_warm(runner, job.warmup_s, config.max_num_seqs // 2)
+    if not job.breakdown:
+        return runner, None
+    return runner, StepBreakdown(clock_fn(job.settings.clock)).attach(runner)
+
+
+def _provenance(job: ValidateJob, config: RunConfig, profile: dict) -> dict:
+    """What the report says of how it was made: settings, device, profile and its quality."""
+    quality = profile_quality(profile, _profile_source(job))
+    return dict(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
+                config=config.to_dict(), repeats=job.repeats, offline=job.offline,
+                profile_source=job.profile or quality["source"], profile_quality=quality,
+                profile_fit_error=profile.get("fit_error"),
+                profile_mismatch=profile_mismatch(profile, job.settings))
 
 
 def _executor(runner, reqs: list, job: ValidateJob) -> TorchExecutor:
