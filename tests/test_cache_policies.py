@@ -171,7 +171,7 @@ def test_hybrid_key_is_the_release_clock_plus_lifetimes_of_worth():
     pool.begin("s", priority=-1)
     pool.touch(blocks)                      # a 2-block hit: the chain is reused
     pool.free_blocks([blocks[1], blocks[0]])
-    assert pool.key_of(blocks[1]) == (3 + 8 * (1 + 1), 3)   # reused, and priority -1 now
+    assert pool.key_of(blocks[1]) == (3 + 8 // 2 + 8 * 1, 3)   # reused, and priority -1 now
     assert pool.key_of(blocks[0]) == (4 + 8 * 1, 4)         # the shared first block: not reused
 
 

@@ -61,8 +61,9 @@ def test_priority_keeps_the_important_requests_block():
 
 
 def test_hybrid_keeps_a_continued_chain_and_not_a_deep_one_off_tail():
-    trace = [req([1, 2], 9), req([1, 2, 3], 13), req([7], 5), req([8], 5), req([1, 2, 3, 4], 17)]
-    assert hits(trace, "lru", 4) == 2 + 2 and hits(trace, "hybrid", 4) == 2 + 3
+    trace = [req([1, 2], 9), req([1, 2, 3], 13), req([7, 8], 9), req([9, 10, 11], 13),
+             req([1, 2, 3, 4], 17)]          # 5 one-off blocks: LRU keeps one block of 1, 2, 3
+    assert hits(trace, "lru", 6) == 2 + 1 and hits(trace, "hybrid", 6) == 2 + 2
     trace = [req([1, 2, 3], 13), req([4], 5), req([5], 5), req([4], 5)]
     assert hits(trace, "lru", 4) == 1 and hits(trace, "hybrid", 4) == 1
 
