@@ -35,12 +35,11 @@ class LookaheadPolicy(CachePolicy):
 
     name = "lookahead"
     pool_class = "lookahead"
+    num_key_parts = 3
 
     def __init__(self) -> None:
         self.wanted: dict[int, int] = {}     # hash -> queued requests that will look it up
         self.pool = None
-
-    num_key_parts = 3
 
     def key(self, pool, block_id, block_hash, clock):
         credit = pool.num_blocks if pool.reused[block_id] else 0
