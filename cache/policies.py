@@ -19,12 +19,13 @@ findable by hash) are given up:
 - ``belady``: offline optimal, the block whose next use is farthest in the future goes first;
   needs a :class:`BeladyOracle` built from the whole trace, see :class:`BeladyPolicy`.
 
-A non-LRU pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) calls :meth:`CachePolicy.key`
-when a cached block is released (its reference count drops to 0) and evicts the block with the
-smallest key (a tuple of ints, see :func:`heap_entry`). Keys are fixed at release: they only
-matter while a block is free, and a free block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool keeps
-the chain property for every policy: only a block no other cached block names as its parent
-(or one whose content another block also holds) can be evicted.
+A non-LRU pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) asks the policy for the key
+of each cached block it releases (reference count down to 0; :meth:`CachePolicy.entries`, the
+keys of one release packed by :func:`heap_entry`) and evicts the block with the smallest key (a
+tuple of ints). Keys are fixed at release: they only matter while a block is free, and a free
+block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool
+keeps the chain property for every policy: only a block no other cached block names as its
+parent (or one whose content another block also holds) can be evicted.
 """
 
 from __future__ import annotations
