@@ -61,13 +61,15 @@ class PrefixIndex:
             found[block_id] = None
 
     def remove(self, block_hash: int, block_id: int) -> None:
+        """Forget ``block_id`` as a holder of ``block_hash`` (a last copy left is stored
+        alone again, as an int)."""
         found = self._map[block_hash]
         if isinstance(found, int):
             del self._map[block_hash]
             return
         del found[block_id]
-        if not found:
-            del self._map[block_hash]
+        if len(found) == 1:
+            self._map[block_hash] = next(iter(found))
 
     def clear(self) -> None:
         self._map.clear()

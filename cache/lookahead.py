@@ -77,18 +77,16 @@ class LookaheadPool(ScoredBlockPool):
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
         self.reused = [False] * num_blocks
-        self.depth = [0] * num_blocks      # blocks before it in its chain
         policy.pool = self
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         """A chain is *reused* from its first block under a parent that was hit at depth >= 1
         (the request continued an earlier prompt, not just a shared first block)."""
         reused = parent is not None and (
-            self.reused[parent] or (self.hits[parent] > 0 and self.depth[parent] >= 1))
-        marks, depths = self.reused, self.depth
-        for block_depth, block_id in enumerate(block_ids, depth):
+            self.reused[parent] or (self.hits[parent] > 0 and self._parent[parent] is not None))
+        marks = self.reused
+        for block_id in block_ids:
             marks[block_id] = reused
-            depths[block_id] = block_depth
         super().cache_blocks(block_ids, block_hashes, depth, parent)
 
     def touch(self, block_ids) -> None:

@@ -171,6 +171,9 @@ class HybridPolicy(CachePolicy):
     def entries(self, pool, block_ids, clock, id_bits):
         prio, reused, n, bits = pool.prio, pool.reused, pool.num_blocks, KEY_PART_BITS
         half = n // 2
+        if not pool.priorities_seen:    # every prio is 0
+            return [((((c + half if reused[b] else c) << bits) + c) << id_bits) + b
+                    for c, b in enumerate(block_ids, clock)]
         return [((((c + half * reused[b] - n * (prio[b] if -60 <= prio[b] <= 60 else
                                                  (60 if prio[b] > 0 else -60))) << bits) + c)
                  << id_bits) + b for c, b in enumerate(block_ids, clock)]

@@ -28,6 +28,12 @@ class ScoredBlockPool(PolicyPool):
     always exists among the free cached ones when block hashes are chained (a request holding a
     child also holds a copy of its parent), so the policy is obeyed among the *leaves*. Should
     none be eligible (hashes that are not chained), the best-keyed free block is evicted anyway.
+
+    The chain rule is kept in lists indexed by block id, not in dicts keyed by hash (the hot
+    loops touch every block of every long prompt): a hash's cached children are counted on its
+    *holder* (the oldest block holding it, :meth:`holder`), ``_shared`` marks blocks whose
+    content another block also holds, so a block is eligible exactly when
+    ``not num_children[b] or shared[b]``.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
@@ -35,15 +41,17 @@ class ScoredBlockPool(PolicyPool):
         self.hits = [0] * num_blocks       # prefix hits since the block was filled
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since then
         self._parent: list[int | None] = [None] * num_blocks   # hash of its chain parent
-        self._children: dict[int, int] = {}                    # hash -> cached children
+        self.num_children = [0] * num_blocks   # cached children of its hash, on its holder
+        self._shared = [False] * num_blocks    # another block holds the same content
+        self._orphans: dict[int, int] = {}     # hash -> cached children, while no block holds it
         self._cached_free: dict[int, None] = {}
         self._entry: list[int | None] = [None] * num_blocks  # key and id packed (heap_entry)
         self._live: list[int | None] = [None] * num_blocks   # its entry in the heap, if any
         self._id_bits = num_blocks.bit_length()
         self._heap: list[int] = []
-        self._parked: set[int] = set()     # free blocks popped while ineligible (see _wake)
         self._clock = 0
         self._priority = 0
+        self.priorities_seen = False        # every prio is 0 until a request has another
 
     # --- queries -------------------------------------------------------------------------
 
@@ -51,6 +59,11 @@ class ScoredBlockPool(PolicyPool):
         """Free cached blocks by eviction key (the chain rule may still defer a block with a
         cached child)."""
         return sorted(self._cached_free, key=self._entry.__getitem__)
+
+    def holder(self, block_hash: int) -> int | None:
+        """The block that counts the cached children of ``block_hash``: its oldest copy."""
+        found = self.index._map.get(block_hash)
+        return found if found is None or found.__class__ is int else next(iter(found))
 
     def key_of(self, block_id: int) -> tuple:
         """The policy key ``block_id`` got when it was last released."""
@@ -60,6 +73,8 @@ class ScoredBlockPool(PolicyPool):
 
     def begin(self, request_id, priority: int = 0) -> None:
         self._priority = priority
+        if priority:
+            self.priorities_seen = True
         self.policy.begin(request_id)
 
     def get_new_blocks(self, n: int) -> list[int]:
@@ -87,7 +102,6 @@ class ScoredBlockPool(PolicyPool):
                     del self._cached_free[block_id]
                     self.num_cached_free_blocks -= 1
                     self._live[block_id] = None
-                    self._parked.discard(block_id)
             refs[block_id] += 1
             self.hits[block_id] += 1
             if priority < self.prio[block_id]:
@@ -114,18 +128,21 @@ class ScoredBlockPool(PolicyPool):
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
         each block's parent hash is counted as having one more cached child."""
-        parent_hash = self.block_hashes[parent] if parent is not None else None
-        index, children, get = self.index._map, self._children, self._children.get
+        index, counts, orphans = self.index._map, self.num_children, self._orphans
         hashes, parents = self.block_hashes, self._parent
+        parent_hash = hashes[parent] if parent is not None else None
+        holder = self.holder(parent_hash) if parent_hash is not None else None
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
             parents[block_id] = parent_hash
-            if parent_hash is not None:
-                children[parent_hash] = get(parent_hash, 0) + 1
+            if holder is not None:
+                counts[holder] += 1
             if block_hash in index:
-                self._cache_copy(block_id, block_hash)
+                holder = self._cache_copy(block_id, block_hash)
             else:
-                index[block_hash] = block_id
+                index[block_hash] = holder = block_id
+                if orphans:
+                    counts[block_id] = orphans.pop(block_hash, 0)
             parent_hash = block_hash
 
     def reset_prefix_cache(self) -> bool:
@@ -134,10 +151,11 @@ class ScoredBlockPool(PolicyPool):
         order = self.free_queue()
         self._free = OrderedDict.fromkeys(order)
         self._cached_free.clear()
-        self._children.clear()
         self._heap.clear()
-        self._parked.clear()
+        self._orphans.clear()
         self._parent = [None] * self.num_blocks
+        self.num_children = [0] * self.num_blocks
+        self._shared = [False] * self.num_blocks
         self.index.clear()
         self.block_hashes = [None] * self.num_blocks
         self.num_cached_free_blocks = 0
@@ -145,21 +163,39 @@ class ScoredBlockPool(PolicyPool):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _cache_copy(self, block_id: int, block_hash: int) -> None:
-        """Register ``block_id`` as another copy of cached content: an older free copy with a
-        cached child may now go (only one copy must stay), so parked copies are woken."""
-        second_copy = block_hash in self._children
+    def _cache_copy(self, block_id: int, block_hash: int) -> int:
+        """Register ``block_id`` as another copy of cached content and return the hash's
+        holder: an older free copy with a cached child may now go (only one copy must stay),
+        so parked copies are woken."""
         self.index.insert(block_hash, block_id)
-        if second_copy:
+        copies, shared = self.index._map[block_hash], self._shared
+        for copy in copies:
+            shared[copy] = True
+        holder = next(iter(copies))
+        if self.num_children[holder]:
             self._wake(block_hash)
+        return holder
+
+    def _drop_copy(self, block_id: int, block_hash: int) -> None:
+        """Uncache one of several copies of ``block_hash``: its children count moves to the
+        next holder; a last copy left alone is no longer shared."""
+        index, counts, shared = self.index, self.num_children, self._shared
+        index.remove(block_hash, block_id)
+        shared[block_id] = False
+        remaining = index._map[block_hash]
+        if remaining.__class__ is int:
+            shared[remaining] = False
+            counts[remaining] += counts[block_id]
+        else:
+            counts[next(iter(remaining))] += counts[block_id]
+        counts[block_id] = 0
 
     def _push(self, block_id: int) -> None:
         """Queue ``block_id`` under its current key (its older entries go stale)."""
-        self._parked.discard(block_id)
         self._push_all([block_id])
 
     def _push_all(self, block_ids: list[int]) -> None:
-        """:meth:`_push` for each of ``block_ids`` (none of them parked)."""
+        """:meth:`_push` for each of ``block_ids``."""
         heap, live, entries = self._heap, self._live, self._entry
         for block_id in block_ids:
             entry = live[block_id] = entries[block_id]
@@ -168,19 +204,11 @@ class ScoredBlockPool(PolicyPool):
             self._compact()
 
     def _queue_released(self, block_ids: list[int]) -> None:
-        """Queue just released blocks: the eligible ones into the heap, the others parked at
-        once (the heap would only drop them when met: same victims, fewer heap entries)."""
-        hashes, children, index, parked = self.block_hashes, self._children, self.index._map, []
-        eligible = []
-        for block_id in block_ids:
-            block_hash = hashes[block_id]
-            if block_hash not in children:
-                eligible.append(block_id)
-                continue
-            found = index[block_hash]
-            (eligible if found.__class__ is not int and len(found) > 1 else parked).append(block_id)
-        self._parked.update(parked)
-        self._push_all(eligible)
+        """Queue just released blocks: the eligible ones into the heap; the others stay
+        *parked* (free and cached without a live entry: the heap would only drop them when
+        met, so parking them at once gives the same victims with fewer heap entries)."""
+        counts, shared = self.num_children, self._shared
+        self._push_all([b for b in block_ids if not counts[b] or shared[b]])
 
     def _compact(self) -> None:
         live, entries = self._live, self._entry
@@ -188,90 +216,94 @@ class ScoredBlockPool(PolicyPool):
             live[block_id] = entries[block_id]
         self._heap[:] = [live[block_id] for block_id in self._cached_free]   # in place
         heapify(self._heap)
-        self._parked.clear()
 
     def _evict_many(self, n: int) -> list[int]:
         """The next ``n`` victims, uncached (one loop: the hottest of a non-LRU simulation).
 
-        A victim's parent, woken when its last cached child goes, is usually the next victim:
-        its entry waits in ``woken`` and meets the heap by ``heappushpop`` (no heap work when it
-        is the smallest)."""
-        hashes, index, children = self.block_hashes, self.index._map, self._children
-        live, parked, parents, entries = self._live, self._parked, self._parent, self._entry
-        cached_free, evicted, victims, woken = self._cached_free, self.evicted, [], None
-        heap = self._heap
-        for _ in range(n):
-            if woken is not None and (not heap or woken < heap[0]):
-                block_id = woken_id     # a leaf now, and the smallest entry: no heap work
-            else:
-                block_id = self._next_victim(woken)
-            woken = None
-            block_hash = hashes[block_id]
-            if evicted is not None:
-                evicted.append((block_id, block_hash))
-            if index[block_hash].__class__ is int:
-                del index[block_hash]
-            else:
-                self.index.remove(block_hash, block_id)
-            hashes[block_id] = None
-            del cached_free[block_id]
-            live[block_id] = None
-            parent_hash = parents[block_id]
-            if parent_hash is not None:
-                parents[block_id] = None
-                left = children[parent_hash] - 1
-                if left:
-                    children[parent_hash] = left
+        A victim's parent, woken when its last cached child goes, is usually the next victim
+        (a released chain goes tail first): while its entry is below the heap's smallest, the
+        inner loop evicts it at once, with no heap work and no live entry. Parents are not
+        reset: only cached blocks are read, and caching sets them."""
+        hashes, index, counts, refs = (self.block_hashes, self.index._map, self.num_children,
+                                       self.ref_counts)
+        live, parents, entries, shared = self._live, self._parent, self._entry, self._shared
+        cached_free, evicted, heap, victims, left = self._cached_free, self.evicted, self._heap, [], n
+        while left:
+            block_id = self._next_victim()
+            while True:
+                block_hash = hashes[block_id]
+                if evicted is not None:
+                    evicted.append((block_id, block_hash))
+                if shared[block_id]:
+                    self._drop_copy(block_id, block_hash)
                 else:
-                    del children[parent_hash]
-                    found = index.get(parent_hash)
-                    if found.__class__ is int and found in parked:
-                        parked.remove(found)
-                        woken, woken_id = entries[found], found
-                        live[found] = woken
-                    else:
-                        self._wake(parent_hash)
-            victims.append(block_id)
-        if woken is not None:
-            heappush(heap, woken)
+                    del index[block_hash]
+                hashes[block_id] = None
+                del cached_free[block_id]
+                live[block_id] = None
+                victims.append(block_id)
+                left -= 1
+                parent_hash = parents[block_id]
+                if parent_hash is None:
+                    break
+                found = index.get(parent_hash)
+                if found.__class__ is not int:     # copies, or no block (an orphan)
+                    self._child_gone(parent_hash)
+                    break
+                count = counts[found] = counts[found] - 1
+                if count or refs[found] or live[found] is not None:
+                    break       # other children, held, or queued already
+                entry = entries[found]
+                if left and (not heap or entry < heap[0]):
+                    block_id = found
+                    continue
+                live[found] = entry
+                heappush(heap, entry)
+                break
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         return victims
 
-    def _next_victim(self, woken: int | None) -> int:
-        """The free cached block with the smallest live entry (in the heap, or ``woken``) that
-        is eligible: a chain leaf, or a block whose content another block also holds. An
-        ineligible block met on the way is *parked* (dropped from the heap) until
-        :meth:`_wake`."""
-        heap, live, hashes = self._heap, self._live, self.block_hashes
-        children, index, id_mask = self._children, self.index._map, (1 << self._id_bits) - 1
-        while heap or woken is not None:
-            if woken is None:
-                entry = heappop(heap)
-            else:
-                entry, woken = heappushpop(heap, woken), None
+    def _child_gone(self, block_hash: int) -> None:
+        """A cached child of ``block_hash`` was evicted, and that hash has several copies (or
+        none: an orphan, see :meth:`_next_victim`)."""
+        holder = self.holder(block_hash)
+        if holder is None:
+            left = self._orphans.pop(block_hash) - 1
+            if left:
+                self._orphans[block_hash] = left
+            return
+        self.num_children[holder] -= 1
+        if not self.num_children[holder]:
+            self._wake(block_hash)
+
+    def _next_victim(self) -> int:
+        """The free cached block with the smallest live entry that is eligible: a chain leaf,
+        or a block whose content another block also holds. An ineligible block met on the way
+        is *parked* (its live entry dropped) until :meth:`_wake`."""
+        heap, live, counts, shared = self._heap, self._live, self.num_children, self._shared
+        id_mask = (1 << self._id_bits) - 1
+        while heap:
+            entry = heappop(heap)
             block_id = entry & id_mask
             if live[block_id] != entry:
                 continue
-            block_hash = hashes[block_id]
-            if block_hash not in children:
-                return block_id
-            found = index[block_hash]   # an int, or a dict of one or more copies
-            if found.__class__ is not int and len(found) > 1:
+            if not counts[block_id] or shared[block_id]:
                 return block_id
             live[block_id] = None
-            self._parked.add(block_id)
-        # no eligible block: hashes that are not chained (see the class docstring)
+        # no eligible block: hashes that are not chained (see the class docstring); its
+        # children become orphans, counted by hash until the hash is cached again
         block_id = min(self._cached_free, key=self._entry.__getitem__)
-        self._parked.discard(block_id)
+        if counts[block_id] and not shared[block_id]:
+            block_hash = self.block_hashes[block_id]
+            self._orphans[block_hash] = self._orphans.get(block_hash, 0) + counts[block_id]
+            counts[block_id] = 0
         return block_id
 
     def _wake(self, block_hash: int) -> None:
         """Re-queue the parked free copies of ``block_hash`` (they may have become evictable);
         a copy whose entry is still queued needs nothing."""
-        found, parked = self.index._map.get(block_hash), self._parked
-        if not parked:
-            return
+        found, refs, live = self.index._map.get(block_hash), self.ref_counts, self._live
         for block_id in ((found,) if found.__class__ is int else found or ()):
-            if block_id in parked:
+            if refs[block_id] == 0 and live[block_id] is None:
                 self._push(block_id)

@@ -24,10 +24,12 @@ def test_a_three_part_key_packs_in_order():
 
 def expected_victim(pool) -> int:
     """The definition, by brute force (no unhashed block is free)."""
+    cached = [b for b in range(pool.num_blocks) if pool.block_hashes[b] is not None]
+
     def eligible(b):
         h = pool.block_hashes[b]
-        found = pool.index._map[h]
-        return h not in pool._children or (not isinstance(found, int) and len(found) > 1)
+        has_child = any(pool._parent[c] == h for c in cached)
+        return not has_child or sum(pool.block_hashes[c] == h for c in cached) > 1
     free = list(pool._cached_free)
     leaves = [b for b in free if eligible(b)] or free
     return min(leaves, key=lambda b: (pool.key_of(b), b))
@@ -95,3 +97,74 @@ def test_a_policys_bulk_entries_pack_its_key(name):
     expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits)
                 for c, b in enumerate(blocks, 40)]
     assert policy.entries(pool, blocks, 40, pool._id_bits) == expected
+
+
+def test_a_copys_children_count_on_the_older_copy_and_keep_it_until_they_go():
+    """Y recomputes hash 10 (a copy in block 1) and caches child 11 after it; the children
+    count on the holder, block 0. W's lookup hits the holder, so block 0 has the worse LFU key
+    but must wait for its child once its copy is gone."""
+    pool = make_pool(3, policy=make_policy("lfu"))
+    pool.cache_blocks(pool.get_new_blocks(1), [10])                  # X: block 0
+    pool.cache_blocks(pool.get_new_blocks(2), [10, 11])              # Y: blocks 1, 2
+    assert (pool.holder(10), pool.num_children[:3]) == (0, [1, 0, 0])
+    pool.touch(pool.index.find_prefix([10, 11]))                     # W hits blocks 0 and 2
+    pool.free_blocks([2, 0])                                         # W
+    pool.free_blocks([0])                                            # X
+    pool.free_blocks([2, 1])                                         # Y
+    assert [pool.get_new_blocks(1)[0] for _ in range(3)] == [1, 2, 0]   # key order: 1, 0, 2
+
+
+def test_evicting_the_holder_copy_moves_its_children_to_the_next_copy():
+    pool = make_pool(3, policy=make_policy("lfu"))
+    pool.cache_blocks(pool.get_new_blocks(1), [10])                  # X: block 0, the holder
+    pool.cache_blocks(pool.get_new_blocks(2), [10, 11])              # Y: copy 1, child 2
+    pool.free_blocks([0])
+    pool.free_blocks([2, 1])
+    assert pool.get_new_blocks(1) == [0]
+    assert (pool.holder(10), pool.num_children[1], pool.index._map[10]) == (1, 1, 1)
+    assert [pool.get_new_blocks(1)[0] for _ in range(2)] == [2, 1]
+
+
+def test_children_of_a_hash_evicted_against_the_chain_rule_wait_for_it_by_hash():
+    """Hashes freed root first while the child is held: no block is eligible, the root goes
+    anyway and its child is counted by hash; caching the hash again gives the count back."""
+    pool = make_pool(2, policy=make_policy("lfu"))
+    root, child = pool.get_new_blocks(2)
+    pool.cache_blocks([root, child], [10, 11])
+    pool.free_blocks([root])
+    assert pool.get_new_blocks(1) == [root]          # the fallback: nothing else was free
+    pool.cache_blocks([root], [10])
+    assert pool.num_children[root] == 1
+    pool.free_blocks([root])
+    pool.free_blocks([child])
+    assert pool.get_new_blocks(1) == [child]         # the root has the smaller key
+    assert pool.num_children[root] == 0
+
+
+@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid", "lookahead"])
+def test_bulk_entries_pack_the_key_while_every_priority_is_zero(name):
+    pool = make_pool(8, policy=make_policy(name))
+    pool.begin("r")
+    blocks = pool.get_new_blocks(6)
+    pool.cache_blocks(blocks, [11, 12, 13, 14, 15, 16])
+    pool.hits[blocks[1]] = 5
+    if hasattr(pool, "reused"):
+        pool.reused[blocks[4]] = True
+    assert not pool.priorities_seen
+    policy, hashes = pool.policy, pool.block_hashes
+    expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits)
+                for c, b in enumerate(blocks, 40)]
+    assert policy.entries(pool, blocks, 40, pool._id_bits) == expected
+
+
+def test_the_prefix_index_stores_a_last_copy_alone_again():
+    from kvsim.cache import PrefixIndex
+    index = PrefixIndex()
+    for block_id in (4, 7, 9):
+        index.insert(10, block_id)
+    index.remove(10, 4)
+    assert (index._map[10], index.get(10)) == ({7: None, 9: None}, 7)
+    index.remove(10, 7)
+    assert index._map[10] == 9
+    index.remove(10, 9)
+    assert index.get(10) is None and len(index) == 0
