@@ -101,11 +101,17 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
     computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
-    registers = np.array([not kv.is_registration_deferred(s.request_id) for s in run.requests])
-    events = (computed % bs == 0) | (((computed + 1) % bs == 0) & registers)
+    registers = np.array([getattr(kv, "enable_prefix_caching", True)
+                          and not kv.is_registration_deferred(s.request_id)
+                          for s in run.requests], dtype=bool)
+    opens = computed % bs == 0
+    events = opens | (((computed + 1) % bs == 0) & registers)
     internal = ((-(computed + 1)) % bs).sum(axis=1)
     if host is None:
-        used, idle = _allocate_events(kv, run, events, first)
+        if not registers.any() and getattr(kv, "opens_blocks_in_bulk", False):
+            used, idle = _open_in_bulk(kv, run, opens)
+        else:
+            used, idle = _allocate_events(kv, run, events, first)
         transfers, host_used = [[] for _ in range(n)], np.zeros(n, dtype=np.int64)
     else:
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events, first,
@@ -133,6 +139,21 @@ def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
     last = np.searchsorted(event_steps, np.arange(n), side="right") - 1   # -1: none yet
     table = np.vstack([np.array([before], dtype=np.int64), after])
     return table[last + 1, 0], table[last + 1, 1]
+
+
+def _open_in_bulk(kv, run: DecodeRun, opens: np.ndarray):
+    """:func:`_allocate_events` when every event opens a block and the pool hands blocks out
+    in queue order (no registration, LRU's plain pool, no host tier): the blocks of all the
+    steps in one call. The free queue holds its unhashed blocks first, so the ``k``-th block
+    taken evicts cached content exactly when ``k`` exceeds their number."""
+    pool = kv.pool
+    used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
+    num_unhashed = pool.num_free_blocks - idle
+    rows, cols = np.nonzero(opens)                      # step by step, in scheduling order
+    ids = [s.request_id for s in run.requests]
+    kv.open_blocks([ids[i] for i in cols.tolist()])
+    taken = np.bincount(rows, minlength=len(opens)).cumsum()     # blocks taken up to each step
+    return used + taken, idle - np.maximum(taken - num_unhashed, 0)
 
 
 def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host):

@@ -21,6 +21,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
+from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.eviction import make_pool
 
 
@@ -153,6 +154,22 @@ class KVCacheManager:
         """Tokens ``request_id`` holds KV slots for (0 when it holds no blocks)."""
         entry = self._requests.get(request_id)
         return entry.num_slots if entry else 0
+
+    @property
+    def opens_blocks_in_bulk(self) -> bool:
+        """Whether :meth:`open_blocks` may stand for one :meth:`allocate` per block: the pool
+        hands blocks out in queue order, whoever asks (LRU's plain pool)."""
+        return type(self.pool) is BlockPool
+
+    def open_blocks(self, request_ids: Sequence) -> list[int]:
+        """Give each of ``request_ids`` (in this order; one may come again) its next block, as
+        its decode step crossing a block boundary would by :meth:`allocate`; the caller makes
+        sure that nothing would be registered. Returns the blocks in that order."""
+        blocks = self.pool.get_new_blocks(len(request_ids))
+        entries = self._requests
+        for request_id, block_id in zip(request_ids, blocks):
+            entries[request_id].block_ids.append(block_id)
+        return blocks
 
     def has_request(self, request_id) -> bool:
         return request_id in self._requests

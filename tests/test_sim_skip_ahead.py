@@ -79,6 +79,27 @@ def test_skip_ahead_actually_skips_work():
 
 # --- arrivals against decode runs: at step boundaries, inside the first and the last step ----
 
+def test_length_only_decode_runs_take_their_blocks_in_one_call_with_identical_results(
+        monkeypatch):
+    """Length-only requests register nothing while they run, so a run's blocks come from the
+    LRU pool in one call; with a tight pool, blocks registered at finish are evicted too."""
+    trace = lambda: [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
+                     for r in workload()]
+    base = dict(model="llama-2-7b", max_num_batched_tokens=1024, num_gpu_blocks=260,
+                max_num_seqs=64, block_size=8)
+    calls, open_blocks = [], KVCacheManager.open_blocks
+    monkeypatch.setattr(KVCacheManager, "open_blocks",
+                        lambda kv, ids: calls.append(len(ids)) or open_blocks(kv, ids))
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
+    assert len(calls) > 50 and max(calls) > 10
+    assert fast.replicas[0].kv.pool.num_evictions > 1000
+    assert fast.duration_s == slow.duration_s
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    assert fast.replicas[0].kv.pool.free_queue() == slow.replicas[0].kv.pool.free_queue()
+
+
 BOUNDARY_CASES = {
     "plain": dict(num_gpu_blocks=400),
     "host-tier-write-through": dict(num_gpu_blocks=60, num_cpu_blocks=200,
@@ -89,19 +110,19 @@ BOUNDARY_CASES = {
 
 def lone_request_runs(base):
     """Steps of one long request alone, and the (first step, steps) of each decode run it got
-    (a run logs all its steps but the last with one ``extend``)."""
-    runs, extend = [], StepLog.extend
+    (a run logs all its steps but the last with one ``extend_rows``)."""
+    runs, extend = [], StepLog.extend_rows
 
-    def recording(log, columns):
-        runs.append((len(log), len(columns["t_start"]) + 1))
-        extend(log, columns)
+    def recording(log, rows):
+        runs.append((len(log), len(rows) + 1))
+        extend(log, rows)
 
-    StepLog.extend = recording
+    StepLog.extend_rows = recording
     try:
         r = simulate([Request(0, 0.0, 40, 300)], RunConfig(skip_ahead=True, **base),
                      keep_steps=True)
     finally:
-        StepLog.extend = extend
+        StepLog.extend_rows = extend
     return results.steps_frame(r), runs
 
 

@@ -93,9 +93,14 @@ class StepLog:
         if set(columns) != set(STEP_COLUMNS) or len({a.shape for a in arrays}) > 1 \
                 or arrays[0].ndim != 1:
             raise ValueError("extend needs every step column as 1-d arrays of one length")
+        self.extend_rows(np.column_stack(arrays))
+
+    def extend_rows(self, rows: np.ndarray) -> None:
+        """:meth:`extend` for steps given as one float64 array, a row per step and a column
+        per :data:`STEP_COLUMNS` name (the log keeps the array)."""
         self._seal_pending()
-        self._blocks.append(np.column_stack(arrays))
-        self._num_buffered += len(arrays[0])
+        self._blocks.append(rows)
+        self._num_buffered += len(rows)
         if self._num_buffered >= CHUNK_STEPS:
             self.flush()
 

@@ -35,6 +35,8 @@ from kvsim.cache.step_plan import TRANSFER_KINDS, StepPlan
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.serving.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
 
+_COLUMN = {name: i for i, name in enumerate(STEP_COLUMNS)}     # step log column positions
+
 
 class Replica:
     """A scheduler and an executor, driven by simulated time."""
@@ -141,10 +143,10 @@ class Replica:
         self.num_skipped_steps += n
         rows = self._rows(now, durations, moved, b, facts)
         if n > 1:
-            self.steps.extend({name: column[:-1] for name, column in rows.items()})
+            self.steps.extend_rows(rows[:-1])
         self.outstanding_tokens -= b * (n - 1)
         yield from self._wait(now, durations)
-        last = StepRecord(*(float(column[-1]) for column in rows.values()))
+        last = StepRecord(*rows[-1].tolist())
         self.steps.append(last._replace(num_waiting=self.scheduler.num_waiting))
         self.outstanding_tokens -= b
         return True
@@ -168,26 +170,26 @@ class Replica:
             moved.append(seconds)
         return DecodeSteps.concatenate(parts), np.array(durations), np.array(moved)
 
-    def _rows(self, now: float, durations, moved, b: int, facts: DecodeSteps) -> dict:
-        """The step log's columns for the steps of a decode run."""
-        n = len(facts)
-        starts = np.add.accumulate(np.concatenate(([now], durations[:-1])))
-        copies = np.zeros((len(TRANSFER_KINDS), n))
+    def _rows(self, now: float, durations, moved, b: int, facts: DecodeSteps) -> np.ndarray:
+        """The step log's rows for the steps of a decode run (one array, columns in
+        :data:`STEP_COLUMNS` order)."""
+        rows = np.zeros((len(facts), len(STEP_COLUMNS)))
+        rows[:, _COLUMN["t_start"]] = np.add.accumulate(np.concatenate(([now], durations[:-1])))
+        for name, value in (("replica", self.index), ("batch_size", b), ("scheduled_tokens", b),
+                            ("output_tokens", b), ("num_running", b),
+                            ("num_waiting", self.scheduler.num_waiting), ("duration", durations),
+                            ("kv_used_blocks", facts.kv_used_blocks),
+                            ("kv_cached_idle_blocks", facts.kv_cached_idle_blocks),
+                            ("token_slots", facts.token_slots),
+                            ("internal_slots", facts.internal_slots),
+                            ("host_used_blocks", facts.host_used_blocks), ("transfer_s", moved)):
+            rows[:, _COLUMN[name]] = value
         for j, transfers in enumerate(facts.transfers):
             if transfers:
                 plan = StepPlan(transfers=transfers)
-                copies[:, j] = [plan.num_transfer_blocks(kind) for kind in TRANSFER_KINDS]
-        same = {"replica": self.index, "batch_size": b, "scheduled_tokens": b,
-                "output_tokens": b, "num_running": b, "num_waiting": self.scheduler.num_waiting}
-        columns = {name: np.full(n, value, dtype=np.float64) for name, value in same.items()}
-        columns.update(
-            t_start=starts, duration=durations, kv_used_blocks=facts.kv_used_blocks,
-            kv_cached_idle_blocks=facts.kv_cached_idle_blocks, token_slots=facts.token_slots,
-            internal_slots=facts.internal_slots, host_used_blocks=facts.host_used_blocks,
-            transfer_s=moved,
-            **{f"{kind}_blocks": copies[k] for k, kind in enumerate(TRANSFER_KINDS)})
-        zero = np.zeros(n)
-        return {name: columns.get(name, zero) for name in STEP_COLUMNS}
+                for kind in TRANSFER_KINDS:
+                    rows[j, _COLUMN[f"{kind}_blocks"]] = plan.num_transfer_blocks(kind)
+        return rows
 
     def _wait(self, now: float, durations):
         """Wait until ``now`` plus the durations, added one by one as SimPy would."""
