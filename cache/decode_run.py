@@ -101,14 +101,13 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
     computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
-    registers = np.array([getattr(kv, "enable_prefix_caching", True)
-                          and not kv.is_registration_deferred(s.request_id)
-                          for s in run.requests], dtype=bool)
+    registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
+                         dtype=bool)
     opens = computed % bs == 0
     events = opens | (((computed + 1) % bs == 0) & registers)
     internal = ((-(computed + 1)) % bs).sum(axis=1)
     if host is None:
-        if not registers.any() and getattr(kv, "opens_blocks_in_bulk", False):
+        if not registers.any() and kv.opens_blocks_in_bulk:
             used, idle = _open_in_bulk(kv, run, opens)
         else:
             used, idle = _allocate_events(kv, run, events, first)

@@ -155,6 +155,14 @@ class KVCacheManager:
         entry = self._requests.get(request_id)
         return entry.num_slots if entry else 0
 
+    def registers_while_decoding(self, request_ids: Sequence) -> list[bool]:
+        """For each request, whether its decode steps register the blocks they fill (prefix
+        caching on, and its registration not deferred)."""
+        if not self.enable_prefix_caching:
+            return [False] * len(request_ids)
+        deferred = self._deferred
+        return [request_id not in deferred for request_id in request_ids]
+
     @property
     def opens_blocks_in_bulk(self) -> bool:
         """Whether :meth:`open_blocks` may stand for one :meth:`allocate` per block: the pool
