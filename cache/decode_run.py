@@ -96,8 +96,9 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
 
     The block events (a request opening a block, or filling one it registers) of all ``n``
     steps are found in one array operation; only they call ``kv.allocate``, step by step in
-    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would. ``host``: the host
-    tier (its copies are taken step by step)."""
+    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would; with LRU's plain
+    pool and no host tier, the opened blocks are taken in one call (:func:`_open_in_bulk`).
+    ``host``: the host tier (its copies are taken step by step)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
     computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
@@ -107,7 +108,7 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
     events = opens | (((computed + 1) % bs == 0) & registers)
     internal = ((-(computed + 1)) % bs).sum(axis=1)
     if host is None:
-        if not registers.any() and kv.opens_blocks_in_bulk:
+        if kv.opens_blocks_in_bulk:
             used, idle = _open_in_bulk(kv, run, opens)
         else:
             used, idle = _allocate_events(kv, run, events, first)
@@ -141,9 +142,11 @@ def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
 
 
 def _open_in_bulk(kv, run: DecodeRun, opens: np.ndarray):
-    """:func:`_allocate_events` when every event opens a block and the pool hands blocks out
-    in queue order (no registration, LRU's plain pool, no host tier): the blocks of all the
-    steps in one call. The free queue holds its unhashed blocks first, so the ``k``-th block
+    """:func:`_allocate_events` for LRU's plain pool without a host tier: the new blocks of
+    all the steps in one call. The blocks the steps fill are registered by
+    :func:`_bring_forward` (one call per request): nothing is looked up during a run, and
+    registering a held block moves nothing in LRU's free queue, so the pool ends as it would
+    have step by step. The free queue holds its unhashed blocks first, so the ``k``-th block
     taken evicts cached content exactly when ``k`` exceeds their number."""
     pool = kv.pool
     used, idle = pool.num_used_blocks, pool.num_cached_free_blocks

@@ -171,8 +171,9 @@ class KVCacheManager:
 
     def open_blocks(self, request_ids: Sequence) -> list[int]:
         """Give each of ``request_ids`` (in this order; one may come again) its next block, as
-        its decode step crossing a block boundary would by :meth:`allocate`; the caller makes
-        sure that nothing would be registered. Returns the blocks in that order."""
+        its decode step crossing a block boundary would by :meth:`allocate`. Blocks filled
+        meanwhile are registered by the request's next :meth:`allocate` (the caller makes sure
+        that nothing is looked up in between). Returns the blocks in that order."""
         blocks = self.pool.get_new_blocks(len(request_ids))
         entries = self._requests
         for request_id, block_id in zip(request_ids, blocks):

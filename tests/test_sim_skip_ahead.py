@@ -81,8 +81,8 @@ def test_skip_ahead_actually_skips_work():
 
 def test_length_only_decode_runs_take_their_blocks_in_one_call_with_identical_results(
         monkeypatch):
-    """Length-only requests register nothing while they run, so a run's blocks come from the
-    LRU pool in one call; with a tight pool, blocks registered at finish are evicted too."""
+    """A run's new blocks come from LRU's pool in one call; length-only requests in a tight
+    pool also evict the blocks registered when others finished."""
     trace = lambda: [Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
                      for r in workload()]
     base = dict(model="llama-2-7b", max_num_batched_tokens=1024, num_gpu_blocks=260,
