@@ -96,8 +96,8 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
 
     The block events (a request opening a block, or filling one it registers) of all ``n``
     steps are found in one array operation; only they call ``kv.allocate``, step by step in
-    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would; with LRU's plain
-    pool and no host tier, the opened blocks are taken in one call (:func:`_open_in_bulk`).
+    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would, or, where the
+    manager allows, the opened blocks are taken in one call (:func:`_open_in_bulk`).
     ``host``: the host tier (its copies are taken step by step)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
@@ -108,7 +108,7 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
     events = opens | (((computed + 1) % bs == 0) & registers)
     internal = ((-(computed + 1)) % bs).sum(axis=1)
     if host is None:
-        if kv.opens_blocks_in_bulk:
+        if kv.opens_blocks_in_bulk(run.requests, (run.num_computed + first + n).tolist()):
             used, idle = _open_in_bulk(kv, run, opens)
         else:
             used, idle = _allocate_events(kv, run, events, first)
@@ -142,18 +142,18 @@ def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
 
 
 def _open_in_bulk(kv, run: DecodeRun, opens: np.ndarray):
-    """:func:`_allocate_events` for LRU's plain pool without a host tier: the new blocks of
-    all the steps in one call. The blocks the steps fill are registered by
-    :func:`_bring_forward` (one call per request): nothing is looked up during a run, and
-    registering a held block moves nothing in LRU's free queue, so the pool ends as it would
-    have step by step. The free queue holds its unhashed blocks first, so the ``k``-th block
-    taken evicts cached content exactly when ``k`` exceeds their number."""
+    """:func:`_allocate_events` where the manager allows it (``opens_blocks_in_bulk``: LRU,
+    or a scored pool whose free blocks the steps' registrations leave alone; no host tier):
+    the new blocks of all the steps in one call, the blocks they fill registered by
+    :func:`_bring_forward` (one call per request; nothing is looked up during a run). The
+    free unhashed blocks go first, so the ``k``-th block taken evicts cached content exactly
+    when ``k`` exceeds their number."""
     pool = kv.pool
     used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
     num_unhashed = pool.num_free_blocks - idle
     rows, cols = np.nonzero(opens)                      # step by step, in scheduling order
-    ids = [s.request_id for s in run.requests]
-    kv.open_blocks([ids[i] for i in cols.tolist()])
+    requests = run.requests
+    kv.open_blocks([requests[i] for i in cols.tolist()])
     taken = np.bincount(rows, minlength=len(opens)).cumsum()     # blocks taken up to each step
     return used + taken, idle - np.maximum(taken - num_unhashed, 0)
 

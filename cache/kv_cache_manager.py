@@ -23,6 +23,7 @@ from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
 from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.eviction import make_pool
+from kvsim.cache.scored_pool import ScoredBlockPool
 
 
 @runtime_checkable
@@ -163,21 +164,46 @@ class KVCacheManager:
         deferred = self._deferred
         return [request_id not in deferred for request_id in request_ids]
 
-    @property
-    def opens_blocks_in_bulk(self) -> bool:
-        """Whether :meth:`open_blocks` may stand for one :meth:`allocate` per block: the pool
-        hands blocks out in queue order, whoever asks (LRU's plain pool)."""
-        return type(self.pool) is BlockPool
+    def opens_blocks_in_bulk(self, sequences: Sequence, num_tokens: Sequence[int]) -> bool:
+        """Whether decode steps taking ``sequences`` to ``num_tokens`` computed tokens each may
+        take their new blocks in one :meth:`open_blocks` and register the blocks they fill
+        afterwards, with the result of one :meth:`allocate` per block: always with LRU's plain
+        pool (registering a held block moves nothing in its free queue); with a scored pool
+        when no block they fill has cached content already and every request's chain goes on
+        from the holder of its last registered block (so no free block changes eligibility)."""
+        pool = self.pool
+        if type(pool) is BlockPool:
+            return True
+        if not isinstance(pool, ScoredBlockPool):
+            return False
+        index, hashes, bs = pool.index._map, pool.block_hashes, self.block_size
+        for seq, n in zip(sequences, num_tokens):
+            entry = self._requests[seq.request_id]
+            start = entry.num_cached
+            if not self.enable_prefix_caching or entry.deferred is not None or n // bs <= start:
+                continue
+            last = entry.block_ids[start - 1] if start else None
+            if (last is not None and index.get(hashes[last]) != last) or any(
+                    h in index for h in seq.block_hashes(start, n // bs)):
+                return False
+        return True
 
-    def open_blocks(self, request_ids: Sequence) -> list[int]:
-        """Give each of ``request_ids`` (in this order; one may come again) its next block, as
+    def open_blocks(self, sequences: Sequence) -> list[int]:
+        """Give each of ``sequences`` (in this order; one may come again) its next block, as
         its decode step crossing a block boundary would by :meth:`allocate`. Blocks filled
-        meanwhile are registered by the request's next :meth:`allocate` (the caller makes sure
-        that nothing is looked up in between). Returns the blocks in that order."""
-        blocks = self.pool.get_new_blocks(len(request_ids))
-        entries = self._requests
-        for request_id, block_id in zip(request_ids, blocks):
-            entries[request_id].block_ids.append(block_id)
+        meanwhile are registered by the request's next :meth:`allocate` (see
+        :meth:`opens_blocks_in_bulk`). Returns the blocks in that order."""
+        pool, entries = self.pool, self._requests
+        if self._scored:
+            for seq in dict.fromkeys(sequences):
+                pool.begin(seq.request_id, getattr(seq, "priority", 0))
+        blocks = pool.get_new_blocks(len(sequences))
+        for seq, block_id in zip(sequences, blocks):
+            entries[seq.request_id].block_ids.append(block_id)
+        if self._scored:        # a new block takes the priority of the request it went to
+            prio = pool.prio
+            for seq, block_id in zip(sequences, blocks):
+                prio[block_id] = getattr(seq, "priority", 0)
         return blocks
 
     def has_request(self, request_id) -> bool:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import simpy
 
+from kvsim.cache import decode_run
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
@@ -94,6 +95,32 @@ def test_length_only_decode_runs_take_their_blocks_in_one_call_with_identical_re
     slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
     assert len(calls) > 50 and max(calls) > 10
     assert fast.replicas[0].kv.pool.num_evictions > 1000
+    assert fast.duration_s == slow.duration_s
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    assert fast.replicas[0].kv.pool.free_queue() == slow.replicas[0].kv.pool.free_queue()
+
+
+@pytest.mark.parametrize("eviction", ["lfu", "lookahead"])
+def test_scored_runs_register_late_only_where_no_free_block_notices(eviction, monkeypatch):
+    """Greedy requests repeating earlier prompts decode blocks that finished requests left
+    cached and free: registering those step by step wakes the free copies, so such runs take
+    their blocks one allocation at a time; the other runs take them in one call. Both give
+    the results of stepping one step at a time."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 1000, int(rng.integers(20, 200))) for _ in range(6)]
+    trace = lambda: [Request(i, 0.05 * i, len(prompts[i % 6]), 40 + 20 * (i % 3),
+                             prompt_token_ids=prompts[i % 6]) for i in range(120)]
+    base = dict(model="llama-2-7b", max_num_batched_tokens=1024, num_gpu_blocks=220,
+                max_num_seqs=16, block_size=8, eviction=eviction, sampling="greedy")
+    paths = {"bulk": 0, "events": 0}
+    for name, key in (("_open_in_bulk", "bulk"), ("_allocate_events", "events")):
+        fn = getattr(decode_run, name)
+        monkeypatch.setattr(decode_run, name, lambda *a, _fn=fn, _key=key: (
+            paths.__setitem__(_key, paths[_key] + 1), _fn(*a))[1])
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
+    assert paths["bulk"] > 5 and paths["events"] > 5
     assert fast.duration_s == slow.duration_s
     assert results.requests_frame(fast).equals(results.requests_frame(slow))
     assert results.steps_frame(fast).equals(results.steps_frame(slow))
