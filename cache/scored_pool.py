@@ -83,13 +83,13 @@ class ScoredBlockPool(PolicyPool):
             raise ValueError(f"cannot get {n} free blocks: only {self.num_free_blocks} are free")
         popitem, num_unhashed = self._free.popitem, min(n, len(self._free))
         taken = [popitem(last=False)[0] for _ in range(num_unhashed)]
-        if n > num_unhashed:
-            taken += self._evict_many(n - num_unhashed)
         refs, hits, prio, priority = self.ref_counts, self.hits, self.prio, self._priority
         for block_id in taken:
             refs[block_id] = 1
             hits[block_id] = 0
             prio[block_id] = priority
+        if n > num_unhashed:
+            taken += self._evict_many(n - num_unhashed)     # taken as they are uncached
         return taken
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -218,7 +218,8 @@ class ScoredBlockPool(PolicyPool):
         heapify(self._heap)
 
     def _evict_many(self, n: int) -> list[int]:
-        """The next ``n`` victims, uncached (one loop: the hottest of a non-LRU simulation).
+        """The next ``n`` victims, uncached and taken (one loop: the hottest of a non-LRU
+        simulation).
 
         A victim's parent, woken when its last cached child goes, is usually the next victim
         (a released chain goes tail first): while its entry is below the heap's smallest, the
@@ -228,6 +229,7 @@ class ScoredBlockPool(PolicyPool):
                                        self.ref_counts)
         live, parents, entries, shared = self._live, self._parent, self._entry, self._shared
         cached_free, evicted, heap, victims, left = self._cached_free, self.evicted, self._heap, [], n
+        hits, prio, priority = self.hits, self.prio, self._priority
         while left:
             block_id = self._next_victim()
             while True:
@@ -242,6 +244,7 @@ class ScoredBlockPool(PolicyPool):
                 del cached_free[block_id]
                 live[block_id] = None
                 victims.append(block_id)
+                refs[block_id], hits[block_id], prio[block_id] = 1, 0, priority
                 left -= 1
                 parent_hash = parents[block_id]
                 if parent_hash is None:
