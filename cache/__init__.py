@@ -6,7 +6,8 @@ It decides what happens to KV blocks and returns physical effects as data
 
 from kvsim.cache.block_pool import BlockPool, PrefixIndex
 from kvsim.cache.host_tier import HostTier
-from kvsim.cache.kv_cache_manager import BlockHashSource, CacheHit, KVCacheManager, PrefixCacheStats
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.prefix_hit import BlockHashSource, CacheHit, PrefixCacheStats
 from kvsim.cache.step_plan import BlockTransfer, ScheduledRequest, StepPlan
 from kvsim.cache.tiered import TieredKVCacheManager
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvsim.cache.buddy_allocator import BuddyAllocator, block_size_for
-from kvsim.cache.kv_cache_manager import CacheHit, PrefixCacheStats
+from kvsim.cache.prefix_hit import CacheHit, PrefixCacheStats
 from kvsim.cache.slot_allocator import SlotAllocator
 from kvsim.cache.step_plan import COMPACT, BlockTransfer
 

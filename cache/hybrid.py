@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.cache.contiguous import Region, final_length, reservation_size
-from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.prefix_hit import CacheHit
 
 
 def free_runs(refs, min_len: int) -> list[tuple[int, int]]:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from kvsim.cache.attention_groups import FULL, SLIDING, LayerGroup, cdiv
 from kvsim.cache.block_pool import BlockPool
-from kvsim.cache.kv_cache_manager import CacheHit, PrefixCacheStats, _hashes
+from kvsim.cache.kv_cache_manager import _hashes
+from kvsim.cache.prefix_hit import CacheHit, PrefixCacheStats
 
 NULL = -1
 

@@ -25,7 +25,8 @@ Pure bookkeeping: the copies are pairs the step plan carries, charged by the cos
 
 from __future__ import annotations
 
-from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager, _hashes
+from kvsim.cache.kv_cache_manager import KVCacheManager, _hashes
+from kvsim.cache.prefix_hit import CacheHit
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE, TRANSFER_KINDS, BlockTransfer
 from kvsim.cache.tiered import TieredKVCacheManager
 

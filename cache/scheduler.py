@@ -32,7 +32,8 @@ import numpy as np
 
 from kvsim.cache import decode_run
 from kvsim.cache.decode_run import DecodeRun, DecodeSteps
-from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.prefix_hit import CacheHit
 from kvsim.cache.request_queue import make_queue
 from kvsim.cache.request_state import RequestState, RequestStatus
 from kvsim.cache.step_plan import ScheduledRequest, StepPlan

@@ -26,7 +26,8 @@ reads or writes changes hands.
 from __future__ import annotations
 
 from kvsim.cache.host_tier import HostTier
-from kvsim.cache.kv_cache_manager import CacheHit, KVCacheManager, _RequestBlocks
+from kvsim.cache.kv_cache_manager import KVCacheManager, _RequestBlocks
+from kvsim.cache.prefix_hit import CacheHit
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE, SWAP_IN, SWAP_OUT, TRANSFER_KINDS, BlockTransfer
 
 WRITE_POLICIES = ("back", "through")
