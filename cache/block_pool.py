@@ -43,12 +43,12 @@ class PrefixIndex:
 
     def find_prefix(self, block_hashes) -> list[int]:
         """Blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
-        found, get = [], self.get
+        found, get = [], self._map.get
         for block_hash in block_hashes:
             block_id = get(block_hash)
             if block_id is None:
                 break
-            found.append(block_id)
+            found.append(block_id if block_id.__class__ is int else next(iter(block_id)))
         return found
 
     def insert(self, block_hash: int, block_id: int) -> None:
