@@ -7,7 +7,7 @@ from collections import OrderedDict
 from itertools import compress
 from operator import not_
 
-from kvsim.cache.queue_pool import QueuePolicy, add_ghosts, delete_all, set_all
+from kvsim.cache.queue_pool import Ghost, QueuePolicy, delete_all, set_all
 
 
 class ARCPolicy(QueuePolicy):
@@ -37,15 +37,15 @@ class ARCPolicy(QueuePolicy):
     def reset(self) -> None:
         self.t1: OrderedDict[int, None] = OrderedDict()      # free T1 blocks, oldest first
         self.t2: OrderedDict[int, None] = OrderedDict()
-        self.b1: OrderedDict[int, None] = OrderedDict()      # ghost hashes, oldest first
-        self.b2: OrderedDict[int, None] = OrderedDict()
+        self.b1 = Ghost()                                    # ghost hashes, oldest first
+        self.b2 = Ghost()
         self.in_t2 = [False] * self.capacity
         self.num_t1 = self.num_t2 = 0
         self.target_t1 = 0
 
     def fill_many(self, block_ids, block_hashes):
         b1, b2 = self.b1, self.b2
-        if b1.keys().isdisjoint(block_hashes) and b2.keys().isdisjoint(block_hashes):
+        if b1.live.keys().isdisjoint(block_hashes) and b2.live.keys().isdisjoint(block_hashes):
             set_all(self.in_t2, block_ids, False)           # no ghost hit: all into T1
             self.num_t1 += len(block_ids)
             return
@@ -56,10 +56,10 @@ class ARCPolicy(QueuePolicy):
         b1, b2 = self.b1, self.b2
         if block_hash in b1:
             self.target_t1 = min(self.capacity, self.target_t1 + max(1, len(b2) // len(b1)))
-            del b1[block_hash]
+            b1.discard(block_hash)
         elif block_hash in b2:
             self.target_t1 = max(0, self.target_t1 - max(1, len(b1) // len(b2)))
-            del b2[block_hash]
+            b2.discard(block_hash)
         else:
             self.in_t2[block_id] = False
             self.num_t1 += 1
@@ -107,12 +107,12 @@ class ARCPolicy(QueuePolicy):
             out += run
         return out
 
-    def _pop(self, queue: OrderedDict, ghost: OrderedDict, n: int) -> list[int]:
+    def _pop(self, queue: OrderedDict, ghost: Ghost, n: int) -> list[int]:
         """The oldest ``min(n, len(queue))`` blocks of ``queue``; their hashes go to ``ghost``
         (each insertion trims the ghost to the pool size)."""
         popitem = queue.popitem
         run = [popitem(False)[0] for _ in range(min(n, len(queue)))]
-        add_ghosts(ghost, map(self.pool.block_hashes.__getitem__, run), self.capacity)
+        ghost.add(map(self.pool.block_hashes.__getitem__, run), self.capacity)
         return run
 
     def order(self):

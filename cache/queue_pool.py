@@ -27,7 +27,7 @@ children. An orphaned child is unreachable and ages out.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Iterable
 
 from kvsim.cache.policy_pool import PolicyPool
@@ -91,26 +91,63 @@ def delete_all(queue: OrderedDict, keys) -> None:
         del queue[key]
 
 
-def add_ghosts(ghost: OrderedDict, hashes, capacity: int) -> None:
-    """For each of ``hashes`` in turn: ``ghost[h] = None``, then drop the oldest entry if the
-    ghost holds more than ``capacity``.
+class Ghost:
+    """Hashes of evicted blocks, oldest first: an ``OrderedDict`` used as a bounded FIFO, as a
+    plain ``dict`` and a ``deque`` (half the dictionary work per hash, which is what a ghost
+    costs: its hashes are spread over a large table).
 
-    In bulk when the hashes are new and distinct: each insertion then grows the ghost by one,
-    and the drops (one per insertion that found it at or over ``capacity``) take the oldest of
-    the old entries followed by the new, whenever they happen. One at a time otherwise (a hash
-    met again keeps its place unless a drop in between took it)."""
-    hashes = list(hashes)
-    if ghost.keys().isdisjoint(hashes) and len(set(hashes)) == len(hashes):
-        before = len(ghost)
-        ghost.update(dict.fromkeys(hashes))
-        popitem = ghost.popitem
-        for _ in range(min(len(hashes), max(0, before + len(hashes) - capacity))):
-            popitem(False)
-        return
-    for block_hash in hashes:
-        ghost[block_hash] = None
-        if len(ghost) > capacity:
-            ghost.popitem(last=False)
+    ``live`` maps each hash to its position in ``fifo``; a hash taken out (``discard``) leaves
+    a stale entry in ``fifo``, skipped when it reaches the head (an entry is live while
+    ``live`` gives its position). Order, membership and length are the ``OrderedDict``'s: a
+    hash added while present keeps its place, one added again after it left goes to the end.
+    """
+
+    __slots__ = ("live", "fifo", "pushed", "popped")
+    slack = 1024            # stale entries tolerated beyond the live ones before a rebuild
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        self.fifo: deque[int] = deque()
+        self.pushed = self.popped = 0        # positions of the next tail entry and the head
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def __contains__(self, block_hash) -> bool:
+        return block_hash in self.live
+
+    def __iter__(self):
+        live = self.live
+        return (h for at, h in enumerate(self.fifo, self.popped) if live.get(h) == at)
+
+    def discard(self, block_hash) -> None:
+        """Take a present hash out (its block came back)."""
+        del self.live[block_hash]
+        if len(self.fifo) > 2 * len(self.live) + self.slack:     # drop the stale entries
+            self.fifo = deque(self)
+            self.live = dict(zip(self.fifo, range(self.popped, self.popped + len(self.fifo))))
+            self.pushed = self.popped + len(self.fifo)
+
+    def add(self, hashes, capacity: int) -> None:
+        """For each of ``hashes`` in turn: add it, then drop the oldest hash if more than
+        ``capacity`` are present. One loop: this runs once per evicted block."""
+        live, fifo = self.live, self.fifo
+        setdefault, pop, append, popleft = live.setdefault, live.pop, fifo.append, fifo.popleft
+        pushed, popped = self.pushed, self.popped
+        for block_hash in hashes:
+            if setdefault(block_hash, pushed) == pushed:     # new: to the end
+                append(block_hash)
+                pushed += 1
+            if len(live) > capacity:
+                while True:                                  # the oldest live entry goes
+                    old, at = popleft(), popped
+                    popped += 1
+                    found = pop(old, None)
+                    if found == at:
+                        break
+                    if found is not None:                    # stale: the hash is live later
+                        live[old] = found
+        self.pushed, self.popped = pushed, popped
 
 
 class QueuePool(PolicyPool):
@@ -202,14 +239,16 @@ class QueuePool(PolicyPool):
         """The policy's next ``n`` victims, uncached."""
         victims = self.policy.victims(n)
         hashes, index = self.block_hashes, self.index._map
-        victim_hashes = list(map(hashes.__getitem__, victims))
+        victim_hashes = [hashes[block_id] for block_id in victims]
         if self.evicted is not None:
             self.evicted.extend(zip(victims, victim_hashes))
+        pop = index.pop
         for block_id, block_hash in zip(victims, victim_hashes):
-            if index[block_hash].__class__ is int:
-                del index[block_hash]
-            else:
-                self.index.remove(block_hash, block_id)
+            found = pop(block_hash)
+            if found.__class__ is not int:      # several blocks hold it (index.remove)
+                del found[block_id]
+                if found:
+                    index[block_hash] = found
         set_all(hashes, victims, None)
         self.num_cached_free_blocks -= n
         self.num_evictions += n

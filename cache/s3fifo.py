@@ -2,26 +2,39 @@
 FIFO with CLOCK-like second chances and a ghost FIFO, driven one batch of blocks at a time.
 
 Both queues only ever lose blocks at their head (promotion, eviction, a CLOCK pass) and gain
-them at their tail, so each is kept as plain lists and a head index instead of an
-``OrderedDict``:
+them at their tail, which allows cheaper structures than an ``OrderedDict`` with the same
+order:
 
-- ``S`` is ``_small[_small_head:]``;
-- ``M``, the CLOCK's ring read from its hand, is ``_ahead[_hand:] + _behind``: a pass of the
-  hand moves a block from ``_ahead`` to the end of ``_behind`` (the tail), and when ``_ahead``
-  is used up ``_behind`` takes its place.
+- ``S`` is ``_small[_small_head:]``, a list and its head;
+- ``M`` is a ``deque`` of *runs*, lists of blocks that sit together in the queue (those
+  promoted or filled in one batch), each with its live part (``ids[off:]``) and its number of
+  free blocks (kept by ``release_many``/``acquire_many`` through ``_run_of``). The CLOCK hand
+  is at the head run. Passing a block moves it to the tail; moving a whole run is the same,
+  so a run whose blocks are all held (most of ``M``: the requests hitting them are running)
+  is passed in O(1); in other runs the hand jumps from free block to free block (in C:
+  ``operator.indexOf`` over the reference counts), and the blocks passed before a victim go to
+  the tail as a run of their own.
 
-Most blocks of ``M`` are held (the requests hitting them are running) and the hand passes them
-unchanged; the scans find the next free block in C (``operator.indexOf`` over the reference
-counts) and move the held ones skipped over in slices, so the Python code runs once per free
-block met, not once per block passed.
+The result is the victims, queue orders and counts of the textbook one-block-at-a-time form
+(``tests/queue_reference.py``), with Python code run per free block met, not per block passed.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from operator import countOf, indexOf, or_
+from collections import deque
+from itertools import chain, compress, islice, takewhile
+from operator import countOf, indexOf, not_, or_
 
-from kvsim.cache.queue_pool import QueuePolicy, set_all
+from kvsim.cache.queue_pool import Ghost, QueuePolicy, set_all
+
+
+class _Run:
+    """Blocks next to each other in ``M``: ``ids[off:]``, ``free`` of them free."""
+
+    __slots__ = ("ids", "off", "free")
+
+    def __init__(self, ids: list[int], free: int):
+        self.ids, self.off, self.free = ids, 0, free
 
 
 class S3FIFOPolicy(QueuePolicy):
@@ -56,10 +69,10 @@ class S3FIFOPolicy(QueuePolicy):
     def reset(self) -> None:
         self._small: list[int] = []          # S is _small[_small_head:], oldest first
         self._small_head = 0
-        self._ahead: list[int] = []          # M is _ahead[_hand:] + _behind, from the hand
-        self._hand = 0
-        self._behind: list[int] = []
-        self.ghost: OrderedDict[int, None] = OrderedDict()
+        self._runs: deque[_Run] = deque()    # M, from the hand
+        self._run_of: list[_Run | None] = [None] * self.capacity
+        self._main_len = 0
+        self.ghost = Ghost()
         self.freq = [0] * self.capacity
         self.in_main = [False] * self.capacity
         self.num_main_free = 0          # free blocks in M: none -> skip its scan (O(1))
@@ -72,7 +85,7 @@ class S3FIFOPolicy(QueuePolicy):
 
     @property
     def main(self) -> list[int]:
-        return self._ahead[self._hand:] + self._behind
+        return list(chain.from_iterable(run.ids[run.off:] for run in self._runs))
 
     def order(self):
         refs = self.pool.ref_counts
@@ -83,16 +96,18 @@ class S3FIFOPolicy(QueuePolicy):
     def fill_many(self, block_ids, block_hashes):
         set_all(self.freq, block_ids, 0)
         ghost = self.ghost
-        if ghost.keys().isdisjoint(block_hashes):        # none came back: all into S
+        if ghost.live.keys().isdisjoint(block_hashes):   # none came back: all into S
             set_all(self.in_main, block_ids, False)
             self._small += block_ids
             return
+        into_main = []
         for block_id, block_hash in zip(block_ids, block_hashes):
-            into_main = block_hash in ghost
-            if into_main:
-                del ghost[block_hash]
-            self.in_main[block_id] = into_main
-            (self._behind if into_main else self._small).append(block_id)
+            back = block_hash in ghost
+            if back:
+                ghost.discard(block_hash)
+            self.in_main[block_id] = back
+            (into_main if back else self._small).append(block_id)
+        self._append_main(into_main, 0)          # filled blocks are held
 
     def hit_many(self, block_ids):
         freq, top = self.freq, self.max_freq
@@ -102,102 +117,159 @@ class S3FIFOPolicy(QueuePolicy):
 
     def release_many(self, block_ids):
         """Queue order is fill order: nothing moves."""
-        self.num_main_free += sum(map(self.in_main.__getitem__, block_ids))
+        run_of = self._run_of
+        in_main = list(compress(block_ids, map(self.in_main.__getitem__, block_ids)))
+        for block_id in in_main:
+            run_of[block_id].free += 1
+        self.num_main_free += len(in_main)
 
     def acquire_many(self, block_ids):
         """Held blocks stay queued (skipped by eviction)."""
-        self.num_main_free -= sum(map(self.in_main.__getitem__, block_ids))
+        run_of = self._run_of
+        in_main = list(compress(block_ids, map(self.in_main.__getitem__, block_ids)))
+        for block_id in in_main:
+            run_of[block_id].free -= 1
+        self.num_main_free -= len(in_main)
 
     # --- eviction ------------------------------------------------------------------------
 
     def victims(self, n):
         """Per victim: ``S`` first while it holds its share (or ``M`` is empty); a queue whose
-        free blocks were all promoted or held hands over to the other. Victims from ``M`` come
-        in runs: while ``S`` is under its share it does not change, so the next
-        ``min(n, num_main_free)`` victims all come from ``M``."""
+        free blocks were all promoted or held hands over to the other. Victims come in runs
+        from one queue: from ``S`` while that rule holds after each, from ``M`` while ``S``
+        is under its share (it does not change then): the next ``min(n, num_main_free)``."""
         out = []
         while len(out) < n:
-            if (len(self._small) - self._small_head >= self.small_capacity
-                    or len(self._ahead) - self._hand + len(self._behind) == 0):
-                block_id = self._from_small()
-                if block_id is not None:
-                    out.append(block_id)
+            if self._small_first():
+                got = self._from_small(n - len(out))
+                if got:
+                    out += got
                     continue
             if self.num_main_free:
                 out += self._from_main(min(n - len(out), self.num_main_free))
                 continue
-            block_id = self._from_small()
-            if block_id is not None:
-                out.append(block_id)
+            got = self._from_small(1)
+            if got:
+                out += got
             elif not self.num_main_free:
                 raise ValueError(f"no free cached block left to evict ({len(out)} of {n})")
         return out
 
-    def _from_small(self) -> int | None:
-        """Scan ``S`` once from its oldest block: the first free block of frequency 0 goes
-        (its hash to ``G``), the blocks before it move to ``M``; None if every block moved."""
-        small, head, refs = self._small, self._small_head, self.pool.ref_counts
-        try:        # refs | freq is 0 only for a free block never hit
-            end = head + indexOf(map(or_, map(refs.__getitem__, tail(small, head)),
-                                     map(self.freq.__getitem__, tail(small, head))), 0)
-        except ValueError:
-            end = len(small)
-        if end > head:
-            self._promote(small[head:end])
-        if end == len(small):
-            self._small, self._small_head = [], 0
-            return None
-        block_id, self._small_head = small[end], end + 1
-        if self._small_head > 1024 and 2 * self._small_head > len(small):
-            del small[:self._small_head]
-            self._small_head = 0
-        ghost = self.ghost
-        ghost[self.pool.block_hashes[block_id]] = None
-        if len(ghost) > self.capacity - self.small_capacity:
-            ghost.popitem(last=False)
-        return block_id
+    def _small_first(self) -> bool:
+        return (len(self._small) - self._small_head >= self.small_capacity
+                or not self._main_len)
+
+    def _from_small(self, n: int) -> list[int]:
+        """Scan ``S`` from its oldest block: a free block of frequency 0 goes (its hash to
+        ``G``), the blocks before it move to ``M``; again while ``S`` comes first and fewer
+        than ``n`` went. Empty if every block moved (``S`` is empty then)."""
+        small, head, refs, freq = self._small, self._small_head, self.pool.ref_counts, self.freq
+        # refs | freq is 0 only for a free block never hit
+        keys = map(or_, map(refs.__getitem__, tail(small, head)),
+                   map(freq.__getitem__, tail(small, head)))
+        out = []
+        while True:
+            try:
+                end = head + indexOf(keys, 0)
+            except ValueError:
+                end = len(small)
+            if end > head:
+                self._promote(small[head:end])
+            if end == len(small):
+                self._small, self._small_head = [], 0
+                break
+            # the ones right after it too, while S keeps its share (or M stays empty)
+            most = n - len(out) - 1
+            if self._main_len:
+                most = min(most, len(small) - end - self.small_capacity)
+            head = end + 1
+            if most > 0:
+                head += evictable(refs, freq, small, head, most)
+                keys = map(or_, map(refs.__getitem__, tail(small, head)),
+                           map(freq.__getitem__, tail(small, head)))
+            out += small[end:head]
+            self._small_head = head
+            if len(out) == n or not self._small_first():
+                if head > 1024 and 2 * head > len(small):
+                    del small[:head]
+                    self._small_head = 0
+                break
+        self.ghost.add(map(self.pool.block_hashes.__getitem__, out),
+                       self.capacity - self.small_capacity)
+        return out
 
     def _promote(self, block_ids: list[int]) -> None:
         set_all(self.in_main, block_ids, True)
-        self._behind += block_ids
-        self.num_main_free += countOf(map(self.pool.ref_counts.__getitem__, block_ids), 0)
+        self._append_main(block_ids, countOf(map(self.pool.ref_counts.__getitem__, block_ids), 0))
+
+    def _append_main(self, block_ids: list[int], free: int) -> None:
+        """``block_ids`` (``free`` of them free) join ``M``'s tail."""
+        if block_ids:
+            self._new_run(block_ids, free)
+            self._main_len += len(block_ids)
+            self.num_main_free += free
+
+    def _new_run(self, block_ids: list[int], free: int) -> None:
+        run, run_of = _Run(block_ids, free), self._run_of
+        for block_id in block_ids:
+            run_of[block_id] = run
+        self._runs.append(run)
 
     def _from_main(self, k: int) -> list[int]:
         """CLOCK over ``M``: the next ``k`` free blocks of frequency 0 the hand meets (``k`` at
         most ``num_main_free``: every free block reaches 0 within four laps).
 
-        The hand jumps from free block to free block (``indexOf`` over the reference counts,
-        which no step here changes); a free block of frequency > 0 loses one and stays; the
-        blocks passed are moved behind in slices, up to each victim and at each lap's end.
-        Longer than most functions: one loop, so the hot path keeps its locals.
+        A run without a free block is passed whole; in another the hand jumps from free block
+        to free block (``indexOf`` over the reference counts, which no step here changes) and
+        takes a stretch of free blocks of frequency 0 at once; a free block of frequency > 0
+        loses one and stays; the blocks passed before a victim go to the tail as a run of
+        their own, the rest of a run passed to its end goes whole. Longer than most
+        functions: one loop keeps the hot path's locals.
         """
-        refs, freq = self.pool.ref_counts, self.freq
-        ahead, behind, passed = self._ahead, self._behind, self._hand
-        out = []
-        while True:                                  # one lap of ``ahead`` per iteration
-            scan = passed
-            frees = map(refs.__getitem__, tail(ahead, scan))
-            while True:
-                try:
-                    i = scan + indexOf(frees, 0)
-                except ValueError:
-                    break
-                scan = i + 1
-                block_id = ahead[i]
+        refs, freq, runs = self.pool.ref_counts, self.freq, self._runs
+        out, need = [], k
+        while need:
+            run = runs[0]
+            if not run.free:                 # all held: passed whole
+                runs.rotate(-1)
+                continue
+            ids, start = run.ids, run.off
+            frees, scan, kept = map(refs.__getitem__, tail(ids, start)), start, 0
+            while need and run.free > kept:  # free blocks ahead of the hand in this run
+                i = scan + indexOf(frees, 0)
+                block_id = ids[i]
                 if freq[block_id]:
                     freq[block_id] -= 1
+                    kept += 1
+                    scan = i + 1
                     continue
-                behind += ahead[passed:i]
-                passed = scan
-                out.append(block_id)
-                if len(out) == k:
-                    self._ahead, self._behind, self._hand = ahead, behind, passed
-                    self.num_main_free -= k
-                    return out
-            behind += ahead[passed:]
-            if not behind:
-                raise ValueError("M has no free block left to evict")
-            ahead, behind, passed = behind, [], 0
+                end = i + 1
+                if need > 1:
+                    end += evictable(refs, freq, ids, end, need - 1)
+                    frees = map(refs.__getitem__, tail(ids, end))
+                if i > start:                # passed before the victims: to the tail
+                    run.free -= kept
+                    self._new_run(ids[start:i], kept)
+                    kept = 0
+                out += ids[i:end]
+                need -= end - i
+                run.free -= end - i
+                start = scan = end
+            run.off = start
+            if start == len(ids):
+                runs.popleft()
+            elif need:                       # no free block left in it: passed to its end
+                runs.rotate(-1)
+        self._main_len -= k
+        self.num_main_free -= k
+        return out
+
+
+def evictable(refs: list[int], freq: list[int], ids: list[int], start: int, most: int) -> int:
+    """How many blocks from ``ids[start]`` on, ``most`` at most, are in a row free and of
+    frequency 0 (in C: ``refs | freq`` is 0 only for those)."""
+    keys = map(or_, map(refs.__getitem__, tail(ids, start)), map(freq.__getitem__, tail(ids, start)))
+    return countOf(takewhile(not_, islice(keys, most)), 0)
 
 
 def tail(values: list, start: int):
