@@ -7,7 +7,8 @@ from collections import OrderedDict
 from itertools import compress
 from operator import not_
 
-from kvsim.cache.queue_pool import Ghost, QueuePolicy, delete_all, set_all
+from kvsim.cache.ghost import Ghost
+from kvsim.cache.queue_pool import QueuePolicy, delete_all, set_all
 
 
 class ARCPolicy(QueuePolicy):
@@ -39,7 +40,7 @@ class ARCPolicy(QueuePolicy):
         self.t2: OrderedDict[int, None] = OrderedDict()
         self.b1 = Ghost()                                    # ghost hashes, oldest first
         self.b2 = Ghost()
-        self.in_t2 = [False] * self.capacity
+        self.in_t2 = bytearray(self.capacity)     # 1 or 0; bytes: a small cache footprint
         self.num_t1 = self.num_t2 = 0
         self.target_t1 = 0
 

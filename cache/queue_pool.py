@@ -27,7 +27,7 @@ children. An orphaned child is unreachable and ages out.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Iterable
 
 from kvsim.cache.policy_pool import PolicyPool
@@ -89,65 +89,6 @@ def delete_all(queue: OrderedDict, keys) -> None:
     """``del queue[k]`` for each of ``keys``."""
     for key in keys:
         del queue[key]
-
-
-class Ghost:
-    """Hashes of evicted blocks, oldest first: an ``OrderedDict`` used as a bounded FIFO, as a
-    plain ``dict`` and a ``deque`` (half the dictionary work per hash, which is what a ghost
-    costs: its hashes are spread over a large table).
-
-    ``live`` maps each hash to its position in ``fifo``; a hash taken out (``discard``) leaves
-    a stale entry in ``fifo``, skipped when it reaches the head (an entry is live while
-    ``live`` gives its position). Order, membership and length are the ``OrderedDict``'s: a
-    hash added while present keeps its place, one added again after it left goes to the end.
-    """
-
-    __slots__ = ("live", "fifo", "pushed", "popped")
-    slack = 1024            # stale entries tolerated beyond the live ones before a rebuild
-
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.fifo: deque[int] = deque()
-        self.pushed = self.popped = 0        # positions of the next tail entry and the head
-
-    def __len__(self) -> int:
-        return len(self.live)
-
-    def __contains__(self, block_hash) -> bool:
-        return block_hash in self.live
-
-    def __iter__(self):
-        live = self.live
-        return (h for at, h in enumerate(self.fifo, self.popped) if live.get(h) == at)
-
-    def discard(self, block_hash) -> None:
-        """Take a present hash out (its block came back)."""
-        del self.live[block_hash]
-        if len(self.fifo) > 2 * len(self.live) + self.slack:     # drop the stale entries
-            self.fifo = deque(self)
-            self.live = dict(zip(self.fifo, range(self.popped, self.popped + len(self.fifo))))
-            self.pushed = self.popped + len(self.fifo)
-
-    def add(self, hashes, capacity: int) -> None:
-        """For each of ``hashes`` in turn: add it, then drop the oldest hash if more than
-        ``capacity`` are present. One loop: this runs once per evicted block."""
-        live, fifo = self.live, self.fifo
-        setdefault, pop, append, popleft = live.setdefault, live.pop, fifo.append, fifo.popleft
-        pushed, popped = self.pushed, self.popped
-        for block_hash in hashes:
-            if setdefault(block_hash, pushed) == pushed:     # new: to the end
-                append(block_hash)
-                pushed += 1
-            if len(live) > capacity:
-                while True:                                  # the oldest live entry goes
-                    old, at = popleft(), popped
-                    popped += 1
-                    found = pop(old, None)
-                    if found == at:
-                        break
-                    if found is not None:                    # stale: the hash is live later
-                        live[old] = found
-        self.pushed, self.popped = pushed, popped
 
 
 class QueuePool(PolicyPool):
@@ -213,14 +154,10 @@ class QueuePool(PolicyPool):
         if len(block_ids) != len(block_hashes):        # zip's pairs
             n = min(len(block_ids), len(block_hashes))
             block_ids, block_hashes = block_ids[:n], block_hashes[:n]
-        hashes, index = self.block_hashes, self.index._map
+        hashes = self.block_hashes
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
-        if index.keys().isdisjoint(block_hashes) and len(set(block_hashes)) == len(block_hashes):
-            index.update(zip(block_hashes, block_ids))      # all new: one block per hash
-        else:
-            for block_id, block_hash in zip(block_ids, block_hashes):
-                self.index.insert(block_hash, block_id)
+        self._index_all(block_ids, block_hashes)
         self.policy.fill_many(block_ids, block_hashes)
 
     def reset_prefix_cache(self) -> bool:
@@ -235,21 +172,33 @@ class QueuePool(PolicyPool):
 
     # --- internals -----------------------------------------------------------------------
 
+    def _index_all(self, block_ids: list[int], block_hashes: list[int]) -> None:
+        """``index.insert`` for each pair, in one ``dict`` update when every hash is new."""
+        index = self.index._map
+        if index.keys().isdisjoint(block_hashes):
+            before = len(index)
+            index.update(zip(block_hashes, block_ids))
+            if len(index) - before == len(block_hashes):
+                return
+            for block_hash in block_hashes:        # a hash twice: undone, then one at a time
+                index.pop(block_hash, None)
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            self.index.insert(block_hash, block_id)
+
     def _evict_many(self, n: int) -> list[int]:
         """The policy's next ``n`` victims, uncached."""
         victims = self.policy.victims(n)
         hashes, index = self.block_hashes, self.index._map
-        victim_hashes = [hashes[block_id] for block_id in victims]
         if self.evicted is not None:
-            self.evicted.extend(zip(victims, victim_hashes))
+            self.evicted.extend([(block_id, hashes[block_id]) for block_id in victims])
         pop = index.pop
-        for block_id, block_hash in zip(victims, victim_hashes):
+        for block_id in victims:
+            block_hash, hashes[block_id] = hashes[block_id], None
             found = pop(block_hash)
             if found.__class__ is not int:      # several blocks hold it (index.remove)
                 del found[block_id]
                 if found:
                     index[block_hash] = found
-        set_all(hashes, victims, None)
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         return victims

@@ -25,7 +25,8 @@ from collections import deque
 from itertools import chain, compress, islice, takewhile
 from operator import countOf, indexOf, not_, or_
 
-from kvsim.cache.queue_pool import Ghost, QueuePolicy, set_all
+from kvsim.cache.ghost import Ghost
+from kvsim.cache.queue_pool import QueuePolicy, set_all
 
 
 class _Run:
@@ -73,8 +74,8 @@ class S3FIFOPolicy(QueuePolicy):
         self._run_of: list[_Run | None] = [None] * self.capacity
         self._main_len = 0
         self.ghost = Ghost()
-        self.freq = [0] * self.capacity
-        self.in_main = [False] * self.capacity
+        self.freq = bytearray(self.capacity)          # bytes, not lists: a smaller footprint
+        self.in_main = bytearray(self.capacity)       # in the CPU caches (1 or 0)
         self.num_main_free = 0          # free blocks in M: none -> skip its scan (O(1))
 
     # --- the queues, oldest first ------------------------------------------------------
@@ -94,12 +95,13 @@ class S3FIFOPolicy(QueuePolicy):
     # --- hooks ---------------------------------------------------------------------------
 
     def fill_many(self, block_ids, block_hashes):
-        set_all(self.freq, block_ids, 0)
-        ghost = self.ghost
+        freq, in_main, ghost = self.freq, self.in_main, self.ghost
         if ghost.live.keys().isdisjoint(block_hashes):   # none came back: all into S
-            set_all(self.in_main, block_ids, False)
+            for block_id in block_ids:
+                freq[block_id] = in_main[block_id] = 0
             self._small += block_ids
             return
+        set_all(freq, block_ids, 0)
         into_main = []
         for block_id, block_hash in zip(block_ids, block_hashes):
             back = block_hash in ghost
@@ -205,64 +207,83 @@ class S3FIFOPolicy(QueuePolicy):
     def _append_main(self, block_ids: list[int], free: int) -> None:
         """``block_ids`` (``free`` of them free) join ``M``'s tail."""
         if block_ids:
-            self._new_run(block_ids, free)
+            self._runs.append(self._new_run(block_ids, free))
             self._main_len += len(block_ids)
             self.num_main_free += free
 
-    def _new_run(self, block_ids: list[int], free: int) -> None:
+    def _new_run(self, block_ids: list[int], free: int) -> _Run:
         run, run_of = _Run(block_ids, free), self._run_of
         for block_id in block_ids:
             run_of[block_id] = run
-        self._runs.append(run)
+        return run
 
     def _from_main(self, k: int) -> list[int]:
         """CLOCK over ``M``: the next ``k`` free blocks of frequency 0 the hand meets (``k`` at
-        most ``num_main_free``: every free block reaches 0 within four laps).
-
-        A run without a free block is passed whole; in another the hand jumps from free block
-        to free block (``indexOf`` over the reference counts, which no step here changes) and
-        takes a stretch of free blocks of frequency 0 at once; a free block of frequency > 0
-        loses one and stays; the blocks passed before a victim go to the tail as a run of
-        their own, the rest of a run passed to its end goes whole. Longer than most
-        functions: one loop keeps the hot path's locals.
-        """
-        refs, freq, runs = self.pool.ref_counts, self.freq, self._runs
-        out, need = [], k
-        while need:
+        most ``num_main_free``: every free block reaches 0 within four laps). A run without
+        a free block is passed whole."""
+        runs, out = self._runs, []
+        while len(out) < k:
             run = runs[0]
-            if not run.free:                 # all held: passed whole
-                runs.rotate(-1)
-                continue
-            ids, start = run.ids, run.off
-            frees, scan, kept = map(refs.__getitem__, tail(ids, start)), start, 0
-            while need and run.free > kept:  # free blocks ahead of the hand in this run
-                i = scan + indexOf(frees, 0)
-                block_id = ids[i]
-                if freq[block_id]:
-                    freq[block_id] -= 1
-                    kept += 1
-                    scan = i + 1
-                    continue
-                end = i + 1
-                if need > 1:
-                    end += evictable(refs, freq, ids, end, need - 1)
-                    frees = map(refs.__getitem__, tail(ids, end))
-                if i > start:                # passed before the victims: to the tail
-                    run.free -= kept
-                    self._new_run(ids[start:i], kept)
-                    kept = 0
-                out += ids[i:end]
-                need -= end - i
-                run.free -= end - i
-                start = scan = end
-            run.off = start
-            if start == len(ids):
-                runs.popleft()
-            elif need:                       # no free block left in it: passed to its end
+            if run.free:
+                self._visit(run, k - len(out), out)
+            else:
                 runs.rotate(-1)
         self._main_len -= k
         self.num_main_free -= k
         return out
+
+    def _visit(self, run: _Run, need: int, out: list[int]) -> None:
+        """The hand goes through the head run until ``need`` more victims are in ``out`` or
+        it leaves the run: it jumps from free block to free block (``indexOf`` over the
+        reference counts, which no step here changes) and takes a stretch of free blocks of
+        frequency 0 at once; a free block of frequency > 0 loses one and stays. The blocks
+        passed before a victim go to the tail as a run of their own, or, when fewer blocks
+        follow the victims, the run keeps them and goes to the tail while those that follow
+        become the head run (fewer blocks change runs); a run passed to its end goes whole.
+        Longer than most functions: one loop keeps the hot path's locals."""
+        refs, freq = self.pool.ref_counts, self.freq
+        ids, start = run.ids, run.off
+        frees, scan, kept = map(refs.__getitem__, tail(ids, start)), start, 0
+        while need and run.free > kept:      # free blocks ahead of the hand in this run
+            i = scan + indexOf(frees, 0)
+            block_id = ids[i]
+            if freq[block_id]:
+                freq[block_id] -= 1
+                kept += 1
+                scan = i + 1
+                continue
+            end = i + 1
+            if need > 1:
+                end += evictable(refs, freq, ids, end, need - 1)
+                frees = map(refs.__getitem__, tail(ids, end))
+            out += ids[i:end]
+            need -= end - i
+            if i > start:                    # blocks passed before the victims
+                if i - start > len(ids) - end:
+                    self._cut(run, start, i, end, kept)
+                    return
+                run.free -= kept
+                self._runs.append(self._new_run(ids[start:i], kept))
+                kept = 0
+            run.free -= end - i
+            start = scan = end
+        run.off = start
+        if start == len(ids):
+            self._runs.popleft()
+        elif need:                           # no free block left in it: passed to its end
+            self._runs.rotate(-1)
+
+    def _cut(self, run: _Run, start: int, i: int, end: int, kept: int) -> None:
+        """``run`` (the head) lost ``ids[i:end]`` after passing ``ids[start:i]``, ``kept`` of
+        them free: it keeps those and goes to the tail; ``ids[end:]`` become the head run."""
+        runs, ids = self._runs, run.ids
+        rest, rest_free = ids[end:], run.free - kept - (end - i)
+        del ids[i:]
+        run.off, run.free = start, kept
+        runs.popleft()
+        if rest:
+            runs.appendleft(self._new_run(rest, rest_free))
+        runs.append(run)
 
 
 def evictable(refs: list[int], freq: list[int], ids: list[int], start: int, most: int) -> int:
