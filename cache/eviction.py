@@ -17,7 +17,9 @@ from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.lookahead import LookaheadPolicy, LookaheadPool
 from kvsim.cache.policies import (POLICY_NAMES, BeladyOracle, BeladyPolicy, CachePolicy, HybridPolicy,
                        LFUPolicy, LRUPolicy, PriorityPolicy)
-from kvsim.cache.queue_pool import ARCPolicy, QueuePool, S3FIFOPolicy
+from kvsim.cache.arc import ARCPolicy
+from kvsim.cache.queue_pool import QueuePool
+from kvsim.cache.s3fifo import S3FIFOPolicy
 from kvsim.cache.scored_pool import ScoredBlockPool
 
 POLICY_CLASSES = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,

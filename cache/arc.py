@@ -1,0 +1,121 @@
+"""ARC as a :class:`~kvsim.cache.queue_pool.QueuePolicy`: recency and frequency lists with an
+adaptive target, driven one batch of blocks at a time."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from itertools import compress
+from operator import not_
+
+from kvsim.cache.ghost import Ghost
+from kvsim.cache.queue_pool import QueuePolicy, delete_all, set_all
+
+
+class ARCPolicy(QueuePolicy):
+    """Adaptive Replacement Cache (Megiddo & Modha, FAST'03), as vLLM's
+    ``ARCOffloadingManager`` applies it to KV blocks.
+
+    - ``T1``: cached blocks used by one request since they were filled; ``T2``: blocks hit
+      again since (a hit in ``T1`` promotes to ``T2``). ``num_t1``/``num_t2`` count held and
+      free blocks; only free ones (kept in release order, oldest first) can be evicted;
+    - ``B1``/``B2``: ghost lists, hashes evicted from ``T1``/``T2``, each at most the pool size;
+    - ``target_t1`` (ARC's ``p``): a block filled with a hash found in ``B1`` means ``T1`` was
+      too small, ``p`` grows by ``max(1, |B2| / |B1|)``; one found in ``B2`` shrinks it by
+      ``max(1, |B1| / |B2|)``; such a block enters ``T2``, others ``T1``;
+    - eviction takes the oldest free block of ``T1`` while ``T1`` holds more than ``p``
+      blocks (or ``T2`` has no free block), else the oldest free block of ``T2``.
+
+    The hooks take batches; each gives the same state as its blocks one at a time in order.
+    """
+
+    name = "arc"
+
+    def attach(self, pool) -> None:
+        super().attach(pool)
+        self.capacity = pool.num_blocks
+        self.reset()
+
+    def reset(self) -> None:
+        self.t1: OrderedDict[int, None] = OrderedDict()      # free T1 blocks, oldest first
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1 = Ghost()                                    # ghost hashes, oldest first
+        self.b2 = Ghost()
+        self.in_t2 = bytearray(self.capacity)     # 1 or 0; bytes: a small cache footprint
+        self.num_t1 = self.num_t2 = 0
+        self.target_t1 = 0
+
+    def fill_many(self, block_ids, block_hashes):
+        b1, b2 = self.b1, self.b2
+        if b1.live.keys().isdisjoint(block_hashes) and b2.live.keys().isdisjoint(block_hashes):
+            set_all(self.in_t2, block_ids, False)           # no ghost hit: all into T1
+            self.num_t1 += len(block_ids)
+            return
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            self._fill(block_id, block_hash)
+
+    def _fill(self, block_id, block_hash):
+        b1, b2 = self.b1, self.b2
+        if block_hash in b1:
+            self.target_t1 = min(self.capacity, self.target_t1 + max(1, len(b2) // len(b1)))
+            b1.discard(block_hash)
+        elif block_hash in b2:
+            self.target_t1 = max(0, self.target_t1 - max(1, len(b1) // len(b2)))
+            b2.discard(block_hash)
+        else:
+            self.in_t2[block_id] = False
+            self.num_t1 += 1
+            return
+        self.in_t2[block_id] = True
+        self.num_t2 += 1
+
+    def hit_many(self, block_ids):
+        in_t2 = self.in_t2
+        promoted = dict.fromkeys(compress(block_ids, map(not_, map(in_t2.__getitem__, block_ids))))
+        set_all(in_t2, promoted, True)
+        self.num_t1 -= len(promoted)
+        self.num_t2 += len(promoted)
+
+    def release_many(self, block_ids):
+        flags = list(map(self.in_t2.__getitem__, block_ids))
+        self.t1.update(dict.fromkeys(compress(block_ids, map(not_, flags))))
+        self.t2.update(dict.fromkeys(compress(block_ids, flags)))
+
+    def acquire_many(self, block_ids):
+        flags = list(map(self.in_t2.__getitem__, block_ids))
+        delete_all(self.t1, compress(block_ids, map(not_, flags)))
+        delete_all(self.t2, compress(block_ids, flags))
+
+    def evicts_t1(self) -> bool:
+        """Whether the next victim comes from ``T1``."""
+        return bool(self.t1) and (self.num_t1 > self.target_t1 or not self.t2)
+
+    def victims(self, n):
+        """Runs from one list at a time: from ``T1`` while it is over target (``num_t1`` drops
+        with each) or ``T2`` is empty, from ``T2`` until it empties (nothing else changes)."""
+        out = []
+        while len(out) < n:
+            left = n - len(out)
+            if self.evicts_t1():
+                if self.t2:
+                    left = min(left, self.num_t1 - self.target_t1)
+                run = self._pop(self.t1, self.b1, left)
+                self.num_t1 -= len(run)
+            else:
+                run = self._pop(self.t2, self.b2, left)
+                self.num_t2 -= len(run)
+            if not run:
+                raise ValueError(f"no free cached block left to evict ({len(out)} of {n})")
+            out += run
+        return out
+
+    def _pop(self, queue: OrderedDict, ghost: Ghost, n: int) -> list[int]:
+        """The oldest ``min(n, len(queue))`` blocks of ``queue``; their hashes go to ``ghost``
+        (each insertion trims the ghost to the pool size)."""
+        popitem = queue.popitem
+        run = [popitem(False)[0] for _ in range(min(n, len(queue)))]
+        ghost.add(map(self.pool.block_hashes.__getitem__, run), self.capacity)
+        return run
+
+    def order(self):
+        first, second = (self.t1, self.t2) if self.evicts_t1() else (self.t2, self.t1)
+        return list(first) + list(second)

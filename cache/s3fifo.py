@@ -1,0 +1,301 @@
+"""S3-FIFO as a :class:`~kvsim.cache.queue_pool.QueuePolicy`: a small probation FIFO, a main
+FIFO with CLOCK-like second chances and a ghost FIFO, driven one batch of blocks at a time.
+
+Both queues only ever lose blocks at their head (promotion, eviction, a CLOCK pass) and gain
+them at their tail, which allows cheaper structures than an ``OrderedDict`` with the same
+order:
+
+- ``S`` is ``_small[_small_head:]``, a list and its head;
+- ``M`` is a ``deque`` of *runs*, lists of blocks that sit together in the queue (those
+  promoted or filled in one batch), each with its live part (``ids[off:]``) and its number of
+  free blocks (kept by ``release_many``/``acquire_many`` through ``_run_of``). The CLOCK hand
+  is at the head run. Passing a block moves it to the tail; moving a whole run is the same,
+  so a run whose blocks are all held (most of ``M``: the requests hitting them are running)
+  is passed in O(1); in other runs the hand jumps from free block to free block (in C:
+  ``operator.indexOf`` over the reference counts), and the blocks passed before a victim go to
+  the tail as a run of their own.
+
+The result is the victims, queue orders and counts of the textbook one-block-at-a-time form
+(``tests/queue_reference.py``), with Python code run per free block met, not per block passed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import chain, compress, islice, takewhile
+from operator import countOf, indexOf, not_, or_
+
+from kvsim.cache.ghost import Ghost
+from kvsim.cache.queue_pool import QueuePolicy, set_all
+
+
+class _Run:
+    """Blocks next to each other in ``M``: ``ids[off:]``, ``free`` of them free."""
+
+    __slots__ = ("ids", "off", "free")
+
+    def __init__(self, ids: list[int], free: int):
+        self.ids, self.off, self.free = ids, 0, free
+
+
+class S3FIFOPolicy(QueuePolicy):
+    """S3-FIFO (Yang et al., SOSP'23): a small FIFO ``S`` (10 % of the pool) for probation, a
+    main FIFO ``M`` and a ghost FIFO ``G`` of hashes evicted from ``S``.
+
+    - a filled block enters ``M`` when its hash is in ``G`` (it came back soon), else ``S``;
+    - every hit raises the block's frequency, capped at 3;
+    - eviction, while ``S`` holds at least its share: ``S``'s oldest block moves to ``M`` if it
+      was hit since it entered (``freq >= 1``) or a request still holds it (in use is in use:
+      re-queueing it in ``S`` would make every eviction rescan the held blocks), else it is
+      evicted and its hash goes to ``G``;
+      otherwise ``M``'s oldest block is evicted if its frequency is 0, else it is re-queued with
+      the frequency lowered by one (CLOCK-like second chances);
+    - queues keep held blocks too (fill order is the FIFO order); a held block met at ``M``'s
+      eviction end is re-queued without a change (it cannot go yet).
+
+    Scan resistance: a burst of one-off prompts passes through ``S`` only, so it cannot push
+    the reused blocks in ``M`` out.
+    """
+
+    name = "s3fifo"
+    max_freq = 3
+    small_share = 0.1
+
+    def attach(self, pool) -> None:
+        super().attach(pool)
+        self.capacity = pool.num_blocks
+        self.small_capacity = max(1, int(self.small_share * pool.num_blocks))
+        self.reset()
+
+    def reset(self) -> None:
+        self._small: list[int] = []          # S is _small[_small_head:], oldest first
+        self._small_head = 0
+        self._runs: deque[_Run] = deque()    # M, from the hand
+        self._run_of: list[_Run | None] = [None] * self.capacity
+        self._main_len = 0
+        self.ghost = Ghost()
+        self.freq = bytearray(self.capacity)          # bytes, not lists: a smaller footprint
+        self.in_main = bytearray(self.capacity)       # in the CPU caches (1 or 0)
+        self.num_main_free = 0          # free blocks in M: none -> skip its scan (O(1))
+
+    # --- the queues, oldest first ------------------------------------------------------
+
+    @property
+    def small(self) -> list[int]:
+        return self._small[self._small_head:]
+
+    @property
+    def main(self) -> list[int]:
+        return list(chain.from_iterable(run.ids[run.off:] for run in self._runs))
+
+    def order(self):
+        refs = self.pool.ref_counts
+        return [b for b in (*self.small, *self.main) if refs[b] == 0]
+
+    # --- hooks ---------------------------------------------------------------------------
+
+    def fill_many(self, block_ids, block_hashes):
+        freq, in_main, ghost = self.freq, self.in_main, self.ghost
+        if ghost.live.keys().isdisjoint(block_hashes):   # none came back: all into S
+            for block_id in block_ids:
+                freq[block_id] = in_main[block_id] = 0
+            self._small += block_ids
+            return
+        set_all(freq, block_ids, 0)
+        into_main = []
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            back = block_hash in ghost
+            if back:
+                ghost.discard(block_hash)
+            self.in_main[block_id] = back
+            (into_main if back else self._small).append(block_id)
+        self._append_main(into_main, 0)          # filled blocks are held
+
+    def hit_many(self, block_ids):
+        freq, top = self.freq, self.max_freq
+        for block_id in block_ids:
+            if freq[block_id] < top:
+                freq[block_id] += 1
+
+    def release_many(self, block_ids):
+        """Queue order is fill order: nothing moves."""
+        run_of = self._run_of
+        in_main = list(compress(block_ids, map(self.in_main.__getitem__, block_ids)))
+        for block_id in in_main:
+            run_of[block_id].free += 1
+        self.num_main_free += len(in_main)
+
+    def acquire_many(self, block_ids):
+        """Held blocks stay queued (skipped by eviction)."""
+        run_of = self._run_of
+        in_main = list(compress(block_ids, map(self.in_main.__getitem__, block_ids)))
+        for block_id in in_main:
+            run_of[block_id].free -= 1
+        self.num_main_free -= len(in_main)
+
+    # --- eviction ------------------------------------------------------------------------
+
+    def victims(self, n):
+        """Per victim: ``S`` first while it holds its share (or ``M`` is empty); a queue whose
+        free blocks were all promoted or held hands over to the other. Victims come in runs
+        from one queue: from ``S`` while that rule holds after each, from ``M`` while ``S``
+        is under its share (it does not change then): the next ``min(n, num_main_free)``."""
+        out = []
+        while len(out) < n:
+            if self._small_first():
+                got = self._from_small(n - len(out))
+                if got:
+                    out += got
+                    continue
+            if self.num_main_free:
+                out += self._from_main(min(n - len(out), self.num_main_free))
+                continue
+            got = self._from_small(1)
+            if got:
+                out += got
+            elif not self.num_main_free:
+                raise ValueError(f"no free cached block left to evict ({len(out)} of {n})")
+        return out
+
+    def _small_first(self) -> bool:
+        return (len(self._small) - self._small_head >= self.small_capacity
+                or not self._main_len)
+
+    def _from_small(self, n: int) -> list[int]:
+        """Scan ``S`` from its oldest block: a free block of frequency 0 goes (its hash to
+        ``G``), the blocks before it move to ``M``; again while ``S`` comes first and fewer
+        than ``n`` went. Empty if every block moved (``S`` is empty then)."""
+        small, head, refs, freq = self._small, self._small_head, self.pool.ref_counts, self.freq
+        # refs | freq is 0 only for a free block never hit
+        keys = map(or_, map(refs.__getitem__, tail(small, head)),
+                   map(freq.__getitem__, tail(small, head)))
+        out = []
+        while True:
+            try:
+                end = head + indexOf(keys, 0)
+            except ValueError:
+                end = len(small)
+            if end > head:
+                self._promote(small[head:end])
+            if end == len(small):
+                self._small, self._small_head = [], 0
+                break
+            # the ones right after it too, while S keeps its share (or M stays empty)
+            most = n - len(out) - 1
+            if self._main_len:
+                most = min(most, len(small) - end - self.small_capacity)
+            head = end + 1
+            if most > 0:
+                head += evictable(refs, freq, small, head, most)
+                keys = map(or_, map(refs.__getitem__, tail(small, head)),
+                           map(freq.__getitem__, tail(small, head)))
+            out += small[end:head]
+            self._small_head = head
+            if len(out) == n or not self._small_first():
+                if head > 1024 and 2 * head > len(small):
+                    del small[:head]
+                    self._small_head = 0
+                break
+        self.ghost.add(map(self.pool.block_hashes.__getitem__, out),
+                       self.capacity - self.small_capacity)
+        return out
+
+    def _promote(self, block_ids: list[int]) -> None:
+        set_all(self.in_main, block_ids, True)
+        self._append_main(block_ids, countOf(map(self.pool.ref_counts.__getitem__, block_ids), 0))
+
+    def _append_main(self, block_ids: list[int], free: int) -> None:
+        """``block_ids`` (``free`` of them free) join ``M``'s tail."""
+        if block_ids:
+            self._runs.append(self._new_run(block_ids, free))
+            self._main_len += len(block_ids)
+            self.num_main_free += free
+
+    def _new_run(self, block_ids: list[int], free: int) -> _Run:
+        run, run_of = _Run(block_ids, free), self._run_of
+        for block_id in block_ids:
+            run_of[block_id] = run
+        return run
+
+    def _from_main(self, k: int) -> list[int]:
+        """CLOCK over ``M``: the next ``k`` free blocks of frequency 0 the hand meets (``k`` at
+        most ``num_main_free``: every free block reaches 0 within four laps). A run without
+        a free block is passed whole."""
+        runs, out = self._runs, []
+        while len(out) < k:
+            run = runs[0]
+            if run.free:
+                self._visit(run, k - len(out), out)
+            else:
+                runs.rotate(-1)
+        self._main_len -= k
+        self.num_main_free -= k
+        return out
+
+    def _visit(self, run: _Run, need: int, out: list[int]) -> None:
+        """The hand goes through the head run until ``need`` more victims are in ``out`` or
+        it leaves the run: it jumps from free block to free block (``indexOf`` over the
+        reference counts, which no step here changes) and takes a stretch of free blocks of
+        frequency 0 at once; a free block of frequency > 0 loses one and stays. The blocks
+        passed before a victim go to the tail as a run of their own, or, when fewer blocks
+        follow the victims, the run keeps them and goes to the tail while those that follow
+        become the head run (fewer blocks change runs); a run passed to its end goes whole.
+        Longer than most functions: one loop keeps the hot path's locals."""
+        refs, freq = self.pool.ref_counts, self.freq
+        ids, start = run.ids, run.off
+        frees, scan, kept = map(refs.__getitem__, tail(ids, start)), start, 0
+        while need and run.free > kept:      # free blocks ahead of the hand in this run
+            i = scan + indexOf(frees, 0)
+            block_id = ids[i]
+            if freq[block_id]:
+                freq[block_id] -= 1
+                kept += 1
+                scan = i + 1
+                continue
+            end = i + 1
+            if need > 1:
+                end += evictable(refs, freq, ids, end, need - 1)
+                frees = map(refs.__getitem__, tail(ids, end))
+            out += ids[i:end]
+            need -= end - i
+            if i > start:                    # blocks passed before the victims
+                if i - start > len(ids) - end:
+                    self._cut(run, start, i, end, kept)
+                    return
+                run.free -= kept
+                self._runs.append(self._new_run(ids[start:i], kept))
+                kept = 0
+            run.free -= end - i
+            start = scan = end
+        run.off = start
+        if start == len(ids):
+            self._runs.popleft()
+        elif need:                           # no free block left in it: passed to its end
+            self._runs.rotate(-1)
+
+    def _cut(self, run: _Run, start: int, i: int, end: int, kept: int) -> None:
+        """``run`` (the head) lost ``ids[i:end]`` after passing ``ids[start:i]``, ``kept`` of
+        them free: it keeps those and goes to the tail; ``ids[end:]`` become the head run."""
+        runs, ids = self._runs, run.ids
+        rest, rest_free = ids[end:], run.free - kept - (end - i)
+        del ids[i:]
+        run.off, run.free = start, kept
+        runs.popleft()
+        if rest:
+            runs.appendleft(self._new_run(rest, rest_free))
+        runs.append(run)
+
+
+def evictable(refs: list[int], freq: list[int], ids: list[int], start: int, most: int) -> int:
+    """How many blocks from ``ids[start]`` on, ``most`` at most, are in a row free and of
+    frequency 0 (in C: ``refs | freq`` is 0 only for those)."""
+    keys = map(or_, map(refs.__getitem__, tail(ids, start)), map(freq.__getitem__, tail(ids, start)))
+    return countOf(takewhile(not_, islice(keys, most)), 0)
+
+
+def tail(values: list, start: int):
+    """An iterator over ``values[start:]`` without a copy (``islice`` would step over the
+    first ``start`` items one by one)."""
+    it = iter(values)
+    it.__setstate__(start)
+    return it
