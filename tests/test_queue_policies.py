@@ -203,3 +203,22 @@ def test_s3fifo_finds_the_free_block_in_s_when_every_block_of_m_is_held():
     s3.small_capacity = 100              # S under its share: M is asked first, has nothing
     victim = put(pool, 30)
     assert victim != back[0] and pool.index.get(0) == back[0]
+
+
+@pytest.mark.parametrize("name", ["arc", "s3fifo"])
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_hooks_evict_as_the_one_at_a_time_policies_did(name, seed):
+    """The same requests (hits, new blocks, some held, the rest freed tail first) on the
+    batched policy and on its one-call-per-block reference (tests/queue_reference.py): the
+    same blocks taken, in the same order, and the same free queue after every request."""
+    from queue_reference import RefARCPolicy, RefQueuePool, RefS3FIFOPolicy
+    from test_cache_scored_order import serve, story
+    reference = {"arc": RefARCPolicy, "s3fifo": RefS3FIFOPolicy}[name]
+    pools = make_pool(12, policy=make_policy(name)), RefQueuePool(12, policy=reference())
+    held = [], []
+    for hashes, keep, priority in story(seed):
+        for pool, its_held in zip(pools, held):
+            serve(pool, hashes, its_held, keep, priority, lambda p, n: p.get_new_blocks(n))
+        assert held[0] == held[1]
+        assert pools[0].free_queue() == pools[1].free_queue()
+    assert pools[0].num_evictions == pools[1].num_evictions > 100
