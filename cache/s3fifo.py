@@ -289,7 +289,8 @@ class S3FIFOPolicy(QueuePolicy):
 def evictable(refs: list[int], freq: list[int], ids: list[int], start: int, most: int) -> int:
     """How many blocks from ``ids[start]`` on, ``most`` at most, are in a row free and of
     frequency 0 (in C: ``refs | freq`` is 0 only for those)."""
-    keys = map(or_, map(refs.__getitem__, tail(ids, start)), map(freq.__getitem__, tail(ids, start)))
+    keys = map(or_, map(refs.__getitem__, tail(ids, start)),
+               map(freq.__getitem__, tail(ids, start)))
     return countOf(takewhile(not_, islice(keys, most)), 0)
 
 

@@ -228,7 +228,8 @@ class ScoredBlockPool(PolicyPool):
         hashes, index, counts, refs = (self.block_hashes, self.index._map, self.num_children,
                                        self.ref_counts)
         live, parents, entries, shared = self._live, self._parent, self._entry, self._shared
-        cached_free, evicted, heap, victims, left = self._cached_free, self.evicted, self._heap, [], n
+        cached_free, evicted, heap = self._cached_free, self.evicted, self._heap
+        victims, left = [], n
         hits, prio, priority = self.hits, self.prio, self._priority
         while left:
             block_id = self._next_victim()
