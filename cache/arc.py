@@ -8,7 +8,7 @@ from itertools import compress
 from operator import not_
 
 from kvsim.cache.ghost import Ghost
-from kvsim.cache.queue_pool import QueuePolicy, delete_all, set_all
+from kvsim.cache.queue_pool import QueuePolicy, delete_all, gather, set_all
 
 
 class ARCPolicy(QueuePolicy):
@@ -70,18 +70,23 @@ class ARCPolicy(QueuePolicy):
 
     def hit_many(self, block_ids):
         in_t2 = self.in_t2
-        promoted = dict.fromkeys(compress(block_ids, map(not_, map(in_t2.__getitem__, block_ids))))
+        promoted = dict.fromkeys(compress(block_ids, map(not_, gather(in_t2, block_ids))))
         set_all(in_t2, promoted, True)
         self.num_t1 -= len(promoted)
         self.num_t2 += len(promoted)
 
     def release_many(self, block_ids):
-        flags = list(map(self.in_t2.__getitem__, block_ids))
-        self.t1.update(dict.fromkeys(compress(block_ids, map(not_, flags))))
-        self.t2.update(dict.fromkeys(compress(block_ids, flags)))
+        """A plain loop: ``OrderedDict.update`` takes the generic mapping path, twice as
+        slow as item assignments."""
+        t1, t2, in_t2 = self.t1, self.t2, self.in_t2
+        for block_id in block_ids:
+            if in_t2[block_id]:
+                t2[block_id] = None
+            else:
+                t1[block_id] = None
 
     def acquire_many(self, block_ids):
-        flags = list(map(self.in_t2.__getitem__, block_ids))
+        flags = gather(self.in_t2, block_ids)
         delete_all(self.t1, compress(block_ids, map(not_, flags)))
         delete_all(self.t2, compress(block_ids, flags))
 
@@ -113,7 +118,7 @@ class ARCPolicy(QueuePolicy):
         (each insertion trims the ghost to the pool size)."""
         popitem = queue.popitem
         run = [popitem(False)[0] for _ in range(min(n, len(queue)))]
-        ghost.add(map(self.pool.block_hashes.__getitem__, run), self.capacity)
+        ghost.add(gather(self.pool.block_hashes, run), self.capacity)
         return run
 
     def order(self):

@@ -51,13 +51,13 @@ class Ghost:
         """As, for each of ``hashes`` in turn, ``ghost[h] = None`` then, with more than
         ``capacity`` present, ``ghost.popitem(last=False)``.
 
-        In bulk when the hashes are all absent and distinct and at most ``capacity`` were
-        present: each adds one at the end, and each that finds ``capacity`` present drops
-        the oldest, which are the oldest of the present ones followed by the new ones,
-        whenever the drops happen. One at a time otherwise."""
+        In bulk when the hashes are all absent and distinct: each then adds one at the end
+        and drops the oldest if that makes more than ``capacity`` (all of them do once the
+        ghost is at or over it), and what goes is the oldest present hashes followed by the
+        new ones, whenever the drops happen. One at a time otherwise."""
         hashes = list(hashes)
         live, before = self.live, len(self.live)
-        if before <= capacity and live.keys().isdisjoint(hashes):
+        if live.keys().isdisjoint(hashes):
             pushed = self.base + len(self.fifo)
             live.update(zip(hashes, count(pushed)))
             if len(live) - before == len(hashes):

@@ -28,6 +28,7 @@ children. An orphaned child is unreachable and ages out.
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import itemgetter
 from typing import Iterable
 
 from kvsim.cache.policy_pool import PolicyPool
@@ -83,6 +84,14 @@ def set_all(values: list, indices, value) -> None:
     ``values.__setitem__``, a slot wrapper, is three times slower)."""
     for i in indices:
         values[i] = value
+
+
+def gather(values, indices: list[int]) -> tuple:
+    """``values[i]`` for each ``i`` of ``indices``, as a tuple: ``operator.itemgetter`` loops
+    in C, about three times faster than ``map(values.__getitem__, indices)``."""
+    if len(indices) > 1:
+        return itemgetter(*indices)(values)
+    return (values[indices[0]],) if indices else ()
 
 
 def delete_all(queue: OrderedDict, keys) -> None:

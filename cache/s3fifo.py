@@ -22,11 +22,11 @@ The result is the victims, queue orders and counts of the textbook one-block-at-
 from __future__ import annotations
 
 from collections import deque
-from itertools import chain, compress, islice, takewhile
-from operator import countOf, indexOf, not_, or_
+from itertools import chain, compress, groupby, takewhile
+from operator import countOf, indexOf, itemgetter, not_, or_
 
 from kvsim.cache.ghost import Ghost
-from kvsim.cache.queue_pool import QueuePolicy, set_all
+from kvsim.cache.queue_pool import QueuePolicy, gather, set_all
 
 
 class _Run:
@@ -118,20 +118,20 @@ class S3FIFOPolicy(QueuePolicy):
                 freq[block_id] += 1
 
     def release_many(self, block_ids):
-        """Queue order is fill order: nothing moves."""
-        run_of = self._run_of
-        in_main = list(compress(block_ids, map(self.in_main.__getitem__, block_ids)))
-        for block_id in in_main:
-            run_of[block_id].free += 1
-        self.num_main_free += len(in_main)
+        """Queue order is fill order: nothing moves; the runs count their free blocks."""
+        self.num_main_free += self._count_free(block_ids, 1)
 
     def acquire_many(self, block_ids):
         """Held blocks stay queued (skipped by eviction)."""
-        run_of = self._run_of
-        in_main = list(compress(block_ids, map(self.in_main.__getitem__, block_ids)))
-        for block_id in in_main:
-            run_of[block_id].free -= 1
-        self.num_main_free -= len(in_main)
+        self.num_main_free -= self._count_free(block_ids, -1)
+
+    def _count_free(self, block_ids: list[int], step: int) -> int:
+        """Add ``step`` to the free count of the run of each of ``block_ids`` in ``M`` (a
+        request's blocks sit mostly in a few runs: one Python step per group); how many."""
+        in_main = list(compress(block_ids, gather(self.in_main, block_ids)))
+        for run, group in groupby(gather(self._run_of, in_main)):
+            run.free += step * countOf(group, run)
+        return len(in_main)
 
     # --- eviction ------------------------------------------------------------------------
 
@@ -166,15 +166,9 @@ class S3FIFOPolicy(QueuePolicy):
         ``G``), the blocks before it move to ``M``; again while ``S`` comes first and fewer
         than ``n`` went. Empty if every block moved (``S`` is empty then)."""
         small, head, refs, freq = self._small, self._small_head, self.pool.ref_counts, self.freq
-        # refs | freq is 0 only for a free block never hit
-        keys = map(or_, map(refs.__getitem__, tail(small, head)),
-                   map(freq.__getitem__, tail(small, head)))
         out = []
         while True:
-            try:
-                end = head + indexOf(keys, 0)
-            except ValueError:
-                end = len(small)
+            end = first_evictable(refs, freq, small, head)
             if end > head:
                 self._promote(small[head:end])
             if end == len(small):
@@ -187,8 +181,6 @@ class S3FIFOPolicy(QueuePolicy):
             head = end + 1
             if most > 0:
                 head += evictable(refs, freq, small, head, most)
-                keys = map(or_, map(refs.__getitem__, tail(small, head)),
-                           map(freq.__getitem__, tail(small, head)))
             out += small[end:head]
             self._small_head = head
             if len(out) == n or not self._small_first():
@@ -196,13 +188,13 @@ class S3FIFOPolicy(QueuePolicy):
                     del small[:head]
                     self._small_head = 0
                 break
-        self.ghost.add(map(self.pool.block_hashes.__getitem__, out),
+        self.ghost.add(gather(self.pool.block_hashes, out),
                        self.capacity - self.small_capacity)
         return out
 
     def _promote(self, block_ids: list[int]) -> None:
         set_all(self.in_main, block_ids, True)
-        self._append_main(block_ids, countOf(map(self.pool.ref_counts.__getitem__, block_ids), 0))
+        self._append_main(block_ids, gather(self.pool.ref_counts, block_ids).count(0))
 
     def _append_main(self, block_ids: list[int], free: int) -> None:
         """``block_ids`` (``free`` of them free) join ``M``'s tail."""
@@ -286,12 +278,31 @@ class S3FIFOPolicy(QueuePolicy):
         runs.append(run)
 
 
-def evictable(refs: list[int], freq: list[int], ids: list[int], start: int, most: int) -> int:
+def first_evictable(refs: list[int], freq: bytearray, ids: list[int], start: int) -> int:
+    """The index of the first free block of frequency 0 in ``ids[start:]`` (``len(ids)`` if
+    none), looked for in windows that double (``gather`` and ``indexOf``, in C)."""
+    window = 32
+    while start < len(ids):
+        part = ids[start:start + window]
+        try:        # refs | freq is 0 only for a free block never hit
+            return start + indexOf(map(or_, gather(refs, part), gather(freq, part)), 0)
+        except ValueError:
+            start += len(part)
+            window *= 2
+    return len(ids)
+
+
+def evictable(refs: list[int], freq: bytearray, ids: list[int], start: int, most: int) -> int:
     """How many blocks from ``ids[start]`` on, ``most`` at most, are in a row free and of
     frequency 0 (in C: ``refs | freq`` is 0 only for those)."""
-    keys = map(or_, map(refs.__getitem__, tail(ids, start)),
-               map(freq.__getitem__, tail(ids, start)))
-    return countOf(takewhile(not_, islice(keys, most)), 0)
+    window = ids[start:start + most]
+    if len(window) < 2:
+        return 1 if window and not (refs[window[0]] or freq[window[0]]) else 0
+    get = itemgetter(*window)
+    held, hit = get(refs), get(freq)
+    if not any(held) and not any(hit):
+        return len(window)
+    return countOf(takewhile(not_, map(or_, held, hit)), 0)
 
 
 def tail(values: list, start: int):

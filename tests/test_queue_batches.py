@@ -1,0 +1,290 @@
+"""The batched queue policies against the one-block-at-a-time ones they replaced.
+
+``tests/queue_reference.py`` keeps ARC and S3-FIFO as they were (a Python call per block).
+The batched hooks (``fill_many``, ``hit_many``, ``release_many``, ``acquire_many``,
+``victims(n)``), S3-FIFO's runs and :class:`~kvsim.cache.ghost.Ghost` must give the same
+victims, queue orders, ghosts and counts: stories with exact block ids, then random
+operations through both pools side by side.
+"""
+
+import random
+from collections import OrderedDict
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.ghost import Ghost
+from kvsim.cache.queue_pool import gather, set_all
+
+from queue_reference import RefARCPolicy, RefQueuePool, RefS3FIFOPolicy
+
+REFERENCE = {"arc": RefARCPolicy, "s3fifo": RefS3FIFOPolicy}
+
+
+def pools(name, n):
+    """A batched pool and a reference pool of ``n`` blocks evicting by ``name``."""
+    return make_pool(n, policy=make_policy(name)), RefQueuePool(n, policy=REFERENCE[name]())
+
+
+def state(pool):
+    """Everything observable of a queue pool and its policy, comparable across versions."""
+    p = pool.policy
+    common = (pool.free_queue(), list(pool.ref_counts), list(pool.block_hashes),
+              dict(pool.index._map), pool.num_cached_free_blocks, pool.num_evictions)
+    if p.name == "arc":
+        return common + (list(p.t1), list(p.t2), list(p.b1), list(p.b2), len(p.b1), len(p.b2),
+                         [bool(x) for x in p.in_t2], p.num_t1, p.num_t2, p.target_t1)
+    return common + (list(p.small), list(p.main), list(p.ghost), len(p.ghost), list(p.freq),
+                     [bool(x) for x in p.in_main], p.num_main_free)
+
+
+def take(pool, hashes):
+    """A request gets ``len(hashes)`` new blocks and fills them; returns their ids (held)."""
+    block_ids = pool.get_new_blocks(len(hashes))
+    pool.cache_blocks(block_ids, hashes)
+    return block_ids
+
+
+def put(pool, block_hash):
+    block_id = pool.get_new_blocks(1)[0]
+    pool.cache_block(block_id, block_hash)
+    pool.free_blocks([block_id])
+    return block_id
+
+
+def use(pool, block_hash):
+    block_id = pool.index.get(block_hash)
+    pool.touch([block_id])
+    pool.free_blocks([block_id])
+    return block_id
+
+
+# --- victims(n) is n victims of the old policy ---------------------------------------------
+
+def test_arc_victims_run_from_t1_to_t2_as_one_at_a_time():
+    new, ref = pools("arc", 8)
+    for pool in (new, ref):
+        for h in range(6):
+            put(pool, h)              # T1: 0..5
+        use(pool, 2), use(pool, 4)    # T2: 2, 4
+        pool.policy.target_t1 = 2     # T1 over target by two: then T2
+    assert new.policy.victims(3) == [ref.policy.victim() for _ in range(3)] == [0, 1, 2]
+    assert list(new.policy.b1) == list(ref.policy.b1) == [0, 1]
+    assert list(new.policy.b2) == list(ref.policy.b2) == [2]
+    assert (new.policy.num_t1, new.policy.num_t2) == (ref.policy.num_t1, ref.policy.num_t2)
+
+
+def test_s3fifo_victims_stop_a_stretch_at_a_hit_block_as_one_at_a_time():
+    new, ref = pools("s3fifo", 20)    # S's share: 2 blocks
+    for pool in (new, ref):
+        for h in range(20):
+            put(pool, h)
+        use(pool, 2)                  # block 2: frequency 1, goes to M when S reaches it
+    assert new.policy.victims(5) == [ref.policy.victim() for _ in range(5)] == [0, 1, 3, 4, 5]
+    assert new.policy.main == list(ref.policy.main) == [2]
+    assert list(new.policy.ghost) == list(ref.policy.ghost) == [0, 1, 3, 4, 5]
+
+
+def test_s3fifo_victims_leave_s_at_its_share_then_a_main_without_free_blocks_hands_back():
+    new, ref = pools("s3fifo", 20)   # S's share: 2 blocks
+    for pool in (new, ref):
+        take(pool, [100, 101, 102])  # blocks 0..2, held: promoted to M when S reaches them
+        for h in range(17):
+            put(pool, h)             # blocks 3..19, free
+    # 3..18 in one stretch (S keeps its share until 18 goes), then M, all held, hands over
+    got = new.policy.victims(17)
+    assert got == [ref.policy.victim() for _ in range(17)] == list(range(3, 20))
+    assert new.policy.main == [0, 1, 2] and new.policy.small == []
+    assert state(new) == state(ref)
+
+
+# --- S3-FIFO's runs: exact orders -------------------------------------------------------------
+
+def test_s3fifo_main_runs_move_whole_split_and_cut_as_the_clock_does():
+    new, ref = pools("s3fifo", 12)
+    for pool in (new, ref):
+        held = take(pool, list(range(12)))           # blocks 0..11, all held, in S
+        pool.free_blocks([11, 10])
+        assert pool.get_new_blocks(1) == [10]        # S promotes 0..9 (held), evicts 10
+        assert list(pool.policy.main) == list(range(10))
+        pool.free_blocks([3]), pool.free_blocks([8])
+        pool.policy.small_capacity = 100             # from now on M first
+    s3 = new.policy
+    assert len(s3._runs) == 1
+    # victim 3: the three blocks passed before it are fewer than the six after: they move
+    assert new.get_new_blocks(1) == ref.get_new_blocks(1) == [3]
+    assert s3.main == list(ref.policy.main) == [4, 5, 6, 7, 8, 9, 0, 1, 2]
+    assert [run.ids[run.off:] for run in s3._runs] == [[4, 5, 6, 7, 8, 9], [0, 1, 2]]
+    # victim 8: four passed before it, one after: the run keeps 4..7 and goes to the tail
+    assert new.get_new_blocks(1) == ref.get_new_blocks(1) == [8]
+    assert s3.main == list(ref.policy.main) == [9, 0, 1, 2, 4, 5, 6, 7]
+    assert [run.ids[run.off:] for run in s3._runs] == [[9], [0, 1, 2], [4, 5, 6, 7]]
+    assert all(s3._run_of[b] is run for run in s3._runs for b in run.ids[run.off:])
+    # block 0 hit and freed (frequency 1), 5 freed: the all-held run [9] is passed whole,
+    # 0 loses its hit, 5 goes
+    for pool in (new, ref):
+        pool.touch([0]), pool.free_blocks([0]), pool.free_blocks([0]), pool.free_blocks([5])
+    assert new.get_new_blocks(1) == ref.get_new_blocks(1) == [5]
+    assert s3.main == list(ref.policy.main) == [6, 7, 9, 0, 1, 2, 4]
+    assert s3.freq[0] == 0 and s3.num_main_free == 1
+    assert new.get_new_blocks(1) == ref.get_new_blocks(1) == [0]     # next lap
+    assert state(new) == state(ref)
+
+
+def test_s3fifo_a_touch_with_a_block_twice_is_two_hits():
+    new, ref = pools("s3fifo", 4)
+    for pool in (new, ref):
+        put(pool, 7)
+        pool.touch([0, 0]), pool.free_blocks([0, 0])
+    assert new.policy.freq[0] == ref.policy.freq[0] == 2
+    assert state(new) == state(ref)
+
+
+def test_arc_a_touch_with_a_block_twice_promotes_once():
+    new, ref = pools("arc", 4)
+    for pool in (new, ref):
+        put(pool, 7)
+        pool.touch([0, 0]), pool.free_blocks([0, 0])
+    assert (new.policy.num_t1, new.policy.num_t2) == (0, 1)
+    assert state(new) == state(ref)
+
+
+def test_a_batch_with_a_hash_twice_indexes_both_blocks_oldest_first():
+    for name in ("arc", "s3fifo"):
+        new, ref = pools(name, 6)
+        for pool in (new, ref):
+            take(pool, [5, 9, 5])
+        assert new.index._map[5] == {0: None, 2: None} and new.index.get(5) == 0
+        assert state(new) == state(ref)
+
+
+# --- the ghost: an OrderedDict FIFO -----------------------------------------------------------
+
+def ordered_add(ghost, hashes, capacity):
+    for h in hashes:
+        ghost[h] = None
+        if len(ghost) > capacity:
+            ghost.popitem(last=False)
+
+
+def test_ghost_keeps_a_present_hash_in_place_and_sends_a_returning_one_to_the_end():
+    g = Ghost()
+    g.add([1, 2, 3], 3)
+    g.add([2, 4], 3)                  # 2 stays second; 4 drops 1
+    assert list(g) == [2, 3, 4] and len(g) == 3 and 1 not in g
+    g.discard(3)
+    g.add([3], 3)
+    assert list(g) == [2, 4, 3]
+    # over a smaller capacity each addition drops one: 2, then 4, then (5 being present) 3
+    g.add([5, 6, 5], 2)
+    assert list(g) == [5, 6]
+
+
+def test_ghost_matches_an_ordered_dict_under_random_use():
+    for seed in range(300):
+        rng = random.Random(seed)
+        old_slack, Ghost.slack = Ghost.slack, rng.choice([0, 2, 1024])
+        try:
+            g, ref, cap = Ghost(), OrderedDict(), rng.randint(0, 20)
+            for _ in range(150):
+                if rng.random() < 0.7 or not ref:
+                    hashes = [rng.randrange(40) for _ in range(rng.randint(0, 10))]
+                    c = cap if rng.random() < 0.9 else rng.randint(-3, 30)
+                    g.add(hashes, c)
+                    ordered_add(ref, hashes, c)
+                else:
+                    h = rng.choice(list(ref))
+                    g.discard(h)
+                    del ref[h]
+                assert list(g) == list(ref) and len(g) == len(ref), seed
+        finally:
+            Ghost.slack = old_slack
+
+
+def test_gather_and_set_all():
+    values = [10, 11, 12, 13]
+    assert gather(values, []) == () and gather(values, [2]) == (12,)
+    assert gather(values, [3, 0, 3]) == (13, 10, 13)
+    set_all(values, [1, 3], 0)
+    assert values == [10, 0, 12, 0]
+
+
+# --- random operations through both pools -----------------------------------------------------
+
+class BatchedVsReference(RuleBasedStateMachine):
+    """The same requests through a batched pool and a reference pool: same block ids back,
+    same state after every step (several blocks per call, repeated hashes, shared blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.new = self.ref = None
+        self.held: list[list[int]] = []
+
+    @precondition(lambda self: self.new is None)
+    @rule(name=st.sampled_from(["arc", "s3fifo"]), n=st.integers(1, 40),
+          small=st.none() | st.integers(0, 45), log=st.booleans())
+    def start(self, name, n, small, log):
+        self.new, self.ref = pools(name, n)
+        if small is not None and name == "s3fifo":
+            self.new.policy.small_capacity = self.ref.policy.small_capacity = small
+        if log:
+            self.new.evicted, self.ref.evicted = [], []
+
+    @precondition(lambda self: self.new is not None and self.new.num_free_blocks > 0)
+    @rule(data=st.data())
+    def allocate(self, data):
+        k = data.draw(st.integers(1, self.new.num_free_blocks))
+        block_ids = self.new.get_new_blocks(k)
+        assert block_ids == self.ref.get_new_blocks(k)
+        hashes = data.draw(st.lists(st.integers(0, 60), max_size=k))
+        self.new.cache_blocks(block_ids[:len(hashes)], hashes)
+        self.ref.cache_blocks(block_ids[:len(hashes)], hashes)
+        self.held.append(block_ids)
+
+    @precondition(lambda self: self.new is not None)
+    @rule(hashes=st.lists(st.integers(0, 60), min_size=1, max_size=8), twice=st.booleans())
+    def hit(self, hashes, twice):
+        block_ids = [b for b in map(self.new.index.get, hashes) if b is not None]
+        assert block_ids == [b for b in map(self.ref.index.get, hashes) if b is not None]
+        if block_ids:
+            block_ids += block_ids[:1] if twice else []
+            self.new.touch(block_ids)
+            self.ref.touch(block_ids)
+            self.held.append(block_ids)
+
+    @precondition(lambda self: self.new is not None and self.held)
+    @rule(data=st.data(), tail_first=st.booleans())
+    def release(self, data, tail_first):
+        block_ids = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
+        order = block_ids[::-1] if tail_first else block_ids
+        self.new.free_blocks(order)
+        self.ref.free_blocks(order)
+
+    @precondition(lambda self: self.new is not None and self.new.num_free_blocks > 0)
+    @rule(block_hash=st.integers(0, 60))
+    def put_cached(self, block_hash):
+        assert self.new.put_cached(block_hash) == self.ref.put_cached(block_hash)
+
+    @precondition(lambda self: self.new is not None and not self.held)
+    @rule()
+    def reset(self):
+        assert self.new.reset_prefix_cache() == self.ref.reset_prefix_cache()
+
+    @invariant()
+    def same_state(self):
+        if self.new is not None:
+            assert state(self.new) == state(self.ref)
+            assert self.new.evicted == self.ref.evicted
+            if self.new.policy.name == "s3fifo":
+                s3, refs = self.new.policy, self.new.ref_counts
+                assert s3._main_len == len(s3.main)
+                for run in s3._runs:
+                    live = run.ids[run.off:]
+                    assert live and run.free == sum(refs[b] == 0 for b in live)
+                    assert all(s3._run_of[b] is run for b in live)
+
+
+TestBatchedVsReference = BatchedVsReference.TestCase
+TestBatchedVsReference.settings = settings(max_examples=150, stateful_step_count=50,
+                                           deadline=None)
