@@ -204,10 +204,9 @@ class QueuePool(PolicyPool):
         for block_id in victims:
             block_hash, hashes[block_id] = hashes[block_id], None
             found = pop(block_hash)
-            if found.__class__ is not int:      # several blocks hold it (index.remove)
-                del found[block_id]
-                if found:
-                    index[block_hash] = found
+            if found.__class__ is not int:      # several blocks hold it
+                index[block_hash] = found
+                self.index.remove(block_hash, block_id)
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         return victims
