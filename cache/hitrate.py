@@ -162,11 +162,11 @@ class _Window:
         """Request ``position`` is admitted; later ones inside the window join the queue."""
         reqs, horizon = self.reqs, self.reqs[position].arrival_s + self.seconds
         if position < self.next:
-            self.policy.dequeue(self.lookup(position))
+            self.policy.dequeue(position)
         else:
             self.next = position + 1
         while self.next < len(reqs) and reqs[self.next].arrival_s <= horizon:
-            self.policy.enqueue(self.lookup(self.next))
+            self.policy.enqueue(self.next, self.lookup(self.next))
             self.next += 1
 
 

@@ -130,7 +130,7 @@ class Scheduler:
         seq.status = RequestStatus.WAITING
         self.waiting.add(seq)
         if self._queue_reader is not None:
-            self._queue_reader.enqueue(self.kv._lookup_hashes(seq))
+            self._queue_reader.enqueue(seq.request_id, self.kv._lookup_hashes(seq))
 
     def schedule(self) -> StepPlan:
         """Plan one step; the scheduled tokens count as computed from here on."""
@@ -317,7 +317,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.prepend(seq)
         if self._queue_reader is not None:
-            self._queue_reader.enqueue(self.kv._lookup_hashes(seq))
+            self._queue_reader.enqueue(seq.request_id, self.kv._lookup_hashes(seq))
 
     # --- waiting requests ----------------------------------------------------------------
 
@@ -351,7 +351,7 @@ class Scheduler:
     def _admit(self, seq: RequestState, hit: CacheHit) -> None:
         self.waiting.pop()
         if self._queue_reader is not None:
-            self._queue_reader.dequeue(self.kv._lookup_hashes(seq))
+            self._queue_reader.dequeue(seq.request_id)
         if self.kv.enable_prefix_caching:   # with caching off vLLM records no prefix stats
             self._record_lookup(seq, hit)
         if seq.num_cached_tokens < 0:

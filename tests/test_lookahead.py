@@ -24,17 +24,37 @@ def test_a_block_a_queued_request_will_look_up_is_evicted_last():
     pool = make_pool(3, policy=make_policy("lookahead"))
     assert type(pool) is LookaheadPool
     a, b, c = put(pool, 1), put(pool, 2), put(pool, 3)
-    pool.policy.enqueue([1, 99])             # a queued request will look up 1 (then 99)
+    pool.policy.enqueue("r", [1, 99])        # a queued request will look up 1 (then 99)
+    clock = pool.key_of(a)[-1]
+    assert pool.key_of(a) == pool.policy.key(pool, a, 1, clock) == (1, clock, clock)
     assert put(pool, 4) == b                 # LRU would take a, the oldest
-    assert pool.index.get(1) == a and pool.policy.wanted == {1: 1, 99: 1}
-    pool.policy.dequeue([1, 99])
+    assert pool.index.get(1) == a and pool.policy.wanted == {1: 1}   # 99 is not cached
+    pool.policy.dequeue("r")
     assert pool.policy.wanted == {}
+
+
+def test_a_queued_lookup_reaches_blocks_cached_while_it_waits():
+    pool = make_pool(4, policy=make_policy("lookahead"))
+    a = put(pool, 1)
+    pool.policy.enqueue("r", [1, 2, 3, 4])   # its lookup would hit [1] now
+    pool.policy.enqueue("s", [1, 2, 5])
+    assert pool.policy.wanted == {1: 2}
+    b, c = pool.get_new_blocks(2)            # another request fills 2 and 3 after 1
+    pool.cache_blocks([b, c], [2, 3], 1, a)
+    assert pool.policy.wanted == {1: 2, 2: 2, 3: 1}    # s still stops before 5
+    pool.free_blocks([c, b])
+    d = put(pool, 9)
+    assert put(pool, 10) == d                # 1, 2 and 3 are protected: the unwanted 9 goes
+    pool.policy.dequeue("r")
+    assert pool.policy.wanted == {1: 1, 2: 1}
+    pool.policy.dequeue("s")
+    assert pool.policy.wanted == {} and pool.policy._blocked == {}
 
 
 def test_protection_yields_when_every_free_block_is_protected():
     pool = make_pool(2, policy=make_policy("lookahead"))
     a, b = put(pool, 1), put(pool, 2)
-    pool.policy.enqueue([1]), pool.policy.enqueue([2])
+    pool.policy.enqueue("r", [1]), pool.policy.enqueue("s", [2])
     assert put(pool, 3) == a                 # both protected: LRU among them
 
 
@@ -91,7 +111,7 @@ def test_the_scheduler_tells_lookahead_who_waits_and_who_was_admitted():
     second = RequestState(Request(1, 0.0, 9, 1, prompt_token_ids=np.arange(100, 109)), 4)
     sched.add(first)
     sched.add(second)
-    wanted = kv.pool.policy.wanted
-    assert set(wanted) == set(first.block_hashes(0, 2)) | set(second.block_hashes(0, 2))
+    policy = kv.pool.policy
+    assert policy.queued == [0, 1] and policy.wanted == {}    # nothing cached to reach yet
     sched.schedule()                              # the budget admits the first only
-    assert set(wanted) == set(second.block_hashes(0, 2))
+    assert policy.queued == [1]
