@@ -109,10 +109,12 @@ class ScoredBlockPool(PolicyPool):
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         refs, hashes, first, released = self.ref_counts, self.block_hashes, [], []
+        cached, uncached = released.append, first.append
         for block_id in ordered_block_ids:
-            refs[block_id] -= 1
-            if refs[block_id] == 0:
-                (released if hashes[block_id] is not None else first).append(block_id)
+            left = refs[block_id] - 1
+            refs[block_id] = left
+            if not left:
+                (cached if hashes[block_id] is not None else uncached)(block_id)
         if released:
             clock = self._clock + 1
             self._clock += len(released)
@@ -233,6 +235,7 @@ class ScoredBlockPool(PolicyPool):
         hits, prio, priority = self.hits, self.prio, self._priority
         while left:
             block_id = self._next_victim()
+            live[block_id] = None       # a parent walked to below has no live entry
             while True:
                 block_hash = hashes[block_id]
                 if evicted is not None:
@@ -243,7 +246,6 @@ class ScoredBlockPool(PolicyPool):
                     del index[block_hash]
                 hashes[block_id] = None
                 del cached_free[block_id]
-                live[block_id] = None
                 victims.append(block_id)
                 refs[block_id], hits[block_id], prio[block_id] = 1, 0, priority
                 left -= 1
