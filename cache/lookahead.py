@@ -66,6 +66,8 @@ class LookaheadPolicy(CachePolicy):
         """Request ``key`` joined the waiting queue; its lookup will cover ``block_hashes``.
         Its cached prefix is protected at once (free blocks re-keyed), the rest as it gets
         cached (:meth:`reached`)."""
+        if key in self._waiters:
+            raise ValueError(f"request {key!r} is queued already")
         waiter = self._waiters[key] = _Waiter(list(block_hashes))
         if self.pool is None:        # no index to stop at: every hash counts
             self._reach(waiter, len(waiter.hashes))

@@ -1,6 +1,7 @@
 """The lookahead policy: queued lookups are protected, reused chains outlive one-off ones."""
 
 import numpy as np
+import pytest
 
 from kvsim.cache.hitrate import ReplayRequest, hitrate_curves, policy_hits
 from kvsim.cache.lookahead import LookaheadPool
@@ -49,6 +50,16 @@ def test_a_queued_lookup_reaches_blocks_cached_while_it_waits():
     assert pool.policy.wanted == {1: 1, 2: 1}
     pool.policy.dequeue("s")
     assert pool.policy.wanted == {} and pool.policy._blocked == {}
+
+
+def test_a_request_is_queued_once_at_a_time():
+    policy = make_policy("lookahead")
+    policy.enqueue("r", [1])
+    with pytest.raises(ValueError, match="queued already"):
+        policy.enqueue("r", [1])
+    policy.dequeue("r")
+    policy.enqueue("r", [1])                 # again after admission (a preemption)
+    assert policy.queued == ["r"] and policy.wanted == {1: 1}   # no pool: every hash counts
 
 
 def test_protection_yields_when_every_free_block_is_protected():
