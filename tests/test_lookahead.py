@@ -7,13 +7,7 @@ from kvsim.cache.hitrate import ReplayRequest, hitrate_curves, policy_hits
 from kvsim.cache.lookahead import LookaheadPool
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.workloads.request import Request
-
-
-def put(pool, block_hash):
-    block_id = pool.get_new_blocks(1)[0]
-    pool.cache_block(block_id, block_hash)
-    pool.free_blocks([block_id])
-    return block_id
+from pool_stories import put
 
 
 def req(hashes, prompt_tokens, arrival_s):

@@ -18,6 +18,7 @@ from kvsim.cache.ghost import Ghost
 from kvsim.cache.queue_pool import gather, set_all
 
 from queue_reference import RefARCPolicy, RefQueuePool, RefS3FIFOPolicy
+from pool_stories import put, use
 
 REFERENCE = {"arc": RefARCPolicy, "s3fifo": RefS3FIFOPolicy}
 
@@ -44,20 +45,6 @@ def take(pool, hashes):
     block_ids = pool.get_new_blocks(len(hashes))
     pool.cache_blocks(block_ids, hashes)
     return block_ids
-
-
-def put(pool, block_hash):
-    block_id = pool.get_new_blocks(1)[0]
-    pool.cache_block(block_id, block_hash)
-    pool.free_blocks([block_id])
-    return block_id
-
-
-def use(pool, block_hash):
-    block_id = pool.index.get(block_hash)
-    pool.touch([block_id])
-    pool.free_blocks([block_id])
-    return block_id
 
 
 # --- victims(n) is n victims of the old policy ---------------------------------------------
