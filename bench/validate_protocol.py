@@ -40,6 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", default=None, help="a profile file (no profiling per repeat)")
     ap.add_argument("--quick-profile", action="store_true", help="quick grid per repeat")
     ap.add_argument("--profile-rounds", type=int, default=None)
+    ap.add_argument("--profile-timing", default="interleaved",
+                    choices=("interleaved", "before"),
+                    help="profile between the real run's steps, or before each real run")
+    ap.add_argument("--profile-share", type=float, default=1.0,
+                    help="interleaved: seconds of profiling per second of real run")
     ap.add_argument("--step-repeats", type=int, default=1, help="forward passes per step")
     ap.add_argument("--warmup-s", type=float, default=0.0)
     ap.add_argument("--pin-cpu", type=int, default=None, help="bind to this CPU core")
@@ -65,12 +70,14 @@ def main(argv=None) -> int:
     job = ValidateJob(settings, engine, args.profile, args.step_repeats, args.offline, label,
                       noise_floor=True, profile_grid="quick" if args.quick_profile else "full",
                       profile_rounds=args.profile_rounds, breakdown=args.breakdown,
-                      warmup_s=args.warmup_s)
+                      warmup_s=args.warmup_s, profile_timing=args.profile_timing,
+                      profile_share=args.profile_share)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     summary = run_protocol(load_trace(path), job, args.repeats,
                            lambda line: print(line, file=sys.stderr, flush=True))
     summary.update(trace=label, started=started, argv=sys.argv[1:],
-                   pinned_cpu=args.pin_cpu, warmup_s=args.warmup_s)
+                   pinned_cpu=args.pin_cpu, warmup_s=args.warmup_s,
+                   profile_timing=args.profile_timing, profile_share=args.profile_share)
     print(render_protocol(summary))
     if args.out:
         print(f"wrote {write_json_atomic(Path(args.out) / 'protocol.json', summary)}")

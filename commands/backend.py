@@ -19,6 +19,7 @@ BACKEND_MODEL_OPTION = typer.Option("tiny-llama", "--model", help="tiny-llama (b
 BACKEND_BLOCK_OPTION = typer.Option(32, "--block-size", min=1, help="Tokens per KV block.")
 BackendDtype = Literal["fp32", "bf16", "fp16"]
 Clock = Literal["wall", "cpu"]
+ProfileTiming = Literal["before", "interleaved"]
 DTYPE_OPTION = typer.Option("fp32", "--dtype", help="Weights and KV cache dtype.")
 THREADS_OPTION = typer.Option(1, "--threads", min=1, help="torch CPU threads (keep equal "
                               "between profile and validate).")
@@ -101,6 +102,11 @@ def validate_command(
                                      "how much the two measurements differ."),
     quick_profile: bool = typer.Option(False, "--quick-profile", help="Without --profile: "
                                        "the quick grid, one pass (rough; says by how much)."),
+    profile_timing: ProfileTiming = typer.Option(
+        "interleaved", "--profile-timing", help="Without --profile: profile 'interleaved' "
+        "between the real run's steps (and its replay's), as long again as the run, so the "
+        "profile sees the host at the run's speed (a shared CPU host drifts 5-20 % within "
+        "minutes); or 'before' the run (faster; off by that drift)."),
     breakdown: bool = typer.Option(False, "--breakdown", help="Time attention, MLP, LM head "
                                    "and host work of every real step."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write validation.html."),
@@ -116,7 +122,8 @@ def validate_command(
     from kvsim.real_backend.validate import ValidateJob, validate_job
     from kvsim.real_backend.validate_report import render_table
     job = ValidateJob(settings, engine, profile, repeats, offline, trace, noise_floor,
-                      profile_grid="quick" if quick_profile else "full", breakdown=breakdown)
+                      profile_grid="quick" if quick_profile else "full", breakdown=breakdown,
+                      profile_timing=profile_timing)
     emit(validate_job(trace, trace_options(reading, seed=seed), job, out, html, progress),
          as_json, lambda r: typer.echo(render_table(r) + "".join(
              f"\nwrote {p}" for p in r.get("outputs", {}).values())))

@@ -209,7 +209,7 @@ def measure_rounds(runner: ModelRunner, grid: Grid, clock: str, seed: int = 0,
     passes = max(grid.rounds, 1)
     for i in range(passes):
         start = time.perf_counter()
-        rounds.append([_steady_median(call, runner.device, now, grid.warmup, grid.repeats)
+        rounds.append([steady_median(call, runner.device, now, grid.warmup, grid.repeats)
                        for call in calls])
         if batch_rows:
             tables.append(measure_batch_table(runner, batch_rows, clock, grid.warmup,
@@ -232,7 +232,7 @@ def round_spread(rounds: list[list[float]]) -> dict | None:
             "drift": float(t[-1].sum() / t[0].sum() - 1)}
 
 
-def _steady_median(call: Callable[[], object], device, now: Callable[[], float], warmup: int,
+def steady_median(call: Callable[[], object], device, now: Callable[[], float], warmup: int,
                    repeats: int) -> float:
     for _ in range(warmup):
         call()
@@ -248,15 +248,21 @@ def measure_batch_table(runner: ModelRunner, max_rows: int, clock: str, warmup: 
     """Seconds of the LM head (``model.logits``) over 1, 2, ..., ``max_rows`` rows: the
     fitted profile's ``per_batch_s``."""
     import torch
-    cfg, dtype = runner.model.cfg, runner.model.lm_head.weight.dtype
-    gen = torch.Generator().manual_seed(0)
     out = []
     with torch.inference_mode():
-        for rows in range(1, max_rows + 1):
-            x = torch.randn(rows, cfg.hidden_size, generator=gen).to(runner.device, dtype)
-            out.append(_steady_median(lambda: runner.model.logits(x), runner.device,
+        for x in head_inputs(runner, max_rows):
+            out.append(steady_median(lambda: runner.model.logits(x), runner.device,
                                       clock_fn(clock), warmup, repeats))
     return out
+
+
+def head_inputs(runner: ModelRunner, max_rows: int) -> list:
+    """Random hidden states of 1, 2, ..., ``max_rows`` rows: the LM head table's inputs."""
+    import torch
+    cfg, dtype = runner.model.cfg, runner.model.lm_head.weight.dtype
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(rows, cfg.hidden_size, generator=gen).to(runner.device, dtype)
+            for rows in range(1, max_rows + 1)]
 
 
 def point_record(point: Point, measured: float, fitted: float) -> dict:
@@ -271,11 +277,7 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
     that ``CostModel(profile=...)`` and ``kvsim run --profile`` accept once written).
     ``progress`` receives a line after the model is built and after each pass of the grid;
     ``rounds`` overrides the grid's number of passes."""
-    import torch
-
-    from kvsim.sim.perf.profile import MODEL_SHAPE_KEYS
-
-    from kvsim.real_backend.session import build_runner, device_name, prepare_device, warm_up
+    from kvsim.real_backend.session import build_runner, prepare_device, warm_up
 
     built = time.perf_counter()
     model = prepare_device(settings)
@@ -290,6 +292,21 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
              f"warmed up in {time.perf_counter() - start:.1f}s")
     passes, tables = measure_rounds(runner, grid, settings.clock, settings.seed,
                                     min(limits.max_num_seqs, MAX_BATCH_TABLE), progress)
+    return profile_record(settings, model, runner, limits, quick, grid, passes, tables,
+                          time.perf_counter() - start)
+
+
+def profile_record(settings, model, runner: ModelRunner, limits: Limits, quick: bool,
+                   grid: Grid, passes: list[list[float]], tables: list[list[float]],
+                   profiling_s: float) -> dict:
+    """The fitted profile of ``passes`` over ``grid`` (and ``tables`` of the LM head): each
+    point's median over the passes, the fit, its errors and where it was measured."""
+    import torch
+
+    from kvsim.sim.perf.profile import MODEL_SHAPE_KEYS
+
+    from kvsim.real_backend.session import device_name
+
     times = [statistics.median(t) for t in zip(*passes)]
     table = [statistics.median(t) for t in zip(*tables)]
     bb = runner.kv_store.bytes_per_block
@@ -303,7 +320,7 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
         "grid": {"points": len(grid.points), "rounds": len(passes), "repeats": grid.repeats,
                  "warmup": grid.warmup}, "round_spread": round_spread(passes),
         "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "profiling_s": time.perf_counter() - start,
+        "profiling_s": profiling_s,
         "fitted": coef, "fit_error": fit_errors(grid.points, times, coef, bb),
         "points": [point_record(p, t, predict(p, coef, bb)) for p, t in zip(grid.points, times)],
         "cpu_head_layouts": {str(k): v for k, v in sorted(head.items())},

@@ -41,7 +41,8 @@ from kvsim.sim.serving.runner import RunResult, simulate
 
 from kvsim.real_backend import noise_floor as nf
 from kvsim.real_backend.breakdown import PARTS, StepBreakdown, mean_record
-from kvsim.real_backend.torch_executor import TorchExecutor, clock_fn
+from kvsim.real_backend.interleaved_profile import BETWEEN_STEPS, InterleavedProfile
+from kvsim.real_backend.torch_executor import TorchExecutor, clock_fn, interlude
 from kvsim.real_backend.profiling import Limits, quiet, run_profile
 from kvsim.real_backend.session import (BackendSettings, build_runner, device_name, keep_warm,
                                         prepare_device, warm_up)
@@ -68,31 +69,49 @@ class ValidateJob:
     profile_rounds: int | None = None            # passes over that grid (None: the grid's)
     breakdown: bool = False                      # time attention, MLP, LM head, host per step
     warmup_s: float = 0.0                        # extra decode steps before the real run
+    profile_timing: str = "interleaved"          # no profile given: "before" the run, or
+    #                                              "interleaved" between its steps
+    profile_share: float = 1.0                   # interleaved: profiling time per run second
+
+
+INTERLEAVED = "interleaved"
+PROFILE_TIMINGS = ("before", INTERLEAVED)
+
+
+def _nothing() -> None:
+    """The default ``between`` of :class:`PredictingExecutor`."""
 
 
 class PredictingExecutor(Executor):
-    """Runs each step on the real backend (its duration is what the loop sees) and records the
-    cost model's prediction of the same plan. No decode runs: no skipping ahead."""
+    """Runs each step on the real backend (its duration is what the loop sees) and keeps a
+    snapshot of its plan, so :meth:`predict` can ask the cost model about the very same steps
+    afterwards. ``between`` runs after each step, untimed (an interleaved profile's slice).
+    No decode runs: no skipping ahead."""
 
     supports_decode_runs = False
 
-    def __init__(self, real: TorchExecutor, model: CostModel,
-                 breakdown: StepBreakdown | None = None) -> None:
-        self.real, self.model, self.breakdown = real, model, breakdown
+    def __init__(self, real: TorchExecutor, breakdown: StepBreakdown | None = None,
+                 between: Callable[[], None] = _nothing) -> None:
+        self.real, self.breakdown, self.between = real, breakdown, between
         self.measured: list[float] = []
         self.predicted: list[float] = []
         self.kinds: list[str] = []
         self.kv_tokens: list[int] = []   # KV the step attends over, sum of (computed + new)
-        self.plans: list = []            # snapshots, for the noise floor's replay
+        self.plans: list = []            # snapshots, for the predictions and the replay
         self.parts: list[dict] = []      # per step, with a breakdown: mean forward pass parts
 
     def step_duration(self, plan) -> float:
         self.kinds.append(step_kind(plan))
-        self.kv_tokens.append(int(self.model.step_sums(plan)[2]))
-        self.predicted.append(self.model.step_duration(plan))
+        self.kv_tokens.append(int(CostModel.step_sums(plan)[2]))
         self.plans.append(nf.snapshot(plan))
         self.measured.append(_with_parts(self.real, plan, self.breakdown, self.parts))
+        self.between()
         return self.measured[-1]
+
+    def predict(self, model: CostModel) -> list[float]:
+        """The cost model's duration of every step run so far (into ``predicted``)."""
+        self.predicted = [model.step_duration(plan) for plan in self.plans]
+        return self.predicted
 
     def transfer_time(self, plan) -> float:
         return self.real.transfer_time(plan)
@@ -129,16 +148,15 @@ def run_config(job: ValidateJob, sim_model: str, profile_path: str | None) -> Ru
     return config
 
 
-def load_or_make_profile(job: ValidateJob, config: RunConfig, max_context: int,
+def load_or_make_profile(job: ValidateJob, limits: Limits,
                          progress: Callable[[str], None] = quiet) -> dict:
-    """The job's profile file, or a new one over the run's operating range (the full grid,
-    or the quick one if ``job.profile_grid`` says so)."""
+    """The job's profile file, or a new one over the run's operating range ``limits`` (the
+    full grid, or the quick one if ``job.profile_grid`` says so)."""
     if job.profile:
         try:
             return json.loads(Path(job.profile).read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read profile: {exc}", location=job.profile) from None
-    limits = Limits(config.max_num_seqs, config.max_num_batched_tokens, max_context)
     return run_profile(job.settings, limits, quick=job.profile_grid == "quick",
                        progress=progress, rounds=job.profile_rounds)
 
@@ -163,7 +181,11 @@ def profile_quality(profile: dict, source: str, now: float | None = None) -> dic
 
 
 def _profile_source(job: ValidateJob) -> str:
-    return "file" if job.profile else f"{job.profile_grid} grid"
+    if job.profile:
+        return "file"
+    if job.profile_timing == INTERLEAVED:
+        return f"{job.profile_grid} grid, {BETWEEN_STEPS}"
+    return f"{job.profile_grid} grid"
 
 
 def profile_mismatch(profile: dict, settings: BackendSettings) -> dict:
@@ -182,27 +204,39 @@ def _offline(requests: list) -> list:
 def validate(requests: Iterable, job: ValidateJob,
              progress: Callable[[str], None] = quiet) -> dict:
     """Run both sides and return the validation report (see :func:`compare`); ``progress``
-    receives a line as each part (profile, real run, simulated run, noise floor) ends."""
+    receives a line as each part (profile, real run, noise floor, simulated run) ends."""
     model = prepare_device(job.settings)
     reqs = _offline(list(requests)) if job.offline else list(requests)
     if not reqs:
         raise ConfigError("the trace has no requests", field="trace")
     config = run_config(job, model.sim_model, None)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
-    profile = load_or_make_profile(job, config, min(longest, model.spec.max_model_len), progress)
-    cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
-                     dtype=config.dtype)
+    limits = Limits(config.max_num_seqs, config.max_num_batched_tokens,
+                    min(longest, model.spec.max_model_len))
+    if job.profile_timing not in PROFILE_TIMINGS:
+        raise ConfigError(f"expected one of {PROFILE_TIMINGS}, got {job.profile_timing!r}",
+                          field="profile_timing")
+    interleaved = job.profile is None and job.profile_timing == INTERLEAVED
+    profile = {} if interleaved else load_or_make_profile(job, limits, progress)
     runner, breakdown = _ready_runner(job, model, config, profile)
-    tee = PredictingExecutor(_executor(runner, reqs, job), cost, breakdown)
+    profiler = (InterleavedProfile(runner, job.settings, model, limits, job.profile_share,
+                                   quick=job.profile_grid == "quick") if interleaved else None)
+    tee = PredictingExecutor(_executor(runner, reqs, job), breakdown,
+                             profiler.between_steps if profiler else _nothing)
     start = time.perf_counter()
     real = simulate(reqs, config, executor=tee, keep_steps=True)
-    real_wall = time.perf_counter() - start
+    real_wall = time.perf_counter() - start - (profiler.spent_s if profiler else 0.0)
     progress(f"validate: real run, {len(tee.measured)} steps in {real_wall:.1f}s")
+    replayed = _replay_floor(runner, reqs, job, tee, real, breakdown) if job.noise_floor else None
+    if profiler is not None:
+        profile = profiler.profile(progress)
+    cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
+                     dtype=config.dtype)
     sim = simulate(reqs, config, executor=cost, keep_steps=True)
-    report = compare(real, sim, tee.predicted, tee.kinds, tee.kv_tokens)
-    if job.noise_floor:
-        report["noise_floor"] = _replay_floor(runner, reqs, job, tee, real, breakdown, report)
-        progress("validate: noise floor (the real steps replayed) done")
+    report = compare(real, sim, tee.predict(cost), tee.kinds, tee.kv_tokens)
+    if replayed is not None:
+        report["noise_floor"], steps = replayed
+        report["steps"].update(steps)
     if breakdown is not None:
         report["steps"]["parts"] = {k: [p[k] for p in tee.parts] for k in PARTS + ("total",)}
         breakdown.detach()
@@ -240,19 +274,23 @@ def _executor(runner, reqs: list, job: ValidateJob) -> TorchExecutor:
 
 
 def _replay_floor(runner, reqs: list, job: ValidateJob, tee: PredictingExecutor,
-                  real: RunResult, breakdown: StepBreakdown | None, report: dict) -> dict:
-    """Replay the real run's steps (:func:`.noise_floor.replay`) and compare the two
-    measurements; with a breakdown, the replay's parts go into ``report["steps"]``."""
+                  real: RunResult, breakdown: StepBreakdown | None) -> tuple[dict, dict]:
+    """Replay the real run's steps (:func:`.noise_floor.replay`, ``tee.between`` and the
+    engine-like host work before each) and compare the two measurements: the noise floor, and
+    the replay's step times (and, with a breakdown, parts) for ``report["steps"]``."""
     again = _executor(runner, reqs, job)
     parts: list[dict] = []
-    second = nf.replay(_PartsExecutor(again, breakdown, parts), tee.plans)
+
+    def between() -> None:
+        tee.between()
+        interlude()
+    second = nf.replay(_PartsExecutor(again, breakdown, parts), tee.plans, between)
     out = nf.floor(tee.measured, second, real.duration_s)
     out["same_outputs"] = again.outputs == tee.real.outputs
-    report["steps"]["replayed_s"] = second
+    steps: dict = {"replayed_s": second}
     if breakdown is not None:
-        report["steps"]["replayed_parts"] = {k: [p[k] for p in parts]
-                                             for k in PARTS + ("total",)}
-    return out
+        steps["replayed_parts"] = {k: [p[k] for p in parts] for k in PARTS + ("total",)}
+    return out, steps
 
 
 class _PartsExecutor:

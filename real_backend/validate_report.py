@@ -12,6 +12,7 @@ from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page,
 from kvsim.reports.style import fmt_pct, style_figure
 
 from kvsim.real_backend.breakdown import part_table
+from kvsim.real_backend.interleaved_profile import BETWEEN_STEPS
 
 
 def _pct(value) -> str:
@@ -80,13 +81,22 @@ def profile_lines(quality: dict | None) -> list[str]:
         return []
     lines = []
     fit = f"{_pct(quality['fit_median'])} median, {_pct(quality['fit_max'])} max"
-    if quality["source"] == "quick grid":
-        lines.append(f"warning: quick profile ({quality['points']} points, one pass): rough. "
-                     f"Its fit misses its own points by {fit}, and one pass cannot see the "
-                     f"host drifting while it ran: expect step errors of the fit error plus "
-                     f"the noise floor, or more (drop --quick-profile for the full grid)")
+    interleaved = quality["source"].endswith(BETWEEN_STEPS)
+    if quality["source"].startswith("quick grid"):
+        passes = "one pass" if quality["passes"] == 1 else f"{quality['passes']} passes"
+        drift = "" if interleaved else (", and one pass cannot see the host drifting while it "
+                                        "ran")
+        lines.append(f"warning: quick profile ({quality['points']} points, {passes}): rough. "
+                     f"Its fit misses its own points by {fit}{drift}: expect step errors of "
+                     f"the fit error plus the noise floor, or more (drop --quick-profile for "
+                     f"the full grid)")
     spread = quality.get("round_spread")
-    if spread and spread["median"] > 0.05:
+    if spread and spread["median"] > 0.05 and interleaved:
+        lines.append(f"note: the profile's {spread['passes']} passes, spread over the real "
+                     f"run, disagreed by {_pct(spread['median'])} per point (median): the "
+                     f"host's speed moved during the run; each point's median over the passes "
+                     f"follows it")
+    elif spread and spread["median"] > 0.05:
         lines.append(f"warning: the profile's {spread['passes']} passes disagreed by "
                      f"{_pct(spread['median'])} per point (median), whole grid drifted "
                      f"{spread['drift']:+.1%}: the host changed speed while profiling")

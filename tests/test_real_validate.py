@@ -39,7 +39,7 @@ def workload(n=20, seed=0):
 def report():
     job = ValidateJob(BackendSettings(clock="cpu"),
                       {"num_gpu_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 256},
-                      profile_grid="quick", breakdown=True)
+                      profile_grid="quick", breakdown=True, profile_timing="before")
     return validate(workload(), job)
 
 
