@@ -1,8 +1,9 @@
 """Validation that reproduces: profile and validate back to back, N times; median and spread.
 
-Each repeat profiles the real backend (full grid, three passes, unless ``--profile`` names a
-file), runs the trace on it, replays the real steps once more (the noise floor) and runs the
-simulator (``kvsim.real_backend.protocol``). Prints one column per repeat, the median and the
+Each repeat runs the trace on the real backend while it profiles it between the steps (full
+grid, as long again as the run; ``--profile-timing before`` profiles first, ``--profile`` names
+a file), replays the real steps once more (the noise floor) and runs the simulator
+(``kvsim.real_backend.protocol``). Prints one column per repeat, the median and the
 spread, every error against its own noise floor, and the CPU other processes used meanwhile;
 writes ``protocol.json`` into ``--out``. Run it under ``bench/quiet.py`` for numbers to
 publish, and as is on a busy host to see how far a validation there can be trusted::

@@ -88,8 +88,8 @@ def validate_command(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any format)."),
     device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
     profile: Optional[str] = typer.Option(None, "--profile", metavar="FILE", help="Fitted "
-                                          "profile (kvsim profile); default: profile first, "
-                                          "full grid."),
+                                          "profile (kvsim profile); default: profile here, "
+                                          "full grid (see --profile-timing)."),
     out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write "
                                       "validation.json and validation.html here."),
     block_size: int = BACKEND_BLOCK_OPTION, dtype: BackendDtype = DTYPE_OPTION,

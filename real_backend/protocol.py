@@ -1,10 +1,11 @@
 """A validation that reproduces: profile and validate back to back, N times; median and spread.
 
-One *repeat* is one :func:`~.validate.validate` call that profiles first (no profile file: the
-full grid, three passes, seconds before the run, so the host has no time to change speed in
-between), then runs the trace on the real backend, replays the real steps for the noise floor
-(:mod:`.noise_floor`) and runs the simulator. Profiling and real runs therefore interleave:
-profile, run, replay, profile, run, replay, ... The summary gives, per quantity, every repeat's
+One *repeat* is one :func:`~.validate.validate` call without a profile file: it runs the trace
+on the real backend while it profiles it between the steps (the full grid, as long again as
+the run; :mod:`.interleaved_profile`), replays the real steps for the noise floor
+(:mod:`.noise_floor`, profiling on between them) and runs the simulator. With
+``profile_timing="before"`` it profiles first (three passes, seconds before the run), then
+runs and replays. The summary gives, per quantity, every repeat's
 value, the median and the spread (max - min), each error as a multiple of its own repeat's noise
 floor, and the verdicts; with a breakdown, which part of the step moved between the runs.
 

@@ -3,8 +3,8 @@
 Two runs of ``kvsim.sim.serving.runner.simulate`` with one :class:`RunConfig`:
 
 - *real*: a :class:`TorchExecutor` performs every step and the clock advances by measured time.
-  It is wrapped in :class:`PredictingExecutor`, which also asks the cost model about the very
-  same plan, so every step has a measured and a predicted duration (aligned by construction);
+  It is wrapped in :class:`PredictingExecutor`, which keeps a snapshot of every plan, so every
+  step gets a measured and a predicted duration (aligned by construction);
 - *sim*: the :class:`CostModel` alone (the ordinary simulated run, skip-ahead included).
 
 The report holds the median absolute relative error of the step duration (per step, also per
@@ -14,10 +14,15 @@ tokens, preemptions, block transfers, per-request cached tokens. Decisions can o
 arrivals interleave differently with steps of different lengths (``offline=True`` sets every
 arrival to 0, which rules that out).
 
+Without a profile file it profiles the backend itself: by default between the real run's
+steps (:mod:`.interleaved_profile`), so the profile sees the host at the run's speed, or
+before the run (``profile_timing="before"``: three passes over the grid); the full grid
+unless ``profile_grid="quick"`` asks for the rough one. The cost model's predictions are made
+afterwards, from snapshots of the very steps that ran.
+
 Unless told not to, it also measures its noise floor (the real run's own steps replayed once
 more, :mod:`.noise_floor`) and judges the step and throughput errors against it; and it says
-how far its profile can be trusted (``profile_quality``): a profile made here uses the full
-grid, three passes, unless ``profile_grid="quick"`` asks for the rough one.
+how far its profile can be trusted (``profile_quality``).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class ValidateJob:
 
     settings: BackendSettings = BackendSettings()
     engine: dict = field(default_factory=dict)   # RunConfig overrides (num_gpu_blocks, ...)
-    profile: str | None = None                   # fitted profile JSON; None: profile first
+    profile: str | None = None                   # fitted profile JSON; None: profile here
     repeats: int = 1                             # forward passes timed per step (median)
     offline: bool = False                        # every request arrives at t = 0
     trace_label: str = "trace"

@@ -81,16 +81,16 @@ def test_the_parts_say_which_moved_between_runs_and_within_one():
     assert "attention" in table and "moved between runs" in table
 
 
-def test_each_repeat_is_a_validation_that_profiles_first(monkeypatch):
+def test_each_repeat_is_a_validation_that_profiles_between_its_steps(monkeypatch):
     jobs = []
 
     def fake_validate(reqs, job, progress):
-        jobs.append((len(reqs), job.profile, job.profile_grid))
+        jobs.append((len(reqs), job.profile, job.profile_grid, job.profile_timing))
         return report(0.02, 0.01, 0.03, 0.02)
     monkeypatch.setattr(protocol, "validate", fake_validate)
     job = ValidateJob(BackendSettings(clock="cpu"), offline=True)
     s = protocol.run_protocol(iter(range(5)), job, repeats=3)
-    assert jobs == [(5, None, "full")] * 3
+    assert jobs == [(5, None, "full", "interleaved")] * 3
     assert s["num_repeats"] == 3 and s["verdicts"]["step_median"] == ["within noise floor"] * 3
     assert all(r["host"]["wall_s"] >= 0 for r in s["repeats"])
     lines = protocol.render_protocol(s).splitlines()
