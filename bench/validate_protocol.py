@@ -41,8 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", default=None, help="a profile file (no profiling per repeat)")
     ap.add_argument("--quick-profile", action="store_true", help="quick grid per repeat")
     ap.add_argument("--profile-rounds", type=int, default=None)
-    ap.add_argument("--profile-timing", default="interleaved",
-                    choices=("interleaved", "before"),
+    from kvsim.real_backend.validate_profile import PROFILE_TIMINGS
+    ap.add_argument("--profile-timing", default=PROFILE_TIMINGS[0], choices=PROFILE_TIMINGS,
                     help="profile between the real run's steps, or before each real run")
     ap.add_argument("--profile-share", type=float, default=1.0,
                     help="interleaved: seconds of profiling per second of real run")

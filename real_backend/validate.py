@@ -27,12 +27,9 @@ how far its profile can be trusted (``profile_quality``).
 
 from __future__ import annotations
 
-import calendar
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -46,9 +43,12 @@ from kvsim.sim.serving.runner import RunResult, simulate
 
 from kvsim.real_backend import noise_floor as nf
 from kvsim.real_backend.breakdown import PARTS, StepBreakdown, mean_record
-from kvsim.real_backend.interleaved_profile import BETWEEN_STEPS, InterleavedProfile
+from kvsim.real_backend.interleaved_profile import InterleavedProfile
 from kvsim.real_backend.torch_executor import TorchExecutor, clock_fn, interlude
-from kvsim.real_backend.profiling import Limits, quiet, run_profile
+from kvsim.real_backend.profiling import Limits, quiet
+from kvsim.real_backend.validate_profile import (INTERLEAVED, check_timing,
+                                                 load_or_make_profile, profile_mismatch,
+                                                 profile_quality, profile_source)
 from kvsim.real_backend.session import (BackendSettings, build_runner, device_name, keep_warm,
                                         prepare_device, warm_up)
 
@@ -74,13 +74,9 @@ class ValidateJob:
     profile_rounds: int | None = None            # passes over that grid (None: the grid's)
     breakdown: bool = False                      # time attention, MLP, LM head, host per step
     warmup_s: float = 0.0                        # extra decode steps before the real run
-    profile_timing: str = "interleaved"          # no profile given: "before" the run, or
-    #                                              "interleaved" between its steps
+    profile_timing: str = INTERLEAVED            # no profile given: measured between the
+    #                                              real steps, or BEFORE the run
     profile_share: float = 1.0                   # interleaved: profiling time per run second
-
-
-INTERLEAVED = "interleaved"
-PROFILE_TIMINGS = ("before", INTERLEAVED)
 
 
 def _nothing() -> None:
@@ -104,6 +100,7 @@ class PredictingExecutor(Executor):
         self.kv_tokens: list[int] = []   # KV the step attends over, sum of (computed + new)
         self.plans: list = []            # snapshots, for the predictions and the replay
         self.parts: list[dict] = []      # per step, with a breakdown: mean forward pass parts
+        self.real_wall_s = 0.0           # wall time of the run, profiling between steps left out
 
     def step_duration(self, plan) -> float:
         self.kinds.append(step_kind(plan))
@@ -153,55 +150,6 @@ def run_config(job: ValidateJob, sim_model: str, profile_path: str | None) -> Ru
     return config
 
 
-def load_or_make_profile(job: ValidateJob, limits: Limits,
-                         progress: Callable[[str], None] = quiet) -> dict:
-    """The job's profile file, or a new one over the run's operating range ``limits`` (the
-    full grid, or the quick one if ``job.profile_grid`` says so)."""
-    if job.profile:
-        try:
-            return json.loads(Path(job.profile).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read profile: {exc}", location=job.profile) from None
-    return run_profile(job.settings, limits, quick=job.profile_grid == "quick",
-                       progress=progress, rounds=job.profile_rounds)
-
-
-def profile_quality(profile: dict, source: str, now: float | None = None) -> dict:
-    """What a profile says about its own trust: where it came from (``file``, ``full grid``,
-    ``quick grid``), its points and passes, the median and worst fit error over its compute
-    groups, how much its passes disagreed (``round_spread``, None after one pass) and its age
-    in seconds when the validation started (None when it has no timestamp)."""
-    fit = {g: e for g, e in (profile.get("fit_error") or {}).items() if g != "transfer"}
-    created = profile.get("created")
-    age = None
-    if created:
-        stamp = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
-        age = max((time.time() if now is None else now) - stamp, 0.0)
-    grid = profile.get("grid") or {}
-    return {"source": source, "points": len(profile.get("points", [])),
-            "passes": grid.get("rounds"),
-            "fit_median": max((e["median_abs_rel_error"] for e in fit.values()), default=None),
-            "fit_max": max((e["max_abs_rel_error"] for e in fit.values()), default=None),
-            "round_spread": profile.get("round_spread"), "age_s": age}
-
-
-def _profile_source(job: ValidateJob) -> str:
-    if job.profile:
-        return "file"
-    if job.profile_timing == INTERLEAVED:
-        return f"{job.profile_grid} grid, {BETWEEN_STEPS}"
-    return f"{job.profile_grid} grid"
-
-
-def profile_mismatch(profile: dict, settings: BackendSettings) -> dict:
-    """Settings the profile was measured under that differ from this run's (``{key: (profile,
-    run)}``); timings only transfer between equal device, dtype, threads and clock."""
-    measured = profile.get("settings", {})
-    keys = ("device", "dtype", "threads", "clock", "block_size")
-    run = settings.to_dict()
-    return {k: (measured[k], run[k]) for k in keys if k in measured and measured[k] != run[k]}
-
-
 def _offline(requests: list) -> list:
     return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
 
@@ -209,46 +157,60 @@ def _offline(requests: list) -> list:
 def validate(requests: Iterable, job: ValidateJob,
              progress: Callable[[str], None] = quiet) -> dict:
     """Run both sides and return the validation report (see :func:`compare`); ``progress``
-    receives a line as each part (profile, real run, noise floor, simulated run) ends."""
+    receives a line as each part (profile, real run, noise floor) ends."""
+    check_timing(job.profile_timing, job.profile_share)
     model = prepare_device(job.settings)
     reqs = _offline(list(requests)) if job.offline else list(requests)
     if not reqs:
         raise ConfigError("the trace has no requests", field="trace")
     config = run_config(job, model.sim_model, None)
+    tee, real, profile, replayed = _real_side(job, model, config, reqs, progress)
+    cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
+                     dtype=config.dtype)
+    predicted = tee.predict(cost)
+    sim = simulate(reqs, config, executor=cost, keep_steps=True)
+    report = compare(real, sim, predicted, tee.kinds, tee.kv_tokens)
+    if replayed is not None:
+        report["noise_floor"], steps = replayed
+        report["steps"].update(steps)
+    if tee.breakdown is not None:
+        report["steps"]["parts"] = {k: [p[k] for p in tee.parts] for k in PARTS + ("total",)}
+        tee.breakdown.detach()
+    report["verdicts"] = nf.verdicts(report)
+    report["speed_refit"] = nf.speed_refit(tee.measured, predicted)
+    report.update(_provenance(job, config, profile), real_wall_s=tee.real_wall_s)
+    return report
+
+
+def _real_side(job: ValidateJob, model, config: RunConfig, reqs: list,
+               progress: Callable[[str], None]) -> tuple:
+    """The real run, its replay (the noise floor; None without one) and the profile: made
+    first, read from the job's file, or measured between the steps of both runs."""
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     limits = Limits(config.max_num_seqs, config.max_num_batched_tokens,
                     min(longest, model.spec.max_model_len))
-    if job.profile_timing not in PROFILE_TIMINGS:
-        raise ConfigError(f"expected one of {PROFILE_TIMINGS}, got {job.profile_timing!r}",
-                          field="profile_timing")
     interleaved = job.profile is None and job.profile_timing == INTERLEAVED
     profile = {} if interleaved else load_or_make_profile(job, limits, progress)
     runner, breakdown = _ready_runner(job, model, config, profile)
     profiler = (InterleavedProfile(runner, job.settings, model, limits, job.profile_share,
-                                   quick=job.profile_grid == "quick") if interleaved else None)
+                                   quick=job.profile_grid == "quick",
+                                   min_passes=job.profile_rounds or 1)
+                if interleaved else None)
     tee = PredictingExecutor(_executor(runner, reqs, job), breakdown,
                              profiler.between_steps if profiler else _nothing)
+    if profiler is not None:
+        profiler.start()
     start = time.perf_counter()
     real = simulate(reqs, config, executor=tee, keep_steps=True)
-    real_wall = time.perf_counter() - start - (profiler.spent_s if profiler else 0.0)
-    progress(f"validate: real run, {len(tee.measured)} steps in {real_wall:.1f}s")
-    replayed = _replay_floor(runner, reqs, job, tee, real, breakdown) if job.noise_floor else None
+    tee.real_wall_s = time.perf_counter() - start - (profiler.spent_s if profiler else 0.0)
+    progress(f"validate: real run, {len(tee.measured)} steps in {tee.real_wall_s:.1f}s")
+    replayed = None
+    if job.noise_floor:
+        replayed = _replay_floor(runner, reqs, job, tee, real, breakdown)
+        progress("validate: noise floor (the real steps replayed) done")
     if profiler is not None:
         profile = profiler.profile(progress)
-    cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
-                     dtype=config.dtype)
-    sim = simulate(reqs, config, executor=cost, keep_steps=True)
-    report = compare(real, sim, tee.predict(cost), tee.kinds, tee.kv_tokens)
-    if replayed is not None:
-        report["noise_floor"], steps = replayed
-        report["steps"].update(steps)
-    if breakdown is not None:
-        report["steps"]["parts"] = {k: [p[k] for p in tee.parts] for k in PARTS + ("total",)}
-        breakdown.detach()
-    report["verdicts"] = nf.verdicts(report)
-    report["speed_refit"] = nf.speed_refit(tee.measured, tee.predicted)
-    report.update(_provenance(job, config, profile), real_wall_s=real_wall)
-    return report
+    return tee, real, profile, replayed
 
 
 def _ready_runner(job: ValidateJob, model, config: RunConfig, profile: dict):
@@ -266,7 +228,7 @@ def _ready_runner(job: ValidateJob, model, config: RunConfig, profile: dict):
 
 def _provenance(job: ValidateJob, config: RunConfig, profile: dict) -> dict:
     """What the report says of how it was made: settings, device, profile and its quality."""
-    quality = profile_quality(profile, _profile_source(job))
+    quality = profile_quality(profile, profile_source(job))
     return dict(settings=job.settings.to_dict(), device_name=device_name(job.settings.device),
                 config=config.to_dict(), repeats=job.repeats, offline=job.offline,
                 profile_source=job.profile or quality["source"], profile_quality=quality,

@@ -12,7 +12,6 @@ from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page,
 from kvsim.reports.style import fmt_pct, style_figure
 
 from kvsim.real_backend.breakdown import part_table
-from kvsim.real_backend.interleaved_profile import BETWEEN_STEPS
 
 
 def _pct(value) -> str:
@@ -81,8 +80,8 @@ def profile_lines(quality: dict | None) -> list[str]:
         return []
     lines = []
     fit = f"{_pct(quality['fit_median'])} median, {_pct(quality['fit_max'])} max"
-    interleaved = quality["source"].endswith(BETWEEN_STEPS)
-    if quality["source"].startswith("quick grid"):
+    interleaved = quality.get("timing") == "interleaved"
+    if quality["source"] == "quick grid":
         passes = "one pass" if quality["passes"] == 1 else f"{quality['passes']} passes"
         drift = "" if interleaved else (", and one pass cannot see the host drifting while it "
                                         "ran")
@@ -100,6 +99,10 @@ def profile_lines(quality: dict | None) -> list[str]:
         lines.append(f"warning: the profile's {spread['passes']} passes disagreed by "
                      f"{_pct(spread['median'])} per point (median), whole grid drifted "
                      f"{spread['drift']:+.1%}: the host changed speed while profiling")
+    between = quality.get("between_steps")
+    if interleaved and between is not None and between < 0.5:
+        lines.append(f"note: the run was short: {between:.0%} of the profile's measurements "
+                     f"fell between its steps, the rest right after it")
     age = quality.get("age_s")
     if quality["source"] == "file" and age is not None and age > STALE_PROFILE_S:
         lines.append(f"warning: the profile is {age / 60:.0f} min old; a shared host's speed "
@@ -143,11 +146,18 @@ def _signed(value) -> str:
     return "n/a" if value is None else f"{value:+.1%}"
 
 
+def _timing(quality: dict | None) -> str:
+    """``, measured between the real steps`` for an interleaved profile, else nothing."""
+    return ", measured between the real steps" if (quality or {}).get(
+        "timing") == "interleaved" else ""
+
+
 def render_table(report: dict) -> str:
     """The error table as plain text."""
     s = report["settings"]
     head = (f"validate {s['model']} on {s['device']} ({report['device_name']}), "
-            f"{report['num_requests']} requests, profile: {report['profile_source']}")
+            f"{report['num_requests']} requests, profile: {report['profile_source']}"
+            f"{_timing(report.get('profile_quality'))}")
     lines = [head, f"{'quantity':<36}{'real':>12}{'sim':>12}  error"]
     lines += [f"{q:<36}{r:>12}{m:>12}  {e}" for q, r, m, e in error_rows(report)]
     return "\n".join(lines + decision_lines(report) + note_lines(report))

@@ -8,12 +8,15 @@ import pytest
 
 pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
+
+from kvsim.errors import ConfigError  # noqa: E402
 from kvsim.real_backend import interleaved_profile as ip  # noqa: E402
 from kvsim.real_backend.profiling import Limits  # noqa: E402
 from kvsim.real_backend.session import (BackendSettings, build_runner,  # noqa: E402
                                         prepare_device, warm_up)
 from kvsim.real_backend.validate import ValidateJob, validate  # noqa: E402
-from kvsim.real_backend.validate_report import profile_lines  # noqa: E402
+from kvsim.real_backend.validate_report import profile_lines, render_table  # noqa: E402
 
 SETTINGS = BackendSettings(clock="cpu")
 LIMITS = Limits(max_num_seqs=4, max_num_batched_tokens=64, max_context=128)
@@ -77,21 +80,56 @@ def test_the_profile_completes_its_pass_and_takes_each_items_median(profiler):
     assert out["round_spread"]["drift"] == pytest.approx(1.0)      # the second pass: 2x
 
 
-def test_the_profile_runs_on_its_own_kv_store_and_the_runs_model(profiler):
-    prof, _, runner = profiler
-    assert prof.runner.model is runner.model
-    assert prof.runner.kv_store is not runner.kv_store
+def test_with_nothing_measured_during_the_run_it_still_makes_its_minimum_passes(profiler):
+    prof, _, _ = profiler
+    prof.min_passes = 2
+    prof.start()
+    prof.between_steps()                  # no run time yet: nothing
+    assert prof.num_between == 0
+    out = prof.profile()
+    assert prof.passes == 2 and out["timing"]["measured_between_steps"] == 0.0
 
 
-def test_a_validation_with_an_interleaved_profile_says_so_and_decides_identically():
+def test_profiling_leaves_the_runs_kv_and_weights_as_they_were():
+    import torch
+    model = prepare_device(SETTINGS)
+    runner = build_runner(SETTINGS, model, num_blocks=8)
+    warm_up(runner, LIMITS.max_num_seqs)
+    kv = runner.kv_store.device_kv.clone()
+    prof = ip.InterleavedProfile(runner, SETTINGS, model, LIMITS, quick=True)
+    prof.start()
+    for _ in range(len(prof.calls)):      # one real pass over every item
+        prof._measure_next()
+    assert prof.runner.model is runner.model and prof.runner.kv_store is not runner.kv_store
+    assert torch.equal(runner.kv_store.device_kv, kv)
+    assert prof.passes == 1 and min(min(s) for s in prof.samples) > 0
+
+
+def test_a_validation_with_an_interleaved_profile_predicts_with_it():
     from test_real_validate import workload
     job = ValidateJob(SETTINGS, {"num_gpu_blocks": 64, "max_num_seqs": 4,
                                  "max_num_batched_tokens": 128},
-                      offline=True, profile_grid="quick", profile_timing="interleaved")
+                      offline=True, profile_grid="quick", breakdown=True)
     report = validate(workload(8), job)
-    assert report["decisions"]["identical"]
-    assert report["profile_source"] == "quick grid, between the real steps"
+    assert report["profile_source"] == "quick grid"
+    assert report["profile_quality"]["timing"] == "interleaved"
     assert report["noise_floor"]["same_outputs"]
-    assert report["profile_quality"]["passes"] >= 1
-    assert len(report["steps"]["predicted_s"]) == len(report["steps"]["measured_s"])
+    steps = report["steps"]
+    assert len(steps["predicted_s"]) == len(steps["measured_s"]) == len(steps["parts"]["total"])
+    # the profile measured here, not a GPU's: predictions in milliseconds, as the CPU steps
+    ratio = np.median(np.array(steps["predicted_s"]) / np.array(steps["measured_s"]))
+    assert 0.5 < ratio < 2.0
     assert profile_lines(report["profile_quality"])[0].startswith("warning: quick profile")
+    assert "measured between the real steps" in render_table(report).splitlines()[0]
+
+
+@pytest.mark.parametrize("timing, share", [("during", 1.0), ("interleaved", 0.0)])
+def test_an_unknown_timing_or_a_share_that_is_not_positive_is_refused(timing, share):
+    job = ValidateJob(SETTINGS, profile_timing=timing, profile_share=share)
+    with pytest.raises(ConfigError):
+        validate(workload_of_one(), job)
+
+
+def workload_of_one():
+    from kvsim.workloads import Request
+    return [Request(0, 0.0, 16, 2)]

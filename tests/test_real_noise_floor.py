@@ -110,12 +110,14 @@ def test_a_sound_fresh_profile_gets_no_warning_and_a_rough_one_says_by_how_much(
                                                    "drift": -0.11}))
     assert drifting == ["warning: the profile's 3 passes disagreed by 8.0% per point (median), "
                         "whole grid drifted -11.0%: the host changed speed while profiling"]
-    followed = profile_lines(quality(source="full grid, between the real steps", passes=7,
+    followed = profile_lines(quality(timing="interleaved", between_steps=0.4, passes=7,
                                      round_spread={"passes": 7, "median": 0.3, "p90": 0.5,
                                                    "drift": 0.02}))
     assert followed == ["note: the profile's 7 passes, spread over the real run, disagreed by "
                         "30.0% per point (median): the host's speed moved during the run; each "
-                        "point's median over the passes follows it"]
+                        "point's median over the passes follows it",
+                        "note: the run was short: 40% of the profile's measurements fell "
+                        "between its steps, the rest right after it"]
     old = profile_lines(quality(source="file", age_s=1800.0))
     assert len(old) == 1 and old[0].startswith("warning: the profile is 30 min old")
 

@@ -247,7 +247,7 @@ def test_profile_quality_names_its_source_fit_passes_and_age():
     from calendar import timegm
     from time import strptime
 
-    from kvsim.real_backend.validate import profile_quality
+    from kvsim.real_backend.validate_profile import profile_quality
     profile = {"created": "2026-12-01T18:00:00Z", "grid": {"rounds": 3},
                "points": [{}] * 5, "round_spread": {"median": 0.02},
                "fit_error": {"prefill": {"median_abs_rel_error": 0.02, "max_abs_rel_error": 0.1},
@@ -256,6 +256,7 @@ def test_profile_quality_names_its_source_fit_passes_and_age():
                                           "max_abs_rel_error": 0.9}}}
     now = timegm(strptime("2026-12-01T18:10:00Z", "%Y-%m-%dT%H:%M:%SZ"))
     assert profile_quality(profile, "file", now) == {
-        "source": "file", "points": 5, "passes": 3, "fit_median": 0.03, "fit_max": 0.2,
-        "round_spread": {"median": 0.02}, "age_s": 600.0}     # copies are not step time
+        "source": "file", "timing": "before", "between_steps": None, "points": 5,
+        "passes": 3, "fit_median": 0.03, "fit_max": 0.2, "round_spread": {"median": 0.02},
+        "age_s": 600.0}                                         # copies are not step time
     assert profile_quality({}, "quick grid")["age_s"] is None

@@ -115,7 +115,7 @@ def test_validate_command_prints_the_table_and_json(tmp_path):
 
 
 def test_a_profile_measured_under_other_settings_is_flagged():
-    from kvsim.real_backend.validate import profile_mismatch
+    from kvsim.real_backend.validate_profile import profile_mismatch
     from kvsim.real_backend.validate_report import note_lines
     profile = {"settings": {"device": "cpu", "dtype": "fp32", "threads": 4, "clock": "wall"}}
     mismatch = profile_mismatch(profile, BackendSettings(clock="cpu"))
