@@ -118,6 +118,11 @@ def validate_command(
 
     Same settings on both sides; prints the error table (step time, throughput,
     TTFT/TPOT/E2E) and checks that the cache decisions are identical."""
+    if out is not None:     # before a minute of measuring, not after it
+        from pathlib import Path
+
+        from kvsim.reports.outdir import check_writable_dir
+        check_writable_dir(Path(out))
     settings = _backend_settings(model, device, dtype, block_size, threads, seed, clock)
     from kvsim.real_backend.validate import ValidateJob, validate_job
     from kvsim.real_backend.validate_report import render_table

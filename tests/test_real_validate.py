@@ -114,6 +114,18 @@ def test_validate_command_prints_the_table_and_json(tmp_path):
     assert json.loads(done.stdout)["decisions"]["identical"]
 
 
+def test_an_out_that_is_a_file_is_refused_before_anything_runs(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"prompt_tokens": 30, "output_tokens": 4}) + "\n")
+    (tmp_path / "taken").write_text("")
+    done = subprocess.run([sys.executable, "-m", "kvsim.cli", "validate", str(trace), "--out",
+                           str(tmp_path / "taken")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"kvsim: error: {tmp_path / 'taken'}: field 'out': exists and is not a directory; "
+        "--out needs a directory"]
+
+
 def test_a_profile_measured_under_other_settings_is_flagged():
     from kvsim.real_backend.validate_profile import profile_mismatch
     from kvsim.real_backend.validate_report import note_lines
