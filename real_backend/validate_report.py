@@ -98,7 +98,8 @@ def profile_lines(quality: dict | None) -> list[str]:
     elif spread and spread["median"] > 0.05:
         lines.append(f"warning: the profile's {spread['passes']} passes disagreed by "
                      f"{_pct(spread['median'])} per point (median), whole grid drifted "
-                     f"{spread['drift']:+.1%}: the host changed speed while profiling")
+                     f"{spread['drift']:+.1%}: the host changed speed while profiling, "
+                     f"and may again before the run (--profile-timing interleaved follows it)")
     between = quality.get("between_steps")
     if interleaved and between is not None and between < 0.5:
         lines.append(f"note: the run was short: {between:.0%} of the profile's measurements "
@@ -106,8 +107,8 @@ def profile_lines(quality: dict | None) -> list[str]:
     age = quality.get("age_s")
     if quality["source"] == "file" and age is not None and age > STALE_PROFILE_S:
         lines.append(f"warning: the profile is {age / 60:.0f} min old; a shared host's speed "
-                     f"moves by several % over minutes: profile right before validating "
-                     f"(bench/validate_protocol.py) for a number that reproduces")
+                     f"moves by several % over minutes: drop --profile to measure it "
+                     f"between the run's steps, for a number that reproduces")
     return lines
 
 

@@ -109,7 +109,9 @@ def test_a_sound_fresh_profile_gets_no_warning_and_a_rough_one_says_by_how_much(
     drifting = profile_lines(quality(round_spread={"passes": 3, "median": 0.08, "p90": 0.2,
                                                    "drift": -0.11}))
     assert drifting == ["warning: the profile's 3 passes disagreed by 8.0% per point (median), "
-                        "whole grid drifted -11.0%: the host changed speed while profiling"]
+                        "whole grid drifted -11.0%: the host changed speed while profiling, "
+                        "and may again before the run (--profile-timing interleaved follows "
+                        "it)"]
     followed = profile_lines(quality(timing="interleaved", between_steps=0.4, passes=7,
                                      round_spread={"passes": 7, "median": 0.3, "p90": 0.5,
                                                    "drift": 0.02}))
