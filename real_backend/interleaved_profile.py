@@ -17,7 +17,7 @@ its own, so the profiling in between adds no time to any step. It does change wh
 a step: some real steps follow profile kernels (other shapes, other KV) instead of only the
 engine's host work, and may find colder caches. The replay is interleaved the same way (with
 other items before other steps), so the noise floor includes that disturbance; measured on the
-2-vCPU VM, the simulated busy time stayed within -4.8 to +2.8 % of real
+2-vCPU VM, the simulated busy time stayed within -4.8 to +4.2 % of real
 (``reports/validation/``).
 """
 
@@ -111,7 +111,7 @@ class InterleavedProfile:
         total = sum(len(s) for s in self.samples)
         out["timing"] = {"kind": "interleaved", "share": self.share, "items": len(self.calls),
                          "measured_between_steps": self.num_between / total if total else 0.0}
-        progress(f"profile: measured between the real steps, {n} passes over "
+        progress(f"profile: measured between the real steps, {n} pass{'es' * (n != 1)} over "
                  f"{len(self.calls)} items in {self.spent_s:.1f}s "
                  f"({out['timing']['measured_between_steps']:.0%} between steps)")
         return out
