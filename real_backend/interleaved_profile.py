@@ -17,7 +17,7 @@ its own, so the profiling in between adds no time to any step. It does change wh
 a step: some real steps follow profile kernels (other shapes, other KV) instead of only the
 engine's host work, and may find colder caches. The replay is interleaved the same way (with
 other items before other steps), so the noise floor includes that disturbance; measured on the
-2-vCPU VM, the simulated busy time stayed within -4.8 to +4.2 % of real
+2-vCPU VM, the simulated busy time stayed within -4.8 to +4.5 % of real
 (``reports/validation/``).
 """
 
