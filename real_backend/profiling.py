@@ -233,7 +233,7 @@ def round_spread(rounds: list[list[float]]) -> dict | None:
 
 
 def steady_median(call: Callable[[], object], device, now: Callable[[], float], warmup: int,
-                   repeats: int) -> float:
+                  repeats: int) -> float:
     for _ in range(warmup):
         call()
     times = []
@@ -252,7 +252,7 @@ def measure_batch_table(runner: ModelRunner, max_rows: int, clock: str, warmup: 
     with torch.inference_mode():
         for x in head_inputs(runner, max_rows):
             out.append(steady_median(lambda: runner.model.logits(x), runner.device,
-                                      clock_fn(clock), warmup, repeats))
+                                     clock_fn(clock), warmup, repeats))
     return out
 
 
