@@ -234,6 +234,9 @@ def round_spread(rounds: list[list[float]]) -> dict | None:
 
 def steady_median(call: Callable[[], object], device, now: Callable[[], float], warmup: int,
                   repeats: int) -> float:
+    """Median seconds of ``repeats`` timed calls of ``call``, after ``warmup`` untimed ones,
+    each timed call after the engine-like host work of :func:`interlude`: a grid item in the
+    steady state an engine runs its steps in."""
     for _ in range(warmup):
         call()
     times = []
