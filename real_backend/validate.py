@@ -95,7 +95,6 @@ class PredictingExecutor(Executor):
                  between: Callable[[], None] = _nothing) -> None:
         self.real, self.breakdown, self.between = real, breakdown, between
         self.measured: list[float] = []
-        self.predicted: list[float] = []
         self.kinds: list[str] = []
         self.kv_tokens: list[int] = []   # KV the step attends over, sum of (computed + new)
         self.plans: list = []            # snapshots, for the predictions and the replay
@@ -111,9 +110,8 @@ class PredictingExecutor(Executor):
         return self.measured[-1]
 
     def predict(self, model: CostModel) -> list[float]:
-        """The cost model's duration of every step run so far (into ``predicted``)."""
-        self.predicted = [model.step_duration(plan) for plan in self.plans]
-        return self.predicted
+        """The cost model's duration of every step run so far."""
+        return [model.step_duration(plan) for plan in self.plans]
 
     def transfer_time(self, plan) -> float:
         return self.real.transfer_time(plan)
