@@ -1,7 +1,8 @@
 """`kvsim validate`: a trace through the real backend and through the simulator agrees on
-every cache decision, and the cost model fitted by a quick profile predicts the real step times
-and throughput within a loose CI bound (the 5 % target is for a quiet machine: see
-reports/validation/)."""
+every cache decision, and the cost model fitted by a quick profile (measured between the real
+steps, so a host that changes speed moves both alike; measured first, a CI run beside another
+test run missed the bound at 29 %) predicts the real step times and throughput within a loose
+CI bound (the 5 % target is for a quiet machine: see reports/validation/)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def workload(n=20, seed=0):
 def report():
     job = ValidateJob(BackendSettings(clock="cpu"),
                       {"num_gpu_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 256},
-                      profile_grid="quick", breakdown=True, profile_timing="before")
+                      profile_grid="quick", breakdown=True)
     return validate(workload(), job)
 
 
@@ -76,7 +77,8 @@ def test_every_validation_measures_its_noise_floor_on_the_same_steps(report):
     assert len(report["steps"]["replayed_s"]) == len(report["steps"]["measured_s"])
     assert set(report["verdicts"]) == {"step_median", "throughput"}
     assert report["profile_quality"]["source"] == "quick grid"
-    assert report["profile_quality"]["passes"] == 1
+    assert report["profile_quality"]["timing"] == "interleaved"
+    assert report["profile_quality"]["passes"] >= 1
     table = render_table(report)
     assert "quick profile" in table and "rough" in table and "noise floor" in table
 
@@ -103,7 +105,8 @@ def test_validate_command_prints_the_table_and_json(tmp_path):
     trace.write_text("".join(json.dumps({"prompt_tokens": 30 + 7 * i, "output_tokens": 4,
                                          "arrival_s": 0.0}) + "\n" for i in range(4)))
     args = [sys.executable, "-m", "kvsim.cli", "validate", str(trace), "--num-gpu-blocks",
-            "32", "--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--quick-profile"]
+            "32", "--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--quick-profile",
+            "--profile-timing", "before"]       # the profile-first path, end to end
     done = subprocess.run(args + ["--out", str(tmp_path / "v")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
