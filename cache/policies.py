@@ -44,21 +44,24 @@ NEVER = 1 << 62     # a next use beyond any trace position (keys are ints)
 KEY_PART_BITS = 48
 
 
-def heap_entry(key: tuple, block_id: int, id_bits: int) -> int:
-    """``key`` (a tuple of ints, every part after the first in ``[0, 2 ** KEY_PART_BITS)``) and
-    ``block_id`` packed into one int that orders as the tuple ``(*key, block_id)``."""
+def heap_entry(key: tuple, block_id: int, id_bits: int,
+               part_bits: tuple = (KEY_PART_BITS,)) -> int:
+    """``key`` (a tuple of ints, part ``i + 1`` in ``[0, 2 ** part_bits[i])``; by default two
+    parts) and ``block_id`` packed into one int that orders as the tuple ``(*key, block_id)``."""
+    if len(key) != len(part_bits) + 1:
+        raise ValueError(f"a key of {len(part_bits) + 1} parts was expected, not {key!r}")
     packed = key[0]
-    for part in key[1:]:
-        packed = (packed << KEY_PART_BITS) + part
+    for part, bits in zip(key[1:], part_bits):
+        packed = (packed << bits) + part
     return (packed << id_bits) + block_id
 
 
-def unpack_key(entry: int, num_parts: int, id_bits: int) -> tuple:
-    """The key packed into ``entry`` by :func:`heap_entry` (``num_parts`` parts)."""
-    packed, mask, parts = entry >> id_bits, (1 << KEY_PART_BITS) - 1, []
-    for _ in range(num_parts - 1):
-        parts.append(packed & mask)
-        packed >>= KEY_PART_BITS
+def unpack_key(entry: int, id_bits: int, part_bits: tuple = (KEY_PART_BITS,)) -> tuple:
+    """The key packed into ``entry`` by :func:`heap_entry`."""
+    packed, parts = entry >> id_bits, []
+    for bits in reversed(part_bits):
+        parts.append(packed & ((1 << bits) - 1))
+        packed >>= bits
     return (packed, *reversed(parts))
 
 
@@ -68,11 +71,12 @@ class CachePolicy:
 
     ``entries`` is the pool's hot path: the :func:`heap_entry` of the key of every block of one
     release, in one pass. The base class computes it from ``key``; a policy may compute it
-    directly (it must equal the definition, which the tests check)."""
+    directly (it must equal the definition, which the tests check). ``key_part_bits``: the
+    bits of each key part after the first, as :func:`heap_entry` packs them."""
 
     name = "base"
     is_lru = False
-    num_key_parts = 2
+    key_part_bits: tuple = (KEY_PART_BITS,)
 
     def begin(self, request_id) -> None:
         """The pool is about to take or touch blocks for ``request_id``."""
@@ -84,7 +88,8 @@ class CachePolicy:
         """Heap entries of ``block_ids``, released in this order at clocks ``clock, clock+1,
         ...``."""
         key, hashes = self.key, pool.block_hashes
-        return [heap_entry(key(pool, b, hashes[b], c), b, id_bits)
+        bits = self.key_part_bits
+        return [heap_entry(key(pool, b, hashes[b], c), b, id_bits, bits)
                 for c, b in enumerate(block_ids, clock)]
 
     def __repr__(self) -> str:

@@ -27,6 +27,7 @@ copies as planning them one step at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -101,8 +102,11 @@ class Scheduler:
         self.num_preemptions = 0
         self._last: dict[RequestState, int] = {}
         policy = getattr(getattr(kv, "pool", None), "policy", None)
-        # a policy that reads the waiting queue (lookahead) is told who waits
+        # a policy that reads the waiting queue (lookahead) is told who waits; it looks as
+        # far ahead as one step could admit
         self._queue_reader = policy if hasattr(policy, "enqueue") else None
+        if self._queue_reader is not None and self._queue_reader.window is None:
+            self._queue_reader.window = self.config.max_num_seqs
         self._queries_at_schedule = (0, 0)    # prefix stats when the last step was planned
         self._decode_only = False     # the last step only decoded: a decode run may follow
         self._run: DecodeRun | None = None    # the decode run planned last (until a step is)
@@ -130,7 +134,7 @@ class Scheduler:
         seq.status = RequestStatus.WAITING
         self.waiting.add(seq)
         if self._queue_reader is not None:
-            self._queue_reader.enqueue(seq.request_id, self.kv._lookup_hashes(seq))
+            self._queue_reader.enqueue(seq.request_id, partial(self.kv._lookup_hashes, seq))
 
     def schedule(self) -> StepPlan:
         """Plan one step; the scheduled tokens count as computed from here on."""
@@ -317,7 +321,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.prepend(seq)
         if self._queue_reader is not None:
-            self._queue_reader.enqueue(seq.request_id, self.kv._lookup_hashes(seq))
+            self._queue_reader.enqueue(seq.request_id, self.kv._lookup_hashes(seq), front=True)
 
     # --- waiting requests ----------------------------------------------------------------
 

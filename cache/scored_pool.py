@@ -40,11 +40,10 @@ class ScoredBlockPool(PolicyPool):
         super().__init__(num_blocks, enable_caching, policy)
         self.hits = [0] * num_blocks       # prefix hits since the block was filled
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since then
-        self._parent: list[int | None] = [None] * num_blocks   # hash of its chain parent
+        self.parent_hashes: list[int | None] = [None] * num_blocks   # hash of its chain parent
         self.num_children = [0] * num_blocks   # cached children of its hash, on its holder
         self._shared = [False] * num_blocks    # another block holds the same content
         self._orphans: dict[int, int] = {}     # hash -> cached children, while no block holds it
-        self._cached_free: dict[int, None] = {}
         self._entry: list[int | None] = [None] * num_blocks  # key and id packed (heap_entry)
         self._live: list[int | None] = [None] * num_blocks   # its entry in the heap, if any
         self._id_bits = num_blocks.bit_length()
@@ -58,7 +57,13 @@ class ScoredBlockPool(PolicyPool):
     def cached_free_order(self) -> list[int]:
         """Free cached blocks by eviction key (the chain rule may still defer a block with a
         cached child)."""
-        return sorted(self._cached_free, key=self._entry.__getitem__)
+        return sorted(self.cached_free_blocks(), key=self._entry.__getitem__)
+
+    def cached_free_blocks(self) -> list[int]:
+        """The free cached blocks, by id (a scan: they are not kept in a set, which would cost
+        two dict operations per block on the hot paths)."""
+        refs, hashes = self.ref_counts, self.block_hashes
+        return [b for b in range(self.num_blocks) if not refs[b] and hashes[b] is not None]
 
     def holder(self, block_hash: int) -> int | None:
         """The block that counts the cached children of ``block_hash``: its oldest copy."""
@@ -67,7 +72,7 @@ class ScoredBlockPool(PolicyPool):
 
     def key_of(self, block_id: int) -> tuple:
         """The policy key ``block_id`` got when it was last released."""
-        return unpack_key(self._entry[block_id], self.policy.num_key_parts, self._id_bits)
+        return unpack_key(self._entry[block_id], self._id_bits, self.policy.key_part_bits)
 
     # --- actions -------------------------------------------------------------------------
 
@@ -99,7 +104,6 @@ class ScoredBlockPool(PolicyPool):
                 if self.block_hashes[block_id] is None:
                     del self._free[block_id]
                 else:
-                    del self._cached_free[block_id]
                     self.num_cached_free_blocks -= 1
                     self._live[block_id] = None
             refs[block_id] += 1
@@ -122,7 +126,6 @@ class ScoredBlockPool(PolicyPool):
             for block_id, entry in zip(released, self.policy.entries(self, released, clock,
                                                                       self._id_bits)):
                 entries[block_id] = entry
-            self._cached_free.update(dict.fromkeys(released))
             self.num_cached_free_blocks += len(released)
             self._queue_released(released)
         self._prepend(first)
@@ -131,7 +134,7 @@ class ScoredBlockPool(PolicyPool):
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
         each block's parent hash is counted as having one more cached child."""
         index, counts, orphans = self.index._map, self.num_children, self._orphans
-        hashes, parents = self.block_hashes, self._parent
+        hashes, parents = self.block_hashes, self.parent_hashes
         parent_hash = hashes[parent] if parent is not None else None
         holder = self.holder(parent_hash) if parent_hash is not None else None
         for block_id, block_hash in zip(block_ids, block_hashes):
@@ -152,10 +155,9 @@ class ScoredBlockPool(PolicyPool):
             return False
         order = self.free_queue()
         self._free = OrderedDict.fromkeys(order)
-        self._cached_free.clear()
         self._heap.clear()
         self._orphans.clear()
-        self._parent = [None] * self.num_blocks
+        self.parent_hashes = [None] * self.num_blocks
         self.num_children = [0] * self.num_blocks
         self._shared = [False] * self.num_blocks
         self.index.clear()
@@ -202,7 +204,7 @@ class ScoredBlockPool(PolicyPool):
         for block_id in block_ids:
             entry = live[block_id] = entries[block_id]
             heappush(heap, entry)
-        if len(heap) > 2 * len(self._cached_free) + 64:
+        if len(heap) > 2 * self.num_cached_free_blocks + 64:
             self._compact()
 
     def _queue_released(self, block_ids: list[int]) -> None:
@@ -213,10 +215,10 @@ class ScoredBlockPool(PolicyPool):
         self._push_all([b for b in block_ids if not counts[b] or shared[b]])
 
     def _compact(self) -> None:
-        live, entries = self._live, self._entry
-        for block_id in self._cached_free:
+        live, entries, cached_free = self._live, self._entry, self.cached_free_blocks()
+        for block_id in cached_free:
             live[block_id] = entries[block_id]
-        self._heap[:] = [live[block_id] for block_id in self._cached_free]   # in place
+        self._heap[:] = [live[block_id] for block_id in cached_free]   # in place
         heapify(self._heap)
 
     def _evict_many(self, n: int) -> list[int]:
@@ -229,8 +231,9 @@ class ScoredBlockPool(PolicyPool):
         reset: only cached blocks are read, and caching sets them."""
         hashes, index, counts, refs = (self.block_hashes, self.index._map, self.num_children,
                                        self.ref_counts)
-        live, parents, entries, shared = self._live, self._parent, self._entry, self._shared
-        cached_free, evicted, heap = self._cached_free, self.evicted, self._heap
+        live, entries, shared = self._live, self._entry, self._shared
+        parents = self.parent_hashes
+        evicted, heap = self.evicted, self._heap
         victims, left = [], n
         hits, prio, priority = self.hits, self.prio, self._priority
         while left:
@@ -245,7 +248,6 @@ class ScoredBlockPool(PolicyPool):
                 else:
                     del index[block_hash]
                 hashes[block_id] = None
-                del cached_free[block_id]
                 victims.append(block_id)
                 refs[block_id], hits[block_id], prio[block_id] = 1, 0, priority
                 left -= 1
@@ -299,7 +301,7 @@ class ScoredBlockPool(PolicyPool):
             live[block_id] = None
         # no eligible block: hashes that are not chained (see the class docstring); its
         # children become orphans, counted by hash until the hash is cached again
-        block_id = min(self._cached_free, key=self._entry.__getitem__)
+        block_id = min(self.cached_free_blocks(), key=self._entry.__getitem__)
         if counts[block_id] and not shared[block_id]:
             block_hash = self.block_hashes[block_id]
             self._orphans[block_hash] = self._orphans.get(block_hash, 0) + counts[block_id]

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.policies import unpack_key
 from kvsim.cache.scored_pool import heap_entry
 
 
@@ -19,7 +20,12 @@ def test_a_packed_entry_orders_as_the_key_tuple_with_the_block_id():
 
 
 def test_a_three_part_key_packs_in_order():
-    assert heap_entry((0, 5, 1), 3, 2) < heap_entry((0, 5, 2), 0, 2) < heap_entry((1, 0, 0), 0, 2)
+    bits = (48, 1)
+    assert (heap_entry((0, 5, 1), 3, 2, bits) < heap_entry((0, 6, 0), 0, 2, bits)
+            < heap_entry((1, 0, 0), 0, 2, bits))
+    assert unpack_key(heap_entry((1, 7, 1), 3, 2, bits), 2, bits) == (1, 7, 1)
+    with pytest.raises(ValueError, match="3 parts"):
+        heap_entry((0, 5), 3, 2, bits)
 
 
 def expected_victim(pool) -> int:
@@ -28,9 +34,9 @@ def expected_victim(pool) -> int:
 
     def eligible(b):
         h = pool.block_hashes[b]
-        has_child = any(pool._parent[c] == h for c in cached)
+        has_child = any(pool.parent_hashes[c] == h for c in cached)
         return not has_child or sum(pool.block_hashes[c] == h for c in cached) > 1
-    free = list(pool._cached_free)
+    free = pool.cached_free_blocks()
     leaves = [b for b in free if eligible(b)] or free
     return min(leaves, key=lambda b: (pool.key_of(b), b))
 
@@ -91,12 +97,17 @@ def test_a_policys_bulk_entries_pack_its_key(name):
     pool.hits[blocks[1]], pool.prio[blocks[2]], pool.prio[blocks[3]] = 5, 3, 90
     if hasattr(pool, "reused"):
         pool.reused[blocks[4]] = True
-    if name == "lookahead":
-        pool.policy.wanted[13] = 1
+    if name == "lookahead":      # a queued lookup reaches 11, 12 and 13 (a chain prefix)
+        pool.policy.wanted.update([11, 12, 13])
     policy, hashes = pool.policy, pool.block_hashes
-    expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits)
-                for c, b in enumerate(blocks, 40)]
-    assert policy.entries(pool, blocks, 40, pool._id_bits) == expected
+    for order in (blocks, blocks[::-1]):       # a release lists a chain tail first
+        expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits,
+                               policy.key_part_bits)
+                    for c, b in enumerate(order, 40)]
+        assert policy.entries(pool, order, 40, pool._id_bits) == expected
+    if name == "lookahead":
+        assert [e >> (pool._id_bits + 49) for e in policy.entries(pool, blocks[::-1], 40,
+                                                                  pool._id_bits)] == [0] * 3 + [1] * 3
 
 
 def test_a_copys_children_count_on_the_older_copy_and_keep_it_until_they_go():
@@ -152,7 +163,8 @@ def test_bulk_entries_pack_the_key_while_every_priority_is_zero(name):
         pool.reused[blocks[4]] = True
     assert not pool.priorities_seen
     policy, hashes = pool.policy, pool.block_hashes
-    expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits)
+    expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits,
+                           policy.key_part_bits)
                 for c, b in enumerate(blocks, 40)]
     assert policy.entries(pool, blocks, 40, pool._id_bits) == expected
 

@@ -20,8 +20,8 @@ def test_a_block_a_queued_request_will_look_up_is_evicted_last():
     assert type(pool) is LookaheadPool
     a, b, c = put(pool, 1), put(pool, 2), put(pool, 3)
     pool.policy.enqueue("r", [1, 99])        # a queued request will look up 1 (then 99)
-    clock = pool.key_of(a)[-1]
-    assert pool.key_of(a) == pool.policy.key(pool, a, 1, clock) == (1, clock, clock)
+    clock = pool.key_of(a)[1]
+    assert pool.key_of(a) == pool.policy.key(pool, a, 1, clock) == (1, clock, 1)
     assert put(pool, 4) == b                 # LRU would take a, the oldest
     assert pool.index.get(1) == a and pool.policy.wanted == {1: 1}   # 99 is not cached
     pool.policy.dequeue("r")
@@ -120,3 +120,33 @@ def test_the_scheduler_tells_lookahead_who_waits_and_who_was_admitted():
     assert policy.queued == [0, 1] and policy.wanted == {}    # nothing cached to reach yet
     sched.schedule()                              # the budget admits the first only
     assert policy.queued == [1]
+
+
+def test_only_the_head_of_the_queue_is_tracked_and_a_lookup_is_read_when_it_moves_up():
+    pool = make_pool(4, policy=make_policy("lookahead"))
+    pool.policy.window = 1
+    put(pool, 1), put(pool, 2)
+    read = []
+
+    def lookup(hashes):
+        return lambda: read.append(hashes) or hashes
+    pool.policy.enqueue("r", lookup([1]))
+    pool.policy.enqueue("s", lookup([2]))                 # behind the window: not read yet
+    assert (read, pool.policy.wanted, pool.policy.queued) == ([[1]], {1: 1}, ["r", "s"])
+    pool.policy.enqueue("p", [2, 9], front=True)           # preempted: tracked at once
+    assert pool.policy.wanted == {1: 1, 2: 1}
+    pool.policy.dequeue("r")                               # s still waits: p fills the window
+    assert read == [[1]] and pool.policy.wanted == {2: 1}
+    pool.policy.dequeue("p")                               # now s moves up
+    assert read == [[1], [2]] and pool.policy.wanted == {2: 1}
+    pool.policy.enqueue("t", [1])
+    pool.policy.dequeue("t")                               # admitted before it moved up
+    assert pool.policy.queued == ["s"]
+
+
+def test_the_scheduler_looks_ahead_as_far_as_one_step_admits():
+    from kvsim.cache.kv_cache_manager import KVCacheManager
+    from kvsim.cache.scheduler import Scheduler, SchedulerConfig
+    kv = KVCacheManager(8, 4, policy=make_policy("lookahead"))
+    Scheduler(kv, SchedulerConfig(max_model_len=64, max_num_seqs=3))
+    assert kv.pool.policy.window == 3
