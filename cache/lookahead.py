@@ -92,10 +92,9 @@ class LookaheadPolicy(CachePolicy):
                     packed[i] += unit
             above = block_hash
 
-    @staticmethod
-    def protected_unit(id_bits: int) -> int:
-        """The packed entry's ``protected = 1``."""
-        return 1 << (KEY_PART_BITS + 1 + id_bits)
+    def protected_unit(self, id_bits: int) -> int:
+        """The packed entry's ``protected = 1`` (the first key part, above the others)."""
+        return 1 << (sum(self.key_part_bits) + id_bits)
 
     def enqueue(self, key, lookup: Sequence[int] | Callable[[], Sequence[int]],
                 front: bool = False) -> None:
