@@ -18,8 +18,12 @@ Cases (the targets of issue 15):
 - ``vidur``: Vidur's own 19,366 requests with the settings of ``traces/vidur/README.md``
   (target: new >= 5x faster than b45c6b7);
 - ``mooncake``: the whole Mooncake conversation trace, Llama-3-70B on 4xH100 (target <= 8 s);
+- ``mooncake-lru``: LRU against LRU, the same pairs as the variants: the spread of its pair
+  ratios is the noise floor of theirs;
 - ``mooncake-<policy>`` and ``mooncake-offload``: the same with another eviction policy or a
-  CPU tier (target: <= 1.5x the new LRU time; the ratio column for these is against LRU);
+  CPU tier (target: <= 1.5x the new LRU time; the ratio column for these is the median over
+  the repeats of the variant's time over an LRU run made just before it, each pair listed
+  under the table);
 - ``million``: a generated 1,000,000-request trace, ``kvsim gen`` and ``kvsim run`` peak RSS
   (target <= 1 GB; new version only unless ``--old-million``);
 - ``plan70b``: the cheapest Llama-2-70B deployment meeting TTFT p99 <= 2 s and TPOT p99 <= 0.2 s
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,6 +82,8 @@ def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
         args = [*run, mooncake, *MOONCAKE, "--eviction", policy]
         found.append(Case(f"mooncake-{policy}", args, None, baseline="mooncake",
                           target="<= 1.5x lru"))
+    found.append(Case("mooncake-lru", [*run, mooncake, *MOONCAKE, "--eviction", "lru"], None,
+                      baseline="mooncake", target="noise: 1.00"))
     found.append(Case("mooncake-offload", [*run, mooncake, *MOONCAKE,
                                            "--kv-offloading-size", "256"],
                       [*run, mooncake, *MOONCAKE, "--cpu-offload-gb", "64"],
@@ -184,46 +191,70 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     versions = {"old": kvsim_argv(old_checkout(args.old, args.work)), "new": kvsim_argv(None)}
     rows, own_cpu, host0 = [], 0.0, other_cpu_s()
-    for case in cases(args.shared, args.work, args.old_million):
+    found = cases(args.shared, args.work, args.old_million)
+    new_args = {c.name: c.new for c in found}
+    for case in found:
         if args.only and case.name not in args.only:
             continue
         for command in case.setup:
             subprocess.run(versions["new"][0] + command, env=versions["new"][1], check=True,
                            capture_output=True)
-        best: dict[str, Measure | None] = {"old": None, "new": None}
-        for i in range(args.repeat):
-            for version in ("old", "new"):
-                argv = getattr(case, version)
-                if argv is None:
-                    continue
-                prefix, env = versions[version]
-                m = measure(prefix + argv, env, args.work / f"{case.name}-{version}-{i}")
-                own_cpu += m.cpu_s
-                if best[version] is None or (not m.error and m.wall_s < best[version].wall_s):
-                    best[version] = m
-                print(f"# {case.name} {version}: {m}", file=sys.stderr)
-        rows.append((case, best))
+        best, pairs, cpu = measure_case(case, versions, new_args.get(case.baseline),
+                                        args.repeat, args.work)
+        own_cpu += cpu
+        rows.append((case, best, pairs))
     others = max(0.0, other_cpu_s() - host0 - own_cpu)
     print_table(rows, args.old)
     print(f"other processes used {others:.0f} CPU-s during the measurement (0 on a quiet host)")
     if args.json:
         args.json.write_text(json.dumps([{"case": c.name, "target": c.target, **{
-            v: (m.__dict__ if m else None) for v, m in best.items()}} for c, best in rows],
-            indent=1))
+            v: (m.__dict__ if m else None) for v, m in best.items()}, "pair_ratios": pairs}
+            for c, best, pairs in rows], indent=1))
+
+
+def measure_case(case: Case, versions: dict, baseline: list[str] | None, repeat: int,
+                 work: Path) -> tuple[dict, list[float], float]:
+    """Run ``case`` ``repeat`` times per version, old and new alternating. A variant (a case
+    with a baseline) runs right after its own run of the baseline, so that each ratio compares
+    two adjacent runs: on a host whose speed drifts by tens of percent over minutes, a ratio
+    against a baseline measured earlier says more about the drift than about the code.
+    Returns the fastest run per version, the variant / baseline ratio of each pair and the CPU
+    seconds used."""
+    best: dict[str, Measure | None] = {"old": None, "new": None}
+    pairs, cpu = [], 0.0
+    for i in range(repeat):
+        base = None
+        if baseline is not None:
+            prefix, env = versions["new"]
+            base = measure(prefix + baseline, env, work / f"{case.name}-baseline-{i}")
+            cpu += base.cpu_s
+            print(f"# {case.name} baseline {case.baseline}: {base}", file=sys.stderr)
+        for version in ("old", "new"):
+            argv = getattr(case, version)
+            if argv is None:
+                continue
+            prefix, env = versions[version]
+            m = measure(prefix + argv, env, work / f"{case.name}-{version}-{i}")
+            cpu += m.cpu_s
+            if best[version] is None or (not m.error and m.wall_s < best[version].wall_s):
+                best[version] = m
+            print(f"# {case.name} {version}: {m}", file=sys.stderr)
+            if version == "new" and base is not None and not (base.error or m.error):
+                pairs.append(round(m.wall_s / base.wall_s, 3))
+    return best, pairs, cpu
 
 
 def print_table(rows, old: str) -> None:
-    new_wall = {c.name: b["new"].wall_s for c, b in rows if b["new"] and not b["new"].error}
     head = (f"{'case':<18}{'old s':>9}{'new s':>9}{'ratio':>8}{'old CPU':>9}{'new CPU':>9}"
             f"{'old RSS':>9}{'new RSS':>9}  {'target':<18}same result")
     print(f"old = {old}, new = this checkout; seconds are wall, RSS in MB; ratio = old / new "
-          "(for variants: new / new LRU)")
+          "(for variants: the median of new / the LRU run just before it)")
     print(head)
-    for case, best in rows:
+    for case, best, pairs in rows:
         o, n = best["old"], best["new"]
         ratio = "-"
-        if case.baseline and n and not n.error and case.baseline in new_wall:
-            ratio = f"{n.wall_s / new_wall[case.baseline]:.2f}"
+        if case.baseline:
+            ratio = f"{statistics.median(pairs):.2f}" if pairs else "-"
         elif o and n and not o.error and not n.error:
             ratio = f"{o.wall_s / n.wall_s:.2f}x"
         same = "-" if not (o and n) else ("yes" if o.check == n.check else
@@ -232,6 +263,9 @@ def print_table(rows, old: str) -> None:
               f"{ratio:>8}{fmt(o, 'cpu_s', '.1f'):>9}{fmt(n, 'cpu_s', '.1f'):>9}"
               f"{fmt(o, 'rss_mb', '.0f'):>9}{fmt(n, 'rss_mb', '.0f'):>9}  {case.target:<18}"
               f"{same if o else (n.check if n else '')}")
+    for case, _, pairs in rows:
+        if len(pairs) > 1:
+            print(f"{case.name}: each pair {' '.join(f'{r:.2f}' for r in pairs)}")
 
 
 if __name__ == "__main__":

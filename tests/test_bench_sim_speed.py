@@ -1,0 +1,41 @@
+"""bench/sim_speed.py pairs each run of a variant with a run of its baseline just before it."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "sim_speed.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("sim_speed", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_variant_runs_right_after_its_baseline_and_each_pair_gives_one_ratio(tmp_path,
+                                                                               monkeypatch):
+    bench = load_bench()
+    walls = iter([10.0, 15.0, 20.0, 26.0])          # baseline, variant, baseline, variant
+    ran = []
+
+    def fake_measure(argv, env, out):
+        ran.append((argv[-1], out.name))
+        return bench.Measure(next(walls), 1.0, 100.0, "ok")
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    case = bench.Case("mooncake-lfu", ["run", "lfu"], None, baseline="mooncake")
+    versions = {"old": ([], {}), "new": ([], {})}
+    best, pairs, cpu = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path)
+    assert ran == [("lru", "mooncake-lfu-baseline-0"), ("lfu", "mooncake-lfu-new-0"),
+                   ("lru", "mooncake-lfu-baseline-1"), ("lfu", "mooncake-lfu-new-1")]
+    assert pairs == [1.5, 1.3] and cpu == 4.0
+    assert best["new"].wall_s == 15.0 and best["old"] is None
+
+
+def test_the_lru_noise_case_pairs_lru_with_itself():
+    bench = load_bench()
+    found = {c.name: c for c in bench.cases(Path("/shared"), Path("/work"), False)}
+    assert found["mooncake-lru"].baseline == "mooncake"
+    assert found["mooncake-lru"].new[-2:] == ["--eviction", "lru"]
