@@ -80,7 +80,15 @@ class BlockPool:
 
     ``policy`` (None or ``lru``) is kept for the callers' information: this class is vLLM's LRU
     code path; :func:`kvsim.cache.eviction.make_pool` builds the pool of any other policy.
+
+    ``opens_in_bulk``: when a decode run may take its new blocks in one call and register the
+    blocks they fill afterwards (:meth:`KVCacheManager.opens_blocks_in_bulk`): ``"always"``
+    here (registering a held block moves nothing in the free queue), ``"new_chains"`` for a
+    pool where it does not matter only while the filled blocks are new content continuing the
+    chain's holder, ``"never"``.
     """
+
+    opens_in_bulk = "always"
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         if num_blocks < 1:

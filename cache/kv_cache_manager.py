@@ -20,10 +20,8 @@ from typing import Sequence
 
 from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
-from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.eviction import make_pool
 from kvsim.cache.prefix_hit import CacheHit, PrefixCacheStats
-from kvsim.cache.scored_pool import ScoredBlockPool
 
 
 class _RequestBlocks:
@@ -125,10 +123,8 @@ class KVCacheManager:
         when no block they fill has cached content already and every request's chain goes on
         from the holder of its last registered block (so no free block changes eligibility)."""
         pool = self.pool
-        if type(pool) is BlockPool:
-            return True
-        if not isinstance(pool, ScoredBlockPool):
-            return False
+        if pool.opens_in_bulk != "new_chains":
+            return pool.opens_in_bulk == "always"
         index, hashes, bs = pool.index._map, pool.block_hashes, self.block_size
         for seq, n in zip(sequences, num_tokens):
             entry = self._requests[seq.request_id]
@@ -153,8 +149,8 @@ class KVCacheManager:
         blocks = pool.get_new_blocks(len(sequences))
         for seq, block_id in zip(sequences, blocks):
             entries[seq.request_id].block_ids.append(block_id)
-        if self._scored:        # a new block takes the priority of the request it went to
-            prio = pool.prio
+        prio = getattr(pool, "prio", None) if self._scored else None
+        if prio is not None:    # a new block takes the priority of the request it went to
             for seq, block_id in zip(sequences, blocks):
                 prio[block_id] = getattr(seq, "priority", 0)
         return blocks

@@ -18,9 +18,9 @@ It uses only what a server knows when it evicts:
    conversation trace, 51 % of continued prompts are continued again against 30 % of first
    turns) and their next turn comes after a user's think time, which LRU does not wait out.
 
-Among unprotected blocks of the same class the order is LRU; the chain rule of
-:class:`~kvsim.cache.scored_pool.ScoredBlockPool` holds (only chain leaves go). Without a queue
-(a driver that never calls :meth:`LookaheadPolicy.enqueue`) only the second part acts.
+Among unprotected blocks of the same class the order is LRU, so the policy runs on FIFO lanes
+(:class:`~kvsim.cache.lane_pool.LanePool`, which says why it needs no chain rule). Without a
+queue (a driver that never calls :meth:`LookaheadPolicy.enqueue`) only the second part acts.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from collections import Counter
 from typing import Callable, Sequence
 
 from kvsim.cache.policies import KEY_PART_BITS, CachePolicy
-from kvsim.cache.scored_pool import ScoredBlockPool
 
 
 class LookaheadPolicy(CachePolicy):
@@ -42,11 +41,11 @@ class LookaheadPolicy(CachePolicy):
     admitting it cost what it hits, not its whole prompt). Release clocks are unique, so two
     blocks tie on ``clock + credit`` only when one of them was credited: it was released
     earlier, and the last part orders it first, as a tie-break on the release clock would
-    (a one-bit part keeps the packed entry small: the release path computes one per block).
+    (a one-bit part keeps the packed entry small).
     """
 
     name = "lookahead"
-    pool_class = "lookahead"
+    pool_class = "lanes"          # :class:`~kvsim.cache.lane_pool.LanePool`
     key_part_bits = (KEY_PART_BITS, 1)
 
     def __init__(self, window: int | None = None) -> None:
@@ -65,36 +64,6 @@ class LookaheadPolicy(CachePolicy):
     def key(self, pool, block_id, block_hash, clock):
         credit = pool.num_blocks if pool.reused[block_id] else 0
         return (1 if block_hash in self.wanted else 0, clock + credit, 0 if credit else 1)
-
-    def entries(self, pool, block_ids, clock, id_bits):
-        reused, n, shift = pool.reused, pool.num_blocks, id_bits + 1
-        unflagged = 1 << id_bits
-        packed = [((c + n) << shift if reused[b] else (c << shift) + unflagged) + b
-                  for c, b in enumerate(block_ids, clock)]
-        if self.wanted:
-            self._protect_wanted(pool, block_ids, packed, id_bits)
-        return packed
-
-    def _protect_wanted(self, pool, block_ids, packed, id_bits) -> None:
-        """Add ``protected = 1`` to the entries of the blocks whose hash is wanted.
-
-        ``wanted`` is closed under chain parents (a lookup reaches a prefix), so the child of an
-        unwanted block is unwanted: read backwards (a release lists a chain tail first), only
-        the wanted blocks and the first one after them are looked up in ``wanted``, a large
-        dict (this runs for every released block)."""
-        hashes, parents, wanted = pool.block_hashes, pool.parent_hashes, self.wanted
-        unit, above, above_wanted = self.protected_unit(id_bits), None, True
-        for i in range(len(block_ids) - 1, -1, -1):
-            block_hash = hashes[block_ids[i]]
-            if above_wanted or parents[block_ids[i]] is not above:
-                above_wanted = block_hash in wanted
-                if above_wanted:
-                    packed[i] += unit
-            above = block_hash
-
-    def protected_unit(self, id_bits: int) -> int:
-        """The packed entry's ``protected = 1`` (the first key part, above the others)."""
-        return 1 << (sum(self.key_part_bits) + id_bits)
 
     def enqueue(self, key, lookup: Sequence[int] | Callable[[], Sequence[int]],
                 front: bool = False) -> None:
@@ -177,44 +146,3 @@ class _Waiter:
 
     def __init__(self, hashes: list[int]):
         self.hashes, self.reach = hashes, 0
-
-
-class LookaheadPool(ScoredBlockPool):
-    """A :class:`ScoredBlockPool` that marks blocks of reused chains (``reused``) and can
-    protect free blocks a queued request will look up (:meth:`protect`)."""
-
-    def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
-        super().__init__(num_blocks, enable_caching, policy)
-        self.reused = [False] * num_blocks
-        policy.pool = self
-        self._reached = getattr(policy, "reached", None)   # lookahead reads the queue
-
-    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
-        """A chain is *reused* from its first block under a parent that was hit at depth >= 1
-        (the request continued an earlier prompt, not just a shared first block)."""
-        reused = parent is not None and (self.reused[parent] or (
-            self.hits[parent] > 0 and self.parent_hashes[parent] is not None))
-        marks = self.reused
-        for block_id in block_ids:
-            marks[block_id] = reused
-        super().cache_blocks(block_ids, block_hashes, depth, parent)
-        if self._reached is not None:
-            self._reached(block_hashes)
-
-    def touch(self, block_ids) -> None:
-        block_ids = list(block_ids)
-        super().touch(block_ids)
-        if len(block_ids) > 1:     # the hit blocks of a continued chain belong to it
-            reused = self.reused
-            for block_id in block_ids[1:]:
-                reused[block_id] = True
-
-    def protect(self, block_ids) -> None:
-        """Those of ``block_ids`` that are free and cached are now wanted by a queued request:
-        a key not protected yet gets its first part set, and is queued again."""
-        refs, entries = self.ref_counts, self._entry     # the blocks are cached
-        unit = self.policy.protected_unit(self._id_bits)
-        changed = [b for b in block_ids if not refs[b] and entries[b] < unit]
-        for block_id in changed:
-            entries[block_id] += unit
-        self._push_all(changed)

@@ -8,9 +8,9 @@ from heapq import heapify, heappop, heappush, heappushpop
 from typing import Iterable
 
 from kvsim.cache.policies import heap_entry, unpack_key
-from kvsim.cache.policy_pool import PolicyPool
+from kvsim.cache.policy_pool import PolicyPool, chain_is_reused, mark_hit_chain
 
-__all__ = ["ScoredBlockPool", "heap_entry"]
+__all__ = ["ReusedChainPool", "ScoredBlockPool", "heap_entry"]
 
 
 class ScoredBlockPool(PolicyPool):
@@ -35,6 +35,8 @@ class ScoredBlockPool(PolicyPool):
     content another block also holds, so a block is eligible exactly when
     ``not num_children[b] or shared[b]``.
     """
+
+    opens_in_bulk = "new_chains"
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
@@ -122,12 +124,9 @@ class ScoredBlockPool(PolicyPool):
         if released:
             clock = self._clock + 1
             self._clock += len(released)
-            entries = self._entry
-            for block_id, entry in zip(released, self.policy.entries(self, released, clock,
-                                                                      self._id_bits)):
-                entries[block_id] = entry
             self.num_cached_free_blocks += len(released)
-            self._queue_released(released)
+            self._queue_released(released, self.policy.entries(self, released, clock,
+                                                               self._id_bits))
         self._prepend(first)
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
@@ -207,12 +206,18 @@ class ScoredBlockPool(PolicyPool):
         if len(heap) > 2 * self.num_cached_free_blocks + 64:
             self._compact()
 
-    def _queue_released(self, block_ids: list[int]) -> None:
-        """Queue just released blocks: the eligible ones into the heap; the others stay
-        *parked* (free and cached without a live entry: the heap would only drop them when
-        met, so parking them at once gives the same victims with fewer heap entries)."""
-        counts, shared = self.num_children, self._shared
-        self._push_all([b for b in block_ids if not counts[b] or shared[b]])
+    def _queue_released(self, block_ids: list[int], packed: list[int]) -> None:
+        """Key just released blocks (their ``packed`` entries) and queue the eligible ones into
+        the heap; the others stay *parked* (free and cached without a live entry: the heap
+        would only drop them when met, so parking them at once gives the same victims with
+        fewer heap entries)."""
+        counts, shared, entries, eligible = self.num_children, self._shared, self._entry, []
+        keep = eligible.append
+        for block_id, entry in zip(block_ids, packed):
+            entries[block_id] = entry
+            if not counts[block_id] or shared[block_id]:
+                keep(block_id)
+        self._push_all(eligible)
 
     def _compact(self) -> None:
         live, entries, cached_free = self._live, self._entry, self.cached_free_blocks()
@@ -236,6 +241,7 @@ class ScoredBlockPool(PolicyPool):
         evicted, heap = self.evicted, self._heap
         victims, left = [], n
         hits, prio, priority = self.hits, self.prio, self._priority
+        priorities_seen = self.priorities_seen     # else every prio stays 0: no writes
         while left:
             block_id = self._next_victim()
             live[block_id] = None       # a parent walked to below has no live entry
@@ -249,7 +255,10 @@ class ScoredBlockPool(PolicyPool):
                     del index[block_hash]
                 hashes[block_id] = None
                 victims.append(block_id)
-                refs[block_id], hits[block_id], prio[block_id] = 1, 0, priority
+                refs[block_id] = 1
+                hits[block_id] = 0
+                if priorities_seen:
+                    prio[block_id] = priority
                 left -= 1
                 parent_hash = parents[block_id]
                 if parent_hash is None:
@@ -315,3 +324,23 @@ class ScoredBlockPool(PolicyPool):
         for block_id in ((found,) if found.__class__ is int else found or ()):
             if refs[block_id] == 0 and live[block_id] is None:
                 self._push(block_id)
+
+
+class ReusedChainPool(ScoredBlockPool):
+    """A :class:`ScoredBlockPool` that marks blocks of reused chains (``reused``: see
+    :func:`~kvsim.cache.policy_pool.chain_is_reused`), for policies that credit them."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
+        super().__init__(num_blocks, enable_caching, policy)
+        self.reused = [False] * num_blocks
+
+    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
+        reused, marks = chain_is_reused(self, parent), self.reused
+        for block_id in block_ids:
+            marks[block_id] = reused
+        super().cache_blocks(block_ids, block_hashes, depth, parent)
+
+    def touch(self, block_ids) -> None:
+        block_ids = list(block_ids)
+        super().touch(block_ids)
+        mark_hit_chain(self.reused, block_ids)

@@ -74,7 +74,7 @@ def take_checked(pool, n):
     return taken
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid", "lookahead"])
+@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid"])
 @pytest.mark.parametrize("seed", range(3))
 def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(name, seed):
     one, batch = (make_pool(12, policy=make_policy(name)) for _ in range(2))
@@ -86,10 +86,10 @@ def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(n
     assert one.num_evictions == batch.num_evictions > 100
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid", "lookahead"])
+@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid"])
 def test_a_policys_bulk_entries_pack_its_key(name):
     """``entries`` (one pass per release, the hot path) equals ``heap_entry`` of ``key`` for
-    every block, whatever its hits, priority (clamped or not), reuse and protection."""
+    every block, whatever its hits, priority (clamped or not) and reuse."""
     pool = make_pool(8, policy=make_policy(name))
     pool.begin("r", priority=-70)
     blocks = pool.get_new_blocks(6)
@@ -97,17 +97,12 @@ def test_a_policys_bulk_entries_pack_its_key(name):
     pool.hits[blocks[1]], pool.prio[blocks[2]], pool.prio[blocks[3]] = 5, 3, 90
     if hasattr(pool, "reused"):
         pool.reused[blocks[4]] = True
-    if name == "lookahead":      # a queued lookup reaches 11, 12 and 13 (a chain prefix)
-        pool.policy.wanted.update([11, 12, 13])
     policy, hashes = pool.policy, pool.block_hashes
     for order in (blocks, blocks[::-1]):       # a release lists a chain tail first
         expected = [heap_entry(policy.key(pool, b, hashes[b], c), b, pool._id_bits,
                                policy.key_part_bits)
                     for c, b in enumerate(order, 40)]
         assert policy.entries(pool, order, 40, pool._id_bits) == expected
-    if name == "lookahead":
-        assert [e >> (pool._id_bits + 49) for e in policy.entries(pool, blocks[::-1], 40,
-                                                                  pool._id_bits)] == [0] * 3 + [1] * 3
 
 
 def test_a_copys_children_count_on_the_older_copy_and_keep_it_until_they_go():
@@ -152,7 +147,7 @@ def test_children_of_a_hash_evicted_against_the_chain_rule_wait_for_it_by_hash()
     assert pool.num_children[root] == 0
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid", "lookahead"])
+@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid"])
 def test_bulk_entries_pack_the_key_while_every_priority_is_zero(name):
     pool = make_pool(8, policy=make_policy(name))
     pool.begin("r")
