@@ -46,7 +46,7 @@ class ARCPolicy(QueuePolicy):
 
     def fill_many(self, block_ids, block_hashes):
         b1, b2 = self.b1, self.b2
-        if b1.live.keys().isdisjoint(block_hashes) and b2.live.keys().isdisjoint(block_hashes):
+        if b1.live.isdisjoint(block_hashes) and b2.live.isdisjoint(block_hashes):
             set_all(self.in_t2, block_ids, False)           # no ghost hit: all into T1
             self.num_t1 += len(block_ids)
             return

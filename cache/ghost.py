@@ -10,26 +10,26 @@ Python code run per hash.
 
 from __future__ import annotations
 
-from itertools import count, repeat
-from operator import eq
 
 
 class Ghost:
     """A bounded FIFO of hashes with an ``OrderedDict``'s order, membership and length.
 
-    ``fifo`` lists the hashes in the order they were added, ``fifo[head:]`` still to go;
-    ``live`` maps each present hash to its position (``base`` + index in ``fifo``). A hash
-    taken out (:meth:`discard`) leaves a stale entry in ``fifo``, skipped when its turn to go
-    comes (an entry is live while ``live`` gives its position).
+    ``live`` is the set of present hashes; ``fifo`` lists hashes in the order they were added,
+    ``fifo[head:]`` still to go. A hash taken out (:meth:`discard`) leaves a *stale* entry in
+    ``fifo``; ``stale`` counts them per hash. A hash's stale entries are always older than its
+    live one (a FIFO), so when its turn comes an entry is stale exactly while ``stale`` counts
+    one for its hash: no position is stored per hash (a set, not a dict of ints).
     """
 
-    __slots__ = ("live", "fifo", "head", "base")
+    __slots__ = ("live", "fifo", "head", "stale")
     slack = 1024            # stale or gone entries kept in ``fifo`` before it is rebuilt
 
     def __init__(self) -> None:
-        self.live: dict[int, int] = {}
+        self.live: set[int] = set()
         self.fifo: list[int] = []
-        self.head = self.base = 0
+        self.head = 0
+        self.stale: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.live)
@@ -38,12 +38,17 @@ class Ghost:
         return block_hash in self.live
 
     def __iter__(self):
-        live, head = self.live, self.head
-        return (h for at, h in zip(count(self.base + head), self.fifo[head:]) if live.get(h) == at)
+        pending = dict(self.stale)
+        for block_hash in self.fifo[self.head:]:
+            if pending.get(block_hash):
+                pending[block_hash] -= 1
+            else:
+                yield block_hash
 
     def discard(self, block_hash) -> None:
         """Take a present hash out (its block came back)."""
-        del self.live[block_hash]
+        self.live.remove(block_hash)
+        self.stale[block_hash] = self.stale.get(block_hash, 0) + 1
         if len(self.fifo) - self.head > 2 * len(self.live) + self.slack:
             self._rebuild()
 
@@ -57,64 +62,57 @@ class Ghost:
         new ones, whenever the drops happen. One at a time otherwise."""
         hashes = list(hashes)
         live, before = self.live, len(self.live)
-        if live.keys().isdisjoint(hashes):
-            pushed = self.base + len(self.fifo)
-            live.update(zip(hashes, count(pushed)))
+        if live.isdisjoint(hashes):
+            live.update(hashes)
             if len(live) - before == len(hashes):
                 self.fifo += hashes
                 self._drop(min(len(hashes), max(0, before + len(hashes) - capacity)))
                 return
-            for block_hash in hashes:        # a hash twice: undone, then one at a time
-                live.pop(block_hash, None)
+            live.difference_update(hashes)      # a hash twice: undone, then one at a time
         for block_hash in hashes:
             self._add_one(block_hash, capacity)
 
     # --- internals -----------------------------------------------------------------------
 
     def _add_one(self, block_hash, capacity: int) -> None:
-        live = self.live
-        if block_hash not in live:
-            live[block_hash] = self.base + len(self.fifo)
+        if block_hash not in self.live:
+            self.live.add(block_hash)
             self.fifo.append(block_hash)
-        if len(live) > capacity:
+        if len(self.live) > capacity:
             self._drop_one()
 
     def _drop(self, n: int) -> None:
         """Drop the ``n`` oldest present hashes: in one step when none of the ``n`` oldest
-        entries is stale (the usual case), else one at a time."""
+        entries can be stale (the usual case), else one at a time."""
         if not n:
             return
-        live, fifo, head = self.live, self.fifo, self.head
+        fifo, head = self.fifo, self.head
         olds = fifo[head:head + n]
-        found = list(map(live.pop, olds, repeat(None)))
-        if len(olds) == n and all(map(eq, found, count(self.base + head))):
+        if len(olds) == n and (not self.stale or self.stale.keys().isdisjoint(olds)):
+            self.live.difference_update(olds)       # each the live entry of its hash
             self.head = head + n
             if self.head > self.slack and 2 * self.head > len(fifo):
                 del fifo[:self.head]                       # the gone entries
-                self.base += self.head
                 self.head = 0
             return
-        for block_hash, position in zip(olds, found):      # undone (a stale entry among them)
-            if position is not None:
-                live[block_hash] = position
         for _ in range(n):
             self._drop_one()
 
     def _drop_one(self) -> None:
         """Drop the oldest present hash (stale entries before it go too)."""
-        live, fifo = self.live, self.fifo
+        fifo, stale = self.fifo, self.stale
         while True:
-            old, at = fifo[self.head], self.base + self.head
+            old = fifo[self.head]
             self.head += 1
-            found = live.pop(old, None)
-            if found == at:
+            count = stale.get(old)
+            if not count:
+                self.live.remove(old)
                 return
-            if found is not None:                          # stale: the hash is live later
-                live[old] = found
+            if count == 1:
+                del stale[old]
+            else:
+                stale[old] = count - 1
 
     def _rebuild(self) -> None:
         """``fifo`` without its gone and stale entries."""
-        kept = list(self)
-        self.base += self.head
-        self.fifo, self.head = kept, 0
-        self.live = dict(zip(kept, count(self.base)))
+        self.fifo, self.head, self.stale = list(self), 0, {}

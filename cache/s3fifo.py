@@ -96,7 +96,7 @@ class S3FIFOPolicy(QueuePolicy):
 
     def fill_many(self, block_ids, block_hashes):
         freq, in_main, ghost = self.freq, self.in_main, self.ghost
-        if ghost.live.keys().isdisjoint(block_hashes):   # none came back: all into S
+        if ghost.live.isdisjoint(block_hashes):   # none came back: all into S
             for block_id in block_ids:
                 freq[block_id] = in_main[block_id] = 0
             self._small += block_ids
