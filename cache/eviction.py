@@ -7,10 +7,9 @@ classes so that none of those modules imports another in a circle:
 - :func:`make_pool`: the pool for a policy, by its ``pool_class``: the plain
   :class:`~kvsim.cache.block_pool.BlockPool` for LRU (vLLM's code path), a
   :class:`~kvsim.cache.queue_pool.QueuePool` for the queue policies (ARC, S3-FIFO), the FIFO
-  lanes of a :class:`~kvsim.cache.lane_pool.LanePool` for ``lookahead``, a
-  :class:`~kvsim.cache.scored_pool.ReusedChainPool` for policies that need reused chains
-  marked (``hybrid``), and a :class:`~kvsim.cache.scored_pool.ScoredBlockPool` for every other
-  scored policy.
+  lanes of a :class:`~kvsim.cache.lane_pool.LanePool` for ``hybrid`` (a
+  :class:`~kvsim.cache.lookahead_pool.LookaheadPool` for ``lookahead``), and a
+  :class:`~kvsim.cache.scored_pool.ScoredBlockPool` for every other scored policy.
 """
 
 from __future__ import annotations
@@ -18,17 +17,18 @@ from __future__ import annotations
 from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.lane_pool import LanePool
 from kvsim.cache.lookahead import LookaheadPolicy
+from kvsim.cache.lookahead_pool import LookaheadPool
 from kvsim.cache.policies import (POLICY_NAMES, BeladyOracle, BeladyPolicy, CachePolicy, HybridPolicy,
                        LFUPolicy, LRUPolicy, PriorityPolicy)
 from kvsim.cache.arc import ARCPolicy
 from kvsim.cache.queue_pool import QueuePool
 from kvsim.cache.s3fifo import S3FIFOPolicy
-from kvsim.cache.scored_pool import ReusedChainPool, ScoredBlockPool
+from kvsim.cache.scored_pool import ScoredBlockPool
 
 POLICY_CLASSES = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,
                   "hybrid": HybridPolicy, "arc": ARCPolicy, "s3fifo": S3FIFOPolicy,
                   "lookahead": LookaheadPolicy}
-POOL_CLASSES = {"queue": QueuePool, "reused": ReusedChainPool, "lanes": LanePool}
+POOL_CLASSES = {"queue": QueuePool, "lanes": LanePool, "lookahead": LookaheadPool}
 
 
 def make_policy(name: str, oracle: BeladyOracle | None = None) -> CachePolicy:

@@ -19,7 +19,7 @@ It uses only what a server knows when it evicts:
    turns) and their next turn comes after a user's think time, which LRU does not wait out.
 
 Among unprotected blocks of the same class the order is LRU, so the policy runs on FIFO lanes
-(:class:`~kvsim.cache.lane_pool.LanePool`, which says why it needs no chain rule). Without a
+(:class:`~kvsim.cache.lookahead_pool.LookaheadPool`). Without a
 queue (a driver that never calls :meth:`LookaheadPolicy.enqueue`) only the second part acts.
 """
 
@@ -45,8 +45,18 @@ class LookaheadPolicy(CachePolicy):
     """
 
     name = "lookahead"
-    pool_class = "lanes"          # :class:`~kvsim.cache.lane_pool.LanePool`
+    pool_class = "lookahead"      # :class:`~kvsim.cache.lookahead_pool.LookaheadPool`
     key_part_bits = (KEY_PART_BITS, 1)
+
+    @staticmethod
+    def lane_credit(num_blocks: int) -> int:
+        """The offset of a credited block (its lane in a :class:`LanePool`): the pool size."""
+        return num_blocks
+
+    @staticmethod
+    def lane_key(clock: int, offset: int) -> tuple:
+        """The key of an unprotected block released at ``clock`` into the lane at ``offset``."""
+        return (0, clock + offset, 0 if offset else 1)
 
     def __init__(self, window: int | None = None) -> None:
         self.window = window                 # queued requests tracked at most (None: all)

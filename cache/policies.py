@@ -25,7 +25,9 @@ keys of one release packed by :func:`heap_entry`) and evicts the block with the 
 tuple of ints). Keys are fixed at release: they only matter while a block is free, and a free
 block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool
 keeps the chain property for every policy: only a block no other cached block names as its
-parent (or one whose content another block also holds) can be evicted.
+parent (or one whose content another block also holds) can be evicted. ``hybrid`` and
+``lookahead``, whose keys are a release clock plus a per-class offset, run on FIFO lanes
+instead (:class:`~kvsim.cache.lane_pool.LanePool`), with the same victims.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class CachePolicy:
     name = "base"
     is_lru = False
     key_part_bits: tuple = (KEY_PART_BITS,)
+    uses_priority = False       # whether keys read the requests' priorities (pool.prio)
 
     def begin(self, request_id) -> None:
         """The pool is about to take or touch blocks for ``request_id``."""
@@ -149,7 +152,8 @@ class HybridPolicy(CachePolicy):
     - ``N``: the pool size. The release clock counts released blocks, so ``N`` of it is about
       one *cache lifetime*: reuse keeps a block half a lifetime, one priority level one
       lifetime longer than an unreused block of priority 0 released at the same time, which is
-      ordered exactly as LRU. Only chain leaves are evicted (the scored pool's chain rule).
+      ordered exactly as LRU. Only chain leaves are evicted (the chain rule, which
+      :class:`~kvsim.cache.lane_pool.LanePool` keeps).
 
     It is GreedyDual-Size-Frequency (Cherkasova 1998) in log scale, with the inflation value
     replaced by the release clock. Earlier forms fell below LRU: GDSF's own ``L + F * C * W``
@@ -163,25 +167,26 @@ class HybridPolicy(CachePolicy):
     """
 
     name = "hybrid"
-    pool_class = "reused"         # the pool that marks reused chains
+    pool_class = "lanes"          # :class:`~kvsim.cache.lane_pool.LanePool`
+    uses_priority = True
 
     def __init__(self) -> None:
         self.pool = None
+
+    @staticmethod
+    def lane_credit(num_blocks: int) -> int:
+        """The offset of a reused block (its lane in a :class:`LanePool`): half a lifetime."""
+        return num_blocks // 2
+
+    @staticmethod
+    def lane_key(clock: int, offset: int) -> tuple:
+        """The key of a block released at ``clock`` into the lane at ``offset``."""
+        return (clock + offset, clock)
 
     def key(self, pool, block_id, block_hash, clock):
         prio = min(max(pool.prio[block_id], -60), 60)
         n = pool.num_blocks
         return (clock + (n // 2) * pool.reused[block_id] - n * prio, clock)
-
-    def entries(self, pool, block_ids, clock, id_bits):
-        prio, reused, n, bits = pool.prio, pool.reused, pool.num_blocks, KEY_PART_BITS
-        half = n // 2
-        if not pool.priorities_seen:    # every prio is 0
-            return [((((c + half if reused[b] else c) << bits) + c) << id_bits) + b
-                    for c, b in enumerate(block_ids, clock)]
-        return [((((c + half * reused[b] - n * (prio[b] if -60 <= prio[b] <= 60 else
-                                                 (60 if prio[b] > 0 else -60))) << bits) + c)
-                 << id_bits) + b for c, b in enumerate(block_ids, clock)]
 
 
 class BeladyPolicy(CachePolicy):

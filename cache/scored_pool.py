@@ -8,9 +8,9 @@ from heapq import heapify, heappop, heappush, heappushpop
 from typing import Iterable
 
 from kvsim.cache.policies import heap_entry, unpack_key
-from kvsim.cache.policy_pool import PolicyPool, chain_is_reused, mark_hit_chain
+from kvsim.cache.policy_pool import PolicyPool
 
-__all__ = ["ReusedChainPool", "ScoredBlockPool", "heap_entry"]
+__all__ = ["ScoredBlockPool", "heap_entry"]
 
 
 class ScoredBlockPool(PolicyPool):
@@ -325,22 +325,3 @@ class ScoredBlockPool(PolicyPool):
             if refs[block_id] == 0 and live[block_id] is None:
                 self._push(block_id)
 
-
-class ReusedChainPool(ScoredBlockPool):
-    """A :class:`ScoredBlockPool` that marks blocks of reused chains (``reused``: see
-    :func:`~kvsim.cache.policy_pool.chain_is_reused`), for policies that credit them."""
-
-    def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
-        super().__init__(num_blocks, enable_caching, policy)
-        self.reused = [False] * num_blocks
-
-    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
-        reused, marks = chain_is_reused(self, parent), self.reused
-        for block_id in block_ids:
-            marks[block_id] = reused
-        super().cache_blocks(block_ids, block_hashes, depth, parent)
-
-    def touch(self, block_ids) -> None:
-        block_ids = list(block_ids)
-        super().touch(block_ids)
-        mark_hit_chain(self.reused, block_ids)

@@ -74,7 +74,7 @@ def take_checked(pool, n):
     return taken
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid"])
+@pytest.mark.parametrize("name", ["lfu", "priority"])
 @pytest.mark.parametrize("seed", range(3))
 def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(name, seed):
     one, batch = (make_pool(12, policy=make_policy(name)) for _ in range(2))
@@ -86,7 +86,7 @@ def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(n
     assert one.num_evictions == batch.num_evictions > 100
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid"])
+@pytest.mark.parametrize("name", ["lfu", "priority"])
 def test_a_policys_bulk_entries_pack_its_key(name):
     """``entries`` (one pass per release, the hot path) equals ``heap_entry`` of ``key`` for
     every block, whatever its hits, priority (clamped or not) and reuse."""
@@ -147,7 +147,7 @@ def test_children_of_a_hash_evicted_against_the_chain_rule_wait_for_it_by_hash()
     assert pool.num_children[root] == 0
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "hybrid"])
+@pytest.mark.parametrize("name", ["lfu", "priority"])
 def test_bulk_entries_pack_the_key_while_every_priority_is_zero(name):
     pool = make_pool(8, policy=make_policy(name))
     pool.begin("r")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvsim.cache.hitrate import ReplayRequest, hitrate_curves, policy_hits
-from kvsim.cache.lane_pool import LanePool
+from kvsim.cache.lookahead_pool import LookaheadPool
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.workloads.request import Request
 from pool_stories import put
@@ -17,7 +17,7 @@ def req(hashes, prompt_tokens, arrival_s):
 
 def test_a_block_a_queued_request_will_look_up_is_evicted_last():
     pool = make_pool(3, policy=make_policy("lookahead"))
-    assert type(pool) is LanePool
+    assert type(pool) is LookaheadPool
     a, b, c = put(pool, 1), put(pool, 2), put(pool, 3)
     pool.policy.enqueue("r", [1, 99])        # a queued request will look up 1 (then 99)
     clock = pool.key_of(a)[1]

@@ -1,0 +1,160 @@
+"""The pool of ``lookahead`` (:mod:`kvsim.cache.lookahead`): FIFO lanes
+(:class:`~kvsim.cache.lane_pool.LanePool`) for unprotected blocks, a heap for protected ones.
+
+A block is *protected* while a queued request's lookup reaches its hash: released so, or
+protected later while free (:meth:`LookaheadPool.protect`). Protected blocks are evicted only
+when no unprotected one is left, by their key ``(1, clock + credit, 0 if credited else 1)``
+packed as :func:`~kvsim.cache.policies.heap_entry` packs it; a block protected while free keeps
+its clock and credit.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+from itertools import compress
+
+from kvsim.cache.lane_pool import LanePool
+from kvsim.cache.policies import unpack_key
+
+__all__ = ["LookaheadPool"]
+
+
+class LookaheadPool(LanePool):
+    """A :class:`~kvsim.cache.lane_pool.LanePool` whose policy reads the waiting queue: it
+    protects the free blocks a queued request will look up and tells the policy which hashes
+    got cached (``reached``)."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
+        super().__init__(num_blocks, enable_caching, policy)
+        self._heap: list[int] = []          # packed keys of protected free blocks
+        self._protected: dict[int, int] = {}    # protected free block -> its live heap entry
+        self._id_bits = num_blocks.bit_length()
+        policy.pool = self
+        self._reached = getattr(policy, "reached", None)
+
+    # --- queries -------------------------------------------------------------------------
+
+    def cached_free_blocks(self) -> list[int]:
+        return super().cached_free_blocks() + list(self._protected)
+
+    def key_of(self, block_id: int) -> tuple:
+        if block_id in self._protected:
+            return self._key(None, self._protected[block_id])
+        return super().key_of(block_id)
+
+    def _key(self, offset, value: int) -> tuple:
+        """A lane's key, or (``offset`` None) the key packed in heap entry ``value``."""
+        if offset is None:
+            return unpack_key(value, self._id_bits, self.policy.key_part_bits)
+        return super()._key(offset, value)
+
+    # --- actions -------------------------------------------------------------------------
+
+    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
+        super().cache_blocks(block_ids, block_hashes, depth, parent)
+        if self._reached is not None:
+            self._reached(block_hashes)
+
+    def protect(self, block_ids) -> None:
+        """Those of ``block_ids`` that are free, cached and not protected yet are now wanted by
+        a queued request: they leave their lane for the heap, their clock and credit kept."""
+        refs, protected, deferred = self.ref_counts, self._protected, self._deferred
+        for block_id in block_ids:
+            if refs[block_id] or block_id in protected:
+                continue
+            if block_id in deferred:
+                offset, clock = deferred[block_id]
+                if offset is not None:
+                    deferred[block_id] = (None, self._protected_entry(block_id, clock))
+                continue
+            lane = self._credited if self.reused[block_id] else self._plain
+            self._push_protected(block_id, lane.pop(block_id))
+
+    def reset_prefix_cache(self) -> bool:
+        if not super().reset_prefix_cache():
+            return False
+        self._heap.clear()
+        self._protected.clear()
+        return True
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _queue_released(self, block_ids: list[int], clock: int) -> None:
+        """:meth:`LanePool._queue`, the blocks whose hash a queued lookup reaches to the heap.
+
+        Those hashes (``wanted``, a large dict) are closed under chain parents (a lookup
+        reaches a prefix), so the child of an unwanted block is unwanted. A release lists a
+        chain tail first: read backwards, the wanted blocks come first, and once one is not,
+        none of the rest is when each is the parent of the one before (compared in one pass,
+        the usual case: one request's blocks); else each is looked up (:meth:`_wanted`)."""
+        hashes, wanted = self.block_hashes, self.policy.wanted
+        if not wanted:
+            self._queue(block_ids, range(clock, clock + len(block_ids)))
+            return
+        last = len(block_ids) - 1
+        while last >= 0 and hashes[block_ids[last]] in wanted:
+            self._push_protected(block_ids[last], clock + last)
+            last -= 1
+        if last < 0:
+            return
+        parents = list(map(self.parent_hashes.__getitem__, block_ids[:last]))
+        if parents == list(map(hashes.__getitem__, block_ids[1:last + 1])):
+            self._queue(block_ids[:last + 1], range(clock, clock + last + 1))
+            return
+        flags = self._wanted(block_ids[:last + 1])
+        for i in compress(range(last + 1), flags):
+            self._push_protected(block_ids[i], clock + i)
+        clocks, rest = range(clock, clock + last + 1), [not f for f in flags]
+        self._queue(list(compress(block_ids, rest)), list(compress(clocks, rest)))
+
+    def _wanted(self, block_ids: list[int]) -> list[bool]:
+        """Whether each block's hash is wanted, read backwards with the closure under chain
+        parents: a block whose parent (the block after it) is unwanted is not looked up."""
+        hashes, parents, wanted = self.block_hashes, self.parent_hashes, self.policy.wanted
+        flags, above, above_wanted = [False] * len(block_ids), None, True
+        for i in range(len(block_ids) - 1, -1, -1):
+            block_hash = hashes[block_ids[i]]
+            if above_wanted or parents[block_ids[i]] != above:
+                above_wanted = flags[i] = block_hash in wanted
+            above = block_hash
+        return flags
+
+    def _push_protected(self, block_id: int, clock: int) -> None:
+        """Queue ``block_id`` released at ``clock`` in the heap under its protected key."""
+        entry = self._protected[block_id] = self._protected_entry(block_id, clock)
+        heappush(self._heap, entry)
+
+    def _protected_entry(self, block_id: int, clock: int) -> int:
+        """``(1, clock + credit, 0 if credited else 1)`` packed with the block id, as
+        :func:`~kvsim.cache.policies.heap_entry` packs it."""
+        clock_bits, flag_bits = self.policy.key_part_bits
+        if self.reused[block_id]:
+            key = ((1 << clock_bits) + clock + self.credit) << flag_bits
+        else:
+            key = (((1 << clock_bits) + clock) << flag_bits) + 1
+        return (key << self._id_bits) + block_id
+
+    def _unqueue(self, block_id: int) -> None:
+        if self._protected.pop(block_id, None) is None:    # else its heap entry goes stale
+            super()._unqueue(block_id)
+
+    def _requeue(self, block_id: int, offset, value: int) -> None:
+        if offset is not None:
+            super()._requeue(block_id, offset, value)
+            return
+        self._protected[block_id] = value
+        heappush(self._heap, value)
+
+    def _next_after_lanes(self) -> int:
+        """The smallest live protected entry that is not deferred; with none, as
+        :meth:`LanePool._next_after_lanes`."""
+        heap, protected, id_mask = self._heap, self._protected, (1 << self._id_bits) - 1
+        while heap:
+            entry = heappop(heap)
+            block_id = entry & id_mask
+            if protected.get(block_id) != entry:
+                continue
+            del protected[block_id]
+            if self._depth[block_id] or not self._defers(block_id, None, entry):
+                return block_id
+        return super()._next_after_lanes()
