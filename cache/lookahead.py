@@ -60,7 +60,7 @@ class LookaheadPolicy(CachePolicy):
 
     def __init__(self, window: int | None = None) -> None:
         self.window = window                 # queued requests tracked at most (None: all)
-        self.wanted: Counter = Counter()    # hash -> queued requests whose lookup reaches it
+        self.wanted = WantedHashes()         # hashes queued lookups reach, with multiplicity
         self._waiters: dict = {}             # tracked queued request -> its _Waiter
         self._backlog: dict = {}             # queued behind the window -> its lookup
         self._blocked: dict[int, dict] = {}  # hash -> waiters whose lookup stops just before it
@@ -112,14 +112,8 @@ class LookaheadPolicy(CachePolicy):
 
     def _untrack(self, key) -> None:
         waiter = self._waiters.pop(key)
-        wanted, hashes, reach = self.wanted, waiter.hashes, waiter.reach
-        drop = wanted.pop       # dict's (Counter's ``del`` is written in Python)
-        for block_hash in hashes[:reach]:
-            left = wanted[block_hash] - 1
-            if left:
-                wanted[block_hash] = left
-            else:
-                drop(block_hash)
+        hashes, reach = waiter.hashes, waiter.reach
+        self.wanted.remove(hashes[:reach])
         if reach < len(hashes):
             blocked = self._blocked[hashes[reach]]
             del blocked[waiter]
@@ -143,10 +137,60 @@ class LookaheadPolicy(CachePolicy):
     def _reach(self, waiter: "_Waiter", end: int) -> None:
         """Count ``waiter``'s hashes up to ``end`` as wanted; it waits on the next one."""
         hashes = waiter.hashes
-        self.wanted.update(hashes[waiter.reach:end])     # a Counter: +1 each, in C
+        self.wanted.add(hashes[waiter.reach:end])
         waiter.reach = end
         if end < len(hashes):
             self._blocked.setdefault(hashes[end], {})[waiter] = None
+
+
+class WantedHashes:
+    """The hashes the tracked lookups reach, each counted once per lookup (a multiset): ``once``
+    holds every hash counted at least once (a set: membership and bulk updates run in C),
+    ``more`` how many times more (a Counter, for the few hashes several queued lookups share,
+    such as a system prompt)."""
+
+    __slots__ = ("once", "more")
+
+    def __init__(self) -> None:
+        self.once: set[int] = set()
+        self.more: Counter = Counter()
+
+    def __contains__(self, block_hash) -> bool:
+        return block_hash in self.once
+
+    def __bool__(self) -> bool:
+        return bool(self.once)
+
+    def __len__(self) -> int:
+        return len(self.once)
+
+    def counts(self) -> dict[int, int]:
+        """Each hash and how many lookups reach it."""
+        return {h: 1 + self.more.get(h, 0) for h in self.once}
+
+    def add(self, hashes: list[int]) -> None:
+        """Count one more lookup reaching each of ``hashes`` (distinct)."""
+        once = self.once
+        if not once.isdisjoint(hashes):
+            self.more.update(once.intersection(hashes))
+        once.update(hashes)
+
+    def remove(self, hashes: list[int]) -> None:
+        """Count one lookup fewer reaching each of ``hashes`` (distinct, each counted)."""
+        more = self.more
+        if not more:
+            self.once.difference_update(hashes)
+            return
+        shared = list(filter(more.__contains__, hashes))
+        drop = more.pop         # dict's (Counter's ``del`` is written in Python)
+        for block_hash in shared:
+            left = more[block_hash] - 1
+            if left:
+                more[block_hash] = left
+            else:
+                drop(block_hash)
+        self.once.difference_update(hashes)
+        self.once.update(shared)
 
 
 class _Waiter:
