@@ -83,9 +83,10 @@ class BlockPool:
 
     ``opens_in_bulk``: when a decode run may take its new blocks in one call and register the
     blocks they fill afterwards (:meth:`KVCacheManager.opens_blocks_in_bulk`): ``"always"``
-    here (registering a held block moves nothing in the free queue), ``"new_chains"`` for a
-    pool where it does not matter only while the filled blocks are new content continuing the
-    chain's holder, ``"never"``.
+    here (registering a held block moves nothing in the free queue); ``"new_chains"`` for the
+    scored and lane pools (the same only while the blocks filled are new content continuing
+    from their chain's holder); ``"never"`` for the queue pools (their fill hooks change the
+    victims).
     """
 
     opens_in_bulk = "always"

@@ -119,9 +119,10 @@ class KVCacheManager:
         """Whether decode steps taking ``sequences`` to ``num_tokens`` computed tokens each may
         take their new blocks in one :meth:`open_blocks` and register the blocks they fill
         afterwards, with the result of one :meth:`allocate` per block: always with LRU's plain
-        pool (registering a held block moves nothing in its free queue); with a scored pool
-        when no block they fill has cached content already and every request's chain goes on
-        from the holder of its last registered block (so no free block changes eligibility)."""
+        pool (registering a held block moves nothing in its free queue); with a scored or lane
+        pool when no block they fill has cached content already and every request's chain goes
+        on from the holder of its last registered block (so no free block changes eligibility);
+        never with a queue pool (``BlockPool.opens_in_bulk``)."""
         pool = self.pool
         if pool.opens_in_bulk != "new_chains":
             return pool.opens_in_bulk == "always"

@@ -156,8 +156,8 @@ class LanePool(PolicyPool):
             else:
                 index[block_hash] = block_id
             parent_hash = block_hash
-        if block_ids:
-            self._count_first_children(block_ids, parent)
+        if block_ids and (parent is None or parents[parent] is None):
+            self._count_first_children(block_ids, parent)   # a first block, or its child
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
@@ -218,7 +218,8 @@ class LanePool(PolicyPool):
 
     def _count_first_children(self, block_ids, parent) -> None:
         """Mark a chain's first block and its child (``_depth``) and count the child under the
-        first block's hash; a deferred copy of that content may go now that it has another."""
+        first block's hash; a deferred copy of that content may go now that it has another.
+        ``block_ids`` start a chain (``parent`` None) or continue one from its first block."""
         hashes, depth, counts = self.block_hashes, self._depth, self._first_children
         if parent is None:
             first = block_ids[0]
@@ -230,10 +231,8 @@ class LanePool(PolicyPool):
             if len(block_ids) < 2:
                 return
             child = block_ids[1]
-        elif self.parent_hashes[parent] is None:
+        else:                   # the chain goes on from a first block
             child = block_ids[0]
-        else:
-            return
         depth[child] = 1
         first_hash = self.parent_hashes[child]
         counts[first_hash] = counts.get(first_hash, 0) + 1

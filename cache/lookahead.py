@@ -26,6 +26,7 @@ queue (a driver that never calls :meth:`LookaheadPolicy.enqueue`) only the secon
 from __future__ import annotations
 
 from collections import Counter
+from itertools import islice, takewhile
 from typing import Callable, Sequence
 
 from kvsim.cache.policies import KEY_PART_BITS, CachePolicy
@@ -126,12 +127,11 @@ class LookaheadPolicy(CachePolicy):
         blocked = self._blocked
         if not blocked or blocked.keys().isdisjoint(block_hashes):
             return
-        index = self.pool.index._map
+        cached = self.pool.index._map.__contains__
         for block_hash in blocked.keys() & block_hashes:     # any order: each goes as far
             for waiter in blocked.pop(block_hash):           # as the index holds its hashes
                 hashes, end = waiter.hashes, waiter.reach + 1    # its next hash is cached
-                while end < len(hashes) and hashes[end] in index:
-                    end += 1
+                end += len(list(takewhile(cached, islice(hashes, end, None))))
                 self._reach(waiter, end)
 
     def _reach(self, waiter: "_Waiter", end: int) -> None:

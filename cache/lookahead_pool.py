@@ -87,7 +87,7 @@ class LookaheadPool(LanePool):
         chain tail first: read backwards, the wanted blocks come first, and once one is not,
         none of the rest is when each is the parent of the one before (compared in one pass,
         the usual case: one request's blocks); else each is looked up (:meth:`_wanted`)."""
-        hashes, wanted = self.block_hashes, self.policy.wanted
+        hashes, wanted = self.block_hashes, self.policy.wanted.once    # (the set: read in C)
         if not wanted:
             self._queue(block_ids, range(clock, clock + len(block_ids)))
             return
@@ -110,7 +110,7 @@ class LookaheadPool(LanePool):
     def _wanted(self, block_ids: list[int]) -> list[bool]:
         """Whether each block's hash is wanted, read backwards with the closure under chain
         parents: a block whose parent (the block after it) is unwanted is not looked up."""
-        hashes, parents, wanted = self.block_hashes, self.parent_hashes, self.policy.wanted
+        hashes, parents, wanted = self.block_hashes, self.parent_hashes, self.policy.wanted.once
         flags, above, above_wanted = [False] * len(block_ids), None, True
         for i in range(len(block_ids) - 1, -1, -1):
             block_hash = hashes[block_ids[i]]

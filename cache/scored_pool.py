@@ -324,4 +324,3 @@ class ScoredBlockPool(PolicyPool):
         for block_id in ((found,) if found.__class__ is int else found or ()):
             if refs[block_id] == 0 and live[block_id] is None:
                 self._push(block_id)
-
