@@ -23,7 +23,8 @@ Cases (the targets of issue 15):
 - ``mooncake-<policy>`` and ``mooncake-offload``: the same with another eviction policy or a
   CPU tier (target: <= 1.5x the new LRU time; the ratio column for these is the median over
   the repeats of the variant's time over an LRU run made just before it, each pair listed
-  under the table);
+  under the table; with ``--side-by-side``, of the variant's CPU seconds over those of an LRU
+  run made at the same time on the other core);
 - ``million``: a generated 1,000,000-request trace, ``kvsim gen`` and ``kvsim run`` peak RSS
   (target <= 1 GB; new version only unless ``--old-million``);
 - ``plan70b``: the cheapest Llama-2-70B deployment meeting TTFT p99 <= 2 s and TPOT p99 <= 0.2 s
@@ -117,14 +118,29 @@ def kvsim_argv(pythonpath: Path | None) -> tuple[list[str], dict]:
 
 def measure(argv: list[str], env: dict, out: Path) -> Measure:
     """Run one command; its own wall, CPU (with its children) and peak RSS."""
+    return finish(*start(argv, env, out))
+
+
+def measure_pair(first: list[str], second: list[str], env: dict, out_first: Path,
+                 out_second: Path) -> tuple[Measure, Measure]:
+    """Run two commands at the same time (one core each on a 2-core host), so that both see
+    the host at the same speed; each one's own measure."""
+    a, b = start(first, env, out_first), start(second, env, out_second)
+    return finish(*a), finish(*b)
+
+
+def start(argv: list[str], env: dict, out: Path) -> tuple:
     if "run" in argv:
         argv = [*argv, "--out", str(out)]
-    start = time.perf_counter()
     with open(out.with_suffix(".stdout"), "w") as stdout, open(out.with_suffix(".stderr"),
                                                                "w") as stderr:
-        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr)
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
+        return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr), \
+            time.perf_counter(), out
+
+
+def finish(proc: subprocess.Popen, started: float, out: Path) -> Measure:
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         tail = out.with_suffix(".stderr").read_text().strip().splitlines()[-1:]
@@ -187,6 +203,10 @@ def main() -> None:
                         help="also run the million-request cases on the old commit")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "kvsim-bench")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="run each variant at the same time as its baseline, one per core, "
+                        "and take the ratio of their CPU seconds (on a host whose speed swings "
+                        "within a minute, runs made one after the other do not see it alike)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     versions = {"old": kvsim_argv(old_checkout(args.old, args.work)), "new": kvsim_argv(None)}
@@ -200,11 +220,11 @@ def main() -> None:
             subprocess.run(versions["new"][0] + command, env=versions["new"][1], check=True,
                            capture_output=True)
         best, pairs, cpu = measure_case(case, versions, new_args.get(case.baseline),
-                                        args.repeat, args.work)
+                                        args.repeat, args.work, args.side_by_side)
         own_cpu += cpu
         rows.append((case, best, pairs))
     others = max(0.0, other_cpu_s() - host0 - own_cpu)
-    print_table(rows, args.old)
+    print_table(rows, args.old, args.side_by_side)
     print(f"other processes used {others:.0f} CPU-s during the measurement (0 on a quiet host)")
     if args.json:
         args.json.write_text(json.dumps([{"case": c.name, "target": c.target, **{
@@ -213,13 +233,16 @@ def main() -> None:
 
 
 def measure_case(case: Case, versions: dict, baseline: list[str] | None, repeat: int,
-                 work: Path) -> tuple[dict, list[float], float]:
+                 work: Path, side_by_side: bool = False) -> tuple[dict, list[float], float]:
     """Run ``case`` ``repeat`` times per version, old and new alternating. A variant (a case
     with a baseline) runs right after its own run of the baseline, so that each ratio compares
     two adjacent runs: on a host whose speed drifts by tens of percent over minutes, a ratio
-    against a baseline measured earlier says more about the drift than about the code.
+    against a baseline measured earlier says more about the drift than about the code. With
+    ``side_by_side`` the two run at the same time and the ratio is of their CPU seconds.
     Returns the fastest run per version, the variant / baseline ratio of each pair and the CPU
     seconds used."""
+    if side_by_side and baseline is not None:
+        return measure_side_by_side(case, versions["new"], baseline, repeat, work)
     best: dict[str, Measure | None] = {"old": None, "new": None}
     pairs, cpu = [], 0.0
     for i in range(repeat):
@@ -244,11 +267,32 @@ def measure_case(case: Case, versions: dict, baseline: list[str] | None, repeat:
     return best, pairs, cpu
 
 
-def print_table(rows, old: str) -> None:
+def measure_side_by_side(case: Case, version: tuple, baseline: list[str], repeat: int,
+                         work: Path) -> tuple[dict, list[float], float]:
+    """:func:`measure_case` for a variant run at the same time as its baseline."""
+    best: dict[str, Measure | None] = {"old": None, "new": None}
+    pairs, cpu = [], 0.0
+    prefix, env = version
+    for i in range(repeat):
+        base, m = measure_pair(prefix + baseline, prefix + case.new, env,
+                               work / f"{case.name}-baseline-{i}", work / f"{case.name}-new-{i}")
+        cpu += base.cpu_s + m.cpu_s
+        print(f"# {case.name} baseline {case.baseline} beside it: {base}", file=sys.stderr)
+        print(f"# {case.name} new: {m}", file=sys.stderr)
+        if not (base.error or m.error):
+            pairs.append(round(m.cpu_s / base.cpu_s, 3))
+            if best["new"] is None or m.wall_s < best["new"].wall_s:
+                best["new"] = m
+    return best, pairs, cpu
+
+
+def print_table(rows, old: str, side_by_side: bool = False) -> None:
     head = (f"{'case':<18}{'old s':>9}{'new s':>9}{'ratio':>8}{'old CPU':>9}{'new CPU':>9}"
             f"{'old RSS':>9}{'new RSS':>9}  {'target':<18}same result")
+    pairing = ("CPU s of new / the LRU run beside it" if side_by_side
+               else "new / the LRU run just before it")
     print(f"old = {old}, new = this checkout; seconds are wall, RSS in MB; ratio = old / new "
-          "(for variants: the median of new / the LRU run just before it)")
+          f"(for variants: the median of {pairing})")
     print(head)
     for case, best, pairs in rows:
         o, n = best["old"], best["new"]

@@ -39,3 +39,24 @@ def test_the_lru_noise_case_pairs_lru_with_itself():
     found = {c.name: c for c in bench.cases(Path("/shared"), Path("/work"), False)}
     assert found["mooncake-lru"].baseline == "mooncake"
     assert found["mooncake-lru"].new[-2:] == ["--eviction", "lru"]
+
+
+def test_side_by_side_runs_a_variant_beside_its_baseline_and_compares_cpu_seconds(tmp_path,
+                                                                                monkeypatch):
+    bench = load_bench()
+    cpus = iter([(10.0, 13.0), (20.0, 24.0)])       # (baseline, variant) per repeat
+    ran = []
+
+    def fake_pair(first, second, env, out_first, out_second):
+        ran.append((first[-1], second[-1], out_first.name, out_second.name))
+        base, variant = next(cpus)
+        return bench.Measure(base + 1, base, 100.0, "ok"), bench.Measure(variant + 1, variant,
+                                                                          100.0, "ok")
+    monkeypatch.setattr(bench, "measure_pair", fake_pair)
+    case = bench.Case("mooncake-lfu", ["run", "lfu"], None, baseline="mooncake")
+    versions = {"old": ([], {}), "new": ([], {})}
+    best, pairs, cpu = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path,
+                                          side_by_side=True)
+    assert ran == [("lru", "lfu", "mooncake-lfu-baseline-0", "mooncake-lfu-new-0"),
+                   ("lru", "lfu", "mooncake-lfu-baseline-1", "mooncake-lfu-new-1")]
+    assert pairs == [1.3, 1.2] and cpu == 67.0 and best["new"].wall_s == 14.0
