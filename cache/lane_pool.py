@@ -34,7 +34,9 @@ PRIORITY_LIMIT = 60     # priorities beyond +-60 count as +-60 (hybrid)
 class LanePool(PolicyPool):
     """A :class:`~kvsim.cache.policy_pool.PolicyPool` evicting from FIFO lanes by offset (see
     the module docstring). It marks blocks of reused chains (``reused``) and, for a policy that
-    reads them (``uses_priority``), keeps each block's best priority (``prio``)."""
+    reads them (``uses_priority``), keeps each block's best priority (``prio``). The policy
+    gives the offset of a reused block (``lane_credit(num_blocks)``) and the key of a block in
+    a lane (``lane_key(clock, offset)``)."""
 
     opens_in_bulk = "new_chains"
 

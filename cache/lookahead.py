@@ -19,8 +19,8 @@ It uses only what a server knows when it evicts:
    turns) and their next turn comes after a user's think time, which LRU does not wait out.
 
 Among unprotected blocks of the same class the order is LRU, so the policy runs on FIFO lanes
-(:class:`~kvsim.cache.lookahead_pool.LookaheadPool`). Without a
-queue (a driver that never calls :meth:`LookaheadPolicy.enqueue`) only the second part acts.
+(:class:`~kvsim.cache.lookahead_pool.LookaheadPool`). Without a queue (a driver that never
+calls :meth:`LookaheadPolicy.enqueue`) only the second part acts.
 """
 
 from __future__ import annotations
