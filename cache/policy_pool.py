@@ -10,6 +10,8 @@ first, as vLLM), free *cached* blocks belong to the policy's own structure, coun
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from kvsim.cache.block_pool import BlockPool
 
 
@@ -60,6 +62,27 @@ class PolicyPool(BlockPool):
 
     def can_reset(self) -> bool:
         return self.num_free_blocks == self.num_blocks
+
+    # --- shared parts of the actions ------------------------------------------------------
+
+    def _take_unhashed(self, n: int) -> list[int]:
+        """Check that ``n`` blocks are free and take the unhashed ones first (reused before any
+        cached block, as vLLM), at most ``n``; the caller takes the rest from the policy."""
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot get {n} free blocks: only {self.num_free_blocks} are free")
+        popitem = self._free.popitem
+        return [popitem(last=False)[0] for _ in range(min(n, len(self._free)))]
+
+    def _drop_refs(self, ordered_block_ids: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Drop one reference from each block; those now free: (cached, uncached), in order."""
+        refs, hashes, released, first = self.ref_counts, self.block_hashes, [], []
+        cached, uncached = released.append, first.append
+        for block_id in ordered_block_ids:
+            left = refs[block_id] - 1
+            refs[block_id] = left
+            if not left:
+                (cached if hashes[block_id] is not None else uncached)(block_id)
+        return released, first
 
     # --- composite actions ---------------------------------------------------------------
 

@@ -120,12 +120,9 @@ class QueuePool(PolicyPool):
         self.policy.begin(request_id)
 
     def get_new_blocks(self, n: int) -> list[int]:
-        if n > self.num_free_blocks:
-            raise ValueError(f"cannot get {n} free blocks: only {self.num_free_blocks} are free")
-        popitem, num_unhashed = self._free.popitem, min(n, len(self._free))
-        taken = [popitem(last=False)[0] for _ in range(num_unhashed)]
-        if n > num_unhashed:
-            taken += self._evict_many(n - num_unhashed)
+        taken = self._take_unhashed(n)
+        if n > len(taken):
+            taken += self._evict_many(n - len(taken))
         set_all(self.ref_counts, taken, 1)
         return taken
 
@@ -147,12 +144,7 @@ class QueuePool(PolicyPool):
             self.policy.hit_many(hit)
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
-        refs, hashes = self.ref_counts, self.block_hashes
-        first, released = [], []
-        for block_id in ordered_block_ids:
-            refs[block_id] -= 1
-            if refs[block_id] == 0:
-                (released if hashes[block_id] is not None else first).append(block_id)
+        released, first = self._drop_refs(ordered_block_ids)
         self._prepend(first)
         if released:
             self.num_cached_free_blocks += len(released)

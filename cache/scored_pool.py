@@ -4,7 +4,7 @@ eviction policy (:mod:`kvsim.cache.policies`) instead of vLLM's LRU."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from heapq import heapify, heappop, heappush, heappushpop
+from heapq import heapify, heappop, heappush
 from typing import Iterable
 
 from kvsim.cache.policies import heap_entry, unpack_key
@@ -86,10 +86,8 @@ class ScoredBlockPool(PolicyPool):
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` free blocks: unhashed ones first, then the policy's victims."""
-        if n > self.num_free_blocks:
-            raise ValueError(f"cannot get {n} free blocks: only {self.num_free_blocks} are free")
-        popitem, num_unhashed = self._free.popitem, min(n, len(self._free))
-        taken = [popitem(last=False)[0] for _ in range(num_unhashed)]
+        taken = self._take_unhashed(n)
+        num_unhashed = len(taken)
         refs, hits, prio, priority = self.ref_counts, self.hits, self.prio, self._priority
         for block_id in taken:
             refs[block_id] = 1
@@ -114,13 +112,7 @@ class ScoredBlockPool(PolicyPool):
                 self.prio[block_id] = priority
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
-        refs, hashes, first, released = self.ref_counts, self.block_hashes, [], []
-        cached, uncached = released.append, first.append
-        for block_id in ordered_block_ids:
-            left = refs[block_id] - 1
-            refs[block_id] = left
-            if not left:
-                (cached if hashes[block_id] is not None else uncached)(block_id)
+        released, first = self._drop_refs(ordered_block_ids)
         if released:
             clock = self._clock + 1
             self._clock += len(released)
