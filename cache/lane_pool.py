@@ -127,10 +127,7 @@ class LanePool(PolicyPool):
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         released, first = self._drop_refs(ordered_block_ids)
         if released:
-            clock = self._clock + 1
-            self._clock += len(released)
-            self.num_cached_free_blocks += len(released)
-            self._queue_released(released, clock)
+            self._queue_released(released, self._count_released(released))
         self._prepend(first)
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:

@@ -84,6 +84,14 @@ class PolicyPool(BlockPool):
                 (cached if hashes[block_id] is not None else uncached)(block_id)
         return released, first
 
+    def _count_released(self, released: list[int]) -> int:
+        """Count just released cached blocks as free and give them the next release clocks
+        (a pool that orders by release time keeps ``_clock``); returns the first."""
+        clock = self._clock + 1
+        self._clock += len(released)
+        self.num_cached_free_blocks += len(released)
+        return clock
+
     # --- composite actions ---------------------------------------------------------------
 
     def cache_block(self, block_id: int, block_hash: int) -> None:

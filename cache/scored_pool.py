@@ -114,9 +114,7 @@ class ScoredBlockPool(PolicyPool):
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         released, first = self._drop_refs(ordered_block_ids)
         if released:
-            clock = self._clock + 1
-            self._clock += len(released)
-            self.num_cached_free_blocks += len(released)
+            clock = self._count_released(released)
             self._queue_released(released, self.policy.entries(self, released, clock,
                                                                self._id_bits))
         self._prepend(first)
