@@ -24,7 +24,7 @@ from collections import OrderedDict
 from itertools import compress
 from typing import Iterable, Sequence
 
-from kvsim.cache.policy_pool import PolicyPool, chain_is_reused, mark_hit_chain
+from kvsim.cache.policy_pool import PolicyPool, mark_hit_chain
 
 __all__ = ["LanePool"]
 
@@ -45,7 +45,7 @@ class LanePool(PolicyPool):
         self.hits = [0] * num_blocks       # prefix hits since the block was filled
         self.reused = [False] * num_blocks  # the block belongs to a reused chain
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since filled
-        self.parent_hashes: list[int | None] = [None] * num_blocks   # hash of its chain parent
+        self.first_hashes: list[int | None] = [None] * num_blocks    # a child's first block's
         self.credit = policy.lane_credit(num_blocks)    # the offset of a reused block
         self._plain: OrderedDict[int, int] = OrderedDict()      # block -> release clock
         self._credited = OrderedDict() if self.credit else self._plain  # (one block: no credit)
@@ -133,21 +133,24 @@ class LanePool(PolicyPool):
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
         they belong to a reused chain when the chain they continue does."""
-        reused = chain_is_reused(self, parent)
-        hashes, parents, marks, index = (self.block_hashes, self.parent_hashes, self.reused,
-                                         self.index._map)
-        parent_hash = hashes[parent] if parent is not None else None
+        reused = self._continues_reused_chain(parent)
+        hashes, marks, index = self.block_hashes, self.reused, self.index._map
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
-            parents[block_id] = parent_hash
             marks[block_id] = reused
             if block_hash in index:
                 self.index.insert(block_hash, block_id)
             else:
                 index[block_hash] = block_id
-            parent_hash = block_hash
-        if block_ids and (parent is None or parents[parent] is None):
+        if block_ids and (parent is None or not self._depth[parent]):
             self._count_first_children(block_ids, parent)   # a first block, or its child
+
+    def _continues_reused_chain(self, parent: int | None) -> bool:
+        """Whether blocks cached after held block ``parent`` (None: a chain's start) belong to
+        a *reused chain*: ``parent`` is reused itself, or was hit and is not a chain's first
+        block (the request continued an earlier prompt, not just a shared first block)."""
+        return parent is not None and (self.reused[parent] or (
+            self.hits[parent] > 0 and self._depth[parent] != 0))
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
@@ -174,8 +177,7 @@ class LanePool(PolicyPool):
         if self.priorities_seen:
             self._queue_by_offset(block_ids, clocks)
             return
-        reused = self.reused
-        credited = [reused[b] for b in block_ids]
+        credited = list(map(self.reused.__getitem__, block_ids))
         if not any(credited):
             self._plain.update(zip(block_ids, clocks))
         elif all(credited):
@@ -224,7 +226,7 @@ class LanePool(PolicyPool):
         else:                   # the chain goes on from a first block
             child = block_ids[0]
         depth[child] = 1
-        first_hash = self.parent_hashes[child]
+        first_hash = self.first_hashes[child] = hashes[first if parent is None else parent]
         counts[first_hash] = counts.get(first_hash, 0) + 1
 
     def _defers(self, block_id: int, offset, value: int) -> bool:
@@ -324,7 +326,7 @@ class LanePool(PolicyPool):
             left -= 1
             if depth[block_id] != 2:
                 if depth[block_id] == 1:
-                    woken = self._child_gone(self.parent_hashes[block_id])
+                    woken = self._child_gone(self.first_hashes[block_id])
                 depth[block_id] = 2
         for lane, head in ((plain, head_plain), (credited, head_credited)):
             if head is not None:        # not taken: back to the front of its lane
@@ -344,7 +346,7 @@ class LanePool(PolicyPool):
         self.ref_counts[block_id] = 1
         self.hits[block_id] = 0
         if self._depth[block_id] == 1:
-            woken = self._child_gone(self.parent_hashes[block_id])
+            woken = self._child_gone(self.first_hashes[block_id])
             if woken is not None:
                 self._wake(woken)
         self._depth[block_id] = 2

@@ -80,44 +80,23 @@ class LookaheadPool(LanePool):
     # --- internals -----------------------------------------------------------------------
 
     def _queue_released(self, block_ids: list[int], clock: int) -> None:
-        """:meth:`LanePool._queue`, the blocks whose hash a queued lookup reaches to the heap.
+        """:meth:`LanePool._queue`, the blocks whose hash a queued lookup reaches to the heap
+        (their hashes read in one pass in C: ``wanted`` is a set)."""
+        wanted = self.policy.wanted.once
+        if wanted:
+            flags = list(map(wanted.__contains__, map(self.block_hashes.__getitem__, block_ids)))
+            if any(flags):
+                self._queue_split(block_ids, clock, flags)
+                return
+        self._queue(block_ids, range(clock, clock + len(block_ids)))
 
-        Those hashes (``wanted``, a large dict) are closed under chain parents (a lookup
-        reaches a prefix), so the child of an unwanted block is unwanted. A release lists a
-        chain tail first: read backwards, the wanted blocks come first, and once one is not,
-        none of the rest is when each is the parent of the one before (compared in one pass,
-        the usual case: one request's blocks); else each is looked up (:meth:`_wanted`)."""
-        hashes, wanted = self.block_hashes, self.policy.wanted.once    # (the set: read in C)
-        if not wanted:
-            self._queue(block_ids, range(clock, clock + len(block_ids)))
-            return
-        last = len(block_ids) - 1
-        while last >= 0 and hashes[block_ids[last]] in wanted:
-            self._push_protected(block_ids[last], clock + last)
-            last -= 1
-        if last < 0:
-            return
-        parents = list(map(self.parent_hashes.__getitem__, block_ids[:last]))
-        if parents == list(map(hashes.__getitem__, block_ids[1:last + 1])):
-            self._queue(block_ids[:last + 1], range(clock, clock + last + 1))
-            return
-        flags = self._wanted(block_ids[:last + 1])
-        for i in compress(range(last + 1), flags):
-            self._push_protected(block_ids[i], clock + i)
-        clocks, rest = range(clock, clock + last + 1), [not f for f in flags]
+    def _queue_split(self, block_ids: list[int], clock: int, flags: list[bool]) -> None:
+        """Released blocks flagged wanted to the heap, the others to their lanes."""
+        clocks = range(clock, clock + len(block_ids))
+        for block_id, released_at in zip(compress(block_ids, flags), compress(clocks, flags)):
+            self._push_protected(block_id, released_at)
+        rest = [not f for f in flags]
         self._queue(list(compress(block_ids, rest)), list(compress(clocks, rest)))
-
-    def _wanted(self, block_ids: list[int]) -> list[bool]:
-        """Whether each block's hash is wanted, read backwards with the closure under chain
-        parents: a block whose parent (the block after it) is unwanted is not looked up."""
-        hashes, parents, wanted = self.block_hashes, self.parent_hashes, self.policy.wanted.once
-        flags, above, above_wanted = [False] * len(block_ids), None, True
-        for i in range(len(block_ids) - 1, -1, -1):
-            block_hash = hashes[block_ids[i]]
-            if above_wanted or parents[block_ids[i]] != above:
-                above_wanted = flags[i] = block_hash in wanted
-            above = block_hash
-        return flags
 
     def _push_protected(self, block_id: int, clock: int) -> None:
         """Queue ``block_id`` released at ``clock`` in the heap under its protected key."""

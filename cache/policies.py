@@ -144,7 +144,8 @@ class HybridPolicy(CachePolicy):
         key(b) = release clock + N * (R(b) / 2 - priority(b)),  evict the smallest
 
     - ``R = 1`` for a block of a *reused chain* (a prompt that continued an earlier one past its
-      first block, and every block after it; see :func:`~kvsim.cache.policy_pool.chain_is_reused`),
+      first block, and every block after it; see
+      :meth:`~kvsim.cache.lane_pool.LanePool._continues_reused_chain`),
       else 0: frequency, taken per chain rather than per block;
     - ``priority``: each level (lower value = more important, as vLLM) is worth one cache
       lifetime, so high-priority prefixes outlive low-priority ones without an absolute class

@@ -15,15 +15,6 @@ from typing import Iterable
 from kvsim.cache.block_pool import BlockPool
 
 
-def chain_is_reused(pool, parent: int | None) -> bool:
-    """Whether blocks cached after block ``parent`` belong to a *reused chain*: the chain
-    continues a parent that is itself reused, or that was hit at depth >= 1 (the request
-    continued an earlier prompt, not just a shared first block). ``pool`` has ``reused``,
-    ``hits`` and ``parent_hashes`` per block."""
-    return parent is not None and (pool.reused[parent] or (
-        pool.hits[parent] > 0 and pool.parent_hashes[parent] is not None))
-
-
 def mark_hit_chain(reused: list[bool], hit_block_ids: list[int]) -> None:
     """The blocks of a lookup's hit after its first belong to the chain it continues."""
     for block_id in hit_block_ids[1:]:

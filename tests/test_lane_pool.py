@@ -19,6 +19,12 @@ class Reference:
 
     def __init__(self, pool):
         self.pool, self.keys, self.clock, self.num_deferred = pool, {}, 0, 0
+        self.parents = {}       # hash -> the hash before it in its chain (None: a first block)
+
+    def cache(self, block_ids, hashes, hit):
+        for i in range(len(hit), len(hashes)):
+            self.parents[hashes[i]] = hashes[i - 1] if i else None
+        self.pool.cache_blocks(block_ids, hashes[len(hit):], len(hit), hit[-1] if hit else None)
 
     def free(self, block_ids):
         pool = self.pool
@@ -48,7 +54,7 @@ class Reference:
         cached = [b for b in range(pool.num_blocks) if hashes[b] is not None]
 
         def eligible(b):
-            return (not any(pool.parent_hashes[c] == hashes[b] for c in cached)
+            return (not any(self.parents[hashes[c]] == hashes[b] for c in cached)
                     or sum(hashes[c] == hashes[b] for c in cached) > 1)
         candidates = [b for b in self.keys if eligible(b)] or list(self.keys)
         victim = min(candidates, key=lambda b: (self.keys[b], b))
@@ -97,7 +103,7 @@ def run_story(name: str, seed: int, one_by_one: bool) -> list[int]:
             for b in new:
                 ref.keys.pop(b, None)
         victims += new
-        pool.cache_blocks(new, hashes[len(hit):], len(hit), hit[-1] if hit else None)
+        ref.cache(new, hashes, hit)
         held.append(hit + new)
         while len(held) > 2 or (held and not keep):
             ref.free(held.pop(0)[::-1])
