@@ -42,8 +42,9 @@ class LanePool(PolicyPool):
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
-        self.hits = [0] * num_blocks       # prefix hits since the block was filled
-        self.reused = [False] * num_blocks  # the block belongs to a reused chain
+        # per-block flags in bytearrays (one byte a block: they stay in the CPU's cache)
+        self.was_hit = bytearray(num_blocks)    # 1: a prefix hit since the block was filled
+        self.reused = bytearray(num_blocks)     # 1: the block belongs to a reused chain
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since filled
         self.first_hashes: list[int | None] = [None] * num_blocks    # a child's first block's
         self.credit = policy.lane_credit(num_blocks)    # the offset of a reused block
@@ -93,10 +94,10 @@ class LanePool(PolicyPool):
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` free blocks: unhashed ones first, then the policy's victims."""
         taken = self._take_unhashed(n)
-        num_unhashed, refs, hits = len(taken), self.ref_counts, self.hits
+        num_unhashed, refs, was_hit = len(taken), self.ref_counts, self.was_hit
         for block_id in taken:
             refs[block_id] = 1
-            hits[block_id] = 0
+            was_hit[block_id] = 0
         if n > num_unhashed:
             taken += self._evict_many(n - num_unhashed)
         if self.priorities_seen:
@@ -107,7 +108,7 @@ class LanePool(PolicyPool):
 
     def touch(self, block_ids: Iterable[int]) -> None:
         block_ids = list(block_ids)
-        refs, hits, hashes = self.ref_counts, self.hits, self.block_hashes
+        refs, was_hit, hashes = self.ref_counts, self.was_hit, self.block_hashes
         for block_id in block_ids:
             if refs[block_id] == 0:
                 if hashes[block_id] is None:
@@ -116,7 +117,7 @@ class LanePool(PolicyPool):
                     self.num_cached_free_blocks -= 1
                     self._unqueue(block_id)
             refs[block_id] += 1
-            hits[block_id] += 1
+            was_hit[block_id] = 1
         mark_hit_chain(self.reused, block_ids)
         if self.priorities_seen:
             prio, priority = self.prio, self._priority
@@ -150,7 +151,7 @@ class LanePool(PolicyPool):
         a *reused chain*: ``parent`` is reused itself, or was hit and is not a chain's first
         block (the request continued an earlier prompt, not just a shared first block)."""
         return parent is not None and (self.reused[parent] or (
-            self.hits[parent] > 0 and self._depth[parent] != 0))
+            self.was_hit[parent] and self._depth[parent] != 0))
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
@@ -289,7 +290,8 @@ class LanePool(PolicyPool):
         if not self._two_lanes:
             return [self._uncache(self._next_by_offset()) for _ in range(n)]
         plain, credited, credit = self._plain, self._credited, self.credit
-        hashes, index, refs, hits = self.block_hashes, self.index._map, self.ref_counts, self.hits
+        hashes, index, refs, was_hit = (self.block_hashes, self.index._map, self.ref_counts,
+                                        self.was_hit)
         depth, evicted = self._depth, self.evicted
         head_plain = plain.popitem(last=False) if plain else None
         head_credited = credited.popitem(last=False) if credited else None
@@ -321,7 +323,7 @@ class LanePool(PolicyPool):
                 self.index.remove(block_hash, block_id)
             hashes[block_id] = None
             refs[block_id] = 1
-            hits[block_id] = 0
+            was_hit[block_id] = 0
             victims.append(block_id)
             left -= 1
             if depth[block_id] != 2:
@@ -344,7 +346,7 @@ class LanePool(PolicyPool):
         self.index.remove(block_hash, block_id)
         self.block_hashes[block_id] = None
         self.ref_counts[block_id] = 1
-        self.hits[block_id] = 0
+        self.was_hit[block_id] = 0
         if self._depth[block_id] == 1:
             woken = self._child_gone(self.first_hashes[block_id])
             if woken is not None:

@@ -6,12 +6,15 @@ protected later while free (:meth:`LookaheadPool.protect`). Protected blocks are
 when no unprotected one is left, by their key ``(1, clock + credit, 0 if credited else 1)``
 packed as :func:`~kvsim.cache.policies.heap_entry` packs it; a block protected while free keeps
 its clock and credit.
+
+``free_blocks`` takes one block table's blocks (or those of them now free), tail first, as
+every caller frees them: that is what lets a release find its wanted blocks by bisection.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from heapq import heappop, heappush
-from itertools import compress
 
 from kvsim.cache.lane_pool import LanePool
 from kvsim.cache.policies import unpack_key
@@ -80,23 +83,18 @@ class LookaheadPool(LanePool):
     # --- internals -----------------------------------------------------------------------
 
     def _queue_released(self, block_ids: list[int], clock: int) -> None:
-        """:meth:`LanePool._queue`, the blocks whose hash a queued lookup reaches to the heap
-        (their hashes read in one pass in C: ``wanted`` is a set)."""
-        wanted = self.policy.wanted.once
-        if wanted:
-            flags = list(map(wanted.__contains__, map(self.block_hashes.__getitem__, block_ids)))
-            if any(flags):
-                self._queue_split(block_ids, clock, flags)
-                return
-        self._queue(block_ids, range(clock, clock + len(block_ids)))
+        """:meth:`LanePool._queue`, the blocks whose hash a queued lookup reaches to the heap.
 
-    def _queue_split(self, block_ids: list[int], clock: int, flags: list[bool]) -> None:
-        """Released blocks flagged wanted to the heap, the others to their lanes."""
-        clocks = range(clock, clock + len(block_ids))
-        for block_id, released_at in zip(compress(block_ids, flags), compress(clocks, flags)):
-            self._push_protected(block_id, released_at)
-        rest = [not f for f in flags]
-        self._queue(list(compress(block_ids, rest)), list(compress(clocks, rest)))
+        A release is (part of) one block table, tail first (each caller frees one table at a
+        time), and block ids are prefix identities, so the wanted hashes (closed under chain
+        parents: a lookup reaches a prefix) are the release's last blocks: found by bisection,
+        not looked up one by one."""
+        wanted, hashes = self.policy.wanted.once, self.block_hashes
+        first = bisect_left(block_ids, True, key=lambda b: hashes[b] in wanted) if wanted \
+            else len(block_ids)
+        self._queue(block_ids[:first], range(clock, clock + first))
+        for i in range(first, len(block_ids)):
+            self._push_protected(block_ids[i], clock + i)
 
     def _push_protected(self, block_id: int, clock: int) -> None:
         """Queue ``block_id`` released at ``clock`` in the heap under its protected key."""

@@ -15,10 +15,10 @@ from typing import Iterable
 from kvsim.cache.block_pool import BlockPool
 
 
-def mark_hit_chain(reused: list[bool], hit_block_ids: list[int]) -> None:
+def mark_hit_chain(reused: bytearray, hit_block_ids: list[int]) -> None:
     """The blocks of a lookup's hit after its first belong to the chain it continues."""
     for block_id in hit_block_ids[1:]:
-        reused[block_id] = True
+        reused[block_id] = 1
 
 
 class PolicyPool(BlockPool):

@@ -198,13 +198,14 @@ def test_woken_first_blocks_go_back_in_release_order():
     assert pool.get_new_blocks(2) == [a[0], b[0]]
 
 
-def test_a_release_of_two_chains_protects_the_wanted_one():
-    pool = make_pool(6, policy=make_policy("lookahead"))
-    a, b = pool.get_new_blocks(2), pool.get_new_blocks(2)
-    pool.cache_blocks(a, [1, 2])
-    pool.cache_blocks(b, [3, 4])
-    pool.policy.enqueue("w", [1, 2])                # held: nothing to protect yet
-    pool.free_blocks([a[1], a[0], b[1], b[0]])      # clocks 1..4
-    assert [pool.key_of(x) for x in (a[1], a[0], b[1], b[0])] == [
-        (1, 1, 1), (1, 2, 1), (0, 3, 1), (0, 4, 1)]
-    assert pool.get_new_blocks(6)[2:] == [b[1], b[0], a[1], a[0]]
+def test_a_released_table_protects_the_head_blocks_a_queued_lookup_reaches():
+    pool = make_pool(7, policy=make_policy("lookahead"))
+    a = pool.get_new_blocks(5)
+    pool.cache_blocks(a, [1, 2, 3, 4, 5])
+    pool.policy.enqueue("w", [1, 2, 3, 9])          # held: nothing to protect yet
+    pool.touch(a[:1])                               # another request holds the first block
+    pool.free_blocks(a[::-1])                       # clocks 1..4 for a[4], a[3], a[2], a[1]
+    assert [pool.key_of(x) for x in a[:0:-1]] == [(0, 1, 1), (0, 2, 1), (1, 3, 1), (1, 4, 1)]
+    pool.free_blocks(a[:1])                         # clock 5, wanted too
+    assert pool.key_of(a[0]) == (1, 5, 1)
+    assert pool.get_new_blocks(7)[2:] == [a[4], a[3], a[2], a[1], a[0]]
