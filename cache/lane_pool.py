@@ -178,15 +178,21 @@ class LanePool(PolicyPool):
         if self.priorities_seen:
             self._queue_by_offset(block_ids, clocks)
             return
-        credited = list(map(self.reused.__getitem__, block_ids))
-        if not any(credited):
-            self._plain.update(zip(block_ids, clocks))
-        elif all(credited):
-            self._credited.update(zip(block_ids, clocks))
+        self._append(self._plain, self._credited, block_ids, clocks)
+
+    def _append(self, plain: OrderedDict, credited: OrderedDict, block_ids: list[int],
+                clocks: Sequence[int]) -> None:
+        """Append blocks (released at ``clocks``, increasing) to lane ``credited`` if they
+        belong to a reused chain, else to lane ``plain``."""
+        marks = list(map(self.reused.__getitem__, block_ids))
+        if not any(marks):
+            plain.update(zip(block_ids, clocks))
+        elif all(marks):
+            credited.update(zip(block_ids, clocks))
         else:       # typically a continued chain: credited after its first block
-            self._credited.update(zip(compress(block_ids, credited), compress(clocks, credited)))
-            plain = [not c for c in credited]
-            self._plain.update(zip(compress(block_ids, plain), compress(clocks, plain)))
+            credited.update(zip(compress(block_ids, marks), compress(clocks, marks)))
+            rest = [not m for m in marks]
+            plain.update(zip(compress(block_ids, rest), compress(clocks, rest)))
 
     def _queue_by_offset(self, block_ids: list[int], clocks: Sequence[int]) -> None:
         """:meth:`_queue` with priorities: ``offset = credit * reused - N * priority``."""
@@ -281,7 +287,8 @@ class LanePool(PolicyPool):
 
     def _evict_many(self, n: int) -> list[int]:
         """The next ``n`` victims, uncached and taken: the older of the two lanes' heads (the
-        credited lane's clocks counting its offset more) while either has one, then
+        credited lane's clocks counting its offset more) while either has one, then in the
+        same way from :meth:`_second_lanes` while they can go so, then
         :meth:`_next_after_lanes`; a first block with cached children is deferred, and taken
         next when the last of them goes. With other lanes (priorities, or a one-block pool):
         :meth:`_next_by_offset` picks each."""
@@ -295,7 +302,7 @@ class LanePool(PolicyPool):
         depth, evicted = self._depth, self.evicted
         head_plain = plain.popitem(last=False) if plain else None
         head_credited = credited.popitem(last=False) if credited else None
-        victims, left, woken = [], n, None
+        victims, left, woken, second = [], n, None, False
         while left:
             if woken is not None:
                 block_id, woken = woken, None
@@ -304,13 +311,18 @@ class LanePool(PolicyPool):
                                              or head_plain[1] < head_credited[1] + credit):
                 block_id, clock = head_plain
                 head_plain = plain.popitem(last=False) if plain else None
-                if not depth[block_id] and self._defers(block_id, 0, clock):
+                if not depth[block_id] and self._defers_head(block_id, second, 0, clock):
                     continue
             elif head_credited is not None:
                 block_id, clock = head_credited
                 head_credited = credited.popitem(last=False) if credited else None
-                if not depth[block_id] and self._defers(block_id, credit, clock):
+                if not depth[block_id] and self._defers_head(block_id, second, credit, clock):
                     continue
+            elif not second and self._second_lanes() is not None:
+                second, (plain, credited) = True, self._second_lanes()
+                head_plain = plain.popitem(last=False) if plain else None
+                head_credited = credited.popitem(last=False) if credited else None
+                continue
             else:
                 block_id = self._next_after_lanes()
             # uncache (as _uncache, inlined: the hottest loop of these policies)
@@ -329,14 +341,32 @@ class LanePool(PolicyPool):
             if depth[block_id] != 2:
                 if depth[block_id] == 1:
                     woken = self._child_gone(self.first_hashes[block_id])
+                    if second and woken is None and self._second_lanes() is None:
+                        self._put_back((plain, head_plain), (credited, head_credited))
+                        head_plain = head_credited = None   # (the rest: _next_after_lanes)
                 depth[block_id] = 2
-        for lane, head in ((plain, head_plain), (credited, head_credited)):
-            if head is not None:        # not taken: back to the front of its lane
-                lane[head[0]] = head[1]
-                lane.move_to_end(head[0], last=False)
+        self._put_back((plain, head_plain), (credited, head_credited))
         if woken is not None:
             self._wake(woken)
         return victims
+
+    @staticmethod
+    def _put_back(*lanes_and_heads) -> None:
+        """Heads popped but not taken go back to the front of their lanes."""
+        for lane, head in lanes_and_heads:
+            if head is not None:
+                lane[head[0]] = head[1]
+                lane.move_to_end(head[0], last=False)
+
+    def _second_lanes(self) -> tuple | None:
+        """A second pair of lanes (plain, credited) to evict from as from the first once those
+        are empty, or None (with them, :meth:`_next_after_lanes`). Lookahead gives its
+        protected blocks' lanes while it has no protected block outside them."""
+        return None
+
+    def _defers_head(self, block_id: int, second: bool, offset: int, clock: int) -> bool:
+        """:meth:`_defers` for a lane's head (of a :meth:`_second_lanes` lane if ``second``)."""
+        return self._defers(block_id, offset, clock)
 
     def _uncache(self, block_id: int) -> int:
         """Evict free cached ``block_id`` (uncached and taken); returns it."""
