@@ -7,9 +7,9 @@ classes so that none of those modules imports another in a circle:
 - :func:`make_pool`: the pool for a policy, by its ``pool_class``: the plain
   :class:`~kvsim.cache.block_pool.BlockPool` for LRU (vLLM's code path), a
   :class:`~kvsim.cache.queue_pool.QueuePool` for the queue policies (ARC, S3-FIFO), the FIFO
-  lanes of a :class:`~kvsim.cache.lane_pool.LanePool` for ``hybrid`` (a
+  lanes of a :class:`~kvsim.cache.lane_pool.LanePool` for ``hybrid`` and ``priority`` (a
   :class:`~kvsim.cache.lookahead_pool.LookaheadPool` for ``lookahead``), and a
-  :class:`~kvsim.cache.scored_pool.ScoredBlockPool` for every other scored policy.
+  :class:`~kvsim.cache.scored_pool.ScoredBlockPool` for every other scored policy (``lfu``).
 """
 
 from __future__ import annotations

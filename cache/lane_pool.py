@@ -1,8 +1,9 @@
 """The pool of policies whose key is a release clock plus a per-class offset (``hybrid``,
-``lookahead``): free cached blocks in FIFO lanes, one per offset.
+``lookahead``, ``priority``): free cached blocks in FIFO lanes, one per offset.
 
 ``hybrid`` evicts the smallest ``(clock + offset, clock)`` with ``offset = N/2 * reused - N *
-priority`` (:class:`~kvsim.cache.policies.HybridPolicy`), ``lookahead`` the smallest
+priority`` (:class:`~kvsim.cache.policies.HybridPolicy`), ``priority`` the smallest
+``(-priority, clock)``, a lane per level (``offset = -2**48 * priority``), ``lookahead`` the smallest
 ``(0, clock + offset, 0 if offset else 1)`` with ``offset = N * reused`` among unprotected blocks
 (:class:`~kvsim.cache.lookahead_pool.LookaheadPool` adds its protected blocks). Within a class
 the key grows with the release clock, so each class is a FIFO *lane* (``OrderedDict`` block ->
@@ -28,7 +29,7 @@ from kvsim.cache.policy_pool import PolicyPool, mark_hit_chain
 
 __all__ = ["LanePool"]
 
-PRIORITY_LIMIT = 60     # priorities beyond +-60 count as +-60 (hybrid)
+_NO_LANE: OrderedDict = OrderedDict()   # always empty: the credited lane of a pool without credit
 
 
 class LanePool(PolicyPool):
@@ -51,13 +52,16 @@ class LanePool(PolicyPool):
         self._plain: OrderedDict[int, int] = OrderedDict()      # block -> release clock
         self._credited = OrderedDict() if self.credit else self._plain  # (one block: no credit)
         self._lanes = {0: self._plain, self.credit: self._credited}     # offset -> lane
-        self._two_lanes = self.credit != 0      # only those two: the fast eviction loop
+        self._two_lanes = True          # only those two (or one): the fast eviction loop
         self._deferred: dict[int, tuple] = {}   # first block with cached children -> its key
         self._first_children: dict[int, int] = {}   # first-block hash -> its cached children
         self._depth = bytearray([2]) * num_blocks   # 0: a first block, 1: its child, 2: deeper
         self._clock = 0
         self._priority = 0
         self._uses_priority = policy.uses_priority
+        if self._uses_priority:
+            self._priority_weight = policy.priority_weight(num_blocks)
+            self._priority_limit = policy.priority_limit
         self.priorities_seen = False        # every prio is 0 until a request has another
         self._lane_key = policy.lane_key
 
@@ -185,7 +189,7 @@ class LanePool(PolicyPool):
         """Append blocks (released at ``clocks``, increasing) to lane ``credited`` if they
         belong to a reused chain, else to lane ``plain``."""
         marks = list(map(self.reused.__getitem__, block_ids))
-        if not any(marks):
+        if credited is plain or not any(marks):
             plain.update(zip(block_ids, clocks))
         elif all(marks):
             credited.update(zip(block_ids, clocks))
@@ -196,10 +200,13 @@ class LanePool(PolicyPool):
 
     def _queue_by_offset(self, block_ids: list[int], clocks: Sequence[int]) -> None:
         """:meth:`_queue` with priorities: ``offset = credit * reused - N * priority``."""
-        reused, prio, credit, n = self.reused, self.prio, self.credit, self.num_blocks
+        reused, prio, credit = self.reused, self.prio, self.credit
+        weight, limit = self._priority_weight, self._priority_limit
         for block_id, clock in zip(block_ids, clocks):
-            p = min(max(prio[block_id], -PRIORITY_LIMIT), PRIORITY_LIMIT)
-            offset = (credit if reused[block_id] else 0) - n * p
+            p = prio[block_id]
+            if limit is not None:
+                p = min(max(p, -limit), limit)
+            offset = (credit if reused[block_id] else 0) - weight * p
             lane = self._lanes.get(offset)
             if lane is None:
                 lane = self._lanes[offset] = OrderedDict()
@@ -297,6 +304,8 @@ class LanePool(PolicyPool):
         if not self._two_lanes:
             return [self._uncache(self._next_by_offset()) for _ in range(n)]
         plain, credited, credit = self._plain, self._credited, self.credit
+        if credited is plain:
+            credited = _NO_LANE
         hashes, index, refs, was_hit = (self.block_hashes, self.index._map, self.ref_counts,
                                         self.was_hit)
         depth, evicted = self._depth, self.evicted

@@ -129,6 +129,25 @@ class PriorityPolicy(CachePolicy):
     allocated or hit it since it was filled); least recently released within a class."""
 
     name = "priority"
+    pool_class = "lanes"          # :class:`~kvsim.cache.lane_pool.LanePool`: one lane a level
+    uses_priority = True
+    priority_limit = None         # every level its own class
+
+    @staticmethod
+    def lane_credit(num_blocks: int) -> int:
+        """No credit for reuse: the lanes are the priority levels."""
+        return 0
+
+    @staticmethod
+    def priority_weight(num_blocks: int) -> int:
+        """A level's offset: more than any release clock, so a level is a class barrier."""
+        return 1 << KEY_PART_BITS
+
+    @staticmethod
+    def lane_key(clock: int, offset: int) -> tuple:
+        """The key of a block released at ``clock`` into the lane at ``offset`` (``-priority``
+        levels of ``2**KEY_PART_BITS``)."""
+        return (offset >> KEY_PART_BITS, clock)
 
     def key(self, pool, block_id, block_hash, clock):
         return (-pool.prio[block_id], clock)
@@ -170,6 +189,12 @@ class HybridPolicy(CachePolicy):
     name = "hybrid"
     pool_class = "lanes"          # :class:`~kvsim.cache.lane_pool.LanePool`
     uses_priority = True
+    priority_limit = 60           # levels beyond +-60 count as +-60
+
+    @staticmethod
+    def priority_weight(num_blocks: int) -> int:
+        """A priority level's offset: one cache lifetime."""
+        return num_blocks
 
     def __init__(self) -> None:
         self.pool = None

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.eviction import make_policy
 from kvsim.cache.policies import unpack_key
-from kvsim.cache.scored_pool import heap_entry
+from kvsim.cache.scored_pool import ScoredBlockPool, heap_entry
 
 
 def test_a_packed_entry_orders_as_the_key_tuple_with_the_block_id():
@@ -77,7 +77,7 @@ def take_checked(pool, n):
 @pytest.mark.parametrize("name", ["lfu", "priority"])
 @pytest.mark.parametrize("seed", range(3))
 def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(name, seed):
-    one, batch = (make_pool(12, policy=make_policy(name)) for _ in range(2))
+    one, batch = (ScoredBlockPool(12, policy=make_policy(name)) for _ in range(2))
     held_one, held_batch = [], []
     for hashes, keep, priority in story(seed):
         serve(one, hashes, held_one, keep, priority, take_checked)
@@ -90,7 +90,7 @@ def test_every_victim_is_the_smallest_eligible_entry_one_by_one_and_in_batches(n
 def test_a_policys_bulk_entries_pack_its_key(name):
     """``entries`` (one pass per release, the hot path) equals ``heap_entry`` of ``key`` for
     every block, whatever its hits, priority (clamped or not) and reuse."""
-    pool = make_pool(8, policy=make_policy(name))
+    pool = ScoredBlockPool(8, policy=make_policy(name))
     pool.begin("r", priority=-70)
     blocks = pool.get_new_blocks(6)
     pool.cache_blocks(blocks, [11, 12, 13, 14, 15, 16])
@@ -109,7 +109,7 @@ def test_a_copys_children_count_on_the_older_copy_and_keep_it_until_they_go():
     """Y recomputes hash 10 (a copy in block 1) and caches child 11 after it; the children
     count on the holder, block 0. W's lookup hits the holder, so block 0 has the worse LFU key
     but must wait for its child once its copy is gone."""
-    pool = make_pool(3, policy=make_policy("lfu"))
+    pool = ScoredBlockPool(3, policy=make_policy("lfu"))
     pool.cache_blocks(pool.get_new_blocks(1), [10])                  # X: block 0
     pool.cache_blocks(pool.get_new_blocks(2), [10, 11])              # Y: blocks 1, 2
     assert (pool.holder(10), pool.num_children[:3]) == (0, [1, 0, 0])
@@ -121,7 +121,7 @@ def test_a_copys_children_count_on_the_older_copy_and_keep_it_until_they_go():
 
 
 def test_evicting_the_holder_copy_moves_its_children_to_the_next_copy():
-    pool = make_pool(3, policy=make_policy("lfu"))
+    pool = ScoredBlockPool(3, policy=make_policy("lfu"))
     pool.cache_blocks(pool.get_new_blocks(1), [10])                  # X: block 0, the holder
     pool.cache_blocks(pool.get_new_blocks(2), [10, 11])              # Y: copy 1, child 2
     pool.free_blocks([0])
@@ -134,7 +134,7 @@ def test_evicting_the_holder_copy_moves_its_children_to_the_next_copy():
 def test_children_of_a_hash_evicted_against_the_chain_rule_wait_for_it_by_hash():
     """Hashes freed root first while the child is held: no block is eligible, the root goes
     anyway and its child is counted by hash; caching the hash again gives the count back."""
-    pool = make_pool(2, policy=make_policy("lfu"))
+    pool = ScoredBlockPool(2, policy=make_policy("lfu"))
     root, child = pool.get_new_blocks(2)
     pool.cache_blocks([root, child], [10, 11])
     pool.free_blocks([root])
@@ -149,7 +149,7 @@ def test_children_of_a_hash_evicted_against_the_chain_rule_wait_for_it_by_hash()
 
 @pytest.mark.parametrize("name", ["lfu", "priority"])
 def test_bulk_entries_pack_the_key_while_every_priority_is_zero(name):
-    pool = make_pool(8, policy=make_policy(name))
+    pool = ScoredBlockPool(8, policy=make_policy(name))
     pool.begin("r")
     blocks = pool.get_new_blocks(6)
     pool.cache_blocks(blocks, [11, 12, 13, 14, 15, 16])
