@@ -3,8 +3,8 @@
 
 ``hybrid`` evicts the smallest ``(clock + offset, clock)`` with ``offset = N/2 * reused - N *
 priority`` (:class:`~kvsim.cache.policies.HybridPolicy`), ``priority`` the smallest
-``(-priority, clock)``, a lane per level (``offset = -2**48 * priority``), ``lookahead`` the smallest
-``(0, clock + offset, 0 if offset else 1)`` with ``offset = N * reused`` among unprotected blocks
+``(-priority, clock)``, a lane per level (``offset = -2**48 * priority``), ``lookahead`` the
+smallest ``(0, clock + offset, 0 if offset else 1)`` with ``offset = N * reused`` among unprotected blocks
 (:class:`~kvsim.cache.lookahead_pool.LookaheadPool` adds its protected blocks). Within a class
 the key grows with the release clock, so each class is a FIFO *lane* (``OrderedDict`` block ->
 release clock) and the victim is the smallest of the lanes' heads: an eviction is a ``popitem``,
@@ -50,9 +50,9 @@ class LanePool(PolicyPool):
         self.first_hashes: list[int | None] = [None] * num_blocks    # a child's first block's
         self.credit = policy.lane_credit(num_blocks)    # the offset of a reused block
         self._plain: OrderedDict[int, int] = OrderedDict()      # block -> release clock
-        self._credited = OrderedDict() if self.credit else self._plain  # (one block: no credit)
+        self._credited = OrderedDict() if self.credit else self._plain  # (no credit: one lane)
         self._lanes = {0: self._plain, self.credit: self._credited}     # offset -> lane
-        self._two_lanes = True          # only those two (or one): the fast eviction loop
+        self._two_lanes = True          # only those (one or two): the fast eviction loop
         self._deferred: dict[int, tuple] = {}   # first block with cached children -> its key
         self._first_children: dict[int, int] = {}   # first-block hash -> its cached children
         self._depth = bytearray([2]) * num_blocks   # 0: a first block, 1: its child, 2: deeper
@@ -199,7 +199,9 @@ class LanePool(PolicyPool):
             plain.update(zip(compress(block_ids, rest), compress(clocks, rest)))
 
     def _queue_by_offset(self, block_ids: list[int], clocks: Sequence[int]) -> None:
-        """:meth:`_queue` with priorities: ``offset = credit * reused - N * priority``."""
+        """:meth:`_queue` with priorities: ``offset = credit * reused - weight * priority``
+        (the policy's ``priority_weight``; a priority beyond its ``priority_limit`` counts as
+        the limit)."""
         reused, prio, credit = self.reused, self.prio, self.credit
         weight, limit = self._priority_weight, self._priority_limit
         for block_id, clock in zip(block_ids, clocks):
@@ -297,8 +299,8 @@ class LanePool(PolicyPool):
         credited lane's clocks counting its offset more) while either has one, then in the
         same way from :meth:`_second_lanes` while they can go so, then
         :meth:`_next_after_lanes`; a first block with cached children is deferred, and taken
-        next when the last of them goes. With other lanes (priorities, or a one-block pool):
-        :meth:`_next_by_offset` picks each."""
+        next when the last of them goes. With other lanes (priorities): :meth:`_next_by_offset`
+        picks each."""
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         if not self._two_lanes:
@@ -327,8 +329,8 @@ class LanePool(PolicyPool):
                 head_credited = credited.popitem(last=False) if credited else None
                 if not depth[block_id] and self._defers_head(block_id, second, credit, clock):
                     continue
-            elif not second and self._second_lanes() is not None:
-                second, (plain, credited) = True, self._second_lanes()
+            elif not second and (lanes := self._second_lanes()) is not None:
+                second, (plain, credited) = True, lanes
                 head_plain = plain.popitem(last=False) if plain else None
                 head_credited = credited.popitem(last=False) if credited else None
                 continue

@@ -34,17 +34,19 @@ class LookaheadPool(LanePool):
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
         self._guarded: OrderedDict[int, int] = OrderedDict()  # released protected -> clock
-        self._guarded_credited = OrderedDict() if self.credit else self._guarded
+        self._guarded_credited: OrderedDict[int, int] = OrderedDict()   # (the credit is >= 1)
         self._heap: list[int] = []          # packed keys of blocks protected while free
         self._protected: dict[int, int] = {}    # such a block -> its live heap entry
         self._id_bits = num_blocks.bit_length()
+        self._id_mask = (1 << self._id_bits) - 1
         policy.pool = self
         self._reached = getattr(policy, "reached", None)
 
     # --- queries -------------------------------------------------------------------------
 
     def cached_free_blocks(self) -> list[int]:
-        return super().cached_free_blocks() + list(self._guarded_lanes()) + list(self._protected)
+        return [*super().cached_free_blocks(), *self._guarded, *self._guarded_credited,
+                *self._protected]
 
     def key_of(self, block_id: int) -> tuple:
         if block_id in self._protected:
@@ -53,12 +55,6 @@ class LookaheadPool(LanePool):
             if block_id in lane:
                 return self._key(None, self._protected_entry(block_id, lane[block_id]))
         return super().key_of(block_id)
-
-    def _guarded_lanes(self) -> dict:
-        """The guarded lanes, merged (block -> release clock)."""
-        if self._guarded_credited is self._guarded:
-            return self._guarded
-        return {**self._guarded, **self._guarded_credited}
 
     def _key(self, offset, value: int) -> tuple:
         """A lane's key, or (``offset`` None) the key packed in heap entry ``value``."""
@@ -172,8 +168,7 @@ class LookaheadPool(LanePool):
         heads (the credited one counting its offset more, as :meth:`LanePool._evict_many`
         compares) or the heap's smallest live entry. Returns it and its packed key, or
         ``(None, None)``."""
-        heap, protected = self._heap, self._protected
-        mask = (1 << self._id_bits) - 1
+        heap, protected, mask = self._heap, self._protected, self._id_mask
         while heap and protected.get(heap[0] & mask) != heap[0]:
             heappop(heap)           # stale: taken by a hit, or deferred
         lane, block_id = self._guarded_head()
@@ -193,7 +188,7 @@ class LookaheadPool(LanePool):
         are empty)."""
         plain, credited = self._guarded, self._guarded_credited
         head = next(iter(plain.items())) if plain else None
-        if credited is not plain and credited:
+        if credited:
             other = next(iter(credited.items()))
             if head is None or other[1] + self.credit <= head[1]:
                 return credited, other[0]
