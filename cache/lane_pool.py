@@ -25,7 +25,7 @@ from collections import OrderedDict
 from itertools import compress
 from typing import Iterable, Sequence
 
-from kvsim.cache.policy_pool import PolicyPool, mark_hit_chain
+from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["LanePool"]
 
@@ -122,7 +122,9 @@ class LanePool(PolicyPool):
                     self._unqueue(block_id)
             refs[block_id] += 1
             was_hit[block_id] = 1
-        mark_hit_chain(self.reused, block_ids)
+        reused = self.reused        # a hit's blocks after its first belong to a reused chain
+        for block_id in block_ids[1:]:
+            reused[block_id] = 1
         if self.priorities_seen:
             prio, priority = self.prio, self._priority
             for block_id in block_ids:

@@ -15,12 +15,6 @@ from typing import Iterable
 from kvsim.cache.block_pool import BlockPool
 
 
-def mark_hit_chain(reused: bytearray, hit_block_ids: list[int]) -> None:
-    """The blocks of a lookup's hit after its first belong to the chain it continues."""
-    for block_id in hit_block_ids[1:]:
-        reused[block_id] = 1
-
-
 class PolicyPool(BlockPool):
     """Queries and composite actions of a pool whose free cached blocks a policy orders.
 
