@@ -210,8 +210,9 @@ class Scheduler:
         if budget_left < 0 or not self.admission_blocked(budget_left):
             return None
         steps = decode_run.max_decode_steps(running, self.config.max_model_len)
-        if steps < 3 or any(s.num_computed_tokens != len(s) - 1 for s in running):
-            return None
+        if steps < 3 or any(s.num_computed_tokens != len(s) - 1 or not s.num_output_tokens
+                            for s in running):
+            return None     # (one prompt token left is a prefill: its step emits a first token)
         computed = np.array([s.num_computed_tokens for s in running], dtype=np.int64)
         n = decode_run.cap_by_free_blocks(computed, self.kv.block_size,
                                           self.kv.num_free_blocks, steps - 1)
@@ -382,7 +383,7 @@ class Scheduler:
     # --- finishing -----------------------------------------------------------------------
 
     def _finish(self, seq: RequestState) -> None:
+        seq.status = RequestStatus.FINISHED     # (first: the KV manager reads it when freeing)
         self.kv.free(seq.request_id)
-        seq.status = RequestStatus.FINISHED
         seq.release_hashes()
 

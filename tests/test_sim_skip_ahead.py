@@ -34,9 +34,15 @@ def workload(n=400, seed=1, shared=True):
     return out
 
 
+def in_replica_order(steps):
+    """Steps by replica, each replica's in time order: replicas' steps interleave in the log in
+    the order they were committed, and a decode run commits its steps ahead of the others'."""
+    return steps.sort_values(["replica", "t_start"], kind="stable").reset_index(drop=True)
+
+
 def outputs(config, executor=None):
     r = simulate(workload(), config, executor=executor, keep_steps=True)
-    steps = results.steps_frame(r)
+    steps = in_replica_order(results.steps_frame(r))
     return r, results.requests_frame(r), steps, [kv.pool.free_queue() for kv in
                                                  (rep.kv for rep in r.replicas)]
 
@@ -160,7 +166,8 @@ def identical_with_arrival_at(base, arrival_s):
     slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
     assert fast.duration_s == slow.duration_s
     assert results.requests_frame(fast).equals(results.requests_frame(slow))
-    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    assert in_replica_order(results.steps_frame(fast)).equals(
+        in_replica_order(results.steps_frame(slow)))
     assert [rep.kv.pool.free_queue() for rep in fast.replicas] == \
         [rep.kv.pool.free_queue() for rep in slow.replicas]
     return fast
@@ -266,6 +273,29 @@ def test_a_long_decode_run_costs_one_event(monkeypatch):
     assert fast.duration_s == slow.duration_s
 
 
+def test_a_decode_run_ends_at_the_next_arrival_not_at_another_replicas_step(monkeypatch):
+    """Two replicas, each with one request decoding 2,000 tokens (round robin), and a third
+    request arriving at 30 s. The replicas' steps alternate in time, yet each replica waits
+    out its decodes as one run up to the arrival and one after it: the other replica's steps
+    neither read nor change it. Stepping one at a time gives the same steps and requests."""
+    base = dict(model="llama-2-7b", num_gpu_blocks=800, block_size=16, replicas=2,
+                router="round-robin")
+    trace = lambda: [Request(0, 0.0, 16, 2000), Request(1, 0.001, 40, 2000),
+                     Request(2, 30.0, 16, 10)]
+    fast_events, fast = count_events(RunConfig(skip_ahead=True, **base), trace(),
+                                     monkeypatch)
+    slow_events, slow = count_events(RunConfig(skip_ahead=False, **base), trace(),
+                                     monkeypatch)
+    assert [rep.num_decode_runs for rep in fast.replicas] == [2, 1]
+    assert fast_events < 30 < 4000 < slow_events
+    assert fast.duration_s == slow.duration_s
+    fast_steps, slow_steps = (simulate(trace(), RunConfig(skip_ahead=s, **base),
+                                       keep_steps=True) for s in (True, False))
+    assert in_replica_order(results.steps_frame(fast_steps)).equals(
+        in_replica_order(results.steps_frame(slow_steps)))
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+
+
 # --- the step log's record and bulk append -----------------------------------------------------
 
 def test_step_log_takes_records_and_whole_columns():
@@ -300,3 +330,23 @@ def test_a_decode_run_is_committed_only_before_the_next_step():
     scheduler.update_from_output()
     with pytest.raises(ValueError):
         scheduler.commit_decode_run(run, 1)
+
+
+def test_no_decode_run_while_a_prompt_token_is_left():
+    """With a budget of two tokens a prompt of three is prefilled a token a step beside a
+    decode. Those steps schedule one token per request, as decodes do, and the last prompt
+    token's computed = length - 1 looks like a decode; but its step emits request 1's first
+    token, so it is a normal step, and the run comes after it."""
+    scheduler = Scheduler(KVCacheManager(100, 16), SchedulerConfig(max_num_batched_tokens=2))
+    scheduler.add(RequestState(Request(0, 0.0, 2, 200), 16))
+    scheduler.schedule()
+    scheduler.update_from_output()
+    scheduler.add(RequestState(Request(1, 0.0, 3, 50), 16))
+    for _ in range(2):
+        plan = scheduler.schedule()
+        scheduler.update_from_output()
+        assert [(s.request_id, s.num_new_tokens) for s in plan.scheduled] == [(0, 1), (1, 1)]
+    assert scheduler.plan_decode_run() is None
+    scheduler.schedule()
+    assert [s.request_id for s in scheduler.update_from_output().first_tokens] == [1]
+    assert scheduler.plan_decode_run() is not None

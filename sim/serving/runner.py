@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -29,7 +30,7 @@ from kvsim.sim.perf.kv_layout import KvLayout, kv_layout, longest_request
 from kvsim.sim.perf.memory import kv_offloading_blocks, kv_pool
 from kvsim.sim.perf.models import check_tensor_parallel, resolve_model
 from kvsim.sim.serving.recorder import RequestLog, StepLog
-from kvsim.sim.serving.replica import Replica
+from kvsim.sim.serving.replica import NextArrival, Replica
 from kvsim.sim.serving.router import make_router
 
 
@@ -126,12 +127,13 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     executor = executor or default_executor(config)
     env = simpy.Environment()
     steps, log = StepLog(keep_steps), RequestLog(stop)
+    next_arrival = NextArrival()
     replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                         config.skip_ahead and config.layout == "paged"
-                        and not deployment.multi_group)
+                        and not deployment.multi_group, next_arrival)
                 for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
-                          deployment.max_model_len))
+                          deployment.max_model_len, next_arrival))
     start = time.perf_counter()
     _run(env, replicas, progress, stop)
     steps.finish(env.now)
@@ -179,10 +181,11 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
 
 
 def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfig,
-              max_model_len: int):
+              max_model_len: int, next_arrival: NextArrival):
     truncating = config.long_prompt == "truncate"
     greedy = config.sampling == "greedy"
     for request in requests:
+        next_arrival.time_s = request.arrival_s
         if request.arrival_s > env.now:
             yield env.timeout(request.arrival_s - env.now)
         log.on_arrival(request, -1)
@@ -195,6 +198,7 @@ def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfi
             log.on_rejected(request.request_id)
             continue
         replicas[index].submit(seq)
+    next_arrival.time_s = math.inf
 
 
 def _run(env: simpy.Environment, replicas, progress, stop=None,
