@@ -22,6 +22,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
+#: The hash of a cached block that no lookup can reach (:meth:`BlockPool.cache_unreachable`):
+#: outside the 64-bit range of every block id scheme, and never in the prefix index.
+UNREACHABLE = 1 << 64
+
 
 class PrefixIndex:
     """Hash -> blocks holding that content. Identical blocks are not merged (block tables are
@@ -142,23 +146,28 @@ class BlockPool:
         popitem, hashes, refs = self._free.popitem, self.block_hashes, self.ref_counts
         index, evicted = self.index._map, self.evicted
         taken = []
+        take = taken.append
+        num_evicted = 0
         for _ in range(n):
-            block_id = popitem(last=False)[0]
+            block_id = popitem(False)[0]
             block_hash = hashes[block_id]
             if block_hash is not None:
                 # evict (inlined: this loop is the hottest in a long-prompt simulation)
-                found = index[block_hash]
-                if found.__class__ is int:
-                    del index[block_hash]
-                else:
-                    self.index.remove(block_hash, block_id)
+                if block_hash is not UNREACHABLE:
+                    found = index[block_hash]
+                    if found.__class__ is int:
+                        del index[block_hash]
+                    else:
+                        self.index.remove(block_hash, block_id)
+                    if evicted is not None:
+                        evicted.append((block_id, block_hash))
                 hashes[block_id] = None
-                self.num_cached_free_blocks -= 1
-                self.num_evictions += 1
-                if evicted is not None:
-                    evicted.append((block_id, block_hash))
+                num_evicted += 1
             refs[block_id] = 1
-            taken.append(block_id)
+            take(block_id)
+        if num_evicted:
+            self.num_cached_free_blocks -= num_evicted
+            self.num_evictions += num_evicted
         return taken
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -174,10 +183,15 @@ class BlockPool:
         """Drop one reference from each block, given in eviction order (first evicted first)."""
         refs, hashes = self.ref_counts, self.block_hashes
         first, last = [], []
+        to_head, to_tail = first.append, last.append
         for block_id in ordered_block_ids:
-            refs[block_id] -= 1
-            if refs[block_id] == 0:
-                (last if hashes[block_id] is not None else first).append(block_id)
+            left = refs[block_id] - 1
+            refs[block_id] = left
+            if not left:
+                if hashes[block_id] is None:
+                    to_head(block_id)
+                else:
+                    to_tail(block_id)
         self._prepend(first)
         self._free.update(dict.fromkeys(last))
         self.num_cached_free_blocks += len(last)
@@ -199,6 +213,14 @@ class BlockPool:
             else:
                 index[block_hash] = block_id
 
+    def cache_unreachable(self, block_ids: Iterable[int]) -> None:
+        """Count full, held blocks as cached content that no lookup can reach (a finished
+        request's blocks that nothing can continue): freed, they queue and count as cached
+        blocks, exactly as registered ones would, and their eviction skips the index."""
+        hashes = self.block_hashes
+        for block_id in block_ids:
+            hashes[block_id] = UNREACHABLE
+
     def put_cached(self, block_hash: int) -> int:
         """Fill the next free block with ``block_hash`` and leave it free and cached, as the
         most recently used (``get_new_blocks(1)``, ``cache_block``, ``free_blocks`` in one
@@ -210,7 +232,9 @@ class BlockPool:
         if old is None:
             self.num_cached_free_blocks += 1
         else:       # evict (index operations inlined, as in get_new_blocks)
-            if index[old].__class__ is int:
+            if old is UNREACHABLE:
+                pass
+            elif index[old].__class__ is int:
                 del index[old]
             else:
                 self.index.remove(old, block_id)

@@ -9,9 +9,11 @@ A sequence whose block ids are private to it (``has_private_blocks``: a length-o
 costs no prefix-cache work that cannot pay off: its first lookup is a miss without computing its
 ids (nothing holds them before it ran), and with ``defer_private_blocks`` its full blocks are
 registered in the prefix index only when it frees them, or as soon as any other sequence uses
-the index (a request continuing it could look them up). Nothing observable changes: hits, the
-free queue's order and the cached-block counts are those of registering every block as it
-fills.
+the index (a request continuing it could look them up). A finished one that nothing can
+continue (``unreachable_when_finished``) does not even compute its ids: its blocks are cached
+as content no lookup can reach (:meth:`BlockPool.cache_unreachable`). Nothing observable
+changes: hits, the free queue's order and the cached-block counts are those of registering
+every block as it fills.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
 from kvsim.cache.eviction import make_pool
 from kvsim.cache.prefix_hit import CacheHit, PrefixCacheStats
+from kvsim.cache.request_state import RequestStatus
 
 
 class _RequestBlocks:
@@ -285,7 +288,11 @@ class KVCacheManager:
         if entry is not None:
             if entry.deferred is not None:
                 del self._deferred[request_id]
-                self._register(entry)
+                seq = entry.deferred
+                if seq.status is RequestStatus.FINISHED and seq.unreachable_when_finished:
+                    self._cache_unreachable(entry)
+                else:
+                    self._register(entry)
             self.pool.free_blocks(reversed(entry.block_ids))
 
     def is_registration_deferred(self, request_id) -> bool:
@@ -311,6 +318,14 @@ class KVCacheManager:
         seq, entry.deferred = entry.deferred, None
         n = len(seq)
         self._cache_full_blocks(entry, seq, entry.num_slots if entry.num_slots < n else n)
+
+    def _cache_unreachable(self, entry: _RequestBlocks) -> None:
+        """A deferred entry's full blocks as cached content no lookup can reach: queued and
+        counted as registering them would, without computing their ids or indexing them."""
+        seq, entry.deferred = entry.deferred, None
+        num_full = min(entry.num_slots, len(seq)) // self.block_size
+        self.pool.cache_unreachable(entry.block_ids[entry.num_cached:num_full])
+        entry.num_cached = max(entry.num_cached, num_full)
 
     def _register_deferred(self) -> None:
         """Another sequence uses the prefix index: register every deferred block first."""

@@ -28,13 +28,15 @@ class RequestState:
 
     ``has_private_blocks``: its block ids are unique to it (a length-only request: no token
     ids, prefix hashes, recorded outputs or earlier request it continues), so no other request
-    can hit them unless it continues this one.
+    can hit them unless it continues this one. ``unreachable_when_finished``: private blocks of
+    a request nothing can continue (``request.may_be_continued`` False): once it finished, no
+    lookup can ever reach them.
     """
 
     __slots__ = ("request", "request_id", "arrival_s", "priority", "num_prompt_tokens",
                  "max_tokens", "num_output_tokens", "num_computed_tokens", "status",
                  "num_preemptions", "num_cached_tokens", "block_size", "greedy", "_hashes",
-                 "has_private_blocks")
+                 "has_private_blocks", "unreachable_when_finished")
 
     def __init__(self, request: "Request", block_size: int, greedy: bool = False):
         self.request = request
@@ -55,6 +57,8 @@ class RequestState:
                                    and request.prefix_hashes is None
                                    and getattr(request, "output_token_ids", None) is None
                                    and request.continues is None)
+        self.unreachable_when_finished = (self.has_private_blocks
+                                          and not getattr(request, "may_be_continued", True))
 
     def __len__(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens

@@ -1,9 +1,11 @@
 """Length-only requests (block ids private to them) skip prefix-cache work that cannot pay off,
 and nothing observable changes."""
 
+from kvsim.cache.block_pool import UNREACHABLE
 from kvsim.cache.kv_cache_manager import KVCacheManager
-from kvsim.cache.request_state import RequestState
-from kvsim.workloads import Request
+from kvsim.cache.request_state import RequestState, RequestStatus
+from kvsim.workloads import Request, read_trace
+from kvsim.workloads.loader import sample_path
 
 
 def seq(request_id, prompt, output, continues=None):
@@ -74,14 +76,65 @@ def test_a_length_only_run_with_preemptions_is_unchanged(monkeypatch):
     config = RunConfig(model="llama-2-7b", num_gpu_blocks=90, max_num_seqs=32,
                        max_num_batched_tokens=512, block_size=16)
 
-    def frames():
-        r = runner.simulate([Request(i, *t) for i, t in enumerate(trace)], config,
-                            keep_steps=True)
+    def frames(may_be_continued=True):
+        r = runner.simulate([Request(i, *t, may_be_continued=may_be_continued)
+                             for i, t in enumerate(trace)], config, keep_steps=True)
         stats = [rep.kv.prefix_stats for rep in r.replicas]
         return results.steps_frame(r), results.requests_frame(r), stats
 
-    late = frames()
+    late, unreachable = frames(), frames(may_be_continued=False)
     monkeypatch.setattr(runner, "KVCacheManager", lambda *args, **kw: KVCacheManager(*args))
     eager = frames()
-    assert late[0].equals(eager[0]) and late[1].equals(eager[1]) and late[2] == eager[2]
+    for got in (late, unreachable):
+        assert got[0].equals(eager[0]) and got[1].equals(eager[1]) and got[2] == eager[2]
     assert late[0]["preemptions"].sum() > 0 and late[2][0].num_hit_tokens == 0
+
+
+# --- finished requests that nothing can continue ------------------------------------------------
+
+def finish_then_evict(may_be_continued):
+    """Request 1 (12 prompt tokens: three full blocks of 4) finishes; then request 2 needs every
+    block of the pool of 6, evicting the three."""
+    kv = KVCacheManager(6, 4, defer_private_blocks=True)
+    a = RequestState(Request(1, 0.0, 12, 5, may_be_continued=may_be_continued), 4)
+    kv.allocate(1, a, 13)
+    a.status = RequestStatus.FINISHED            # as the scheduler sets it before freeing
+    kv.free(1)
+    after_finish = (kv.free_queue(), kv.pool.num_cached_free_blocks, len(kv.pool.index),
+                    a._hashes is None)
+    kv.allocate(2, seq(2, 24, 1), 24)
+    return after_finish, kv.pool.num_evictions, len(kv.pool.index), kv.pool.block_hashes
+
+
+def test_a_finished_request_nothing_continues_caches_its_blocks_without_ids():
+    """Its three full blocks queue (after the partial fourth, reused first) and count as cached,
+    exactly as registered ones; no id was computed and the index never held them; evicting
+    them counts three evictions, as it does for registered blocks."""
+    unreachable, registered = finish_then_evict(False), finish_then_evict(True)
+    assert unreachable[0] == ([3, 4, 5, 2, 1, 0], 3, 0, True)
+    assert registered[0] == ([3, 4, 5, 2, 1, 0], 3, 3, False)
+    assert unreachable[1:3] == registered[1:3] == (3, 0)
+
+
+def test_a_preempted_request_nothing_continues_still_finds_its_own_blocks():
+    """Preemption is not the end: its blocks get their ids, and it resumes on them."""
+    kv = KVCacheManager(30, 4, defer_private_blocks=True)
+    a = RequestState(Request(1, 0.0, 12, 5, may_be_continued=False), 4)
+    blocks = kv.allocate(1, a, 12)
+    kv.free(1)
+    a.num_preemptions = 1
+    assert kv.lookup(a).block_ids == blocks[:2]
+    assert UNREACHABLE not in kv.pool.block_hashes
+
+
+def test_only_a_named_jsonl_line_may_be_continued(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n'
+                     '{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 2, '
+                     '"request_id": "a"}\n'
+                     '{"arrival_s": 2, "prompt_tokens": 9, "output_tokens": 2, '
+                     '"continues": "a"}\n')
+    assert [r.may_be_continued for r in read_trace(trace)] == [False, True, False]
+    assert all(not r.may_be_continued for r in read_trace(sample_path("azure-conv")))
+    assert Request(0, 0.0, 5, 2).may_be_continued
+    assert Request(0, 0.0, 5, 2, may_be_continued=False) == Request(0, 0.0, 5, 2)

@@ -83,7 +83,7 @@ def azure_requests(lines, path) -> Iterator[tuple[int, Request]]:
         yield line_no, Request(
             -1, wallclock_seconds(stamp, AZURE_TIME_FIELD, loc),
             F.length(context, "ContextTokens", loc, text=True),
-            F.length(generated, "GeneratedTokens", loc, text=True))
+            F.length(generated, "GeneratedTokens", loc, text=True), may_be_continued=False)
 
 
 def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Request]]:
@@ -96,7 +96,8 @@ def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Req
         if wanted is not None and name.lower() != wanted:
             continue
         yield line_no, Request(-1, t, F.length(request, "Request tokens", loc, text=True),
-                               F.length(response, "Response tokens", loc, text=True))
+                               F.length(response, "Response tokens", loc, text=True),
+                               may_be_continued=False)
 
 
 def wallclock_seconds(text: str, name: str, loc: str) -> float:

@@ -33,6 +33,7 @@ class Links:
         if parent is not None:
             request.continues = self._parent(F.label(parent, "continues", loc), loc, request)
         name = record.get("request_id")
+        request.may_be_continued = name is not None     # only a named line can be continued
         if name is not None:
             self._name(F.label(name, "request_id", loc), loc, line_no, request)
 

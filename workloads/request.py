@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +19,8 @@ class Request:
     whose whole sequence (prompt and generated tokens) this prompt starts with (multi-turn
     without token ids). ``output_token_ids``: the tokens it generates, when recorded. Per-token
     lists are never built for traces that do not carry them. Block ids: :mod:`kvsim.workloads.identity`.
+    ``may_be_continued``: False when no later request can continue this one (a CSV row; a JSONL
+    line without a ``request_id``), so nothing can reach its private blocks once it finished.
     """
 
     request_id: int
@@ -33,6 +35,7 @@ class Request:
     template_id: str | None = None
     output_token_ids: np.ndarray | None = None
     continues: "Request | None" = None
+    may_be_continued: bool = field(default=True, compare=False, repr=False)
 
     @property
     def total_tokens(self) -> int:
