@@ -69,7 +69,9 @@ class DecodeSteps:
 
 def max_decode_steps(running, max_model_len: int) -> int:
     """Decode steps every request of ``running`` can take before the first one finishes."""
-    return min(min(s.max_tokens - s.num_output_tokens, max_model_len - len(s)) for s in running)
+    by_output = min(s.max_tokens - s.num_output_tokens for s in running)
+    by_length = max_model_len - max(s.num_prompt_tokens + s.num_output_tokens for s in running)
+    return by_output if by_output < by_length else by_length
 
 
 def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,

@@ -210,8 +210,9 @@ class Scheduler:
         if budget_left < 0 or not self.admission_blocked(budget_left):
             return None
         steps = decode_run.max_decode_steps(running, self.config.max_model_len)
-        if steps < 3 or any(s.num_computed_tokens != len(s) - 1 or not s.num_output_tokens
-                            for s in running):
+        if steps < 3 or any(
+                s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
+                or not s.num_output_tokens for s in running):
             return None     # (one prompt token left is a prefill: its step emits a first token)
         computed = np.array([s.num_computed_tokens for s in running], dtype=np.int64)
         n = decode_run.cap_by_free_blocks(computed, self.kv.block_size,
