@@ -107,8 +107,8 @@ class BlockPool:
         self.num_cached_free_blocks = 0
         self.num_evictions = 0
         self.policy = policy
-        # (block id, hash) of every eviction, when someone wants them (a host tier demotes
-        # them); None keeps the hot path free of the bookkeeping
+        # (block id, hash) of every eviction of content a lookup can reach, when someone wants
+        # them (a host tier demotes them); None keeps the hot path free of the bookkeeping
         self.evicted: list[tuple[int, int]] | None = None
 
     # --- queries -------------------------------------------------------------------------
@@ -232,15 +232,14 @@ class BlockPool:
         if old is None:
             self.num_cached_free_blocks += 1
         else:       # evict (index operations inlined, as in get_new_blocks)
-            if old is UNREACHABLE:
-                pass
-            elif index[old].__class__ is int:
-                del index[old]
-            else:
-                self.index.remove(old, block_id)
+            if old is not UNREACHABLE:
+                if index[old].__class__ is int:
+                    del index[old]
+                else:
+                    self.index.remove(old, block_id)
+                if self.evicted is not None:
+                    self.evicted.append((block_id, old))
             self.num_evictions += 1
-            if self.evicted is not None:
-                self.evicted.append((block_id, old))
         self.block_hashes[block_id] = block_hash
         if block_hash in index:
             self.index.insert(block_hash, block_id)

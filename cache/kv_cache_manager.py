@@ -325,7 +325,6 @@ class KVCacheManager:
         seq, entry.deferred = entry.deferred, None
         num_full = min(entry.num_slots, len(seq)) // self.block_size
         self.pool.cache_unreachable(entry.block_ids[entry.num_cached:num_full])
-        entry.num_cached = max(entry.num_cached, num_full)
 
     def _register_deferred(self) -> None:
         """Another sequence uses the prefix index: register every deferred block first."""
