@@ -289,10 +289,8 @@ class KVCacheManager:
             if entry.deferred is not None:
                 del self._deferred[request_id]
                 seq = entry.deferred
-                if seq.status is RequestStatus.FINISHED and seq.unreachable_when_finished:
-                    self._cache_unreachable(entry)
-                else:
-                    self._register(entry)
+                self._register(entry, reachable=not (seq.status is RequestStatus.FINISHED
+                                                     and seq.unreachable_when_finished))
             self.pool.free_blocks(reversed(entry.block_ids))
 
     def is_registration_deferred(self, request_id) -> bool:
@@ -313,18 +311,18 @@ class KVCacheManager:
             self._deferred[request_id] = entry
         return entry
 
-    def _register(self, entry: _RequestBlocks) -> None:
-        """Register a deferred entry's full blocks, as allocating them would have."""
+    def _register(self, entry: _RequestBlocks, reachable: bool = True) -> None:
+        """Register a deferred entry's full blocks, as allocating them would have; not
+        ``reachable`` (a finished request nothing can continue): as cached content no lookup
+        can reach, queued and counted alike, without computing their ids or indexing them."""
         seq, entry.deferred = entry.deferred, None
         n = len(seq)
-        self._cache_full_blocks(entry, seq, entry.num_slots if entry.num_slots < n else n)
-
-    def _cache_unreachable(self, entry: _RequestBlocks) -> None:
-        """A deferred entry's full blocks as cached content no lookup can reach: queued and
-        counted as registering them would, without computing their ids or indexing them."""
-        seq, entry.deferred = entry.deferred, None
-        num_full = min(entry.num_slots, len(seq)) // self.block_size
-        self.pool.cache_unreachable(entry.block_ids[entry.num_cached:num_full])
+        num_tokens = entry.num_slots if entry.num_slots < n else n
+        if reachable:
+            self._cache_full_blocks(entry, seq, num_tokens)
+        else:
+            self.pool.cache_unreachable(
+                entry.block_ids[entry.num_cached:num_tokens // self.block_size])
 
     def _register_deferred(self) -> None:
         """Another sequence uses the prefix index: register every deferred block first."""
