@@ -9,8 +9,10 @@ Semantics follow vLLM v1's ``BlockPool`` (``vllm/v1/core/block_pool.py``):
   the free queue is an LRU list of cached blocks);
 - a cached block with count 0 stays findable by hash until it is reused.
 
-The free queue is an ``OrderedDict`` used as a doubly linked list: popping the head, pushing at
-either end and removing from the middle are all O(1), whatever the pool size.
+The free queue (:class:`~kvsim.cache.free_queue.FreeQueue`) is vLLM's doubly linked list kept as
+segments, and the reference counts and "holds content" marks are arrays: a long prompt's
+hundreds of blocks are taken, given back and counted a run at a time. Only the prefix index and
+the hashes themselves stay per block (a ``dict`` and a list of ints).
 
 That is the ``lru`` eviction policy. Other policies run on a subclass
 (:class:`~kvsim.cache.policy_pool.PolicyPool`); :func:`kvsim.cache.eviction.make_pool` picks the
@@ -19,12 +21,17 @@ pool class for a policy.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from itertools import repeat
 from typing import Iterable
 
-#: The hash of a cached block that no lookup can reach (:meth:`BlockPool.cache_unreachable`):
-#: outside the 64-bit range of every block id scheme, and never in the prefix index.
-UNREACHABLE = 1 << 64
+import numpy as np
+
+from kvsim.cache.free_queue import FreeQueue
+
+# What an LRU pool's block holds besides nothing (0): content in the prefix index, or content
+# no lookup can reach (:meth:`BlockPool.cache_unreachable`), which has no id and no index entry.
+_INDEXED, _UNREACHABLE = 1, 2
 
 
 class PrefixIndex:
@@ -64,6 +71,29 @@ class PrefixIndex:
         else:
             found[block_id] = None
 
+    def insert_many(self, block_hashes: list, block_ids: list[int]) -> None:
+        """``insert`` for each pair, in one ``dict`` update when every hash is new."""
+        index = self._map
+        if index.keys().isdisjoint(block_hashes):
+            before = len(index)
+            index.update(zip(block_hashes, block_ids))
+            if len(index) - before == len(block_hashes):
+                return
+            for block_hash in block_hashes:        # a hash twice: undone, then one at a time
+                index.pop(block_hash, None)
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            self.insert(block_hash, block_id)
+
+    def remove_many(self, block_hashes: list, block_ids: list[int]) -> None:
+        """``remove`` for each pair, in one pass of ``dict`` deletions when each hash has a
+        single holder (then it is the block given)."""
+        index = self._map
+        if set(map(type, map(index.__getitem__, block_hashes))) == {int}:
+            deque(map(index.__delitem__, block_hashes), 0)
+            return
+        for block_hash, block_id in zip(block_hashes, block_ids):
+            self.remove(block_hash, block_id)
+
     def remove(self, block_hash: int, block_id: int) -> None:
         """Forget ``block_id`` as a holder of ``block_hash`` (a last copy left is stored
         alone again, as an int)."""
@@ -85,6 +115,10 @@ class BlockPool:
     ``policy`` (None or ``lru``) is kept for the callers' information: this class is vLLM's LRU
     code path; :func:`kvsim.cache.eviction.make_pool` builds the pool of any other policy.
 
+    ``ref_counts`` is an ``int32`` array here (a list in the policy pools, whose loops read it
+    one block at a time). ``block_hashes[b]``: the id block ``b`` is findable under (None
+    otherwise, also for content no lookup can reach).
+
     ``opens_in_bulk``: when a decode run may take its new blocks in one call and register the
     blocks they fill afterwards (:meth:`KVCacheManager.opens_blocks_in_bulk`): ``"always"``
     here (registering a held block moves nothing in the free queue); ``"new_chains"`` for the
@@ -100,16 +134,21 @@ class BlockPool:
             raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.ref_counts: list[int] = [0] * num_blocks
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.index = PrefixIndex()
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_cached_free_blocks = 0
         self.num_evictions = 0
         self.policy = policy
         # (block id, hash) of every eviction of content a lookup can reach, when someone wants
         # them (a host tier demotes them); None keeps the hot path free of the bookkeeping
         self.evicted: list[tuple[int, int]] | None = None
+        self._init_free_blocks(num_blocks)
+
+    def _init_free_blocks(self, num_blocks: int) -> None:
+        self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
+        # what a block holds: nothing, content in the index, or content nothing can reach
+        self._content = np.zeros(num_blocks, dtype=np.int8)
+        self._free = FreeQueue(num_blocks)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -123,13 +162,18 @@ class BlockPool:
 
     def free_queue(self) -> list[int]:
         """Free block ids, head (next to be reused) first."""
-        return list(self._free)
+        return self._free.ids().tolist()
+
+    def num_free_among(self, block_ids: list[int]) -> int:
+        """How many of ``block_ids`` are free (held by nobody)."""
+        return int(np.count_nonzero(self.ref_counts[block_ids] == 0)) if block_ids else 0
 
     def cached_block(self, block_hash: int) -> int | None:
         return self.index.get(block_hash)
 
     def is_cached(self, block_id: int) -> bool:
-        return self.block_hashes[block_id] is not None
+        """Whether the block holds content (findable or not)."""
+        return bool(self._content[block_id])
 
     # --- actions -------------------------------------------------------------------------
 
@@ -143,83 +187,79 @@ class BlockPool:
         """Take ``n`` blocks from the head of the free queue, evicting their cached content."""
         if n > len(self._free):
             raise ValueError(f"cannot get {n} free blocks: only {len(self._free)} are free")
-        popitem, hashes, refs = self._free.popitem, self.block_hashes, self.ref_counts
-        index, evicted = self.index._map, self.evicted
-        taken = []
-        take = taken.append
-        num_evicted = 0
-        for _ in range(n):
-            block_id = popitem(False)[0]
-            block_hash = hashes[block_id]
-            if block_hash is not None:
-                # evict (inlined: this loop is the hottest in a long-prompt simulation)
-                if block_hash is not UNREACHABLE:
-                    found = index[block_hash]
-                    if found.__class__ is int:
-                        del index[block_hash]
-                    else:
-                        self.index.remove(block_hash, block_id)
-                    if evicted is not None:
-                        evicted.append((block_id, block_hash))
-                hashes[block_id] = None
-                num_evicted += 1
-            refs[block_id] = 1
-            take(block_id)
-        if num_evicted:
-            self.num_cached_free_blocks -= num_evicted
-            self.num_evictions += num_evicted
-        return taken
+        taken = self._free.popleft(n)
+        self.ref_counts[taken] = 1
+        self._evict(taken)
+        return taken.tolist()
+
+    def _evict(self, block_ids: np.ndarray) -> None:
+        """Forget the cached content of ``block_ids`` (just taken from the free queue)."""
+        content = self._content[block_ids]
+        num_evicted = np.count_nonzero(content)
+        if not num_evicted:
+            return
+        self._content[block_ids] = 0
+        self.num_cached_free_blocks -= num_evicted
+        self.num_evictions += num_evicted
+        indexed = block_ids[content == _INDEXED].tolist()
+        if indexed:
+            hashes = self.block_hashes
+            found = list(map(hashes.__getitem__, indexed))
+            deque(map(hashes.__setitem__, indexed, repeat(None)), 0)
+            self.index.remove_many(found, indexed)
+            if self.evicted is not None:
+                self.evicted.extend(zip(indexed, found))
 
     def touch(self, block_ids: Iterable[int]) -> None:
-        """Take another reference on each block, pulling free (cached) ones out of the queue."""
-        refs = self.ref_counts
-        for block_id in block_ids:
-            if refs[block_id] == 0:
-                del self._free[block_id]
-                self.num_cached_free_blocks -= 1
-            refs[block_id] += 1
+        """Take another reference on each block (distinct), pulling free (cached) ones out of
+        the queue."""
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if not len(ids):
+            return
+        free = ids[self.ref_counts[ids] == 0]
+        self.ref_counts[ids] += 1
+        if len(free):
+            self._free.remove(free)
+            self.num_cached_free_blocks -= len(free)
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
-        """Drop one reference from each block, given in eviction order (first evicted first)."""
-        refs, hashes = self.ref_counts, self.block_hashes
-        first, last = [], []
-        to_head, to_tail = first.append, last.append
-        for block_id in ordered_block_ids:
-            left = refs[block_id] - 1
-            refs[block_id] = left
-            if not left:
-                if hashes[block_id] is None:
-                    to_head(block_id)
-                else:
-                    to_tail(block_id)
-        self._prepend(first)
-        self._free.update(dict.fromkeys(last))
+        """Drop one reference from each block (distinct), given in eviction order (first
+        evicted first)."""
+        ids = np.fromiter(ordered_block_ids, dtype=np.int64)
+        refs = self.ref_counts
+        refs[ids] -= 1
+        released = ids[refs[ids] == 0]
+        content = self._content[released]
+        if np.count_nonzero(content) == len(released):
+            last = released
+        else:
+            self._free.extendleft(released[content == 0])
+            last = released[content != 0]
+        self._free.extend(last)
         self.num_cached_free_blocks += len(last)
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Register a full, held block under ``block_hash``."""
         self.block_hashes[block_id] = block_hash
+        self._content[block_id] = _INDEXED
         self.index.insert(block_hash, block_id)
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         """Register several full, held blocks (``cache_block`` for each pair): consecutive
         blocks of one chain, the first at ``depth`` (blocks before it) after block ``parent``
         (None at the root). LRU needs no chain information and ignores both."""
-        hashes, index = self.block_hashes, self.index._map
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            hashes[block_id] = block_hash
-            if block_hash in index:
-                self.index.insert(block_hash, block_id)
-            else:
-                index[block_hash] = block_id
+        block_ids, block_hashes = list(block_ids), list(block_hashes)
+        if block_ids:
+            deque(map(self.block_hashes.__setitem__, block_ids, block_hashes), 0)
+            self._content[block_ids] = _INDEXED
+            self.index.insert_many(block_hashes, block_ids)
 
-    def cache_unreachable(self, block_ids: Iterable[int]) -> None:
+    def cache_unreachable(self, block_ids: list[int]) -> None:
         """Count full, held blocks as cached content that no lookup can reach (a finished
         request's blocks that nothing can continue): freed, they queue and count as cached
         blocks, exactly as registered ones would, and their eviction skips the index."""
-        hashes = self.block_hashes
-        for block_id in block_ids:
-            hashes[block_id] = UNREACHABLE
+        if block_ids:
+            self._content[block_ids] = _UNREACHABLE
 
     def put_cached(self, block_hash: int) -> int:
         """Fill the next free block with ``block_hash`` and leave it free and cached, as the
@@ -227,31 +267,39 @@ class BlockPool:
         step: a host tier storing a copy). Returns the block id."""
         if not self._free:
             raise ValueError("cannot put a cached block: no block is free")
-        block_id = self._free.popitem(last=False)[0]
-        old, index = self.block_hashes[block_id], self.index._map
-        if old is None:
-            self.num_cached_free_blocks += 1
-        else:       # evict (index operations inlined, as in get_new_blocks)
-            if old is not UNREACHABLE:
-                if index[old].__class__ is int:
-                    del index[old]
-                else:
-                    self.index.remove(old, block_id)
-                if self.evicted is not None:
-                    self.evicted.append((block_id, old))
-            self.num_evictions += 1
-        self.block_hashes[block_id] = block_hash
-        if block_hash in index:
-            self.index.insert(block_hash, block_id)
-        else:
-            index[block_hash] = block_id
-        self._free[block_id] = None
+        taken = self._free.popleft(1)
+        self._evict(taken)
+        self.num_cached_free_blocks += 1
+        block_id = int(taken[0])
+        self.cache_block(block_id, block_hash)
+        self._free.extend(taken)
         return block_id
 
     def refresh(self, block_id: int) -> None:
         """Count a cached block as just used (a free one moves to the LRU tail)."""
         if self.ref_counts[block_id] == 0:
             self._free.move_to_end(block_id)
+
+    def claim(self, block_ids) -> None:
+        """Take the given free blocks (distinct) out of the queue, wherever they are,
+        evicting their cached content; each ends with one reference (a contiguous region of
+        the hybrid layout)."""
+        ids = np.array(list(block_ids), dtype=np.int64)
+        used = ids[self.ref_counts[ids] != 0]
+        if len(used):
+            raise ValueError(f"block {used[0]} is in use")
+        self._free.remove(ids)
+        self.ref_counts[ids] = 1
+        self._evict(ids)
+
+    def release(self, block_ids) -> None:
+        """Give back blocks taken with :meth:`claim` to the TAIL of the free queue."""
+        ids = np.array(list(block_ids), dtype=np.int64)
+        wrong = ids[(self.ref_counts[ids] != 1) | (self._content[ids] != 0)]
+        if len(wrong):
+            raise ValueError(f"block {wrong[0]} was not claimed")
+        self.ref_counts[ids] = 0
+        self._free.extend(ids)
 
     def can_reset(self) -> bool:
         return len(self._free) == self.num_blocks
@@ -262,13 +310,6 @@ class BlockPool:
             return False
         self.index.clear()
         self.block_hashes = [None] * self.num_blocks
+        self._content[:] = 0
         self.num_cached_free_blocks = 0
         return True
-
-    # --- internals -----------------------------------------------------------------------
-
-    def _prepend(self, block_ids: list[int]) -> None:
-        free = self._free
-        for block_id in reversed(block_ids):
-            free[block_id] = None
-            free.move_to_end(block_id, last=False)

@@ -9,8 +9,8 @@ paged by a :class:`~kvsim.cache.KVCacheManager` (vLLM's, LRU, with prefix cachin
 How the memory is shared: the paged manager's :class:`~kvsim.cache.BlockPool` owns all
 ``num_blocks`` blocks, and block ``b`` is the slots ``[b * block_size, (b + 1) * block_size)``
 of the linear space. A region is a run of consecutive block ids free in that pool (reference
-count 0; cached-idle content is evicted), taken with :func:`claim_blocks` and given back with
-:func:`release_blocks` (to the tail of the free queue, so the paged side reuses them last).
+count 0; cached-idle content is evicted), taken with :meth:`BlockPool.claim` and given back with
+:meth:`BlockPool.release` (to the tail of the free queue, so the paged side reuses them last).
 Placement is *highest fit*: the region ends at the top of the highest free run that holds it,
 since the paged pool hands out low block ids first, which keeps the two kinds apart. Free
 blocks outside every run long enough for the next short request are external fragmentation.
@@ -39,32 +39,6 @@ def free_runs(refs, min_len: int) -> list[tuple[int, int]]:
     starts, ends = edges[0::2], edges[1::2]
     keep = ends - starts >= min_len
     return list(zip(starts[keep].tolist(), (ends - starts)[keep].tolist()))
-
-
-def claim_blocks(pool, block_ids) -> None:
-    """Take the given free blocks (reference count 0) of an LRU :class:`BlockPool`, evicting
-    their cached content; each ends with one reference."""
-    refs, hashes = pool.ref_counts, pool.block_hashes
-    for block_id in block_ids:
-        if refs[block_id]:
-            raise ValueError(f"block {block_id} is in use")
-        del pool._free[block_id]
-        if hashes[block_id] is not None:
-            pool.index.remove(hashes[block_id], block_id)
-            hashes[block_id] = None
-            pool.num_cached_free_blocks -= 1
-            pool.num_evictions += 1
-        refs[block_id] = 1
-
-
-def release_blocks(pool, block_ids) -> None:
-    """Give back blocks taken with :func:`claim_blocks` to the TAIL of the free queue."""
-    refs = pool.ref_counts
-    for block_id in block_ids:
-        if refs[block_id] != 1 or pool.block_hashes[block_id] is not None:
-            raise ValueError(f"block {block_id} was not claimed")
-        refs[block_id] = 0
-        pool._free[block_id] = None
 
 
 class HybridKVManager:
@@ -197,7 +171,7 @@ class HybridKVManager:
             self.paged.free(request_id)
             return
         first, n = entry.offset // self.block_size, entry.size // self.block_size
-        release_blocks(self.pool, range(first, first + n))
+        self.pool.release(range(first, first + n))
         self._region_blocks -= n
         self._region_final -= entry.final
 
@@ -208,7 +182,7 @@ class HybridKVManager:
             return None, []
         start, length = runs[-1]
         blocks = list(range(start + length - k, start + length))
-        claim_blocks(self.pool, blocks)
+        self.pool.claim(blocks)
         self._region_blocks += k
         size = k * self.block_size
         entry = self._regions[request_id] = Region(blocks[0] * self.block_size, size,

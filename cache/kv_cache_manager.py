@@ -91,7 +91,7 @@ class KVCacheManager:
         return self.pool.free_queue()
 
     def ref_count(self, block_id: int) -> int:
-        return self.pool.ref_counts[block_id]
+        return int(self.pool.ref_counts[block_id])
 
     def is_cached(self, block_id: int) -> bool:
         return self.pool.is_cached(block_id)
@@ -225,8 +225,7 @@ class KVCacheManager:
         if self.max_model_len is not None:
             wanted = min(wanted, self.max_model_len)
         new = max(-(-wanted // self.block_size) - held - len(hit_blocks), 0)
-        refs = self.pool.ref_counts
-        return new + sum(1 for b in hit_blocks if refs[b] == 0)
+        return new + self.pool.num_free_among(hit_blocks)
 
     def can_allocate(self, request_id, num_new_tokens: int, hit: CacheHit | None = None,
                      reserve: int = 0) -> bool:

@@ -10,6 +10,7 @@ first, as vLLM), free *cached* blocks belong to the policy's own structure, coun
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Iterable
 
 from kvsim.cache.block_pool import BlockPool
@@ -23,6 +24,17 @@ class PolicyPool(BlockPool):
     """
 
     opens_in_bulk = "never"
+
+    def _init_free_blocks(self, num_blocks: int) -> None:
+        self.ref_counts: list[int] = [0] * num_blocks    # (read one block at a time)
+        self._free = OrderedDict.fromkeys(range(num_blocks))     # the unhashed free blocks
+
+    def is_cached(self, block_id: int) -> bool:
+        return self.block_hashes[block_id] is not None
+
+    def num_free_among(self, block_ids: list[int]) -> int:
+        refs = self.ref_counts
+        return sum(1 for b in block_ids if refs[b] == 0)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -68,6 +80,13 @@ class PolicyPool(BlockPool):
             if not left:
                 (cached if hashes[block_id] is not None else uncached)(block_id)
         return released, first
+
+    def _prepend(self, block_ids: list[int]) -> None:
+        """Put free unhashed blocks at the head, the first of them first."""
+        free = self._free
+        for block_id in reversed(block_ids):
+            free[block_id] = None
+            free.move_to_end(block_id, last=False)
 
     def _count_released(self, released: list[int]) -> int:
         """Count just released cached blocks as free and give them the next release clocks

@@ -158,7 +158,7 @@ class QueuePool(PolicyPool):
         hashes = self.block_hashes
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
-        self._index_all(block_ids, block_hashes)
+        self.index.insert_many(block_hashes, block_ids)
         self.policy.fill_many(block_ids, block_hashes)
 
     def reset_prefix_cache(self) -> bool:
@@ -172,19 +172,6 @@ class QueuePool(PolicyPool):
         return True
 
     # --- internals -----------------------------------------------------------------------
-
-    def _index_all(self, block_ids: list[int], block_hashes: list[int]) -> None:
-        """``index.insert`` for each pair, in one ``dict`` update when every hash is new."""
-        index = self.index._map
-        if index.keys().isdisjoint(block_hashes):
-            before = len(index)
-            index.update(zip(block_hashes, block_ids))
-            if len(index) - before == len(block_hashes):
-                return
-            for block_hash in block_hashes:        # a hash twice: undone, then one at a time
-                index.pop(block_hash, None)
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            self.index.insert(block_hash, block_id)
 
     def _evict_many(self, n: int) -> list[int]:
         """The policy's next ``n`` victims, uncached."""

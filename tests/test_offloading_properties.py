@@ -100,7 +100,7 @@ class World:
             for i, b in enumerate(m.block_ids(rid)):
                 uses[b] += 1
                 assert mem.gpu[b] == tuple(tokens[:min((i + 1) * BS, self.computed[rid])])
-        assert uses == m.pool.ref_counts
+        assert uses == list(m.pool.ref_counts)
         for b, h in enumerate(m.pool.block_hashes):
             if h is not None:
                 assert mem.gpu[b] == mem.content_of[h], f"GPU block {b} is stale"

@@ -146,7 +146,7 @@ class World:
             for i, b in enumerate(blocks):
                 uses[b] += 1
                 assert mem.gpu[b] == tuple(tokens[:min((i + 1) * BS, self.computed[rid])])
-        assert uses == m.pool.ref_counts
+        assert uses == list(m.pool.ref_counts)
         assert m.num_free_blocks == uses.count(0)
         for b, h in enumerate(m.pool.block_hashes):
             if h is not None:

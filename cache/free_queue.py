@@ -1,0 +1,137 @@
+"""The LRU pool's free queue: block ids in reuse order, pushed and popped a run at a time.
+
+vLLM keeps its free blocks in a doubly linked list; an ``OrderedDict`` is the same in Python,
+at the price of a linked-list node allocated and freed per block. A long prompt takes and gives
+back hundreds of blocks at once, so :class:`FreeQueue` keeps *segments* instead (one array per
+push, consumed from the front) and removes a block from the middle lazily: each queued block
+carries the serial number of its live entry, and an entry whose serial is no longer its
+block's is stale and skipped when the head reaches it. Stale entries are counted; when they
+outnumber the live ones the queue is rebuilt, so memory stays within about twice the pool.
+
+The order is exactly the linked list's: :meth:`popleft` takes from the head, :meth:`extend`
+pushes at the tail, :meth:`extendleft` at the head, :meth:`remove` drops blocks wherever they
+are. Block ids go in and come out as ``int64`` arrays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+_NOT_QUEUED = -1
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+class FreeQueue:
+    """Free block ids of a pool of ``num_blocks`` blocks, head (next reused) first; starts
+    as ``0..num_blocks-1`` in ascending order."""
+
+    __slots__ = ("_segments", "_serial", "_next", "_len", "_num_stale")
+
+    def __init__(self, num_blocks: int):
+        self._segments: deque[list] = deque()    # [ids, serial of ids[0], next index]
+        self._serial = np.full(num_blocks, _NOT_QUEUED, dtype=np.int64)
+        self._next = 0
+        self._len = 0
+        self._num_stale = 0
+        self.extend(np.arange(num_blocks, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, block_id: int) -> bool:
+        return bool(self._serial[block_id] != _NOT_QUEUED)
+
+    def ids(self) -> np.ndarray:
+        """The queued blocks, head first."""
+        parts = [self._live(ids, s0, start) for ids, s0, start in self._segments]
+        return np.concatenate(parts) if parts else _NONE
+
+    def _live(self, ids: np.ndarray, s0: int, start: int) -> np.ndarray:
+        rest = ids[start:]
+        if not self._num_stale:
+            return rest
+        return rest[self._serial[rest] == np.arange(s0 + start, s0 + len(ids))]
+
+    # --- pushes --------------------------------------------------------------------------
+
+    def extend(self, block_ids: np.ndarray) -> None:
+        """Push ``block_ids`` at the tail, in this order (none may be queued; the array is
+        kept, so the caller must not change it)."""
+        if len(block_ids):
+            self._segments.append(self._stamp(block_ids))
+
+    def extendleft(self, block_ids: np.ndarray) -> None:
+        """Push ``block_ids`` at the head, the first of them becoming the head."""
+        if len(block_ids):
+            self._segments.appendleft(self._stamp(block_ids))
+
+    def _stamp(self, block_ids: np.ndarray) -> list:
+        s0, k = self._next, len(block_ids)
+        self._serial[block_ids] = np.arange(s0, s0 + k)
+        self._next = s0 + k
+        self._len += k
+        return [block_ids, s0, 0]
+
+    # --- pops and removals -----------------------------------------------------------------
+
+    def popleft(self, n: int) -> np.ndarray:
+        """Take the ``n`` blocks at the head (``n`` <= ``len(self)``)."""
+        if n > self._len:
+            raise ValueError(f"cannot take {n} blocks: only {self._len} are queued")
+        if n <= 0:
+            return _NONE
+        parts, want = [], n
+        while want:
+            part = self._take_from_first(want)
+            parts.append(part)
+            want -= len(part)
+        taken = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._serial[taken] = _NOT_QUEUED
+        self._len -= n
+        return taken
+
+    def _take_from_first(self, want: int) -> np.ndarray:
+        """Up to ``want`` live blocks from the first segment, consumed from it."""
+        segment = self._segments[0]
+        ids, s0, start = segment
+        if not self._num_stale:
+            end = min(start + want, len(ids))
+            part = ids[start:end]
+        else:
+            live = np.flatnonzero(self._serial[ids[start:]]
+                                  == np.arange(s0 + start, s0 + len(ids)))
+            end = start + int(live[want - 1]) + 1 if len(live) > want else len(ids)
+            live = live[:want]
+            part = ids[start + live]
+            self._num_stale -= (end - start) - len(part)
+        if end >= len(ids):
+            self._segments.popleft()
+        else:
+            segment[2] = end
+        return part
+
+    def remove(self, block_ids: np.ndarray) -> None:
+        """Drop queued blocks (distinct ids) from wherever they are: their entries go stale."""
+        serial = self._serial
+        if (serial[block_ids] == _NOT_QUEUED).any():
+            raise ValueError("a block to remove is not in the free queue")
+        serial[block_ids] = _NOT_QUEUED
+        self._len -= len(block_ids)
+        self._num_stale += len(block_ids)
+        if self._num_stale > self._len + 1024:
+            self._rebuild()
+
+    def move_to_end(self, block_id: int) -> None:
+        """Move a queued block to the tail."""
+        ids = np.array([block_id], dtype=np.int64)
+        self.remove(ids)
+        self.extend(ids)
+
+    def _rebuild(self) -> None:
+        live = self.ids()
+        self._segments.clear()
+        self._serial[:] = _NOT_QUEUED
+        self._len = self._num_stale = 0
+        self.extend(live)

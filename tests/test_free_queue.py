@@ -1,0 +1,111 @@
+"""The LRU pool's free queue keeps a linked list's order with segments and lazy removal."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvsim.cache.free_queue import FreeQueue
+
+
+def ids(*block_ids):
+    return np.array(block_ids, dtype=np.int64)
+
+
+def test_blocks_leave_from_the_head_and_return_at_either_end():
+    queue = FreeQueue(6)
+    assert queue.popleft(4).tolist() == [0, 1, 2, 3]
+    queue.extend(ids(3, 1))            # cached: at the tail, kept longest
+    queue.extendleft(ids(2, 0))        # no content: reused first
+    assert queue.ids().tolist() == [2, 0, 4, 5, 3, 1]
+    assert queue.popleft(3).tolist() == [2, 0, 4]
+    assert len(queue) == 3 and 4 not in queue and 5 in queue
+
+
+def test_a_removed_block_is_skipped_where_it_stood_and_found_where_it_went():
+    queue = FreeQueue(5)
+    queue.remove(ids(1, 3))            # touched by a prefix hit
+    assert len(queue) == 3 and queue.ids().tolist() == [0, 2, 4]
+    queue.extend(ids(1))               # freed again: now at the tail
+    queue.move_to_end(2)
+    assert queue.popleft(4).tolist() == [0, 4, 1, 2]
+    assert len(queue) == 0
+
+
+def test_stale_entries_are_dropped_once_they_outnumber_the_live_ones():
+    queue = FreeQueue(3000)
+    queue.remove(np.arange(0, 2100, dtype=np.int64))
+    assert queue._num_stale == 0 and len(queue._segments) == 1    # rebuilt
+    assert queue.ids().tolist() == list(range(2100, 3000))
+
+
+def test_taking_more_than_is_queued_or_removing_a_block_not_there_is_refused():
+    queue = FreeQueue(2)
+    with pytest.raises(ValueError):
+        queue.popleft(3)
+    queue.popleft(1)
+    with pytest.raises(ValueError):
+        queue.remove(ids(0))
+    assert queue.ids().tolist() == [1]
+
+
+class AgainstALinkedList(RuleBasedStateMachine):
+    """Every operation, in any order, gives what an ``OrderedDict`` used as vLLM's doubly
+    linked list gives."""
+
+    NUM_BLOCKS = 12
+
+    def __init__(self):
+        super().__init__()
+        self.queue = FreeQueue(self.NUM_BLOCKS)
+        self.model = OrderedDict.fromkeys(range(self.NUM_BLOCKS))
+        self.taken: list[int] = []
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def pop(self, data):
+        n = data.draw(st.integers(1, len(self.model)))
+        expected = [self.model.popitem(last=False)[0] for _ in range(n)]
+        assert self.queue.popleft(n).tolist() == expected
+        self.taken += expected
+
+    @precondition(lambda self: self.taken)
+    @rule(data=st.data(), at_head=st.booleans())
+    def push(self, data, at_head):
+        chosen = data.draw(st.lists(st.sampled_from(self.taken), min_size=1, unique=True))
+        self.taken = [b for b in self.taken if b not in chosen]
+        if at_head:
+            self.queue.extendleft(np.array(chosen, dtype=np.int64))
+            for block_id in reversed(chosen):
+                self.model[block_id] = None
+                self.model.move_to_end(block_id, last=False)
+        else:
+            self.queue.extend(np.array(chosen, dtype=np.int64))
+            self.model.update(dict.fromkeys(chosen))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data):
+        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1,
+                                    unique=True))
+        self.queue.remove(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            del self.model[block_id]
+        self.taken += chosen
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def move_to_end(self, data):
+        block_id = data.draw(st.sampled_from(list(self.model)))
+        self.queue.move_to_end(block_id)
+        self.model.move_to_end(block_id)
+
+    @invariant()
+    def same_order(self):
+        assert self.queue.ids().tolist() == list(self.model)
+        assert len(self.queue) == len(self.model)
+
+
+TestAgainstALinkedList = AgainstALinkedList.TestCase
