@@ -1,11 +1,14 @@
 """Runs of decode-only steps, planned and committed as one unit (the loop's skip-ahead).
 
-While every running request only decodes, no waiting request can be admitted, no allocation
-can fail and nobody finishes, the next steps are known in advance: each request gains one token
-a step, and a block is opened or filled only when a request's length crosses a block boundary.
-:class:`DecodeRun` is such a stretch; committing ``n`` of its steps performs exactly the block
-allocations (and, with a host tier, the copies) those ``n`` steps would have made one step at a
-time, in the same order, and returns what each step left as data (:class:`DecodeSteps`).
+While every running request only decodes, no waiting request can be admitted and no
+allocation can fail, the next steps are known in advance: each request gains one token a step,
+a block is opened or filled only when a request's length crosses a block boundary, and a
+request finishes at a step known from its output budget. :class:`DecodeRun` is such a stretch.
+With nobody waiting it goes on through finishes (the batch shrinks; what a finish frees cannot
+admit anyone); otherwise it ends before the first one. Committing ``n`` of its steps performs
+exactly the block allocations, finishes (and, with a host tier, the copies) those ``n`` steps
+would have made one step at a time, in the same order, and returns what each step left as data
+(:class:`DecodeSteps`).
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from kvsim.cache.step_plan import BlockTransfer
 @dataclass(slots=True)
 class DecodeRun:
     """Up to ``max_steps`` decode-only steps of ``requests`` (the running batch, in scheduling
-    order) from now. ``num_context_tokens``: their computed tokens summed before the first step
-    (it grows by ``len(requests)`` a step). ``has_transfers``: a step may ask for block copies
-    (a host tier), known only once it is committed."""
+    order) from now. Request ``i`` takes part in steps ``0..finish_step[i]`` and finishes at
+    the end of step ``finish_step[i]``; a run reaches past a finish only when nobody waits
+    (then the batch just shrinks). ``has_transfers``: a step may ask for block copies (a host
+    tier), known only once it is committed."""
 
     requests: list
     num_computed: np.ndarray     # each request's computed tokens before the first step
     num_output: list[int]        # and its output tokens
+    finish_step: np.ndarray      # the step at whose end each request finishes
     max_steps: int
     has_transfers: bool
     num_committed: int = 0
@@ -36,24 +41,37 @@ class DecodeRun:
         return len(self.requests)
 
     @property
-    def num_context_tokens(self) -> int:
-        return int(self.num_computed.sum())
-
-    @property
     def num_left(self) -> int:
         return self.max_steps - self.num_committed
+
+    def batches(self) -> list[tuple[int, int, int]]:
+        """``(num_steps, num_seqs, context tokens at its first step)`` of each stretch of the
+        run's steps with one batch, in order (a stretch ends with a step where some finish)."""
+        order = np.argsort(self.finish_step, kind="stable")
+        finish, computed = self.finish_step[order], self.num_computed[order]
+        later = np.concatenate((np.cumsum(computed[::-1])[::-1], [0]))  # computed of i.. on
+        ends = np.unique(np.minimum(finish + 1, self.max_steps))
+        starts = np.concatenate(([0], ends[:-1]))
+        first = np.searchsorted(finish, starts, side="left")      # first one still running
+        num_seqs = len(finish) - first
+        context = later[first] + starts * num_seqs
+        return list(zip((ends - starts).tolist(), num_seqs.tolist(), context.tolist()))
 
 
 @dataclass(slots=True)
 class DecodeSteps:
-    """What committed decode steps left behind, one entry per step (after its allocations)."""
+    """What committed decode steps left behind, one entry per step (after its allocations
+    and finishes); ``finished``: (step, the requests finished at its end), in order."""
 
+    batch_size: np.ndarray
+    num_running: np.ndarray      # after the step
     kv_used_blocks: np.ndarray
     kv_cached_idle_blocks: np.ndarray
     token_slots: np.ndarray
     internal_slots: np.ndarray
     host_used_blocks: np.ndarray
     transfers: list[list[BlockTransfer]]   # the copies each step asks for, in order
+    finished: list[tuple[int, list]]
 
     def __len__(self) -> int:
         return len(self.kv_used_blocks)
@@ -62,26 +80,32 @@ class DecodeSteps:
     def concatenate(cls, parts: list["DecodeSteps"]) -> "DecodeSteps":
         """The steps of ``parts``, one after the other."""
         arrays = [np.concatenate([getattr(p, name) for p in parts]) for name in (
-            "kv_used_blocks", "kv_cached_idle_blocks", "token_slots", "internal_slots",
-            "host_used_blocks")]
-        return cls(*arrays, [t for p in parts for t in p.transfers])
+            "batch_size", "num_running", "kv_used_blocks", "kv_cached_idle_blocks",
+            "token_slots", "internal_slots", "host_used_blocks")]
+        offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
+        finished = [(k + offset, seqs) for p, offset in zip(parts, offsets)
+                    for k, seqs in p.finished]
+        return cls(*arrays, [t for p in parts for t in p.transfers], finished)
 
 
-def max_decode_steps(running, max_model_len: int) -> int:
-    """Decode steps every request of ``running`` can take before the first one finishes."""
-    by_output = min(s.max_tokens - s.num_output_tokens for s in running)
-    by_length = max_model_len - max(s.num_prompt_tokens + s.num_output_tokens for s in running)
-    return by_output if by_output < by_length else by_length
+def finish_steps(running, max_model_len: int) -> np.ndarray:
+    """The decode step (from now) at whose end each request of ``running`` finishes: by its
+    output tokens, or by the model length."""
+    return np.array([min(s.max_tokens - s.num_output_tokens,
+                         max_model_len - s.num_prompt_tokens - s.num_output_tokens) - 1
+                     for s in running], dtype=np.int64)
 
 
 def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
-                       steps: int) -> int:
-    """Largest run (<= ``steps``) whose new blocks all fit in ``num_free`` blocks; 0 when that
-    is under two steps (not worth a run)."""
+                       steps: int, finish_step: np.ndarray) -> int:
+    """Largest run (<= ``steps``) whose new blocks all fit in ``num_free`` blocks (blocks
+    freed by requests finishing meanwhile not counted); 0 when that is under two steps (not
+    worth a run)."""
     first = (-num_computed) % block_size     # step at which each request opens a block
+    last = finish_step + 1                   # steps each request takes part in
 
     def new_blocks(n: int) -> int:
-        return int(np.maximum(0, (n - 1 - first) // block_size + 1).sum())
+        return int(np.maximum(0, (np.minimum(n, last) - 1 - first) // block_size + 1).sum())
 
     if new_blocks(steps) <= num_free:
         return steps
@@ -92,35 +116,68 @@ def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
     return lo if lo >= 2 else 0
 
 
-def commit_steps(kv, run: DecodeRun, n: int, host=None) -> DecodeSteps:
+def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSteps:
     """Perform the next ``n`` steps of ``run`` on ``kv`` (a paged
-    :class:`~kvsim.cache.KVCacheManager`) and bring the requests' counters forward.
+    :class:`~kvsim.cache.KVCacheManager`) and bring the requests' counters forward;
+    ``finish(seq)`` ends a request at the end of its last step (the scheduler's).
 
     The block events (a request opening a block, or filling one it registers) of all ``n``
     steps are found in one array operation; only they call ``kv.allocate``, step by step in
     scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would, or, where the
-    manager allows, the opened blocks are taken in one call (:func:`_open_in_bulk`).
-    ``host``: the host tier (its copies are taken step by step)."""
+    manager allows, the opened blocks of each stretch between finishes are taken in one call
+    (:func:`_open_in_bulk`). Requests finishing at a step are brought forward and finished
+    after its allocations, in scheduling order, as ``update_from_output`` would.
+    ``host``: the host tier (its copies are taken step by step; such runs end before the
+    first finish)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
     computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
+    taking_part = steps[:, None] <= run.finish_step[None, :]
+    staying = steps[:, None] < run.finish_step[None, :]           # still running after it
     registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
                          dtype=bool)
-    opens = computed % bs == 0
-    events = opens | (((computed + 1) % bs == 0) & registers)
-    internal = ((-(computed + 1)) % bs).sum(axis=1)
+    opens = (computed % bs == 0) & taking_part
+    events = opens | (((computed + 1) % bs == 0) & registers & taking_part)
+    internal = (((-(computed + 1)) % bs) * staying).sum(axis=1)
     if host is None:
-        if kv.opens_blocks_in_bulk(run.requests, (run.num_computed + first + n).tolist()):
-            used, idle = _open_in_bulk(kv, run, opens)
-        else:
-            used, idle = _allocate_events(kv, run, events, first)
+        used, idle, finished = _allocate_stretches(kv, run, opens, events, first, finish)
         transfers, host_used = [[] for _ in range(n)], np.zeros(n, dtype=np.int64)
     else:
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events, first,
                                                                       host)
+        finished = []
     run.num_committed += n
-    _bring_forward(kv, run)
-    return DecodeSteps(used, idle, used * bs - internal, internal, host_used, transfers)
+    _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
+    return DecodeSteps(taking_part.sum(axis=1), staying.sum(axis=1), used, idle,
+                       used * bs - internal, internal, host_used, transfers, finished)
+
+
+def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events: np.ndarray,
+                        first: int, finish):
+    """Allocate the steps stretch by stretch (a stretch ends with a step where requests
+    finish, which are then finished); the pool's used and cached idle blocks after each step,
+    and (step, finished requests) of each finish."""
+    n = len(opens)
+    used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    ends = run.finish_step[(run.finish_step >= first) & (run.finish_step < first + n - 1)]
+    finished, lo = [], 0
+    for end in [*np.unique(ends - first + 1).tolist(), n]:
+        active = np.flatnonzero(run.finish_step >= first + lo)
+        final = run.num_computed[active] + first + end
+        if kv.opens_blocks_in_bulk([run.requests[i] for i in active], final.tolist()):
+            used[lo:end], idle[lo:end] = _open_in_bulk(kv, run, opens[lo:end])
+        else:
+            used[lo:end], idle[lo:end] = _allocate_events(kv, run, events[lo:end], first + lo)
+        done = np.flatnonzero(run.finish_step == first + end - 1).tolist()
+        if done:
+            _bring_forward(kv, run, done, first + end)
+            seqs = [run.requests[i] for i in done]
+            for seq in seqs:
+                finish(seq)
+            used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
+            finished.append((end - 1, seqs))
+        lo = end
+    return used, idle, finished
 
 
 def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
@@ -185,12 +242,15 @@ def _open_or_fill(kv, run: DecodeRun, i: int, step: int) -> None:
                            "planned on a pool that changed since")
 
 
-def _bring_forward(kv, run: DecodeRun) -> None:
-    """Every request's counters and slots as ``run.num_committed`` steps left them."""
-    done = run.num_committed
-    for seq, c0, o0 in zip(run.requests, run.num_computed.tolist(), run.num_output):
-        seq.num_computed_tokens = c0 + done
-        seq.num_output_tokens = o0 + done
+def _bring_forward(kv, run: DecodeRun, indices: list[int], done: int | None = None) -> None:
+    """The counters and slots of the requests at ``indices`` as ``done`` steps of the run
+    (``run.num_committed`` when None) left them."""
+    done = run.num_committed if done is None else done
+    computed, requests = run.num_computed.tolist(), run.requests
+    for i in indices:
+        seq = requests[i]
+        seq.num_computed_tokens = computed[i] + done
+        seq.num_output_tokens = run.num_output[i] + done
         grow = seq.num_computed_tokens - kv.num_slots(seq.request_id)
         if grow:
             kv.allocate(seq.request_id, seq, grow)

@@ -108,7 +108,6 @@ class Scheduler:
         if self._queue_reader is not None and self._queue_reader.window is None:
             self._queue_reader.window = self.config.max_num_seqs
         self._queries_at_schedule = (0, 0)    # prefix stats when the last step was planned
-        self._decode_only = False     # the last step only decoded: a decode run may follow
         self._run: DecodeRun | None = None    # the decode run planned last (until a step is)
         # external fragmentation depends on the next waiting request (not in paged layouts)
         self._external = not isinstance(kv, KVCacheManager)
@@ -158,8 +157,6 @@ class Scheduler:
             add(ScheduledRequest(seq.request_id, n, seq.num_computed_tokens))
             seq.num_computed_tokens += n
         self._last = scheduled
-        self._decode_only = (not admitted and not preempted
-                             and len(scheduled) == sum(scheduled.values()))
         return plan
 
     def update_from_output(self) -> StepOutcome:
@@ -198,41 +195,48 @@ class Scheduler:
     # --- decode runs ---------------------------------------------------------------------
 
     def plan_decode_run(self) -> DecodeRun | None:
-        """The decode-only steps that can follow the last one (None: plan a normal step):
-        every running request only decodes, no waiting request can be admitted meanwhile, no
-        allocation can fail (capped by the free blocks) and nobody finishes. Paged layout
-        only; the cache is left as it is."""
+        """The decode-only steps that can follow (None: plan a normal step): every running
+        request only decodes, no waiting request can be admitted meanwhile and no allocation
+        can fail (capped by the free blocks). With nobody waiting the run goes on through
+        finishes (the batch shrinks); otherwise it ends before the first one, whose freed
+        blocks might admit a waiting request. Paged layout only; the cache is left as it is."""
         running = self.running
-        if (not self._decode_only or self._external or not running
-                or not self.kv.supports_decode_runs):
+        if self._external or not running or not self.kv.supports_decode_runs:
             return None
         budget_left = self.config.max_num_batched_tokens - len(running)
         if budget_left < 0 or not self.admission_blocked(budget_left):
             return None
-        steps = decode_run.max_decode_steps(running, self.config.max_model_len)
-        if steps < 3 or any(
-                s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
-                or not s.num_output_tokens for s in running):
+        if any(s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
+               or not s.num_output_tokens for s in running):
             return None     # (one prompt token left is a prefill: its step emits a first token)
+        finish = decode_run.finish_steps(running, self.config.max_model_len)
+        spans = not self.waiting and self._host is None
+        steps = int(finish.max()) + 1 if spans else int(finish.min())
+        if steps < 2:
+            return None
         computed = np.array([s.num_computed_tokens for s in running], dtype=np.int64)
         n = decode_run.cap_by_free_blocks(computed, self.kv.block_size,
-                                          self.kv.num_free_blocks, steps - 1)
+                                          self.kv.num_free_blocks, steps, finish)
         if not n:
             return None
         self._run = DecodeRun(list(running), computed, [s.num_output_tokens for s in running],
-                              n, self._host is not None)
+                              finish, n, self._host is not None)
         return self._run
 
     def commit_decode_run(self, run: DecodeRun, num_steps: int) -> DecodeSteps:
         """Take the next ``num_steps`` steps of ``run`` (planned by :meth:`plan_decode_run`,
-        nothing scheduled since): their block allocations and copies, every request's
-        counters brought forward. Returns what each step left (for the step log)."""
+        nothing scheduled since): their block allocations and copies, the finishes, every
+        request's counters brought forward. Returns what each step left (for the step log)."""
         if run is not self._run or not 0 < num_steps <= run.num_left:
             raise ValueError(f"cannot commit {num_steps} of the {run.num_left} steps left of "
                              "a decode run" + (" planned before the last step" if
                                               run is not self._run else ""))
-        self._decode_only = False
-        return decode_run.commit_steps(self.kv, run, num_steps, self._host)
+        facts = decode_run.commit_steps(self.kv, run, num_steps, self._host, self._finish)
+        if not run.num_left:
+            self._run = None
+        if facts.finished:
+            self.running = [s for s in self.running if s.status is not RequestStatus.FINISHED]
+        return facts
 
     def admission_blocked(self, decode_budget_left: int) -> bool:
         """True when no waiting request could be admitted this step, and none can be while

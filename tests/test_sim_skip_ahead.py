@@ -7,6 +7,7 @@ import pytest
 import simpy
 
 from kvsim.cache import decode_run
+from kvsim.cache.decode_run import DecodeSteps
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
@@ -257,9 +258,9 @@ def count_events(config, requests, monkeypatch):
 
 
 def test_a_long_decode_run_costs_one_event(monkeypatch):
-    """One request decoding 2,000 tokens alone: a prefill step, one decode step, then a single
-    decode run of 1,997 steps (one timeout), then its last step. Stepping one at a time takes
-    a timeout per step: 1,996 events more, and nothing else differs."""
+    """One request decoding 2,000 tokens alone: a prefill step (its first token), then a
+    single decode run of the other 1,999 steps, its finish included (one timeout). Stepping
+    one at a time takes a timeout per step: 1,998 events more, and nothing else differs."""
     base = dict(model="llama-2-7b", num_gpu_blocks=400, block_size=16)
     fast_events, fast = count_events(RunConfig(skip_ahead=True, **base),
                                      [Request(0, 0.0, 16, 2000)], monkeypatch)
@@ -267,8 +268,8 @@ def test_a_long_decode_run_costs_one_event(monkeypatch):
                                      [Request(0, 0.0, 16, 2000)], monkeypatch)
     assert len(fast.steps) == len(slow.steps) == 2000
     assert fast.replicas[0].num_decode_runs == 1
-    assert fast.replicas[0].num_skipped_steps == 1997
-    assert slow_events - fast_events == 1996
+    assert fast.replicas[0].num_skipped_steps == 1999
+    assert slow_events - fast_events == 1998
     assert fast_events < 10
     assert fast.duration_s == slow.duration_s
 
@@ -319,9 +320,9 @@ def test_a_decode_run_is_committed_only_before_the_next_step():
         scheduler.schedule()
         scheduler.update_from_output()
     run = scheduler.plan_decode_run()
-    assert run is not None and run.max_steps == 47
+    assert run is not None and run.max_steps == 48     # the 48th step finishes it
     with pytest.raises(ValueError):
-        scheduler.commit_decode_run(run, 48)
+        scheduler.commit_decode_run(run, 49)
     facts = scheduler.commit_decode_run(run, 10)
     assert list(facts.kv_used_blocks) == [2] * 10     # the third block opens at step 11
     assert scheduler.running[0].num_output_tokens == 12
@@ -350,3 +351,53 @@ def test_no_decode_run_while_a_prompt_token_is_left():
     scheduler.schedule()
     assert [s.request_id for s in scheduler.update_from_output().first_tokens] == [1]
     assert scheduler.plan_decode_run() is not None
+
+
+def two_requests_after_admission():
+    """Requests 0 (8 output tokens) and 1 (30), admitted together and past their first token:
+    both decode, nobody waits."""
+    scheduler = Scheduler(KVCacheManager(20, 16), SchedulerConfig(max_num_batched_tokens=512))
+    for rid, output in ((0, 8), (1, 30)):
+        scheduler.add(RequestState(Request(rid, 0.0, 20, output), 16))
+    scheduler.schedule()
+    scheduler.update_from_output()
+    return scheduler
+
+
+def test_with_nobody_waiting_a_decode_run_goes_on_through_a_finish():
+    """Request 0 has 7 tokens left: it finishes at the end of the run's 7th step, its blocks
+    are freed there (its partial last block to the head of the queue, its full one to the
+    tail), and the run goes on with request 1 alone (opening its third block at step 13)
+    until it finishes too, at step 29. One
+    step at a time gives the same frees, blocks and counters."""
+    scheduler = two_requests_after_admission()
+    run = scheduler.plan_decode_run()
+    assert run.max_steps == 29 and run.batches() == [(7, 2, 40), (22, 1, 27)]
+    full, partial = scheduler.kv.block_ids(0)
+    first = scheduler.commit_decode_run(run, 7)
+    queue = scheduler.kv.free_queue()
+    assert queue[0] == partial and queue[-1] == full
+    facts = DecodeSteps.concatenate([first, scheduler.commit_decode_run(run, 22)])
+    assert [(step, [s.request_id for s in seqs]) for step, seqs in facts.finished] == \
+        [(6, [0]), (28, [1])]
+    assert facts.batch_size.tolist() == [2] * 7 + [1] * 22
+    assert facts.num_running.tolist() == [2] * 6 + [1] * 22 + [0]
+    assert facts.kv_used_blocks.tolist() == [4] * 6 + [2] * 6 + [3] * 16 + [0]
+    assert scheduler.running == [] and not scheduler.has_unfinished()
+
+    stepped = two_requests_after_admission()
+    while stepped.has_unfinished():
+        stepped.schedule()
+        stepped.update_from_output()
+    assert scheduler.kv.free_queue() == stepped.kv.free_queue()
+    assert scheduler.kv.pool.num_cached_free_blocks == stepped.kv.pool.num_cached_free_blocks
+
+
+def test_with_a_request_waiting_a_decode_run_ends_before_the_first_finish():
+    """A finish frees blocks and a seat, which may admit the waiting request: the run stops
+    short of it."""
+    scheduler = two_requests_after_admission()
+    scheduler.config = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=2)
+    scheduler.add(RequestState(Request(2, 0.0, 20, 5), 16))
+    run = scheduler.plan_decode_run()
+    assert run.max_steps == 6 and run.batches() == [(6, 2, 40)]

@@ -14,7 +14,11 @@ replica's queue); the other replicas' steps touch their own scheduler only. So e
 routing decision and other replica sees what stepping one iteration at a time would show it; an
 arrival during the last step is seen by the next step, as it would be. An arrival at exactly a
 step boundary fires before that step's start, as SimPy orders it (it was scheduled first, when
-the arrival before it was routed), so the run stops before that step. The run's end time is the
+the arrival before it was routed), so the run stops before that step. A run may go through
+steps where requests finish (nobody waits then): each finish is reported to the request log
+at the end of its step, one timeout per such step, so watchers (the planner's early stop) see
+finishes when they happen; a step that finishes requests and does not end before the next
+arrival is left out of the run, so that the arrival sees them still running. The run's end time is the
 same sum of step durations SimPy would make, bit for bit (``tests/test_sim_skip_ahead.py`` checks
 whole runs against ``--no-skip-ahead``). With several replicas the step log's rows come in
 another order (a replica's run logs its steps ahead of the others'); each replica's stay in
@@ -91,8 +95,7 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = self.env.event()
                 continue
-            run = self.scheduler.plan_decode_run() if self.skip_ahead else None
-            if run is None or not (yield from self._decode_run(run)):
+            if not (self.skip_ahead and (yield from self._decode_run())):
                 yield from self._step()
 
     def _step(self):
@@ -131,33 +134,60 @@ class Replica:
 
     # --- decode runs ---------------------------------------------------------------------
 
-    def _decode_run(self, run: DecodeRun):
-        """Take the steps of ``run`` that start before the next arrival as one timeout; False
-        (nothing taken) when that would be fewer than two steps of a run without copies."""
+    def _decode_run(self):
+        """Take the steps of the scheduler's decode run that start before the next arrival as
+        one timeout (and one more per step where requests finish, reported at its end); False
+        (nothing taken) when there is no run, or that would be fewer than two steps of a run
+        without copies."""
+        run = self.scheduler.plan_decode_run()
+        if run is None:
+            return False
         now = self.env.now
         horizon = self.env.peek() if self._arrivals is None else self._arrivals.time_s
-        compute = self.executor.decode_durations(run.num_seqs, run.num_context_tokens,
-                                                 run.max_steps)
+        compute = self._durations(run, now, horizon)
         if run.has_transfers:
             facts, durations, moved = self._commit_with_copies(run, compute, now, horizon)
         else:
-            n = num_steps_starting_before(now, compute, horizon)
+            n = num_steps_before(now, compute, horizon, run.finish_step)
             if n < 2:
                 return False
             facts, durations, moved = (self.scheduler.commit_decode_run(run, n), compute[:n],
                                        np.zeros(n))
-        n, b = len(facts), run.num_seqs
         self.num_decode_runs += 1
-        self.num_skipped_steps += n
-        rows = self._rows(now, durations, moved, b, facts)
-        if n > 1:
+        self.num_skipped_steps += len(facts)
+        rows = self._rows(now, durations, moved, facts)
+        if len(facts) > 1:
             self.steps.extend_rows(rows[:-1])
-        self.outstanding_tokens -= b * (n - 1)
-        yield from self._wait(now, durations)
+        tokens = facts.batch_size.tolist()
+        self.outstanding_tokens -= sum(tokens) - tokens[-1]
+        yield from self._wait_out(now, durations, facts.finished)
         last = StepRecord(*rows[-1].tolist())
         self.steps.append(last._replace(num_waiting=self.scheduler.num_waiting))
-        self.outstanding_tokens -= b
+        self.outstanding_tokens -= tokens[-1]
         return True
+
+    def _durations(self, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
+        """The run's step durations, batch by batch, until the steps pass ``horizon`` (the
+        sum is rounded: a few steps more or less only change where the run ends)."""
+        parts, end = [], now
+        for steps, num_seqs, context in run.batches():
+            parts.append(self.executor.decode_durations(num_seqs, context, steps))
+            end += float(parts[-1].sum())
+            if end > horizon:
+                break
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _wait_out(self, now: float, durations: np.ndarray, finished: list[tuple[int, list]]):
+        """Wait out the steps, reporting each finish at the end of its step."""
+        done = 0
+        for step, seqs in finished:
+            yield from self._wait(now, durations[done:step + 1])
+            now, done = self.env.now, step + 1
+            for seq in seqs:
+                self.requests.on_finish(seq, now)
+            self.num_finished += len(seqs)
+        if done < len(durations):
+            yield from self._wait(now, durations[done:])
 
     def _commit_with_copies(self, run: DecodeRun, compute: np.ndarray, now: float,
                             horizon: float):
@@ -178,13 +208,14 @@ class Replica:
             moved.append(seconds)
         return DecodeSteps.concatenate(parts), np.array(durations), np.array(moved)
 
-    def _rows(self, now: float, durations, moved, b: int, facts: DecodeSteps) -> np.ndarray:
+    def _rows(self, now: float, durations, moved, facts: DecodeSteps) -> np.ndarray:
         """The step log's rows for the steps of a decode run (one array, columns in
         :data:`STEP_COLUMNS` order)."""
         rows = np.zeros((len(facts), len(STEP_COLUMNS)))
         rows[:, _COLUMN["t_start"]] = np.add.accumulate(np.concatenate(([now], durations[:-1])))
+        b = facts.batch_size
         for name, value in (("replica", self.index), ("batch_size", b), ("scheduled_tokens", b),
-                            ("output_tokens", b), ("num_running", b),
+                            ("output_tokens", b), ("num_running", facts.num_running),
                             ("num_waiting", self.scheduler.num_waiting), ("duration", durations),
                             ("kv_used_blocks", facts.kv_used_blocks),
                             ("kv_cached_idle_blocks", facts.kv_cached_idle_blocks),
@@ -222,11 +253,16 @@ class NextArrival:
         self.time_s = 0.0
 
 
-def num_steps_starting_before(now: float, durations: np.ndarray, horizon: float) -> int:
+def num_steps_before(now: float, durations: np.ndarray, horizon: float,
+                     finish_step: np.ndarray) -> int:
     """Steps of ``durations``, run back to back from ``now``, that start before ``horizon``
-    (the first always does: it starts now)."""
-    starts = np.add.accumulate(np.concatenate(([now], durations[:-1])))
-    return 1 + int(np.searchsorted(starts[1:], horizon, side="left"))
+    (the first always does: it starts now), less the last one if requests finish at its end
+    and that end is not before ``horizon`` (an arrival then must see them still running)."""
+    ends = np.add.accumulate(np.concatenate(([now], durations)))
+    n = 1 + int(np.searchsorted(ends[1:-1], horizon, side="left"))
+    if ends[n] >= horizon and (finish_step == n - 1).any():
+        n -= 1
+    return n
 
 
 def exact_delay(now: float, end: float) -> float | None:
