@@ -44,18 +44,22 @@ class DecodeRun:
     def num_left(self) -> int:
         return self.max_steps - self.num_committed
 
-    def batches(self) -> list[tuple[int, int, int]]:
-        """``(num_steps, num_seqs, context tokens at its first step)`` of each stretch of the
-        run's steps with one batch, in order (a stretch ends with a step where some finish)."""
+    def batches(self):
+        """Yield ``(num_steps, num_seqs, context tokens at its first step)`` for each stretch
+        of the run's steps with one batch, in order (a stretch ends with a step where some
+        finish); lazily, as a caller often needs the first few only."""
         order = np.argsort(self.finish_step, kind="stable")
-        finish, computed = self.finish_step[order], self.num_computed[order]
-        later = np.concatenate((np.cumsum(computed[::-1])[::-1], [0]))  # computed of i.. on
-        ends = np.unique(np.minimum(finish + 1, self.max_steps))
-        starts = np.concatenate(([0], ends[:-1]))
-        first = np.searchsorted(finish, starts, side="left")      # first one still running
-        num_seqs = len(finish) - first
-        context = later[first] + starts * num_seqs
-        return list(zip((ends - starts).tolist(), num_seqs.tolist(), context.tolist()))
+        ends = (self.finish_step[order] + 1).tolist()
+        computed = self.num_computed[order].tolist()
+        num_seqs, context, start, i = len(ends), sum(computed), 0, 0
+        while start < self.max_steps:
+            end = min(ends[i], self.max_steps)
+            yield end - start, num_seqs, context + start * num_seqs
+            while i < len(ends) and ends[i] == end:
+                context -= computed[i]
+                num_seqs -= 1
+                i += 1
+            start = end
 
 
 @dataclass(slots=True)
@@ -134,16 +138,19 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSt
     computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
     taking_part = steps[:, None] <= run.finish_step[None, :]
     staying = steps[:, None] < run.finish_step[None, :]           # still running after it
-    registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
-                         dtype=bool)
     opens = (computed % bs == 0) & taking_part
-    events = opens | (((computed + 1) % bs == 0) & registers & taking_part)
     internal = (((-(computed + 1)) % bs) * staying).sum(axis=1)
+
+    def events() -> np.ndarray:
+        registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
+                             dtype=bool)
+        return opens | (((computed + 1) % bs == 0) & registers & taking_part)
+
     if host is None:
         used, idle, finished = _allocate_stretches(kv, run, opens, events, first, finish)
         transfers, host_used = [[] for _ in range(n)], np.zeros(n, dtype=np.int64)
     else:
-        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events, first,
+        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events(), first,
                                                                       host)
         finished = []
     run.num_committed += n
@@ -152,22 +159,21 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSt
                        used * bs - internal, internal, host_used, transfers, finished)
 
 
-def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events: np.ndarray,
-                        first: int, finish):
+def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: int, finish):
     """Allocate the steps stretch by stretch (a stretch ends with a step where requests
     finish, which are then finished); the pool's used and cached idle blocks after each step,
-    and (step, finished requests) of each finish."""
+    and (step, finished requests) of each finish. ``events()``: the event matrix, asked for
+    only when a stretch cannot open its blocks in bulk."""
     n = len(opens)
     used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     ends = run.finish_step[(run.finish_step >= first) & (run.finish_step < first + n - 1)]
-    finished, lo = [], 0
+    finished, lo, matrix = [], 0, None
     for end in [*np.unique(ends - first + 1).tolist(), n]:
-        active = np.flatnonzero(run.finish_step >= first + lo)
-        final = run.num_computed[active] + first + end
-        if kv.opens_blocks_in_bulk([run.requests[i] for i in active], final.tolist()):
+        if _in_bulk(kv, run, first + lo, first + end):
             used[lo:end], idle[lo:end] = _open_in_bulk(kv, run, opens[lo:end])
         else:
-            used[lo:end], idle[lo:end] = _allocate_events(kv, run, events[lo:end], first + lo)
+            matrix = events() if matrix is None else matrix
+            used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
         done = np.flatnonzero(run.finish_step == first + end - 1).tolist()
         if done:
             _bring_forward(kv, run, done, first + end)
@@ -178,6 +184,15 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events: np.ndarra
             finished.append((end - 1, seqs))
         lo = end
     return used, idle, finished
+
+
+def _in_bulk(kv, run: DecodeRun, start: int, end: int) -> bool:
+    """Whether steps ``start..end-1`` of the run may open their blocks in one call."""
+    if kv.always_opens_blocks_in_bulk:
+        return True
+    active = np.flatnonzero(run.finish_step >= start)
+    final = run.num_computed[active] + end
+    return kv.opens_blocks_in_bulk((run.requests[i] for i in active), final.tolist())
 
 
 def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):

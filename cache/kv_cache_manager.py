@@ -18,7 +18,7 @@ every block as it fills.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 
@@ -118,7 +118,12 @@ class KVCacheManager:
         deferred = self._deferred
         return [request_id not in deferred for request_id in request_ids]
 
-    def opens_blocks_in_bulk(self, sequences: Sequence, num_tokens: Sequence[int]) -> bool:
+    @property
+    def always_opens_blocks_in_bulk(self) -> bool:
+        """:meth:`opens_blocks_in_bulk` is True whatever the sequences (LRU's plain pool)."""
+        return self.pool.opens_in_bulk == "always"
+
+    def opens_blocks_in_bulk(self, sequences: Iterable, num_tokens: Sequence[int]) -> bool:
         """Whether decode steps taking ``sequences`` to ``num_tokens`` computed tokens each may
         take their new blocks in one :meth:`open_blocks` and register the blocks they fill
         afterwards, with the result of one :meth:`allocate` per block: always with LRU's plain

@@ -372,7 +372,7 @@ def test_with_nobody_waiting_a_decode_run_goes_on_through_a_finish():
     step at a time gives the same frees, blocks and counters."""
     scheduler = two_requests_after_admission()
     run = scheduler.plan_decode_run()
-    assert run.max_steps == 29 and run.batches() == [(7, 2, 40), (22, 1, 27)]
+    assert run.max_steps == 29 and list(run.batches()) == [(7, 2, 40), (22, 1, 27)]
     full, partial = scheduler.kv.block_ids(0)
     first = scheduler.commit_decode_run(run, 7)
     queue = scheduler.kv.free_queue()
@@ -400,4 +400,4 @@ def test_with_a_request_waiting_a_decode_run_ends_before_the_first_finish():
     scheduler.config = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=2)
     scheduler.add(RequestState(Request(2, 0.0, 20, 5), 16))
     run = scheduler.plan_decode_run()
-    assert run.max_steps == 6 and run.batches() == [(6, 2, 40)]
+    assert run.max_steps == 6 and list(run.batches()) == [(6, 2, 40)]
