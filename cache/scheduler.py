@@ -203,12 +203,12 @@ class Scheduler:
         running = self.running
         if self._external or not running or not self.kv.supports_decode_runs:
             return None
-        budget_left = self.config.max_num_batched_tokens - len(running)
-        if budget_left < 0 or not self.admission_blocked(budget_left):
-            return None
         if any(s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
                or not s.num_output_tokens for s in running):
             return None     # (one prompt token left is a prefill: its step emits a first token)
+        budget_left = self.config.max_num_batched_tokens - len(running)
+        if budget_left < 0 or not self.admission_blocked(budget_left):
+            return None     # (checked second: a waiting request's prefix lookup costs most)
         finish = decode_run.finish_steps(running, self.config.max_model_len)
         spans = not self.waiting and self._host is None
         steps = int(finish.max()) + 1 if spans else int(finish.min())
