@@ -27,7 +27,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Iterable, Sequence
+
+import numpy as np
+
+from kvsim.cache.free_queue import FreeQueue
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
 
 #: The host tier's eviction choices, as vLLM's ``eviction_policy`` names them.
 OFFLOAD_POLICIES = ("lru", "arc")
@@ -67,24 +74,41 @@ class _HostBlocks:
     def num_free(self) -> int:
         return self.num_blocks - self._next + len(self._freed)
 
-    def take(self) -> int:
-        if self._next < self.num_blocks:
-            self._next += 1
-            return self._next - 1
-        return self._freed.pop()
+    def take(self, n: int) -> list[int]:
+        """``n`` (<= ``num_free``) ids, one after the other as vLLM takes them."""
+        fresh = min(n, self.num_blocks - self._next)
+        ids = list(range(self._next, self._next + fresh))
+        self._next += fresh
+        if fresh < n:
+            reused = self._freed[fresh - n:]
+            del self._freed[fresh - n:]
+            ids.extend(reversed(reused))
+        return ids
 
-    def give_back(self, block_id: int) -> None:
-        self._freed.append(block_id)
+    def give_back(self, block_ids: list[int]) -> None:
+        self._freed.extend(block_ids)
 
 
 class LRUOffloadingManager:
-    """Host blocks by hash, evicted least recently used first (vLLM's LRU manager)."""
+    """Host blocks by hash, evicted least recently used first (vLLM's LRU manager).
+
+    The host blocks' state lives in arrays indexed by host block id (the hash each holds and
+    vLLM's ``ref_cnt``), found by hash through one ``dict``; the recency order is a
+    :class:`~kvsim.cache.free_queue.FreeQueue` of host ids, least recent at the head, so that
+    touching a request's whole chain, as vLLM does each time it stores a block, is a few array
+    operations rather than a move per block. Subclasses keep another order (ARC) through the
+    recency hooks at the end."""
 
     policy = "lru"
 
     def __init__(self, num_blocks: int):
         self.backend = _HostBlocks(num_blocks)
-        self.blocks: OrderedDict[int, HostBlock] = OrderedDict()
+        self._id_of: dict[int, int] = {}                  # hash -> host block holding it
+        self._hash_of = np.zeros(num_blocks, dtype=np.int64)
+        self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
+        self._recency = FreeQueue(num_blocks, filled=False)
+        self._version = np.zeros(num_blocks, dtype=np.int64)  # bumped when a block is given up
+        self._chains: dict[object, tuple[np.ndarray, np.ndarray]] = {}   # see touch_chain
         self.num_dropped_blocks = 0    # blocks a store could not make room for
 
     @property
@@ -101,43 +125,75 @@ class LRUOffloadingManager:
         """Swap space: none here (vLLM v1 does not swap); see :mod:`kvsim.cache.host_tier`."""
         return 0
 
+    @property
+    def blocks(self) -> list[int]:
+        """The held hashes, least recently used first."""
+        return self._hash_of[self._recency.ids()].tolist()
+
     def get(self, block_hash: int) -> HostBlock | None:
-        return self.blocks.get(block_hash)
+        """The host block holding ``block_hash`` (a snapshot), or None."""
+        block_id = self._id_of.get(block_hash)
+        return None if block_id is None else HostBlock(block_id, int(self._ref[block_id]))
 
     def lookup(self, block_hashes: Iterable[int]) -> int:
         """Length of the leading run of ``block_hashes`` that is offloaded and ready."""
-        hits, get = 0, self.get
+        hits, get, ref = 0, self._id_of.get, self._ref
         for block_hash in block_hashes:
-            block = get(block_hash)
-            if block is None or block.ref_cnt < 0:
+            block_id = get(block_hash)
+            if block_id is None or ref[block_id] < 0:
                 break
             hits += 1
         return hits
 
+    def block_ids(self, block_hashes: Iterable[int]) -> list[int]:
+        """The host blocks holding ``block_hashes`` (all held)."""
+        return list(map(self._id_of.__getitem__, block_hashes))
+
     def prepare_load(self, block_hashes: Sequence[int]) -> list[int]:
-        """Pin the (ready) blocks of ``block_hashes`` for reading; their host block ids."""
-        ids = []
-        for block_hash in block_hashes:
-            block = self.get(block_hash)
-            block.ref_cnt += 1
-            ids.append(block.block_id)
+        """Pin the (ready, distinct) blocks of ``block_hashes`` for reading; their host ids."""
+        ids = self.block_ids(block_hashes)
+        self._ref[ids] += 1
         return ids
 
     def complete_load(self, block_hashes: Iterable[int]) -> None:
-        for block_hash in block_hashes:
-            self.get(block_hash).ref_cnt -= 1
+        self._ref[self.block_ids(block_hashes)] -= 1
 
     def touch(self, block_hashes: Sequence[int]) -> None:
-        """Mark as recently used, the first hash most recently (a chain's tail goes first)."""
-        blocks = self.blocks
-        # a whole prefix at every step: filtered and moved in C, no Python loop
-        deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(block_hashes))),
-              maxlen=0)
+        """Mark as recently used (distinct hashes), the first most recently (a chain's tail
+        goes first)."""
+        ids = np.fromiter(map(self._id_of.get, reversed(block_hashes), repeat(-1)),
+                          dtype=np.int64)
+        ids = ids[ids >= 0]
+        if len(ids):
+            self._recency.move_many_to_end(ids)
+
+    def touch_chain(self, key, n: int, hashes_at) -> None:
+        """``touch`` the first ``n`` blocks of the chain ``key`` (a request's blocks, touched
+        again each time it stores one), where ``hashes_at(positions)`` gives the hashes at
+        those positions. The host blocks found are kept for the next call, which looks up
+        only the positions whose block was given up since or was not held."""
+        ids, versions = self._chains.get(key, (_NO_IDS, _NO_IDS))
+        ids, versions = ids[:n], versions[:n]
+        valid = self._version[ids] == versions      # (-1: never valid, versions are >= 0)
+        if len(ids) < n or not valid.all():
+            ids = np.concatenate((np.where(valid, ids, -1), np.full(n - len(ids), -1)))
+            redo = np.flatnonzero(ids < 0)
+            ids[redo] = np.fromiter(map(self._id_of.get, hashes_at(redo.tolist()), repeat(-1)),
+                                    dtype=np.int64, count=len(redo))
+            versions = np.where(ids >= 0, self._version[ids], -1)
+            self._chains[key] = ids, versions
+        held = ids[ids >= 0][::-1]
+        if len(held):
+            self._recency.move_many_to_end(held)
+
+    def forget_chain(self, key) -> None:
+        self._chains.pop(key, None)
 
     def prepare_store(self, block_hashes: Sequence[int]) -> StoreResult | None:
         """Reserve host blocks for the hashes not yet offloaded, evicting what must go; None
         (and nothing changes) when too few blocks can be evicted."""
-        new = [h for h in dict.fromkeys(block_hashes) if h not in self.blocks]
+        held = self._id_of
+        new = [h for h in dict.fromkeys(block_hashes) if h not in held]
         result = StoreResult()
         if not new:
             return result
@@ -145,49 +201,51 @@ class LRUOffloadingManager:
         if victims is None:
             self.num_dropped_blocks += len(new)
             return None
-        for block_hash in victims:
-            self._drop(block_hash)
-        result.evicted = victims
-        for block_hash in new:
-            block = HostBlock(self.backend.take())
-            self._insert(block_hash, block)
-            result.stored.append((block_hash, block.block_id))
+        if len(victims):
+            result.evicted = self._release(victims, evicted=True)
+        ids = self.backend.take(len(new))
+        held.update(zip(new, ids))
+        self._hash_of[ids] = new
+        self._ref[ids] = -1
+        self._remember(new, ids)
+        result.stored = list(zip(new, ids))
         return result
 
     def complete_store(self, block_hashes: Iterable[int], success: bool = True) -> None:
         """The copies are done: the blocks become loadable (and evictable); or they failed
         (never ran): the blocks are given up."""
-        for block_hash in block_hashes:
-            block = self.get(block_hash)
-            if block is None or block.ref_cnt >= 0:
-                continue
-            if success:
-                block.ref_cnt = 0
-            else:
-                self._remove(block_hash)
-                self.backend.give_back(block.block_id)
+        get = self._id_of.get
+        ids = np.fromiter(map(get, dict.fromkeys(block_hashes), repeat(-1)), dtype=np.int64)
+        ids = ids[ids >= 0]
+        ids = ids[self._ref[ids] < 0]
+        if success:
+            self._ref[ids] = 0
+        elif len(ids):
+            self._release(ids, evicted=False)
 
-    # --- policy hooks --------------------------------------------------------------------
+    def _release(self, ids: np.ndarray, evicted: bool) -> list[int]:
+        """Give up the blocks ``ids`` (in this order); their hashes."""
+        hashes = self._hash_of[ids].tolist()
+        deque(map(self._id_of.__delitem__, hashes), maxlen=0)
+        self._version[ids] += 1
+        self._forget(ids, hashes, evicted)
+        self.backend.give_back(ids.tolist())
+        return hashes
 
-    def _victims(self, n: int) -> list[int] | None:
-        if n <= 0:
-            return []
-        victims = []
-        for block_hash, block in self.blocks.items():
-            if block.ref_cnt == 0:
-                victims.append(block_hash)
-                if len(victims) == n:
-                    return victims
-        return None
+    # --- recency hooks -------------------------------------------------------------------
 
-    def _drop(self, block_hash: int) -> None:
-        self.backend.give_back(self.blocks.pop(block_hash).block_id)
+    def _victims(self, n: int) -> np.ndarray | None:
+        """The ``n`` blocks to evict (ready, not being loaded), in order; None if too few."""
+        ref = self._ref
+        return self._recency.first(n, lambda ids: ref[ids] == 0)
 
-    def _remove(self, block_hash: int) -> None:
-        del self.blocks[block_hash]
+    def _remember(self, hashes: list[int], ids: list[int]) -> None:
+        """New blocks, just reserved: the most recently used."""
+        self._recency.extend(np.array(ids, dtype=np.int64))
 
-    def _insert(self, block_hash: int, block: HostBlock) -> None:
-        self.blocks[block_hash] = block
+    def _forget(self, ids: np.ndarray, hashes: list[int], evicted: bool) -> None:
+        """Blocks given up: evicted, or their store failed."""
+        self._recency.remove(ids)
 
 
 class ARCOffloadingManager(LRUOffloadingManager):
@@ -199,24 +257,29 @@ class ARCOffloadingManager(LRUOffloadingManager):
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
         self.target_t1_size = 0
-        self.t1: OrderedDict[int, HostBlock] = OrderedDict()
-        self.t2: OrderedDict[int, HostBlock] = OrderedDict()
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
         self.b1: OrderedDict[int, None] = OrderedDict()
         self.b2: OrderedDict[int, None] = OrderedDict()
-        self.blocks = _Union(self.t1, self.t2)
 
-    def get(self, block_hash: int) -> HostBlock | None:
-        return self.t1.get(block_hash) or self.t2.get(block_hash)
+    @property
+    def blocks(self) -> list[int]:
+        return [*self.t1, *self.t2]
+
+    def touch_chain(self, key, n: int, hashes_at) -> None:
+        """A plain :meth:`touch`: the hashes not held count too (ghost hits)."""
+        self.touch(hashes_at(range(n)))
 
     def touch(self, block_hashes: Sequence[int]) -> None:
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        held, ref = self._id_of, self._ref
         for block_hash in reversed(block_hashes):
             if block_hash in t1:
-                block = t1.pop(block_hash)
-                if block.ref_cnt < 0:        # just stored: not really seen twice
-                    t1[block_hash] = block
+                del t1[block_hash]
+                if ref[held[block_hash]] < 0:    # just stored: not really seen twice
+                    t1[block_hash] = None
                 else:
-                    t2[block_hash] = block
+                    t2[block_hash] = None
             elif block_hash in t2:
                 t2.move_to_end(block_hash)
             elif block_hash in b1:
@@ -234,59 +297,42 @@ class ARCOffloadingManager(LRUOffloadingManager):
                     ghosts.popitem(last=False)
         return result
 
-    def _victims(self, n: int) -> list[int] | None:
+    def _victims(self, n: int) -> np.ndarray | None:
         """ARC's choice, simulated without changing anything (the store may still fail)."""
         if n <= 0:
-            return []
+            return np.zeros(0, dtype=np.int64)
+        held, ref = self._id_of, self._ref
         t1_left = len(self.t1)
-        it1, it2 = iter(self.t1.items()), iter(self.t2.items())
+        it1, it2 = ((h for h in part if ref[held[h]] == 0) for part in (self.t1, self.t2))
         victims = []
         while len(victims) < n:
-            found = None
-            if t1_left >= self.target_t1_size:
-                found = next((h for h, b in it1 if b.ref_cnt == 0), None)
+            found = next(it1, None) if t1_left >= self.target_t1_size else None
             if found is not None:
                 t1_left -= 1
             else:
-                found = next((h for h, b in it2 if b.ref_cnt == 0), None)
+                found = next(it2, None)
                 if found is None:
                     return None
-            victims.append(found)
-        return victims
+            victims.append(held[found])
+        return np.array(victims, dtype=np.int64)
 
-    def _drop(self, block_hash: int) -> None:
-        if block_hash in self.t1:
-            block, ghosts = self.t1.pop(block_hash), self.b1
-        else:
-            block, ghosts = self.t2.pop(block_hash), self.b2
-        ghosts[block_hash] = None
-        self.backend.give_back(block.block_id)
+    def _remember(self, hashes: list[int], ids: list[int]) -> None:
+        t1, b1, b2 = self.t1, self.b1, self.b2
+        for block_hash in hashes:
+            t1[block_hash] = None
+            b1.pop(block_hash, None)
+            b2.pop(block_hash, None)
 
-    def _remove(self, block_hash: int) -> None:
-        if self.t1.pop(block_hash, None) is None:
-            del self.t2[block_hash]
-
-    def _insert(self, block_hash: int, block: HostBlock) -> None:
-        self.t1[block_hash] = block
-        self.b1.pop(block_hash, None)
-        self.b2.pop(block_hash, None)
-
-
-class _Union:
-    """``in`` and ``values()`` over T1 and T2 (what the LRU base class reads)."""
-
-    def __init__(self, *parts: OrderedDict):
-        self.parts = parts
-
-    def __contains__(self, key) -> bool:
-        return any(key in p for p in self.parts)
-
-    def __len__(self) -> int:
-        return sum(len(p) for p in self.parts)
-
-    def values(self):
-        for p in self.parts:
-            yield from p.values()
+    def _forget(self, ids: np.ndarray, hashes: list[int], evicted: bool) -> None:
+        for block_hash in hashes:
+            if block_hash in self.t1:
+                del self.t1[block_hash]
+                ghosts = self.b1
+            else:
+                del self.t2[block_hash]
+                ghosts = self.b2
+            if evicted:
+                ghosts[block_hash] = None
 
 
 class FilterReusedOffloadingManager:

@@ -25,17 +25,19 @@ _NONE = np.zeros(0, dtype=np.int64)
 
 class FreeQueue:
     """Free block ids of a pool of ``num_blocks`` blocks, head (next reused) first; starts
-    as ``0..num_blocks-1`` in ascending order."""
+    as ``0..num_blocks-1`` in ascending order, or empty (``filled=False``: a recency list
+    that blocks join as they get content, as the host tier's LRU uses it)."""
 
     __slots__ = ("_segments", "_serial", "_next", "_len", "_num_stale")
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, filled: bool = True):
         self._segments: deque[list] = deque()    # [ids, serial of ids[0], next index]
         self._serial = np.full(num_blocks, _NOT_QUEUED, dtype=np.int64)
         self._next = 0
         self._len = 0
         self._num_stale = 0
-        self.extend(np.arange(num_blocks, dtype=np.int64))
+        if filled:
+            self.extend(np.arange(num_blocks, dtype=np.int64))
 
     def __len__(self) -> int:
         return self._len
@@ -112,6 +114,47 @@ class FreeQueue:
             segment[2] = end
         return part
 
+    def first(self, n: int, eligible) -> np.ndarray | None:
+        """The first ``n`` queued blocks, head first, for which ``eligible`` (a function of
+        an id array returning a bool array) holds, left queued; None when fewer are. Stale
+        entries at the head are dropped on the way, so repeated scans do not see them again."""
+        if n <= 0:
+            return _NONE
+        self._drop_stale_head()
+        found, want = [], n
+        for ids, s0, start in self._segments:
+            while start < len(ids):
+                end = min(len(ids), start + max(4 * want, 256))
+                part = self._live(ids[:end], s0, start)
+                part = part[eligible(part)][:want]
+                found.append(part)
+                want -= len(part)
+                if not want:
+                    return found[0] if len(found) == 1 else np.concatenate(found)
+                start = end
+        return None
+
+    def _drop_stale_head(self) -> None:
+        serial = self._serial
+        while self._num_stale and self._segments:
+            segment = self._segments[0]
+            ids, s0, start = segment
+            end = min(len(ids), start + 1024)
+            live = np.flatnonzero(serial[ids[start:end]] == np.arange(s0 + start, s0 + end))
+            skip = int(live[0]) if len(live) else end - start
+            self._num_stale -= skip
+            if start + skip < len(ids):
+                segment[2] = start + skip
+                if len(live):
+                    return
+            else:
+                self._segments.popleft()
+
+    def move_many_to_end(self, block_ids: np.ndarray) -> None:
+        """Move queued blocks (distinct) to the tail, in this order."""
+        self.remove(block_ids)
+        self.extend(block_ids)
+
     def remove(self, block_ids: np.ndarray) -> None:
         """Drop queued blocks (distinct ids) from wherever they are: their entries go stale."""
         serial = self._serial
@@ -125,9 +168,7 @@ class FreeQueue:
 
     def move_to_end(self, block_id: int) -> None:
         """Move a queued block to the tail."""
-        ids = np.array([block_id], dtype=np.int64)
-        self.remove(ids)
-        self.extend(ids)
+        self.move_many_to_end(np.array([block_id], dtype=np.int64))
 
     def _rebuild(self) -> None:
         live = self.ids()

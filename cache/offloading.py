@@ -44,9 +44,6 @@ class OffloadingKVCacheManager(KVCacheManager):
     [('offload', [(0, 0), (1, 1)])]
     """
 
-    #: vLLM offers and touches a request's blocks at every step it is scheduled, a block
-    #: filled or not, so every decode step counts: no lazy decode runs.
-    supports_decode_runs = False
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, policy=None, *, offload):
@@ -65,6 +62,13 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._finishing: list[int] = []     # stores of finished requests, copies run
         self._finished: list[int] = []      # ... whose copies run in the next step
 
+    def acts_without_new_blocks(self, request_ids) -> bool:
+        """A block the CPU could not make room for is offered again at every step the
+        request is scheduled, until it is taken: while one waits, every step counts."""
+        entries, offered = self._requests, self._next_stored
+        return any(entries[r].num_cached > offered.get(r, 0) for r in request_ids
+                   if r in entries)
+
     # --- lookup --------------------------------------------------------------------------
 
     def lookup(self, tokens) -> CacheHit:
@@ -75,8 +79,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         hits = self.offload.lookup(hashes[n:]) if n < len(hashes) else 0
         if not hits:
             return CacheHit(gpu, n * self.block_size)
-        get = self.offload.get
-        host = [get(h).block_id for h in hashes[n:n + hits]]
+        host = self.offload.block_ids(hashes[n:n + hits])
         return CacheHit(gpu, (n + hits) * self.block_size, host, load_async=True)
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
@@ -110,6 +113,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         the blocks this step fills: their stores are given up (vLLM stores for scheduled
         requests only)."""
         super().free(request_id)
+        self.offload.forget_chain(request_id)
         self._next_stored.pop(request_id, None)
         stored = self._being_stored.pop(request_id, None)
         if not stored:
@@ -190,4 +194,6 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._copies.extend((request_id, b, host_of[h], h)
                             for b, h in zip(ids, hashes) if h in host_of)
         self._being_stored.setdefault(request_id, []).extend(host_of)
-        self.offload.touch(list(map(block_hashes.__getitem__, entry.block_ids[:end])))
+        table = entry.block_ids
+        self.offload.touch_chain(request_id, end, lambda positions: [
+            block_hashes[table[p]] for p in positions])

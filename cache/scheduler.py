@@ -206,6 +206,8 @@ class Scheduler:
         if any(s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
                or not s.num_output_tokens for s in running):
             return None     # (one prompt token left is a prefill: its step emits a first token)
+        if self.kv.acts_without_new_blocks([s.request_id for s in running]):
+            return None
         budget_left = self.config.max_num_batched_tokens - len(running)
         if budget_left < 0 or not self.admission_blocked(budget_left):
             return None     # (checked second: a waiting request's prefix lookup costs most)
@@ -232,6 +234,9 @@ class Scheduler:
                              "a decode run" + (" planned before the last step" if
                                               run is not self._run else ""))
         facts = decode_run.commit_steps(self.kv, run, num_steps, self._host, self._finish)
+        if run.has_transfers and self.kv.acts_without_new_blocks(
+                [s.request_id for s in run.requests]):
+            run.max_steps = run.num_committed     # the next steps must be planned one by one
         if not run.num_left:
             self._run = None
         if facts.finished:

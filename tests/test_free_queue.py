@@ -41,6 +41,25 @@ def test_stale_entries_are_dropped_once_they_outnumber_the_live_ones():
     assert queue.ids().tolist() == list(range(2100, 3000))
 
 
+def test_a_recency_list_starts_empty_and_is_scanned_without_taking():
+    queue = FreeQueue(6, filled=False)
+    assert len(queue) == 0 and queue.first(1, lambda ids: ids >= 0) is None
+    queue.extend(ids(3, 1, 4, 5))
+    queue.move_many_to_end(ids(1, 3))             # touched: 3 the most recent
+    assert queue.ids().tolist() == [4, 5, 1, 3]
+    assert queue.first(2, lambda ids: ids != 5).tolist() == [4, 1]
+    assert len(queue) == 4                        # nothing taken
+
+
+def test_a_scan_drops_the_stale_entries_at_the_head_once():
+    queue = FreeQueue(3000)
+    queue.remove(np.arange(0, 1500, dtype=np.int64))
+    queue.remove(np.arange(1600, 1700, dtype=np.int64))
+    odd = queue.first(300, lambda ids: ids % 2 == 1)
+    assert odd.tolist() == list(range(1501, 1600, 2)) + list(range(1701, 2201, 2))
+    assert queue._num_stale == 100 and queue._segments[0][2] == 1500
+
+
 def test_taking_more_than_is_queued_or_removing_a_block_not_there_is_refused():
     queue = FreeQueue(2)
     with pytest.raises(ValueError):
@@ -101,6 +120,21 @@ class AgainstALinkedList(RuleBasedStateMachine):
         block_id = data.draw(st.sampled_from(list(self.model)))
         self.queue.move_to_end(block_id)
         self.model.move_to_end(block_id)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def move_many_to_end(self, data):
+        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1,
+                                    unique=True))
+        self.queue.move_many_to_end(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            self.model.move_to_end(block_id)
+
+    @rule(n=st.integers(0, 14), barred=st.sets(st.integers(0, 11)))
+    def first(self, n, barred):
+        eligible = [b for b in self.model if b not in barred]
+        found = self.queue.first(n, lambda ids: ~np.isin(ids, list(barred)))
+        assert (found is None) if n > len(eligible) else found.tolist() == eligible[:n]
 
     @invariant()
     def same_order(self):

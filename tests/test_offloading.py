@@ -64,6 +64,32 @@ def test_a_failed_store_gives_its_blocks_back():
     assert m.prepare_store([3]).stored == [(3, 1)]
 
 
+def test_touching_a_chain_again_finds_blocks_given_up_and_stored_again_since():
+    m, plain = LRUOffloadingManager(4), LRUOffloadingManager(4)
+    chain = [1, 2, 3]
+    looked_up = []
+
+    def hashes_at(positions):
+        looked_up.append(list(positions))
+        return [chain[p] for p in positions]
+
+    for manager in (m, plain):
+        stored(manager, [1, 2, 3])
+        stored(manager, [9])
+    m.touch_chain("a", 3, hashes_at)
+    plain.touch(chain)
+    assert m.blocks == plain.blocks == [9, 3, 2, 1] and looked_up == [[0, 1, 2]]
+    for manager in (m, plain):
+        assert stored(manager, [5, 6]).evicted == [9, 3]
+        assert stored(manager, [3]).evicted == [2]     # 3 again, in 2's old host block
+    m.touch_chain("a", 3, hashes_at)
+    plain.touch(chain)
+    assert m.blocks == plain.blocks == [5, 6, 3, 1]
+    assert looked_up[1] == [1, 2]                      # 1's block was kept: not looked up
+    m.touch_chain("a", 2, hashes_at)                   # 2 is still not held
+    assert looked_up[2] == [1] and m.blocks == [5, 6, 3, 1]
+
+
 def test_arc_promotes_a_touched_block_and_evicts_from_t1_first():
     m = ARCOffloadingManager(3)
     stored(m, [1, 2, 3])

@@ -193,10 +193,8 @@ class Replica:
                             horizon: float):
         """Commit the run step by step while steps start before ``horizon``, each lengthened
         by the executor's time for the copies it asks for."""
-        parts, durations, moved, t = [], [], [], now
-        for j in range(run.max_steps):
-            if j and t >= horizon:
-                break
+        parts, durations, moved, t, j = [], [], [], now, 0
+        while run.num_left and (not j or t < horizon):
             facts = self.scheduler.commit_decode_run(run, 1)
             duration, seconds = float(compute[j]), 0.0
             if facts.transfers[0]:
@@ -206,6 +204,7 @@ class Replica:
             parts.append(facts)
             durations.append(duration)
             moved.append(seconds)
+            j += 1
         return DecodeSteps.concatenate(parts), np.array(durations), np.array(moved)
 
     def _rows(self, now: float, durations, moved, facts: DecodeSteps) -> np.ndarray:
