@@ -59,7 +59,7 @@ CASES = {
                            preemption_mode="swap", offload_write="back", block_size=8),
     "host-tier-lfu": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
                           eviction="lfu", offload_write="back"),
-    # vLLM's native offloading: no lazy decode runs (every step offers blocks), still identical
+    # vLLM's native offloading: runs only while no block waits to be offered again
     "host-tier-native": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200),
     "host-tier-write-through": dict(num_gpu_blocks=400, max_num_seqs=48, num_cpu_blocks=300,
                                     offload_write="through"),
@@ -83,6 +83,22 @@ def test_skip_ahead_actually_skips_work():
     r = simulate(workload(150), config)
     replica = r.replicas[0]
     assert replica.num_skipped_steps > len(r.steps) // 4
+
+
+@pytest.mark.parametrize("num_cpu_blocks, runs", [(200, True), (8, False)])
+def test_native_offloading_runs_only_while_no_block_waits_to_be_offered_again(
+        num_cpu_blocks, runs):
+    """A block the CPU could not take is offered again at every step its request is
+    scheduled: with a CPU tier too small for that to stop, no step is skipped."""
+    base = dict(model="llama-2-7b", max_num_batched_tokens=1024, num_gpu_blocks=300,
+                max_num_seqs=64, num_cpu_blocks=num_cpu_blocks)
+    fast = outputs(RunConfig(skip_ahead=True, **base))
+    slow = outputs(RunConfig(skip_ahead=False, **base))
+    replica = fast[0].replicas[0]
+    assert replica.kv.offload.num_dropped_blocks > 10_000
+    assert replica.num_skipped_steps > 100 if runs else replica.num_skipped_steps == 0
+    assert fast[0].duration_s == slow[0].duration_s
+    assert fast[1].equals(slow[1]) and fast[2].equals(slow[2])
 
 
 # --- arrivals against decode runs: at step boundaries, inside the first and the last step ----
