@@ -7,8 +7,7 @@ from typing import Optional
 
 from rich import box
 from rich.console import Console
-from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text,
@@ -107,13 +106,20 @@ def print_summary(summary: dict, console: Optional[Console] = None) -> None:
 
 
 class RunProgress:
-    """Progress bar for a simulation: simulated time against the trace end, requests done, ETA.
+    """Progress bar for a simulation: requests done of the trace's, ETA, wall time and the
+    simulated clock.
 
     ``with RunProgress(total_sim_s, total_requests, enabled) as p: p.update(sim_s, done)``.
     ``enabled``: ``None`` shows it only when the console is a terminal, ``True`` forces it,
     ``False`` (or ``quiet``) never shows it. Nothing appears before ``delay_s`` of wall time,
     so short runs print nothing. ``update`` is cheap enough to call every engine step: it
     redraws at most every ``refresh_s``.
+
+    The bar counts finished requests (the simulated clock runs past the last arrival while
+    the queue drains, so it cannot be a percentage; ``total_sim_s``, the trace's span, is
+    only used when the request count is unknown). Fields come most useful first, so that a
+    narrow terminal crops the simulated clock rather than the ETA; under 120 columns the
+    layout is compact enough for 80.
     """
 
     def __init__(self, total_sim_s: float, total_requests: int, enabled: Optional[bool] = None,
@@ -143,7 +149,7 @@ class RunProgress:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._progress is not None:
             if exc_type is None:
-                self._draw(final=True)
+                self._draw()
             self._progress.stop()
             self._progress = None
 
@@ -164,29 +170,49 @@ class RunProgress:
         self._next_draw = now + self.refresh_s
         if self._progress is None:
             self._open()
-        self._draw()
+        else:
+            self._draw()
 
     def _open(self) -> None:
+        wide = self.console.width >= 120
+        fields = ("{task.fields[reqs]} requests · ETA {task.fields[eta]} · elapsed "
+                  "{task.fields[elapsed]} · sim clock {task.fields[sim]}" if wide else
+                  "{task.fields[reqs]} req · ETA {task.fields[eta]} · sim {task.fields[sim]}")
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-            TextColumn("sim {task.fields[sim]}"), TextColumn("· {task.fields[reqs]} requests"),
-            TextColumn("· elapsed"), TimeElapsedColumn(), TextColumn("· ETA"),
-            TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=30 if wide else 10),
+            TaskProgressColumn(), TextColumn(fields), console=self.console, transient=False,
             refresh_per_second=10)
-        self._progress.start()
-        self._task = self._progress.add_task(self.description, total=self.total_sim_s,
+        total, done = self._measure()
+        self._wide = wide
+        self._task = self._progress.add_task(self.description, total=total, completed=done,
                                              **self._fields())
+        self._progress.start()        # after the task has its progress: no 0% first frame
 
-    def _draw(self, final: bool = False) -> None:
-        sim = min(self.sim_time_s, self.total_sim_s)
-        if final:
-            sim = max(sim, self.total_sim_s) if self.requests_done >= self.total_requests else sim
-        self._progress.update(self._task, completed=sim, **self._fields())
+    def _measure(self) -> tuple[float, float]:
+        if self.total_requests:
+            return self.total_requests, min(self.requests_done, self.total_requests)
+        return self.total_sim_s, min(self.sim_time_s, self.total_sim_s)
+
+    def _draw(self) -> None:
+        self._progress.update(self._task, completed=self._measure()[1], **self._fields())
 
     def _fields(self) -> dict:
+        """Requests, the simulated clock, and wall time since the run began (the bar
+        appears only after ``delay_s``); the ETA from the average rate so far."""
         total_req = fmt_num(self.total_requests) if self.total_requests else "?"
-        return {"sim": f"{fmt_seconds(self.sim_time_s)} / {fmt_seconds(self.total_sim_s)}",
-                "reqs": f"{fmt_num(self.requests_done)} / {total_req}"}
+        sep = " / " if self._wide else "/"
+        elapsed = time.monotonic() - self._start
+        total, done = self._measure()
+        eta = elapsed * (total - done) / done if done else None
+        return {"sim": fmt_seconds(self.sim_time_s), "elapsed": _clock(elapsed),
+                "eta": "-:--:--" if eta is None else _clock(eta),
+                "reqs": f"{fmt_num(self.requests_done)}{sep}{total_req}"}
+
+
+def _clock(seconds: float) -> str:
+    """``H:MM:SS``, as the progress bar shows wall time."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 class ProgressLines:

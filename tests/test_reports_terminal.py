@@ -11,9 +11,16 @@ from kvsim.reports import RunProgress, print_summary
 from synthetic_runs import empty_run, synthetic_run
 
 
-def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+def _console(terminal: bool, width: int = 120) -> tuple[Console, io.StringIO]:
     buf = io.StringIO()
-    return Console(file=buf, force_terminal=terminal, width=120, color_system=None), buf
+    return Console(file=buf, force_terminal=terminal, width=width, color_system=None), buf
+
+
+def _frames(text: str) -> list[str]:
+    """The bar's frames as drawn (cursor codes dropped)."""
+    text = text.replace("\x1b[?25l", "").replace("\x1b[?25h", "")
+    parts = text.replace("\r", "\n").replace("\x1b[2K", "\n").split("\n")
+    return [p.rstrip() for p in parts if p.strip() and "\x1b[1A" not in p]
 
 
 def test_print_summary_shows_the_headline_numbers():
@@ -57,16 +64,38 @@ def test_progress_auto_mode_needs_a_terminal():
     assert not p.shown and buf.getvalue() == ""
 
 
-def test_progress_shows_sim_time_requests_and_eta():
+def test_progress_shows_requests_eta_elapsed_and_the_simulated_clock():
     console, buf = _console(True)
     with RunProgress(100.0, 40, True, console=console, delay_s=0, refresh_s=0) as p:
         for i in range(1, 11):
             p.update(i * 10.0, i * 4)
             time.sleep(0.002)
     assert p.shown is False  # stopped on exit
-    text = buf.getvalue()
-    assert "100.00 s / 100.00 s" in text and "40 / 40 requests" in text
-    assert "ETA" in text and "100%" in text
+    last = _frames(buf.getvalue())[-1]
+    assert last.startswith("simulating ") and " 100% 40 / 40 requests · ETA " in last
+    assert " · elapsed 0:00:0" in last and last.endswith(" · sim clock 100.00 s")
+
+
+def test_progress_counts_requests_while_the_clock_runs_past_the_last_arrival():
+    console, buf = _console(True)
+    with RunProgress(100.0, 40, True, console=console, delay_s=0, refresh_s=0) as p:
+        p.update(50.0, 30)            # the first frame already shows where the run is
+        p.update(150.0, 39)           # draining the queue after the trace's span
+    frames = _frames(buf.getvalue())
+    assert " 75% 30 / 40 requests" in frames[0] and " 0% " not in frames[0]
+    assert " 98% 39 / 40 requests" in frames[-1] and frames[-1].endswith("sim clock 2.5 min")
+
+
+def test_progress_fits_an_80_column_terminal():
+    console, buf = _console(True, width=80)
+    with RunProgress(1440.0, 120_000, True, console=console, delay_s=0, refresh_s=0) as p:
+        p.update(700.0, 60_000)
+        time.sleep(0.01)
+        p.update(1000.0, 90_000)
+    for frame in _frames(buf.getvalue()):
+        assert len(frame) <= 80 and "…" not in frame
+        assert "req · ETA " in frame and " · sim " in frame
+    assert "75% 90,000/120,000 req · ETA " in frame and frame.endswith(" · sim 16.7 min")
 
 
 def test_progress_lines_for_a_pipe_are_throttled_and_say_what_is_done():
