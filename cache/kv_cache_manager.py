@@ -110,7 +110,7 @@ class KVCacheManager:
         entry = self._requests.get(request_id)
         return entry.num_slots if entry else 0
 
-    def acts_without_new_blocks(self, request_ids: Sequence) -> bool:
+    def acts_without_new_blocks(self, sequences: Sequence) -> bool:
         """Whether an ``allocate`` that adds no block would still act for one of these
         requests (then every step must be planned: no decode run). Never here."""
         return False

@@ -44,7 +44,6 @@ class OffloadingKVCacheManager(KVCacheManager):
     [('offload', [(0, 0), (1, 1)])]
     """
 
-
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, policy=None, *, offload):
         super().__init__(num_blocks, block_size, enable_prefix_caching, max_model_len, policy)
@@ -62,12 +61,12 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._finishing: list[int] = []     # stores of finished requests, copies run
         self._finished: list[int] = []      # ... whose copies run in the next step
 
-    def acts_without_new_blocks(self, request_ids) -> bool:
+    def acts_without_new_blocks(self, sequences) -> bool:
         """A block the CPU could not make room for is offered again at every step the
         request is scheduled, until it is taken: while one waits, every step counts."""
         entries, offered = self._requests, self._next_stored
-        return any(entries[r].num_cached > offered.get(r, 0) for r in request_ids
-                   if r in entries)
+        return any(entries[s.request_id].num_cached > offered.get(s.request_id, 0)
+                   for s in sequences if s.request_id in entries)
 
     # --- lookup --------------------------------------------------------------------------
 

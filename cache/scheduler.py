@@ -206,7 +206,7 @@ class Scheduler:
         if any(s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
                or not s.num_output_tokens for s in running):
             return None     # (one prompt token left is a prefill: its step emits a first token)
-        if self.kv.acts_without_new_blocks([s.request_id for s in running]):
+        if self.kv.acts_without_new_blocks(running):
             return None
         budget_left = self.config.max_num_batched_tokens - len(running)
         if budget_left < 0 or not self.admission_blocked(budget_left):
@@ -234,8 +234,7 @@ class Scheduler:
                              "a decode run" + (" planned before the last step" if
                                               run is not self._run else ""))
         facts = decode_run.commit_steps(self.kv, run, num_steps, self._host, self._finish)
-        if run.has_transfers and self.kv.acts_without_new_blocks(
-                [s.request_id for s in run.requests]):
+        if run.has_transfers and self.kv.acts_without_new_blocks(run.requests):
             run.max_steps = run.num_committed     # the next steps must be planned one by one
         if not run.num_left:
             self._run = None

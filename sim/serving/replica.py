@@ -27,7 +27,8 @@ relative).
 
 With a host tier a step's copies (demotions, write-through) are known only once it is committed
 and lengthen it by the executor's ``transfer_time``, so its steps are committed one by one until
-the next arrival; they still cost one timeout together.
+the next arrival (or, with vLLM's native offloading, until a full block waits to be offered
+to the CPU again, which every step then does); they still cost one timeout together.
 """
 
 from __future__ import annotations
