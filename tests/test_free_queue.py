@@ -107,8 +107,7 @@ class AgainstALinkedList(RuleBasedStateMachine):
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def remove(self, data):
-        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1,
-                                    unique=True))
+        chosen = self._some_queued(data)
         self.queue.remove(np.array(chosen, dtype=np.int64))
         for block_id in chosen:
             del self.model[block_id]
@@ -124,11 +123,13 @@ class AgainstALinkedList(RuleBasedStateMachine):
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def move_many_to_end(self, data):
-        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1,
-                                    unique=True))
+        chosen = self._some_queued(data)
         self.queue.move_many_to_end(np.array(chosen, dtype=np.int64))
         for block_id in chosen:
             self.model.move_to_end(block_id)
+
+    def _some_queued(self, data) -> list[int]:
+        return data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1, unique=True))
 
     @rule(n=st.integers(0, 14), barred=st.sets(st.integers(0, 11)))
     def first(self, n, barred):
