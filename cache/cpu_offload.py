@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -250,44 +250,62 @@ class LRUOffloadingManager:
 
 class ARCOffloadingManager(LRUOffloadingManager):
     """vLLM's ARC manager: T1 (seen once) and T2 (touched again) with ghost lists B1/B2
-    steering the target size of T1."""
+    steering the target size of T1. T1 and T2 are recency queues of host ids, as the LRU
+    manager's single one; ``t1`` and ``t2`` list their hashes, oldest first."""
 
     policy = "arc"
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
         self.target_t1_size = 0
-        self.t1: OrderedDict[int, None] = OrderedDict()
-        self.t2: OrderedDict[int, None] = OrderedDict()
+        self._t1 = FreeQueue(num_blocks, filled=False)
+        self._t2 = FreeQueue(num_blocks, filled=False)
         self.b1: OrderedDict[int, None] = OrderedDict()
         self.b2: OrderedDict[int, None] = OrderedDict()
 
     @property
+    def t1(self) -> list[int]:
+        return self._hash_of[self._t1.ids()].tolist()
+
+    @property
+    def t2(self) -> list[int]:
+        return self._hash_of[self._t2.ids()].tolist()
+
+    @property
     def blocks(self) -> list[int]:
-        return [*self.t1, *self.t2]
+        return self.t1 + self.t2
 
     def touch_chain(self, key, n: int, hashes_at) -> None:
         """A plain :meth:`touch`: the hashes not held count too (ghost hits)."""
         self.touch(hashes_at(range(n)))
 
     def touch(self, block_hashes: Sequence[int]) -> None:
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
-        held, ref = self._id_of, self._ref
-        for block_hash in reversed(block_hashes):
-            if block_hash in t1:
-                del t1[block_hash]
-                if ref[held[block_hash]] < 0:    # just stored: not really seen twice
-                    t1[block_hash] = None
-                else:
-                    t2[block_hash] = None
-            elif block_hash in t2:
-                t2.move_to_end(block_hash)
-            elif block_hash in b1:
-                delta = max(1, len(b2) // len(b1))
-                self.target_t1_size = min(self.target_t1_size + delta, self.num_blocks)
-            elif block_hash in b2:
-                delta = max(1, len(b1) // len(b2))
-                self.target_t1_size = max(self.target_t1_size - delta, 0)
+        """Hashes (distinct) taken last to first, as vLLM does: a ready T1 block and a T2
+        block go to T2's tail, a T1 block still being stored to T1's tail; a ghost hit moves
+        the target. Done as array operations per queue, in the same order."""
+        ids = np.fromiter(map(self._id_of.get, reversed(block_hashes), repeat(-1)),
+                          dtype=np.int64, count=len(block_hashes))
+        held = ids >= 0
+        for block_hash in compress(reversed(block_hashes), (~held).tolist()):
+            self._ghost_hit(block_hash)
+        ids = ids[held]
+        if not len(ids):
+            return
+        in_t1 = self._t1.queued(ids)
+        storing = in_t1 & (self._ref[ids] < 0)      # just stored: not really seen twice
+        self._t1.remove(ids[in_t1])
+        self._t1.extend(ids[storing])
+        self._t2.remove(ids[~in_t1])
+        self._t2.extend(ids[~storing])
+
+    def _ghost_hit(self, block_hash: int) -> None:
+        b1, b2 = self.b1, self.b2
+        if block_hash in b1:
+            delta = max(1, len(b2) // len(b1))
+            self.target_t1_size = min(self.target_t1_size + delta, self.num_blocks)
+        elif block_hash in b2:
+            delta = max(1, len(b1) // len(b2))
+            self.target_t1_size = max(self.target_t1_size - delta, 0)
 
     def prepare_store(self, block_hashes: Sequence[int]) -> StoreResult | None:
         result = super().prepare_store(block_hashes)
@@ -298,41 +316,33 @@ class ARCOffloadingManager(LRUOffloadingManager):
         return result
 
     def _victims(self, n: int) -> np.ndarray | None:
-        """ARC's choice, simulated without changing anything (the store may still fail)."""
+        """ARC's choice, simulated without changing anything (the store may still fail):
+        T1's oldest evictable blocks while T1 holds at least its target (one fewer after
+        each), then T2's."""
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
-        held, ref = self._id_of, self._ref
-        t1_left = len(self.t1)
-        it1, it2 = ((h for h in part if ref[held[h]] == 0) for part in (self.t1, self.t2))
-        victims = []
-        while len(victims) < n:
-            found = next(it1, None) if t1_left >= self.target_t1_size else None
-            if found is not None:
-                t1_left -= 1
-            else:
-                found = next(it2, None)
-                if found is None:
-                    return None
-            victims.append(held[found])
-        return np.array(victims, dtype=np.int64)
+        ref = self._ref
+        evictable = lambda ids: ref[ids] == 0      # noqa: E731
+        from_t1 = min(n, len(self._t1) - self.target_t1_size + 1)
+        first = (self._t1.first(from_t1, evictable, partial=True) if from_t1 > 0
+                 else np.zeros(0, dtype=np.int64))
+        rest = self._t2.first(n - len(first), evictable)
+        return None if rest is None else np.concatenate((first, rest))
 
     def _remember(self, hashes: list[int], ids: list[int]) -> None:
-        t1, b1, b2 = self.t1, self.b1, self.b2
+        self._t1.extend(np.array(ids, dtype=np.int64))
+        b1, b2 = self.b1, self.b2
         for block_hash in hashes:
-            t1[block_hash] = None
             b1.pop(block_hash, None)
             b2.pop(block_hash, None)
 
     def _forget(self, ids: np.ndarray, hashes: list[int], evicted: bool) -> None:
-        for block_hash in hashes:
-            if block_hash in self.t1:
-                del self.t1[block_hash]
-                ghosts = self.b1
-            else:
-                del self.t2[block_hash]
-                ghosts = self.b2
-            if evicted:
-                ghosts[block_hash] = None
+        in_t1 = self._t1.queued(ids)
+        self._t1.remove(ids[in_t1])
+        self._t2.remove(ids[~in_t1])
+        if evicted:
+            for block_hash, was_t1 in zip(hashes, in_t1.tolist()):
+                (self.b1 if was_t1 else self.b2)[block_hash] = None
 
 
 class FilterReusedOffloadingManager:

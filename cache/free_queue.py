@@ -114,10 +114,15 @@ class FreeQueue:
             segment[2] = end
         return part
 
-    def first(self, n: int, eligible) -> np.ndarray | None:
+    def queued(self, block_ids: np.ndarray) -> np.ndarray:
+        """For each of ``block_ids`` (valid ids), whether it is queued."""
+        return self._serial[block_ids] != _NOT_QUEUED
+
+    def first(self, n: int, eligible, partial: bool = False) -> np.ndarray | None:
         """The first ``n`` queued blocks, head first, for which ``eligible`` (a function of
-        an id array returning a bool array) holds, left queued; None when fewer are. Stale
-        entries at the head are dropped on the way, so repeated scans do not see them again."""
+        an id array returning a bool array) holds, left queued; when fewer are, None (or
+        those there are, with ``partial``). Stale entries at the head are dropped on the way,
+        so repeated scans do not see them again."""
         if n <= 0:
             return _NONE
         self._drop_stale_head()
@@ -132,6 +137,8 @@ class FreeQueue:
                 if not want:
                     return found[0] if len(found) == 1 else np.concatenate(found)
                 start = end
+        if partial:
+            return np.concatenate(found) if found else _NONE
         return None
 
     def _drop_stale_head(self) -> None:
