@@ -161,8 +161,7 @@ class LRUOffloadingManager:
     def touch(self, block_hashes: Sequence[int]) -> None:
         """Mark as recently used (distinct hashes), the first most recently (a chain's tail
         goes first)."""
-        ids = np.fromiter(map(self._id_of.get, reversed(block_hashes), repeat(-1)),
-                          dtype=np.int64)
+        ids = self._ids(reversed(block_hashes))
         ids = ids[ids >= 0]
         if len(ids):
             self._recency.move_many_to_end(ids)
@@ -178,8 +177,7 @@ class LRUOffloadingManager:
         if len(ids) < n or not valid.all():
             ids = np.concatenate((np.where(valid, ids, -1), np.full(n - len(ids), -1)))
             redo = np.flatnonzero(ids < 0)
-            ids[redo] = np.fromiter(map(self._id_of.get, hashes_at(redo.tolist()), repeat(-1)),
-                                    dtype=np.int64, count=len(redo))
+            ids[redo] = self._ids(hashes_at(redo.tolist()))
             versions = np.where(ids >= 0, self._version[ids], -1)
             self._chains[key] = ids, versions
         held = ids[ids >= 0][::-1]
@@ -214,14 +212,17 @@ class LRUOffloadingManager:
     def complete_store(self, block_hashes: Iterable[int], success: bool = True) -> None:
         """The copies are done: the blocks become loadable (and evictable); or they failed
         (never ran): the blocks are given up."""
-        get = self._id_of.get
-        ids = np.fromiter(map(get, dict.fromkeys(block_hashes), repeat(-1)), dtype=np.int64)
+        ids = self._ids(dict.fromkeys(block_hashes))
         ids = ids[ids >= 0]
         ids = ids[self._ref[ids] < 0]
         if success:
             self._ref[ids] = 0
         elif len(ids):
             self._release(ids, evicted=False)
+
+    def _ids(self, block_hashes: Iterable[int]) -> np.ndarray:
+        """The host block holding each of ``block_hashes``, -1 where none does."""
+        return np.fromiter(map(self._id_of.get, block_hashes, repeat(-1)), dtype=np.int64)
 
     def _release(self, ids: np.ndarray, evicted: bool) -> list[int]:
         """Give up the blocks ``ids`` (in this order); their hashes."""
@@ -283,8 +284,7 @@ class ARCOffloadingManager(LRUOffloadingManager):
         """Hashes (distinct) taken last to first, as vLLM does: a ready T1 block and a T2
         block go to T2's tail, a T1 block still being stored to T1's tail; a ghost hit moves
         the target. Done as array operations per queue, in the same order."""
-        ids = np.fromiter(map(self._id_of.get, reversed(block_hashes), repeat(-1)),
-                          dtype=np.int64, count=len(block_hashes))
+        ids = self._ids(reversed(block_hashes))
         held = ids >= 0
         for block_hash in compress(reversed(block_hashes), (~held).tolist()):
             self._ghost_hit(block_hash)
@@ -320,12 +320,12 @@ class ARCOffloadingManager(LRUOffloadingManager):
         T1's oldest evictable blocks while T1 holds at least its target (one fewer after
         each), then T2's."""
         if n <= 0:
-            return np.zeros(0, dtype=np.int64)
+            return _NO_IDS
         ref = self._ref
         evictable = lambda ids: ref[ids] == 0      # noqa: E731
         from_t1 = min(n, len(self._t1) - self.target_t1_size + 1)
         first = (self._t1.first(from_t1, evictable, partial=True) if from_t1 > 0
-                 else np.zeros(0, dtype=np.int64))
+                 else _NO_IDS)
         rest = self._t2.first(n - len(first), evictable)
         return None if rest is None else np.concatenate((first, rest))
 

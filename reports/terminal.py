@@ -136,6 +136,7 @@ class RunProgress:
         self.description = description
         self._progress: Optional[Progress] = None
         self._task = None
+        self._wide = True        # the layout, chosen by the console's width when it opens
         self._start = 0.0
         self._next_draw = 0.0
         self.sim_time_s = 0.0
