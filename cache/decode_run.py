@@ -135,16 +135,18 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSt
     first finish)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
-    computed = run.num_computed[None, :] + steps[:, None]        # before each step (n x B)
-    taking_part = steps[:, None] <= run.finish_step[None, :]
+    offset = (run.num_computed[None, :] + steps[:, None]) % bs   # in the block, before each step
+    taking_part = steps[:, None] <= run.finish_step[None, :]     # (n x B)
     staying = steps[:, None] < run.finish_step[None, :]           # still running after it
-    opens = (computed % bs == 0) & taking_part
-    internal = (((-(computed + 1)) % bs) * staying).sum(axis=1)
+    opens = (offset == 0) & taking_part
+    ends = np.sort(run.finish_step)
+    num_staying = run.num_seqs - np.searchsorted(ends, steps, side="right")
+    internal = (bs - 1) * num_staying - (offset * staying).sum(axis=1)   # the blocks' tails
 
     def events() -> np.ndarray:
         registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
                              dtype=bool)
-        return opens | (((computed + 1) % bs == 0) & registers & taking_part)
+        return opens | ((offset == bs - 1) & registers & taking_part)
 
     if host is None:
         used, idle, finished = _allocate_stretches(kv, run, opens, events, first, finish)
@@ -155,8 +157,8 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSt
         finished = []
     run.num_committed += n
     _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
-    return DecodeSteps(taking_part.sum(axis=1), staying.sum(axis=1), used, idle,
-                       used * bs - internal, internal, host_used, transfers, finished)
+    return DecodeSteps(run.num_seqs - np.searchsorted(ends, steps, side="left"), num_staying,
+                       used, idle, used * bs - internal, internal, host_used, transfers, finished)
 
 
 def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: int, finish):

@@ -43,6 +43,7 @@ class ScoredBlockPool(PolicyPool):
         self.hits = [0] * num_blocks       # prefix hits since the block was filled
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since then
         self.parent_hashes: list[int | None] = [None] * num_blocks   # hash of its chain parent
+        self._parent_holder: list[int | None] = [None] * num_blocks  # its holder when cached
         self.num_children = [0] * num_blocks   # cached children of its hash, on its holder
         self._shared = [False] * num_blocks    # another block holds the same content
         self._orphans: dict[int, int] = {}     # hash -> cached children, while no block holds it
@@ -123,12 +124,13 @@ class ScoredBlockPool(PolicyPool):
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
         each block's parent hash is counted as having one more cached child."""
         index, counts, orphans = self.index._map, self.num_children, self._orphans
-        hashes, parents = self.block_hashes, self.parent_hashes
+        hashes, parents, holders = self.block_hashes, self.parent_hashes, self._parent_holder
         parent_hash = hashes[parent] if parent is not None else None
         holder = self.holder(parent_hash) if parent_hash is not None else None
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
             parents[block_id] = parent_hash
+            holders[block_id] = holder
             if holder is not None:
                 counts[holder] += 1
             if block_hash in index:
@@ -147,6 +149,7 @@ class ScoredBlockPool(PolicyPool):
         self._heap.clear()
         self._orphans.clear()
         self.parent_hashes = [None] * self.num_blocks
+        self._parent_holder = [None] * self.num_blocks
         self.num_children = [0] * self.num_blocks
         self._shared = [False] * self.num_blocks
         self.index.clear()
@@ -227,7 +230,7 @@ class ScoredBlockPool(PolicyPool):
         hashes, index, counts, refs = (self.block_hashes, self.index._map, self.num_children,
                                        self.ref_counts)
         live, entries, shared = self._live, self._entry, self._shared
-        parents = self.parent_hashes
+        parents, holders = self.parent_hashes, self._parent_holder
         evicted, heap = self.evicted, self._heap
         victims, left = [], n
         hits, prio, priority = self.hits, self.prio, self._priority
@@ -253,10 +256,12 @@ class ScoredBlockPool(PolicyPool):
                 parent_hash = parents[block_id]
                 if parent_hash is None:
                     break
-                found = index.get(parent_hash)
-                if found.__class__ is not int:     # copies, or no block (an orphan)
-                    self._child_gone(parent_hash)
-                    break
+                found = holders[block_id]
+                if found is None or hashes[found] is not parent_hash or shared[found]:
+                    found = index.get(parent_hash)     # (the holder may have changed)
+                    if found.__class__ is not int:     # copies, or no block (an orphan)
+                        self._child_gone(parent_hash)
+                        break
                 count = counts[found] = counts[found] - 1
                 if count or refs[found] or live[found] is not None:
                     break       # other children, held, or queued already

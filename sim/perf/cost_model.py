@@ -148,6 +148,12 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
     """The forward-pass time; one expression for python floats (``maximum=max``: the fast
     scalar path) and numpy arrays alike. Both do the same IEEE operations in the same order,
     so they agree bit for bit."""
+    return _with_attention(c, _time_without_attention(c, tokens, seqs, maximum), kv_tokens,
+                           attn_units, maximum)
+
+
+def _time_without_attention(c: _Coeffs, tokens, seqs, maximum=np.maximum):
+    """The terms of :func:`_compute_time` that do not read the KV cache (summed first)."""
     t = c.fixed_s + seqs * c.per_seq_s
     if c.batch_s:
         t = t + batch_time(c.batch_s, c.batch_slope_s, seqs)
@@ -162,7 +168,11 @@ def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.ma
         t = t + maximum(c.rows(seqs) * c.head_flop_s, c.head_byte_s)
     for floor, per_token, q in zip(c.elem_min_s, c.elem_tok_s, c.elem_q or (0.0,) * len(c.elem_min_s)):
         t = t + smooth_max(floor, tokens * per_token, q, maximum)
-    t = t + tokens * c.ar_tok_s
+    return t + tokens * c.ar_tok_s
+
+
+def _with_attention(c: _Coeffs, t, kv_tokens, attn_units, maximum=np.maximum):
+    """``t`` (:func:`_time_without_attention`) plus the attention and KV terms, in order."""
     t = t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
     return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
 
@@ -185,6 +195,7 @@ class CostModel(Executor):
         self.block_bytes = block_size * kv_token
         fitted = self.profile.fitted
         self._c = self._fitted_coefficients(fitted) if fitted else self._coefficients(kv_token)
+        self._decode_base: dict[int, float] = {}   # decode steps' time without attention
 
     # --- public --------------------------------------------------------------------------------
     def step_duration(self, plan: StepPlan) -> float:
@@ -206,10 +217,14 @@ class CostModel(Executor):
         equal (``==``) to :meth:`step_duration` of the corresponding plans."""
         if num_seqs < 1 or num_steps < 0:
             raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
-        steps = np.arange(num_steps, dtype=np.int64)
-        kv = total_context_tokens + num_seqs + steps * num_seqs
-        n = np.float64(num_seqs)
-        out = _compute_time(self._c, n, n, kv.astype(np.float64), (2 * kv).astype(np.float64))
+        base = self._decode_base.get(num_seqs)
+        if base is None:     # a decode step's other terms depend on the batch size only
+            n = float(num_seqs)
+            base = self._decode_base[num_seqs] = _time_without_attention(self._c, n, n, max)
+        kv = np.arange(num_steps, dtype=np.float64)
+        kv *= num_seqs
+        kv += total_context_tokens + num_seqs
+        out = _with_attention(self._c, base, kv, 2 * kv)
         return np.asarray(out, dtype=np.float64)
 
     @staticmethod
