@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvsim.cache.free_queue import FreeQueue
+from kvsim.cache.recency import RecencyOrder
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
@@ -106,7 +107,7 @@ class LRUOffloadingManager:
         self._id_of: dict[int, int] = {}                  # hash -> host block holding it
         self._hash_of = np.zeros(num_blocks, dtype=np.int64)
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
-        self._recency = FreeQueue(num_blocks, filled=False)
+        self._recency = RecencyOrder(num_blocks)
         self._version = np.zeros(num_blocks, dtype=np.int64)  # bumped when a block is given up
         self._chains: dict[object, tuple[np.ndarray, np.ndarray]] = {}   # see touch_chain
         self.num_dropped_blocks = 0    # blocks a store could not make room for

@@ -13,6 +13,7 @@ would have made one step at a time, in the same order, and returns what each ste
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +75,7 @@ class DecodeSteps:
     token_slots: np.ndarray
     internal_slots: np.ndarray
     host_used_blocks: np.ndarray
-    transfers: list[list[BlockTransfer]]   # the copies each step asks for, in order
+    transfers: list[Sequence[BlockTransfer]]   # the copies each step asks for, in order
     finished: list[tuple[int, list]]
 
     def __len__(self) -> int:
@@ -105,6 +106,8 @@ def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
     """Largest run (<= ``steps``) whose new blocks all fit in ``num_free`` blocks (blocks
     freed by requests finishing meanwhile not counted); 0 when that is under two steps (not
     worth a run)."""
+    if len(num_computed) * -(-steps // block_size) <= num_free:
+        return steps        # (no request opens more than one block per block_size steps)
     first = (-num_computed) % block_size     # step at which each request opens a block
     last = finish_step + 1                   # steps each request takes part in
 
@@ -150,7 +153,7 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSt
 
     if host is None:
         used, idle, finished = _allocate_stretches(kv, run, opens, events, first, finish)
-        transfers, host_used = [[] for _ in range(n)], np.zeros(n, dtype=np.int64)
+        transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     else:
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events(), first,
                                                                       host)
@@ -228,6 +231,8 @@ def _open_in_bulk(kv, run: DecodeRun, opens: np.ndarray):
     used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
     num_unhashed = pool.num_free_blocks - idle
     rows, cols = np.nonzero(opens)                      # step by step, in scheduling order
+    if not len(rows):
+        return np.full(len(opens), used), np.full(len(opens), idle)
     requests = run.requests
     kv.open_blocks([requests[i] for i in cols.tolist()])
     taken = np.bincount(rows, minlength=len(opens)).cumsum()     # blocks taken up to each step

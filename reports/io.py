@@ -96,10 +96,63 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
 
 def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame, *,
                      float_format: str | None = None) -> Path:
-    """Write ``df`` as CSV (no index column) to ``path`` atomically."""
-    return _atomic_write(
-        path, lambda fh: df.to_csv(fh, index=False, float_format=float_format, lineterminator="\n"),
-        binary=False)
+    """Write ``df`` as CSV (no index column) to ``path`` atomically: the bytes of pandas'
+    ``to_csv``, built column by column where every column is numbers, booleans or text
+    (several times faster on a long run's requests), else by pandas itself."""
+    text = csv_text(df) if float_format is None else None
+    if text is None:
+        return _atomic_write(path, lambda fh: df.to_csv(
+            fh, index=False, float_format=float_format, lineterminator="\n"), binary=False)
+    return write_text_atomic(path, text)
+
+
+def csv_text(df: pd.DataFrame) -> str | None:
+    """``df.to_csv(index=False, lineterminator="\\n")``, or None for a frame it does not
+    cover (a column of another type, text that is not ``str``, a single column)."""
+    if len(df.columns) < 2:
+        return None
+    fields = [_csv_fields(df[name]) for name in df.columns]
+    if any(column is None for column in fields):
+        return None
+    header = [_quoted(str(name)) for name in df.columns]
+    return "".join([",".join(header) + "\n", *[",".join(row) + "\n" for row in zip(*fields)]])
+
+
+def _csv_fields(column: pd.Series) -> list[str] | None:
+    """The CSV fields of one column as pandas writes them (``repr`` of floats, empty for
+    missing values), or None when it is not a column of numbers, booleans or text."""
+    kind = column.dtype.kind
+    if not isinstance(column.dtype, np.dtype):      # pandas' own types: only its text
+        kind = "O" if kind == "O" else "?"
+    if kind == "f":
+        if column.dtype != np.float64:      # numpy prints narrower floats shorter
+            return None
+        values = column.to_numpy()
+        fields = list(map(float.__repr__, values.tolist()))
+        return ["" if f == "nan" else f for f in fields] if np.isnan(values).any() else fields
+    if kind in "iu":
+        return list(map(int.__repr__, column.tolist()))
+    if kind == "b":
+        return list(map(str, column.tolist()))
+    if kind != "O":
+        return None
+    fields = []
+    for value in column.tolist():
+        if value is None or value is pd.NA or (value.__class__ is float and value != value):
+            fields.append("")
+        elif value.__class__ is str:
+            fields.append(_quoted(value))
+        else:
+            return None
+    return fields
+
+
+def _quoted(text: str) -> str:
+    """A text field as the ``csv`` module writes it (quoted when it holds a comma, a quote or
+    a newline)."""
+    if "," in text or '"' in text or "\n" in text:
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 # --- a run's output directory --------------------------------------------------------------------

@@ -104,6 +104,28 @@ def test_unserialisable_json_writes_nothing(tmp_path):
 
 # --- run outputs ---------------------------------------------------------------------------------
 
+def test_csv_is_written_byte_for_byte_as_pandas_writes_it(tmp_path):
+    """The column-by-column writer gives pandas' bytes (floats by repr, missing values empty,
+    text quoted only where the csv module quotes it) and hands other frames to pandas."""
+    df = pd.DataFrame({
+        "x": [0.1, np.nan, 1e-05, 1e16, -0.0, np.inf, 2.5e-300],
+        "n": np.arange(7, dtype=np.int64), "small": np.arange(7, dtype=np.uint8),
+        "ok": [True, False, True, False, True, False, True],
+        "text": ["plain", "a,b", 'say "hi"', None, "two\nlines", "", "cr\rstays"],
+        "s": pd.array(["a", None, "b", "c", None, "d", "e"], dtype="string"),
+    })
+    expected = df.to_csv(index=False, lineterminator="\n")
+    assert rio.csv_text(df) == expected
+    assert rio.write_csv_atomic(tmp_path / "f.csv", df).read_bytes().decode() == expected
+    narrow = df.assign(x=df["x"].astype(np.float32))
+    assert rio.csv_text(narrow) is None          # numpy prints float32 its own way
+    assert rio.csv_text(df.assign(n=pd.array([1, None] * 3 + [2], dtype="Int64"))) is None
+    assert rio.csv_text(df.assign(text=[1, "a", 2, "b", 3, "c", 4])) is None
+    assert rio.csv_text(df[["x"]]) is None
+    written = rio.write_csv_atomic(tmp_path / "g.csv", narrow).read_bytes().decode()
+    assert written == narrow.to_csv(index=False, lineterminator="\n")
+
+
 def test_write_and_read_run_outputs_round_trip(tmp_path, run):
     summary, requests, timeline = run
     written = run_outputs.write_run_outputs(tmp_path, summary, requests, timeline, html=False)

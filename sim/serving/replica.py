@@ -223,7 +223,7 @@ class Replica:
                             ("internal_slots", facts.internal_slots),
                             ("host_used_blocks", facts.host_used_blocks), ("transfer_s", moved)):
             rows[:, _COLUMN[name]] = value
-        for j, transfers in enumerate(facts.transfers):
+        for j, transfers in enumerate(facts.transfers if any(facts.transfers) else ()):
             if transfers:
                 plan = StepPlan(transfers=transfers)
                 for kind in TRANSFER_KINDS:

@@ -1,0 +1,115 @@
+"""The host tier's recency order: last-use stamps, the head found through a candidate list."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvsim.cache import recency
+from kvsim.cache.recency import RecencyOrder
+
+
+def ids(*block_ids):
+    return np.array(block_ids, dtype=np.int64)
+
+
+def test_moved_blocks_become_the_most_recent_and_the_head_is_scanned_without_taking():
+    order = RecencyOrder(6)
+    assert len(order) == 0 and order.first(1, lambda b: b >= 0) is None
+    order.extend(ids(3, 1, 4, 5))
+    order.move_many_to_end(ids(1, 3))             # touched: 3 the most recent
+    assert order.ids().tolist() == [4, 5, 1, 3]
+    assert order.first(2, lambda b: b != 5).tolist() == [4, 1]
+    assert order.first(5, lambda b: b >= 0) is None
+    assert order.first(5, lambda b: b >= 0, partial=True).tolist() == [4, 5, 1, 3]
+    assert len(order) == 4 and 5 in order and 0 not in order
+
+
+def test_a_candidate_moved_or_removed_since_the_list_was_made_is_skipped(monkeypatch):
+    monkeypatch.setattr(recency, "MIN_CANDIDATES", 3)
+    order = RecencyOrder(10)
+    order.extend(ids(0, 1, 2, 3, 4, 5, 6, 7))
+    assert order.first(1, lambda b: b >= 0).tolist() == [0]
+    assert order._candidates.tolist() == [0, 1, 2, 3]          # the 4 oldest (4 * n)
+    order.remove(ids(0))                                        # evicted
+    order.move_many_to_end(ids(2))                              # touched: now the newest
+    order.extend(ids(9))                                        # newer than every candidate
+    assert order.first(2, lambda b: b >= 0).tolist() == [1, 3]  # still from the old list
+    assert order.first(3, lambda b: b >= 0).tolist() == [1, 3, 4]   # rebuilt
+    assert order.ids().tolist() == [1, 3, 4, 5, 6, 7, 2, 9]
+
+
+def test_adding_a_queued_block_or_moving_one_that_is_not_there_is_refused():
+    order = RecencyOrder(3)
+    order.extend(ids(1))
+    with pytest.raises(ValueError):
+        order.extend(ids(1))
+    with pytest.raises(ValueError):
+        order.move_many_to_end(ids(0))
+    with pytest.raises(ValueError):
+        order.remove(ids(2))
+    assert order.ids().tolist() == [1] and len(order) == 1
+
+
+@settings(max_examples=60, stateful_step_count=40)
+class AgainstALinkedList(RuleBasedStateMachine):
+    """Every operation, in any order, gives what an ``OrderedDict`` (vLLM's list) gives, with
+    candidate lists small enough to be rebuilt often."""
+
+    NUM_BLOCKS = 12
+
+    def __init__(self):
+        super().__init__()
+        self._min, recency.MIN_CANDIDATES = recency.MIN_CANDIDATES, 2
+        self.order = RecencyOrder(self.NUM_BLOCKS)
+        self.model: OrderedDict[int, None] = OrderedDict()
+
+    def teardown(self):
+        recency.MIN_CANDIDATES = self._min
+
+    @precondition(lambda self: len(self.model) < 12)
+    @rule(data=st.data())
+    def extend(self, data):
+        absent = [b for b in range(self.NUM_BLOCKS) if b not in self.model]
+        chosen = data.draw(st.lists(st.sampled_from(absent), min_size=1, unique=True))
+        self.order.extend(np.array(chosen, dtype=np.int64))
+        self.model.update(dict.fromkeys(chosen))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data):
+        chosen = self._some_queued(data)
+        self.order.remove(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            del self.model[block_id]
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def move_many_to_end(self, data):
+        chosen = self._some_queued(data)
+        self.order.move_many_to_end(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            self.model.move_to_end(block_id)
+
+    def _some_queued(self, data) -> list[int]:
+        return data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1, unique=True))
+
+    @rule(n=st.integers(0, 14), barred=st.sets(st.integers(0, 11)), partial=st.booleans())
+    def first(self, n, barred, partial):
+        eligible = [b for b in self.model if b not in barred]
+        found = self.order.first(n, lambda b: ~np.isin(b, list(barred)), partial=partial)
+        if n > len(eligible):
+            assert (found.tolist() == eligible) if partial else found is None
+        else:
+            assert found.tolist() == eligible[:n]
+
+    @invariant()
+    def same_order(self):
+        assert self.order.ids().tolist() == list(self.model)
+        assert len(self.order) == len(self.model)
+
+
+TestAgainstALinkedList = AgainstALinkedList.TestCase
