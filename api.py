@@ -163,6 +163,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     """
     from kvsim.sim.serving.runner import resolve_deployment, simulate
     from kvsim.workloads import load_trace as read
+    from kvsim.workloads.sharing import scan_trace_sharing
     reading, settings = split_keywords(settings)
     label, source = _source(trace, reading)
     run_cfg = run_config(label, settings, config)
@@ -171,8 +172,9 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
         resolve_deployment(run_cfg)           # model, GPU, TP and pool, before the trace
     except ConfigError as e:
         raise located(e, "kvsim.run") from None
-    requests = iter(source) if options is None else read(source, options)
-    frames = run_frames(simulate(requests, run_cfg, keep_steps=keep_steps))
+    requests = (lambda: iter(source)) if options is None else (lambda: read(source, options))
+    frames = run_frames(simulate(requests(), run_cfg, keep_steps=keep_steps,
+                                 sharing=scan_trace_sharing(requests)))
     if slo:
         frames[0]["slo"] = dict(slo)
     return Result(*frames, config=run_cfg)

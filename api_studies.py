@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -96,8 +97,10 @@ def _simulate_point(point) -> tuple:
     """One grid point's frames (module level: runs in a worker process)."""
     from kvsim.sim.serving.runner import simulate
     from kvsim.workloads import load_trace as read
-    return run_frames(simulate(read(point.job.trace_path, point.job.trace_options),
-                               point.job.config))
+    from kvsim.workloads.sharing import scan_trace_sharing
+    requests = partial(read, point.job.trace_path, point.job.trace_options)
+    return run_frames(simulate(requests(), point.job.config,
+                               sharing=scan_trace_sharing(requests)))
 
 
 def compare(trace: Any = None, *, config: Any = None, workers: int = 1,

@@ -11,9 +11,11 @@ ids (nothing holds them before it ran), and with ``defer_private_blocks`` its fu
 registered in the prefix index only when it frees them, or as soon as any other sequence uses
 the index (a request continuing it could look them up). A finished one that nothing can
 continue (``unreachable_when_finished``) does not even compute its ids: its blocks are cached
-as content no lookup can reach (:meth:`BlockPool.cache_unreachable`). Nothing observable
-changes: hits, the free queue's order and the cached-block counts are those of registering
-every block as it fills.
+as content no lookup can reach (:meth:`BlockPool.cache_unreachable`). The same holds for the
+tail of a sequence whose first ``num_shared_blocks`` blocks alone may be hit by another request
+(:mod:`kvsim.workloads.sharing`): its later blocks are registered only if it is preempted, and
+become unreachable content when it finishes. Nothing observable changes: hits, the free queue's
+order and the cached-block counts are those of registering every block as it fills.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from kvsim.cache.request_state import RequestStatus
 class _RequestBlocks:
     """One request's block table and how much of it is hashed."""
 
-    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred")
+    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred", "private")
 
     def __init__(self) -> None:
         self.block_ids: list[int] = []
@@ -38,6 +40,7 @@ class _RequestBlocks:
         self.num_cached = 0       # leading blocks registered in the prefix index
         self.hashes: list[int] = []  # hashes computed so far (token-id input only)
         self.deferred = None      # the sequence whose full blocks wait to be registered
+        self.private = None       # the sequence whose blocks after its shared ones wait
 
 
 class KVCacheManager:
@@ -300,6 +303,8 @@ class KVCacheManager:
                 seq = entry.deferred
                 self._register(entry, reachable=not (seq.status is RequestStatus.FINISHED
                                                      and seq.unreachable_when_finished))
+            elif entry.private is not None:
+                self._settle_private(entry)
             self.pool.free_blocks(reversed(entry.block_ids))
 
     def is_registration_deferred(self, request_id) -> bool:
@@ -318,7 +323,22 @@ class KVCacheManager:
         if self._defer and getattr(tokens, "has_private_blocks", False):
             entry.deferred = tokens
             self._deferred[request_id] = entry
+        elif self._defer and getattr(tokens, "num_shared_blocks", None) is not None:
+            entry.private = tokens
         return entry
+
+    def _settle_private(self, entry: _RequestBlocks) -> None:
+        """At a free, the blocks after a sequence's shared ones (``num_shared_blocks``, never
+        registered while it ran): content no lookup can reach once it finished, registered
+        when it was preempted (it may hit them when it comes back)."""
+        seq = entry.private
+        n = len(seq)
+        num_tokens = entry.num_slots if entry.num_slots < n else n
+        if seq.status is RequestStatus.FINISHED:
+            self.pool.cache_unreachable(
+                entry.block_ids[entry.num_cached:num_tokens // self.block_size])
+        else:
+            self._cache_full_blocks(entry, seq, num_tokens, shared_only=False)
 
     def _register(self, entry: _RequestBlocks, reachable: bool = True) -> None:
         """Register a deferred entry's full blocks, as allocating them would have; not
@@ -347,8 +367,13 @@ class KVCacheManager:
         entry.num_slots = hit.num_tokens
         entry.num_cached = len(hit.block_ids)
 
-    def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int) -> None:
+    def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int,
+                           shared_only: bool = True) -> None:
+        """Register the full blocks within ``num_tokens`` not registered yet (with
+        ``shared_only``, of a sequence with private blocks, only its shared ones)."""
         num_full = num_tokens // self.block_size
+        if shared_only and entry.private is not None:
+            num_full = min(num_full, max(tokens.num_shared_blocks, entry.num_cached))
         if num_full <= entry.num_cached:
             return
         if hasattr(tokens, "block_hashes"):

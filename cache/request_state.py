@@ -30,13 +30,15 @@ class RequestState:
     ids, prefix hashes, recorded outputs or earlier request it continues), so no other request
     can hit them unless it continues this one. ``unreachable_when_finished``: private blocks of
     a request nothing can continue (``request.may_be_continued`` False): once it finished, no
-    lookup can ever reach them.
+    lookup can ever reach them. ``num_shared_blocks``: when set, only its first blocks may be
+    hit by another request, the later ones by itself alone, after a preemption
+    (:class:`~kvsim.workloads.sharing.SharedPrefixes`).
     """
 
     __slots__ = ("request", "request_id", "arrival_s", "priority", "num_prompt_tokens",
                  "max_tokens", "num_output_tokens", "num_computed_tokens", "status",
                  "num_preemptions", "num_cached_tokens", "block_size", "greedy", "_hashes",
-                 "has_private_blocks", "unreachable_when_finished")
+                 "has_private_blocks", "unreachable_when_finished", "num_shared_blocks")
 
     def __init__(self, request: "Request", block_size: int, greedy: bool = False):
         self.request = request
@@ -59,6 +61,7 @@ class RequestState:
                                    and request.continues is None)
         self.unreachable_when_finished = (self.has_private_blocks
                                           and not getattr(request, "may_be_continued", True))
+        self.num_shared_blocks: int | None = None   # see kvsim.workloads.sharing
 
     def __len__(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens

@@ -114,13 +114,15 @@ def default_executor(config: RunConfig) -> CostModel:
 
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
              progress: Callable[[float, int], None] | None = None,
-             keep_steps: bool = False, stop=None) -> RunResult:
+             keep_steps: bool = False, stop=None, sharing=None) -> RunResult:
     """Replay ``requests`` (in arrival order; an iterator is read as the run goes) and return
     the logs of the run. ``keep_steps``: also keep every engine step (memory grows with the
     steps; ``kvsim validate`` and tests need them), not just totals and the timeline.
     ``stop``: the request log's watch (see :class:`~kvsim.sim.serving.recorder.RequestLog`);
     the run ends after the event at which its ``stopped`` turns True (the planner's
-    :class:`~kvsim.sim.plan.stop.SloStop`), leaving partial logs."""
+    :class:`~kvsim.sim.plan.stop.SloStop`), leaving partial logs. ``sharing``: the trace's
+    :class:`~kvsim.workloads.sharing.SharedPrefixes` (the same results, with less prefix-index
+    work for blocks that only their own request can hit)."""
     config.validate()
     requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
@@ -133,7 +135,7 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
                         and not deployment.multi_group, next_arrival)
                 for i in range(config.replicas)]
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
-                          deployment.max_model_len, next_arrival))
+                          deployment.max_model_len, next_arrival, sharing))
     start = time.perf_counter()
     _run(env, replicas, progress, stop)
     steps.finish(env.now)
@@ -181,7 +183,7 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
 
 
 def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfig,
-              max_model_len: int, next_arrival: NextArrival):
+              max_model_len: int, next_arrival: NextArrival, sharing=None):
     truncating = config.long_prompt == "truncate"
     greedy = config.sampling == "greedy"
     for request in requests:
@@ -192,6 +194,8 @@ def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfi
         if truncating and truncate(request, max_model_len):
             log.on_truncated(request.request_id)
         seq = RequestState(request, config.block_size, greedy)
+        if sharing is not None:
+            seq.num_shared_blocks = sharing.num_shared_blocks(request, config.block_size, greedy)
         index = router.choose(replicas, seq)     # a replica answers the rejection, as in vLLM
         log.on_routed(request.request_id, index)
         if request.prompt_tokens >= max_model_len:

@@ -1,0 +1,121 @@
+"""Blocks that only their own request can hit (chunk hashes no other request carries) skip the
+prefix index, and nothing observable changes."""
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.request_state import RequestState, RequestStatus
+from kvsim.workloads import Request, load_trace
+from kvsim.workloads.loader import sample_path
+from kvsim.workloads.sharing import SharedPrefixes, scan_trace_sharing
+
+
+def chunked(request_id, hashes, prompt, output=5, **fields):
+    """A request named by chunk hashes of 8 tokens, nothing continuing it."""
+    fields.setdefault("may_be_continued", False)
+    return Request(request_id, 0.0, prompt, output, prefix_hashes=np.array(hashes),
+                   hash_block_size=8, **fields)
+
+
+def trio():
+    """A and B share their first two chunks (hashes 1 and 2); C shares nothing. (Built per
+    test: no request outlives it.)"""
+    a, b, c = chunked(1, [1, 2, 3], 24), chunked(2, [1, 2, 4], 22), chunked(3, [5], 8)
+    return a, b, c, SharedPrefixes.scan([a, b, c])
+
+
+def test_blocks_from_the_first_chunk_only_its_request_carries_on_are_private():
+    """Chunk hashes 1 and 2 are carried by A and B: with blocks of 4 tokens their four blocks
+    may be shared; the rest of each prompt, and the generated blocks, are private."""
+    a, b, c, sharing = trio()
+    assert [sharing.num_shared_blocks(r, 4) for r in (a, b, c)] == [4, 4, 0]
+    assert sharing.num_shared_blocks(a, 3) == 5      # block 5 (tokens 15..17) ends in chunk 2
+    assert sharing.num_shared_blocks(a, 4, greedy=True) == 4
+
+
+def test_a_prompt_whose_last_chunk_is_shared_keeps_only_its_outputs_private():
+    a, _, _, sharing = trio()
+    whole = chunked(4, [1, 2], 16)
+    assert sharing.num_shared_blocks(whole, 4) == 4
+    assert sharing.num_shared_blocks(whole, 4, greedy=True) is None   # outputs may coincide
+    odd = chunked(5, [9, 1], 16)                     # a shared hash after a private one
+    assert SharedPrefixes.scan([a, odd]).num_shared_blocks(odd, 4) == 4
+
+
+@pytest.mark.parametrize("fields", [
+    dict(may_be_continued=True), dict(continues="a"), dict(prefix_hashes=None),
+    dict(prompt_token_ids=np.arange(8)),
+])
+def test_a_request_another_may_continue_or_named_otherwise_may_share_everything(fields):
+    a, _, _, sharing = trio()
+    fields = {**fields, "continues": a} if "continues" in fields else fields
+    other = chunked(6, [3], 8)
+    for name, value in fields.items():
+        setattr(other, name, value)
+    assert sharing.num_shared_blocks(other, 4) is None
+
+
+def test_a_trace_without_chunk_hashes_is_not_scanned():
+    a, b, _, _ = trio()
+    assert scan_trace_sharing(lambda: iter([Request(0, 0.0, 8, 2)])) is None
+    assert scan_trace_sharing(lambda: iter([])) is None
+    assert scan_trace_sharing(lambda: iter([a, b])).num_shared_blocks(a, 4) == 4
+
+
+def story(num_shared_blocks, finish):
+    """Request A (24 prompt tokens: six full blocks of 4) runs and is freed: finished, or
+    preempted and looked up again."""
+    kv = KVCacheManager(12, 4, defer_private_blocks=True)
+    a = RequestState(chunked(1, [1, 2, 3], 24), 4)
+    a.num_shared_blocks = num_shared_blocks
+    kv.allocate(1, a, 24)
+    indexed_while_running = len(kv.pool.index)
+    if finish:
+        a.status = RequestStatus.FINISHED            # as the scheduler sets it before freeing
+    kv.free(1)
+    a.num_preemptions = int(not finish)
+    return (indexed_while_running, len(kv.pool.index), kv.free_queue(),
+            kv.pool.num_cached_free_blocks, kv.lookup(a).block_ids)
+
+
+def test_a_finished_requests_private_blocks_queue_as_cached_content_outside_the_index():
+    assert story(4, finish=True) == (4, 4, [6, 7, 8, 9, 10, 11, 5, 4, 3, 2, 1, 0], 6,
+                                     [0, 1, 2, 3])
+    assert story(None, finish=True) == (6, 6, [6, 7, 8, 9, 10, 11, 5, 4, 3, 2, 1, 0], 6,
+                                        [0, 1, 2, 3, 4])
+
+
+def test_a_preempted_request_registers_its_private_blocks_and_resumes_on_them():
+    assert story(4, finish=False)[1:] == story(None, finish=False)[1:]
+    assert story(4, finish=False)[:2] == (4, 6)        # indexed only once it was preempted
+    assert story(4, finish=False)[4] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate"),
+    dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", sampling="greedy"),
+    dict(num_gpu_blocks=2000, max_num_seqs=8),
+])
+def test_a_mooncake_run_with_preemptions_is_unchanged(settings):
+    """The bundled Mooncake sample on tight pools (preemptions, truncated prompts): the same
+    steps, requests and prefix stats with and without skipping the private blocks."""
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.serving import results
+    from kvsim.sim.serving.runner import simulate
+
+    config = RunConfig(model="llama-2-7b", block_size=16, **settings)
+    read = partial(load_trace, sample_path("mooncake"))
+
+    def frames(sharing):
+        r = simulate(read(), config, keep_steps=True, sharing=sharing)
+        stats = [rep.kv.prefix_stats for rep in r.replicas]
+        return results.steps_frame(r), results.requests_frame(r), stats
+
+    skipped, eager = frames(scan_trace_sharing(read)), frames(None)
+    assert skipped[0].equals(eager[0]) and skipped[1].equals(eager[1])
+    assert skipped[2] == eager[2]
+    assert eager[0]["preemptions"].sum() > 0 or settings.get("max_num_seqs")
+    assert eager[2][0].num_hit_tokens > 0

@@ -1,0 +1,72 @@
+"""Which blocks of a trace's requests no other request can ever hit: one pass over the trace.
+
+A trace with per-chunk prefix hashes (Mooncake's ``hash_ids``) names each engine block by the
+hash of the chunk holding its last token (:func:`kvsim.workloads.identity.expand_prefix_hashes`),
+so two requests can share a block only where they carry the same chunk hash. A chunk hash that
+one request alone carries, in the whole trace, names blocks that only this request can look
+up (after a preemption), never another. :class:`SharedPrefixes` collects the hashes that two
+or more requests carry; :meth:`SharedPrefixes.num_shared_blocks` gives, for one request, how
+many leading blocks may be shared: every block from there on (the rest of the prompt and the
+generated tokens) is private to it.
+
+The KV manager registers a private block in the prefix index only if its request is preempted
+(it may then hit its own blocks); a finished one's private blocks become cached content that no
+lookup can reach (:meth:`~kvsim.cache.BlockPool.cache_unreachable`). Hits, the free queue's
+order and the cached-block counts stay those of registering every block: only index work that
+could never pay off is skipped (a third of a Mooncake run's block operations).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class SharedPrefixes:
+    """The chunk hashes two or more requests of a trace carry (see the module docstring)."""
+
+    __slots__ = ("_shared",)
+
+    def __init__(self, shared: set[int]):
+        self._shared = shared
+
+    @classmethod
+    def scan(cls, requests: Iterable) -> "SharedPrefixes":
+        """Count every request's chunk hashes (each once per request)."""
+        seen: set[int] = set()
+        shared: set[int] = set()
+        for request in requests:
+            if request.prefix_hashes is None:
+                continue
+            mine = set(request.prefix_hashes.tolist())
+            shared |= mine & seen
+            seen |= mine
+        return cls(shared)
+
+    def num_shared_blocks(self, request, block_size: int, greedy: bool = False) -> int | None:
+        """Leading ``block_size`` blocks of ``request``'s sequence that another request may
+        hit; every later block is private to it. None: all may be shared (the request's ids
+        do not come from chunk hashes alone, or it continues or may be continued by another)."""
+        if (request.prefix_hashes is None or request.prompt_token_ids is not None
+                or request.continues is not None or request.may_be_continued
+                or getattr(request, "output_token_ids", None) is not None):
+            return None
+        hashes, prompt_blocks = request.prefix_hashes.tolist(), request.prompt_tokens // block_size
+        first = len(hashes)                  # the chunks from ``first`` on are carried by it alone
+        while first and hashes[first - 1] not in self._shared:
+            first -= 1
+        start = prompt_blocks                # its last chunk is shared: so may its prompt be
+        if first < len(hashes):              # the first block whose last token is in ``first``
+            start = min(start, -(-(first * request.hash_block_size + 1) // block_size) - 1)
+        if greedy and start >= prompt_blocks:
+            return None     # greedy outputs are named by the prompt: another's may be the same
+        return start
+
+
+def scan_trace_sharing(read) -> SharedPrefixes | None:
+    """:meth:`SharedPrefixes.scan` of the requests ``read()`` yields, when the first of them
+    carries chunk hashes (None otherwise, without reading further: a trace without them shares
+    by token ids or not at all)."""
+    first = next(iter(read()), None)
+    if first is None or first.prefix_hashes is None:
+        return None
+    return SharedPrefixes.scan(read())
