@@ -209,6 +209,9 @@ class KVCacheManager:
         if not self.enable_prefix_caching or max_blocks <= 0 or (
                 getattr(tokens, "has_private_blocks", False) and not tokens.num_preemptions):
             return ()
+        if self._defer and getattr(tokens, "num_shared_blocks", None) is not None \
+                and not tokens.num_preemptions:      # its later blocks: nobody holds them yet
+            max_blocks = min(max_blocks, tokens.num_shared_blocks)
         if self._deferred:
             self._register_deferred()
         return _hashes(tokens, self.block_size, 0, max_blocks)

@@ -77,14 +77,21 @@ class RequestState:
 
     def block_hashes(self, start: int, end: int) -> list[int]:
         hashes = self._hashes
-        if hashes is None:
-            total = self.num_prompt_tokens + self.max_tokens
-            if self.has_private_blocks and not self.greedy:    # block_ids' ids, in one go
-                ids = unique_block_ids(self.request_id, 0, total // self.block_size)
-            else:
-                ids = block_ids(self.request, self.block_size, total, self.greedy)
-            hashes = self._hashes = ids.tolist()
+        if hashes is None or end > len(hashes):
+            hashes = self._hashes = self._compute_hashes(end)
         return hashes[start:end]
+
+    def _compute_hashes(self, end: int) -> list[int]:
+        """The ids of every block of the sequence, or, with ``num_shared_blocks``, of those
+        up to ``end`` or the last shared one (the others are needed only after a preemption)."""
+        total = self.num_prompt_tokens + self.max_tokens
+        if self.num_shared_blocks is not None:
+            total = min(total, max(end, self.num_shared_blocks) * self.block_size)
+        if self.has_private_blocks and not self.greedy:    # block_ids' ids, in one go
+            ids = unique_block_ids(self.request_id, 0, total // self.block_size)
+        else:
+            ids = block_ids(self.request, self.block_size, total, self.greedy)
+        return ids.tolist()
 
     def release_hashes(self) -> None:
         """Drop the cached ids (a finished request no longer needs them)."""

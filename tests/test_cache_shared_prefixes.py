@@ -119,3 +119,14 @@ def test_a_mooncake_run_with_preemptions_is_unchanged(settings):
     assert skipped[2] == eager[2]
     assert eager[0]["preemptions"].sum() > 0 or settings.get("max_num_seqs")
     assert eager[2][0].num_hit_tokens > 0
+
+
+def test_a_request_computes_its_private_blocks_ids_only_when_they_are_asked_for():
+    """A fresh lookup stops at its shared blocks; the ids of the rest come when a preemption
+    registers them, equal to those computed in one go."""
+    kv = KVCacheManager(12, 4, defer_private_blocks=True)
+    a = RequestState(chunked(1, [1, 2, 3], 24, output=6), 4)
+    a.num_shared_blocks = 4
+    assert kv.lookup(a).num_tokens == 0 and len(a._hashes) == 4
+    whole = RequestState(chunked(1, [1, 2, 3], 24, output=6), 4)
+    assert a.block_hashes(2, 7) == whole.block_hashes(2, 7) and len(a._hashes) == 7
