@@ -118,6 +118,12 @@ class KVCacheManager:
         requests (then every step must be planned: no decode run). Never here."""
         return False
 
+    @property
+    def skips_private_blocks(self) -> bool:
+        """Whether blocks only their own request can hit (``num_shared_blocks``) skip the
+        prefix index while it runs (see the module docstring)."""
+        return self._defer
+
     def registers_while_decoding(self, request_ids: Sequence) -> list[bool]:
         """For each request, whether its decode steps register the blocks they fill (prefix
         caching on, and its registration not deferred)."""

@@ -82,10 +82,11 @@ class RequestState:
         return hashes[start:end]
 
     def _compute_hashes(self, end: int) -> list[int]:
-        """The ids of every block of the sequence, or, with ``num_shared_blocks``, of those
-        up to ``end`` or the last shared one (the others are needed only after a preemption)."""
+        """The ids of every block of the sequence; at first, with ``num_shared_blocks``, of
+        those up to ``end`` or the last shared one (the others are needed only after a
+        preemption)."""
         total = self.num_prompt_tokens + self.max_tokens
-        if self.num_shared_blocks is not None:
+        if self.num_shared_blocks is not None and self._hashes is None:
             total = min(total, max(end, self.num_shared_blocks) * self.block_size)
         if self.has_private_blocks and not self.greedy:    # block_ids' ids, in one go
             ids = unique_block_ids(self.request_id, 0, total // self.block_size)

@@ -8,7 +8,7 @@ import pytest
 
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.request_state import RequestState, RequestStatus
-from kvsim.workloads import Request, load_trace
+from kvsim.workloads import Request, TraceOptions, load_trace
 from kvsim.workloads.loader import sample_path
 from kvsim.workloads.sharing import SharedPrefixes, scan_trace_sharing
 
@@ -129,4 +129,21 @@ def test_a_request_computes_its_private_blocks_ids_only_when_they_are_asked_for(
     a.num_shared_blocks = 4
     assert kv.lookup(a).num_tokens == 0 and len(a._hashes) == 4
     whole = RequestState(chunked(1, [1, 2, 3], 24, output=6), 4)
-    assert a.block_hashes(2, 7) == whole.block_hashes(2, 7) and len(a._hashes) == 7
+    assert a.block_hashes(2, 5) == whole.block_hashes(2, 5) and len(a._hashes) == 7   # all
+    assert whole.block_hashes(0, 7) == a.block_hashes(0, 7)
+
+
+@pytest.mark.parametrize("settings", [dict(eviction="lfu"), dict(kv_offloading_size=1)])
+def test_a_manager_that_registers_every_block_is_given_no_shared_counts(settings):
+    """Only the plain LRU manager skips private blocks; the others never ask."""
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.serving.runner import simulate
+
+    class Refuses(SharedPrefixes):
+        def num_shared_blocks(self, request, block_size, greedy=False):
+            raise AssertionError("asked")
+
+    config = RunConfig(model="llama-2-7b", **settings)
+    result = simulate(load_trace(sample_path("mooncake"), TraceOptions(limit=20)), config,
+                      sharing=Refuses(set()))
+    assert len(result.requests) == 20

@@ -134,6 +134,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
                         config.skip_ahead and config.layout == "paged"
                         and not deployment.multi_group, next_arrival)
                 for i in range(config.replicas)]
+    if not all(getattr(r.kv, "skips_private_blocks", False) for r in replicas):
+        sharing = None          # (a manager that registers every block has no use for it)
     env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
                           deployment.max_model_len, next_arrival, sharing))
     start = time.perf_counter()
