@@ -63,6 +63,14 @@ def test_a_trace_without_chunk_hashes_is_not_scanned():
     assert scan_trace_sharing(lambda: iter([Request(0, 0.0, 8, 2)])) is None
     assert scan_trace_sharing(lambda: iter([])) is None
     assert scan_trace_sharing(lambda: iter([a, b])).num_shared_blocks(a, 4) == 4
+    session = chunked(0, [1], 8, may_be_continued=True)       # a generated chat trace's line
+    assert scan_trace_sharing(lambda: iter([session, a, b])) is None
+
+
+def test_a_trace_with_more_distinct_chunk_hashes_than_the_limit_is_not_counted():
+    a, b, _, _ = trio()
+    assert SharedPrefixes.scan([a, b], max_hashes=4) is not None     # hashes 1, 2, 3, 4
+    assert SharedPrefixes.scan([a, b], max_hashes=3) is None
 
 
 def story(num_shared_blocks, finish):

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
+#: Most distinct chunk hashes a trace may hold for the pass (about 150 MB of sets at most).
+MAX_HASHES = 2_000_000
+
 
 class SharedPrefixes:
     """The chunk hashes two or more requests of a trace carry (see the module docstring)."""
@@ -30,8 +33,9 @@ class SharedPrefixes:
         self._shared = shared
 
     @classmethod
-    def scan(cls, requests: Iterable) -> "SharedPrefixes":
-        """Count every request's chunk hashes (each once per request)."""
+    def scan(cls, requests: Iterable, max_hashes: int = MAX_HASHES) -> "SharedPrefixes | None":
+        """Count every request's chunk hashes (each once per request); None when the trace
+        holds more than ``max_hashes`` distinct ones (the sets would outgrow the run)."""
         seen: set[int] = set()
         shared: set[int] = set()
         for request in requests:
@@ -40,15 +44,15 @@ class SharedPrefixes:
             mine = set(request.prefix_hashes.tolist())
             shared |= mine & seen
             seen |= mine
+            if len(seen) > max_hashes:
+                return None
         return cls(shared)
 
     def num_shared_blocks(self, request, block_size: int, greedy: bool = False) -> int | None:
         """Leading ``block_size`` blocks of ``request``'s sequence that another request may
         hit; every later block is private to it. None: all may be shared (the request's ids
         do not come from chunk hashes alone, or it continues or may be continued by another)."""
-        if (request.prefix_hashes is None or request.prompt_token_ids is not None
-                or request.continues is not None or request.may_be_continued
-                or getattr(request, "output_token_ids", None) is not None):
+        if not may_have_private_blocks(request):
             return None
         hashes, prompt_blocks = request.prefix_hashes.tolist(), request.prompt_tokens // block_size
         first = len(hashes)                  # the chunks from ``first`` on are carried by it alone
@@ -62,11 +66,19 @@ class SharedPrefixes:
         return start
 
 
+def may_have_private_blocks(request) -> bool:
+    """Whether ``request``'s block ids come from its chunk hashes alone and nothing continues
+    it (or is continued by it), so that some of its blocks may be private."""
+    return (request.prefix_hashes is not None and request.prompt_token_ids is None
+            and request.continues is None and not request.may_be_continued
+            and getattr(request, "output_token_ids", None) is None)
+
+
 def scan_trace_sharing(read) -> SharedPrefixes | None:
     """:meth:`SharedPrefixes.scan` of the requests ``read()`` yields, when the first of them
-    carries chunk hashes (None otherwise, without reading further: a trace without them shares
-    by token ids or not at all)."""
+    may have private blocks (None otherwise, without reading further: a trace of token ids,
+    of sessions that continue each other, or without identity gains nothing from the pass)."""
     first = next(iter(read()), None)
-    if first is None or first.prefix_hashes is None:
+    if first is None or not may_have_private_blocks(first):
         return None
     return SharedPrefixes.scan(read())
