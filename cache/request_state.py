@@ -77,19 +77,24 @@ class RequestState:
 
     def block_hashes(self, start: int, end: int) -> list[int]:
         hashes = self._hashes
-        if hashes is None or end > len(hashes):
+        if hashes is None or (end > len(hashes) and len(hashes) < self._num_blocks()):
             hashes = self._hashes = self._compute_hashes(end)
         return hashes[start:end]
+
+    def _num_blocks(self) -> int:
+        """Full blocks of the whole sequence (prompt and every output token)."""
+        return (self.num_prompt_tokens + self.max_tokens) // self.block_size
 
     def _compute_hashes(self, end: int) -> list[int]:
         """The ids of every block of the sequence; at first, with ``num_shared_blocks``, of
         those up to ``end`` or the last shared one (the others are needed only after a
         preemption)."""
-        total = self.num_prompt_tokens + self.max_tokens
+        num_blocks = self._num_blocks()
         if self.num_shared_blocks is not None and self._hashes is None:
-            total = min(total, max(end, self.num_shared_blocks) * self.block_size)
+            num_blocks = min(num_blocks, max(end, self.num_shared_blocks))
+        total = num_blocks * self.block_size
         if self.has_private_blocks and not self.greedy:    # block_ids' ids, in one go
-            ids = unique_block_ids(self.request_id, 0, total // self.block_size)
+            ids = unique_block_ids(self.request_id, 0, num_blocks)
         else:
             ids = block_ids(self.request, self.block_size, total, self.greedy)
         return ids.tolist()
