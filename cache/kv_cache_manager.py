@@ -309,11 +309,12 @@ class KVCacheManager:
         if entry is not None:
             if entry.deferred is not None:
                 del self._deferred[request_id]
-                seq = entry.deferred
-                self._register(entry, reachable=not (seq.status is RequestStatus.FINISHED
-                                                     and seq.unreachable_when_finished))
-            elif entry.private is not None:
-                self._settle_private(entry)
+                seq, entry.deferred = entry.deferred, None
+                self._register(entry, seq, reachable=not (seq.status is RequestStatus.FINISHED
+                                                          and seq.unreachable_when_finished))
+            elif entry.private is not None:     # its private blocks: as a deferred entry's
+                seq, entry.private = entry.private, None
+                self._register(entry, seq, reachable=seq.status is not RequestStatus.FINISHED)
             self.pool.free_blocks(reversed(entry.block_ids))
 
     def is_registration_deferred(self, request_id) -> bool:
@@ -336,24 +337,11 @@ class KVCacheManager:
             entry.private = tokens
         return entry
 
-    def _settle_private(self, entry: _RequestBlocks) -> None:
-        """At a free, the blocks after a sequence's shared ones (``num_shared_blocks``, never
-        registered while it ran): content no lookup can reach once it finished, registered
-        when it was preempted (it may hit them when it comes back)."""
-        seq = entry.private
-        n = len(seq)
-        num_tokens = entry.num_slots if entry.num_slots < n else n
-        if seq.status is RequestStatus.FINISHED:
-            self.pool.cache_unreachable(
-                entry.block_ids[entry.num_cached:num_tokens // self.block_size])
-        else:
-            self._cache_full_blocks(entry, seq, num_tokens, shared_only=False)
-
-    def _register(self, entry: _RequestBlocks, reachable: bool = True) -> None:
-        """Register a deferred entry's full blocks, as allocating them would have; not
-        ``reachable`` (a finished request nothing can continue): as cached content no lookup
-        can reach, queued and counted alike, without computing their ids or indexing them."""
-        seq, entry.deferred = entry.deferred, None
+    def _register(self, entry: _RequestBlocks, seq, reachable: bool = True) -> None:
+        """Register the full blocks of ``seq`` that ``entry`` left unregistered (deferred, or
+        private after its shared ones), as allocating them would have; not ``reachable`` (a
+        finished request no other can hit): as cached content no lookup can reach, queued
+        and counted alike, without computing their ids or indexing them."""
         n = len(seq)
         num_tokens = entry.num_slots if entry.num_slots < n else n
         if reachable:
@@ -365,7 +353,8 @@ class KVCacheManager:
     def _register_deferred(self) -> None:
         """Another sequence uses the prefix index: register every deferred block first."""
         for entry in self._deferred.values():
-            self._register(entry)
+            seq, entry.deferred = entry.deferred, None
+            self._register(entry, seq)
         self._deferred.clear()
 
     def _adopt(self, entry: _RequestBlocks, hit: CacheHit) -> None:
@@ -376,12 +365,11 @@ class KVCacheManager:
         entry.num_slots = hit.num_tokens
         entry.num_cached = len(hit.block_ids)
 
-    def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int,
-                           shared_only: bool = True) -> None:
-        """Register the full blocks within ``num_tokens`` not registered yet (with
-        ``shared_only``, of a sequence with private blocks, only its shared ones)."""
+    def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int) -> None:
+        """Register the full blocks within ``num_tokens`` not registered yet (of a sequence
+        with private blocks, only its shared ones)."""
         num_full = num_tokens // self.block_size
-        if shared_only and entry.private is not None:
+        if entry.private is not None:
             num_full = min(num_full, max(tokens.num_shared_blocks, entry.num_cached))
         if num_full <= entry.num_cached:
             return
