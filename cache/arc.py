@@ -7,8 +7,9 @@ from collections import OrderedDict
 from itertools import compress
 from operator import not_
 
+from kvsim.cache.bulk import delete_all, gather, set_all
 from kvsim.cache.ghost import Ghost
-from kvsim.cache.queue_pool import QueuePolicy, delete_all, gather, set_all
+from kvsim.cache.queue_pool import QueuePolicy
 
 
 class ARCPolicy(QueuePolicy):

@@ -21,12 +21,11 @@ pool class for a policy.
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
+from kvsim.cache.bulk import delete_all, gather, set_all, set_each
 from kvsim.cache.free_queue import FreeQueue
 
 # What an LRU pool's block holds besides nothing (0): content in the prefix index, or content
@@ -36,12 +35,15 @@ _INDEXED, _UNREACHABLE = 1, 2
 
 class PrefixIndex:
     """Hash -> blocks holding that content. Identical blocks are not merged (block tables are
-    append-only), so one hash may name several blocks; the oldest is returned first."""
+    append-only), so one hash may name several blocks; the oldest is returned first.
+    ``num_shared_hashes``: hashes held by more than one block (while none is, a removal needs
+    no check of who holds the hash)."""
 
-    __slots__ = ("_map",)
+    __slots__ = ("_map", "num_shared_hashes")
 
     def __init__(self) -> None:
         self._map: dict[int, int | dict[int, None]] = {}
+        self.num_shared_hashes = 0
 
     def __len__(self) -> int:
         return len(self._map)
@@ -68,6 +70,7 @@ class PrefixIndex:
             self._map[block_hash] = block_id
         elif isinstance(found, int):
             self._map[block_hash] = {found: None, block_id: None}
+            self.num_shared_hashes += 1
         else:
             found[block_id] = None
 
@@ -84,12 +87,13 @@ class PrefixIndex:
         for block_id, block_hash in zip(block_ids, block_hashes):
             self.insert(block_hash, block_id)
 
-    def remove_many(self, block_hashes: list, block_ids: list[int]) -> None:
+    def remove_many(self, block_hashes: Sequence[int], block_ids: list[int]) -> None:
         """``remove`` for each pair, in one pass of ``dict`` deletions when each hash has a
         single holder (then it is the block given)."""
         index = self._map
-        if set(map(type, map(index.__getitem__, block_hashes))) == {int}:
-            deque(map(index.__delitem__, block_hashes), 0)
+        if not self.num_shared_hashes or set(
+                map(type, map(index.__getitem__, block_hashes))) == {int}:
+            delete_all(index, block_hashes)
             return
         for block_hash, block_id in zip(block_hashes, block_ids):
             self.remove(block_hash, block_id)
@@ -104,9 +108,11 @@ class PrefixIndex:
         del found[block_id]
         if len(found) == 1:
             self._map[block_hash] = next(iter(found))
+            self.num_shared_hashes -= 1
 
     def clear(self) -> None:
         self._map.clear()
+        self.num_shared_hashes = 0
 
 
 class BlockPool:
@@ -204,8 +210,8 @@ class BlockPool:
         indexed = block_ids[content == _INDEXED].tolist()
         if indexed:
             hashes = self.block_hashes
-            found = list(map(hashes.__getitem__, indexed))
-            deque(map(hashes.__setitem__, indexed, repeat(None)), 0)
+            found = gather(hashes, indexed)
+            set_all(hashes, indexed, None)
             self.index.remove_many(found, indexed)
             if self.evicted is not None:
                 self.evicted.extend(zip(indexed, found))
@@ -250,7 +256,7 @@ class BlockPool:
         (None at the root). LRU needs no chain information and ignores both."""
         block_ids, block_hashes = list(block_ids), list(block_hashes)
         if block_ids:
-            deque(map(self.block_hashes.__setitem__, block_ids, block_hashes), 0)
+            set_each(self.block_hashes, block_ids, block_hashes)
             self._content[block_ids] = _INDEXED
             self.index.insert_many(block_hashes, block_ids)
 

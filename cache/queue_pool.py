@@ -28,9 +28,9 @@ children. An orphaned child is unreachable and ages out.
 from __future__ import annotations
 
 from collections import OrderedDict
-from operator import itemgetter
 from typing import Iterable
 
+from kvsim.cache.bulk import set_all
 from kvsim.cache.policy_pool import PolicyPool
 
 
@@ -77,27 +77,6 @@ class QueuePolicy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def set_all(values: list, indices, value) -> None:
-    """``values[i] = value`` for every ``i`` of ``indices`` (a plain loop: ``map`` over
-    ``values.__setitem__``, a slot wrapper, is three times slower)."""
-    for i in indices:
-        values[i] = value
-
-
-def gather(values, indices: list[int]) -> tuple:
-    """``values[i]`` for each ``i`` of ``indices``, as a tuple: ``operator.itemgetter`` loops
-    in C, about three times faster than ``map(values.__getitem__, indices)``."""
-    if len(indices) > 1:
-        return itemgetter(*indices)(values)
-    return (values[indices[0]],) if indices else ()
-
-
-def delete_all(queue: OrderedDict, keys) -> None:
-    """``del queue[k]`` for each of ``keys``."""
-    for key in keys:
-        del queue[key]
 
 
 class QueuePool(PolicyPool):

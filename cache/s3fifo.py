@@ -25,8 +25,9 @@ from collections import deque
 from itertools import chain, compress, groupby, takewhile
 from operator import countOf, indexOf, itemgetter, not_, or_
 
+from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.ghost import Ghost
-from kvsim.cache.queue_pool import QueuePolicy, gather, set_all
+from kvsim.cache.queue_pool import QueuePolicy
 
 
 class _Run:

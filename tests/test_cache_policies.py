@@ -219,6 +219,8 @@ def check_invariants(m: KVCacheManager, parent):
     assert pool.num_free_blocks == len(free) == len(pool.free_queue())
     assert sorted(pool.free_queue()) == free
     assert pool.num_cached_free_blocks == sum(1 for b in free if pool.is_cached(b))
+    assert pool.index.num_shared_hashes == sum(
+        not isinstance(v, int) for v in pool.index._map.values())
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

@@ -230,6 +230,8 @@ class CacheMachine(RuleBasedStateMachine):
         hashed = [b for b in range(pool.num_blocks) if pool.is_cached(b)]
         entries = sum(1 if isinstance(v, int) else len(v) for v in pool.index._map.values())
         assert entries == len(hashed)
+        assert pool.index.num_shared_hashes == sum(
+            not isinstance(v, int) for v in pool.index._map.values())
         assert len(pool.index) == len({pool.block_hashes[b] for b in hashed})
         for b in hashed:
             assert pool.cached_block(pool.block_hashes[b]) is not None

@@ -13,9 +13,9 @@ from collections import OrderedDict
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.cache.ghost import Ghost
-from kvsim.cache.queue_pool import gather, set_all
 
 from queue_reference import RefARCPolicy, RefQueuePool, RefS3FIFOPolicy
 from pool_stories import put, use
