@@ -25,13 +25,15 @@ pinned (``ref_cnt > 0``) from :meth:`prepare_load` to :meth:`complete_load`. Onl
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from kvsim.cache.bulk import delete_all
+from kvsim.cache.chain_touch import ChainTouches
 from kvsim.cache.free_queue import FreeQueue
 from kvsim.cache.recency import RecencyOrder
 
@@ -109,7 +111,7 @@ class LRUOffloadingManager:
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
         self._recency = RecencyOrder(num_blocks)
         self._version = np.zeros(num_blocks, dtype=np.int64)  # bumped when a block is given up
-        self._chains: dict[object, tuple[np.ndarray, np.ndarray]] = {}   # see touch_chain
+        self._chains = ChainTouches(self._recency, self._ids, self._version)   # see touch_chain
         self.num_dropped_blocks = 0    # blocks a store could not make room for
 
     @property
@@ -129,6 +131,7 @@ class LRUOffloadingManager:
     @property
     def blocks(self) -> list[int]:
         """The held hashes, least recently used first."""
+        self._chains.settle_all()
         return self._hash_of[self._recency.ids()].tolist()
 
     def get(self, block_hash: int) -> HostBlock | None:
@@ -170,23 +173,13 @@ class LRUOffloadingManager:
     def touch_chain(self, key, n: int, hashes_at) -> None:
         """``touch`` the first ``n`` blocks of the chain ``key`` (a request's blocks, touched
         again each time it stores one), where ``hashes_at(positions)`` gives the hashes at
-        those positions. The host blocks found are kept for the next call, which looks up
-        only the positions whose block was given up since or was not held."""
-        ids, versions = self._chains.get(key, (_NO_IDS, _NO_IDS))
-        ids, versions = ids[:n], versions[:n]
-        valid = self._version[ids] == versions      # (-1: never valid, versions are >= 0)
-        if len(ids) < n or not valid.all():
-            ids = np.concatenate((np.where(valid, ids, -1), np.full(n - len(ids), -1)))
-            redo = np.flatnonzero(ids < 0)
-            ids[redo] = self._ids(hashes_at(redo.tolist()))
-            versions = np.where(ids >= 0, self._version[ids], -1)
-            self._chains[key] = ids, versions
-        held = ids[ids >= 0][::-1]
-        if len(held):
-            self._recency.move_many_to_end(held)
+        those positions: applied once an eviction reaches the chain, or when it is forgotten,
+        with the same victims and order (:mod:`kvsim.cache.chain_touch`)."""
+        self._chains.touch(key, n, hashes_at)
 
     def forget_chain(self, key) -> None:
-        self._chains.pop(key, None)
+        """The chain's request ended (call before its blocks' hashes change)."""
+        self._chains.forget(key)
 
     def prepare_store(self, block_hashes: Sequence[int]) -> StoreResult | None:
         """Reserve host blocks for the hashes not yet offloaded, evicting what must go; None
@@ -214,8 +207,12 @@ class LRUOffloadingManager:
         """The copies are done: the blocks become loadable (and evictable); or they failed
         (never ran): the blocks are given up."""
         ids = self._ids(dict.fromkeys(block_hashes))
-        ids = ids[ids >= 0]
-        ids = ids[self._ref[ids] < 0]
+        self.complete_store_blocks(ids[ids >= 0], success)
+
+    def complete_store_blocks(self, block_ids: np.ndarray, success: bool = True) -> None:
+        """:meth:`complete_store` by host block (distinct ids that :meth:`prepare_store` gave:
+        a block being stored keeps its hash until then); those already complete are left."""
+        ids = block_ids[self._ref[block_ids] < 0]
         if success:
             self._ref[ids] = 0
         elif len(ids):
@@ -228,7 +225,7 @@ class LRUOffloadingManager:
     def _release(self, ids: np.ndarray, evicted: bool) -> list[int]:
         """Give up the blocks ``ids`` (in this order); their hashes."""
         hashes = self._hash_of[ids].tolist()
-        deque(map(self._id_of.__delitem__, hashes), maxlen=0)
+        delete_all(self._id_of, hashes)
         self._version[ids] += 1
         self._forget(ids, hashes, evicted)
         self.backend.give_back(ids.tolist())
@@ -237,9 +234,17 @@ class LRUOffloadingManager:
     # --- recency hooks -------------------------------------------------------------------
 
     def _victims(self, n: int) -> np.ndarray | None:
-        """The ``n`` blocks to evict (ready, not being loaded), in order; None if too few."""
-        ref = self._ref
-        return self._recency.first(n, lambda ids: ref[ids] == 0)
+        """The ``n`` blocks to evict (ready, not being loaded), in order; None if too few.
+        Pending chain touches that could move one of them are applied first."""
+        ref, chains = self._ref, self._chains
+        while True:
+            victims = self._recency.first(n, lambda ids: ref[ids] == 0)
+            if victims is None or not len(victims) or not len(chains):
+                return victims
+            newest = int(self._recency.stamps(victims[-1:])[0])
+            if newest < chains.lowest_floor():
+                return victims
+            chains.settle_until(newest)
 
     def _remember(self, hashes: list[int], ids: list[int]) -> None:
         """New blocks, just reserved: the most recently used."""

@@ -25,6 +25,8 @@ Pure bookkeeping: the copies are pairs the step plan carries, charged by the cos
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvsim.cache.kv_cache_manager import KVCacheManager, _hashes
 from kvsim.cache.prefix_hit import CacheHit
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE, TRANSFER_KINDS, BlockTransfer
@@ -53,12 +55,12 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._transfers: list[BlockTransfer] = []
         self._written: set[int] = set()
         self._next_stored: dict[object, int] = {}       # request -> first block not offered
-        self._being_stored: dict[object, list[int]] = {}    # request -> hashes it stores
+        self._being_stored: dict[object, list[int]] = {}    # request -> host blocks it stores
         # (request, GPU block, host block, hash): copies to run after this step's forward
         self._copies: list[tuple[object, int, int, int]] = []
         self._planning = False     # between begin_step and take_transfers
         self._loading: list[list[int]] = []             # hashes loaded in the last step
-        self._finishing: list[int] = []     # stores of finished requests, copies run
+        self._finishing: list[int] = []     # host blocks of finished requests, copies run
         self._finished: list[int] = []      # ... whose copies run in the next step
 
     def acts_without_new_blocks(self, sequences) -> bool:
@@ -111,19 +113,22 @@ class OffloadingKVCacheManager(KVCacheManager):
         fills) one step later. A request preempted while the step is planned never computes
         the blocks this step fills: their stores are given up (vLLM stores for scheduled
         requests only)."""
+        self.offload.forget_chain(request_id)      # (reads the request's blocks' hashes)
         super().free(request_id)
-        self.offload.forget_chain(request_id)
         self._next_stored.pop(request_id, None)
         stored = self._being_stored.pop(request_id, None)
         if not stored:
             return
-        queued = {c[3] for c in self._copies if c[0] == request_id}
+        queued = [c[2] for c in self._copies if c[0] == request_id]     # (host blocks)
         if queued and self._planning:
             self._copies = [c for c in self._copies if c[0] != request_id]
-            self.offload.complete_store(queued, success=False)
+            self.offload.complete_store_blocks(np.array(queued, dtype=np.int64), success=False)
         elif queued:
             self._finished.extend(queued)   # copied in the next step, loadable after it
-        self._finishing.extend(h for h in stored if h not in queued)
+        if queued:
+            queued = set(queued)
+            stored = [b for b in stored if b not in queued]
+        self._finishing.extend(stored)
 
     # --- the step's copies ---------------------------------------------------------------
 
@@ -135,7 +140,7 @@ class OffloadingKVCacheManager(KVCacheManager):
             offload.complete_load(hashes)
         self._loading.clear()
         if self._finishing:
-            offload.complete_store(self._finishing)
+            offload.complete_store_blocks(np.array(self._finishing, dtype=np.int64))
         self._finishing, self._finished = self._finished, []
         if self._copies:
             copies, self._copies = self._copies, []
@@ -192,7 +197,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         host_of = dict(result.stored)
         self._copies.extend((request_id, b, host_of[h], h)
                             for b, h in zip(ids, hashes) if h in host_of)
-        self._being_stored.setdefault(request_id, []).extend(host_of)
+        self._being_stored.setdefault(request_id, []).extend(host_of.values())
         table = entry.block_ids
         self.offload.touch_chain(request_id, end, lambda positions: [
             block_hashes[table[p]] for p in positions])

@@ -75,6 +75,32 @@ class RecencyOrder:
         self._stamp[block_ids] = _NOT_QUEUED
         self._len -= len(block_ids)
 
+    def reserve(self, k: int) -> int:
+        """Set aside ``k`` stamps, newer than any given so far and older than any given
+        later; returns the first (see :meth:`raise_to`)."""
+        self._clock += k
+        return self._clock - k
+
+    def stamps(self, block_ids: np.ndarray) -> np.ndarray:
+        """The blocks' stamps (larger: more recent)."""
+        return self._stamp[block_ids]
+
+    def raise_to(self, block_ids: np.ndarray, stamps: np.ndarray) -> None:
+        """Give queued blocks (distinct) the ``stamps`` (reserved ones) where those are newer
+        than theirs. A block raised to below the candidate list's newest would belong inside
+        the list: then it is rebuilt at the next request."""
+        current = self._stamp[block_ids]
+        if (current == _NOT_QUEUED).any():
+            raise ValueError("a block to raise is not queued")
+        raised = stamps > current
+        if not raised.any():
+            return
+        block_ids, stamps = block_ids[raised], stamps[raised]
+        self._stamp[block_ids] = stamps
+        if len(self._stamps) and stamps.min() < self._stamps[-1]:
+            self._candidates, self._stamps, self._pos = _NONE, _NONE, 0
+            self._complete = False
+
     def _restamp(self, block_ids: np.ndarray) -> None:
         k = len(block_ids)
         self._stamp[block_ids] = np.arange(self._clock, self._clock + k)

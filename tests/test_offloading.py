@@ -87,7 +87,7 @@ def test_touching_a_chain_again_finds_blocks_given_up_and_stored_again_since():
     assert m.blocks == plain.blocks == [5, 6, 3, 1]
     assert looked_up[1] == [1, 2]                      # 1's block was kept: not looked up
     m.touch_chain("a", 2, hashes_at)                   # 2 is still not held
-    assert looked_up[2] == [1] and m.blocks == [5, 6, 3, 1]
+    assert m.blocks == [5, 6, 3, 1] and looked_up[2] == [1]    # (applied to be read)
 
 
 def test_arc_promotes_a_touched_block_and_evicts_from_t1_first():
