@@ -26,7 +26,8 @@ import numpy as np
 
 _NOT_QUEUED = -1
 _NONE = np.zeros(0, dtype=np.int64)
-#: Fewest candidates a rebuilt list holds (a rebuild costs one pass over the queued blocks).
+#: Fewest candidates a rebuilt list holds (a rebuild costs one pass over the queued blocks, so
+#: it holds an eighth of them when that is more).
 MIN_CANDIDATES = 4096
 
 
@@ -114,7 +115,7 @@ class RecencyOrder:
         are, None (or those there are, with ``partial``)."""
         if n <= 0:
             return _NONE
-        rebuilt, k = False, max(MIN_CANDIDATES, 4 * n)
+        rebuilt, k = False, max(MIN_CANDIDATES, 4 * n, self._len // 8)
         while True:
             found = self._scan(n, eligible)
             if len(found) == n or (rebuilt and self._complete):
