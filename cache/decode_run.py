@@ -123,10 +123,13 @@ def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
     return lo if lo >= 2 else 0
 
 
-def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSteps:
+def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
+                 stop=None) -> DecodeSteps:
     """Perform the next ``n`` steps of ``run`` on ``kv`` (a paged
     :class:`~kvsim.cache.KVCacheManager`) and bring the requests' counters forward;
     ``finish(seq)`` ends a request at the end of its last step (the scheduler's).
+    ``stop(j, transfers)``, with a host tier: called after each step with its copies; True
+    ends the commit there (fewer than ``n`` steps, as many as the result holds).
 
     The block events (a request opening a block, or filling one it registers) of all ``n``
     steps are found in one array operation; only they call ``kv.allocate``, step by step in
@@ -156,8 +159,9 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None) -> DecodeSt
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     else:
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events(), first,
-                                                                      host)
-        finished = []
+                                                                      host, stop)
+        n, finished = len(used), []
+        steps, num_staying, internal = steps[:n], num_staying[:n], internal[:n]
     run.num_committed += n
     _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
     return DecodeSteps(run.num_seqs - np.searchsorted(ends, steps, side="left"), num_staying,
@@ -239,18 +243,24 @@ def _open_in_bulk(kv, run: DecodeRun, opens: np.ndarray):
     return used + taken, idle - np.maximum(taken - num_unhashed, 0)
 
 
-def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host):
-    """As :func:`_allocate_events`, with the host tier's copies (and usage) of each step."""
+def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host,
+                                stop=None):
+    """As :func:`_allocate_events`, with the host tier's copies (and usage) of each step;
+    until ``stop(j, transfers)`` says so after step ``j``."""
     pool, n = kv.pool, len(events)
     used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
-    transfers = []
+    transfers, rows, cols = [], *np.nonzero(events)
+    at = np.searchsorted(rows, np.arange(n + 1)).tolist()      # events of step j: at[j]..
+    cols = cols.tolist()
     for j in range(n):
         kv.begin_step()
-        for i in np.flatnonzero(events[j]).tolist():
+        for i in cols[at[j]:at[j + 1]]:
             _open_or_fill(kv, run, i, first + j)
         used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
         transfers.append(list(kv.take_transfers()))
         host_used[j] = host.num_cached_blocks + host.num_pinned_blocks
+        if stop is not None and stop(j, transfers[-1]):
+            return used[:j + 1], idle[:j + 1], host_used[:j + 1], transfers
     return used, idle, host_used, transfers
 
 

@@ -225,16 +225,28 @@ class Scheduler:
                               finish, n, self._host is not None)
         return self._run
 
-    def commit_decode_run(self, run: DecodeRun, num_steps: int) -> DecodeSteps:
+    def commit_decode_run(self, run: DecodeRun, num_steps: int, stop=None) -> DecodeSteps:
         """Take the next ``num_steps`` steps of ``run`` (planned by :meth:`plan_decode_run`,
         nothing scheduled since): their block allocations and copies, the finishes, every
-        request's counters brought forward. Returns what each step left (for the step log)."""
+        request's counters brought forward. Returns what each step left (for the step log).
+        With copies (``run.has_transfers``), ``stop(j, transfers)`` is told of each step in
+        turn and may end the commit after it; so does a step after which the next ones must
+        be planned one by one (the run ends there)."""
         if run is not self._run or not 0 < num_steps <= run.num_left:
             raise ValueError(f"cannot commit {num_steps} of the {run.num_left} steps left of "
                              "a decode run" + (" planned before the last step" if
                                               run is not self._run else ""))
-        facts = decode_run.commit_steps(self.kv, run, num_steps, self._host, self._finish)
-        if run.has_transfers and self.kv.acts_without_new_blocks(run.requests):
+        ended = []
+
+        def after_step(j: int, transfers) -> bool:
+            told = stop is not None and stop(j, transfers)
+            if self.kv.acts_without_new_blocks(run.requests):
+                ended.append(j)
+            return told or bool(ended)
+
+        facts = decode_run.commit_steps(self.kv, run, num_steps, self._host, self._finish,
+                                        after_step if run.has_transfers else None)
+        if ended:
             run.max_steps = run.num_committed     # the next steps must be planned one by one
         if not run.num_left:
             self._run = None

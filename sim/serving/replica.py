@@ -194,19 +194,20 @@ class Replica:
                             horizon: float):
         """Commit the run step by step while steps start before ``horizon``, each lengthened
         by the executor's time for the copies it asks for."""
-        parts, durations, moved, t, j = [], [], [], now, 0
-        while run.num_left and (not j or t < horizon):
-            facts = self.scheduler.commit_decode_run(run, 1)
+        durations, moved, end = [], [], [now]
+
+        def stop(j: int, transfers) -> bool:
             duration, seconds = float(compute[j]), 0.0
-            if facts.transfers[0]:
-                seconds = self.executor.transfer_time(StepPlan(transfers=facts.transfers[0]))
+            if transfers:
+                seconds = self.executor.transfer_time(StepPlan(transfers=transfers))
                 duration = duration + seconds
-            t = t + duration
-            parts.append(facts)
+            end[0] = end[0] + duration
             durations.append(duration)
             moved.append(seconds)
-            j += 1
-        return DecodeSteps.concatenate(parts), np.array(durations), np.array(moved)
+            return end[0] >= horizon
+
+        facts = self.scheduler.commit_decode_run(run, min(run.num_left, len(compute)), stop)
+        return facts, np.array(durations), np.array(moved)
 
     def _rows(self, now: float, durations, moved, facts: DecodeSteps) -> np.ndarray:
         """The step log's rows for the steps of a decode run (one array, columns in
