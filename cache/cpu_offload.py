@@ -97,10 +97,10 @@ class LRUOffloadingManager:
 
     The host blocks' state lives in arrays indexed by host block id (the hash each holds and
     vLLM's ``ref_cnt``), found by hash through one ``dict``; the recency order is a
-    :class:`~kvsim.cache.free_queue.FreeQueue` of host ids, least recent at the head, so that
-    touching a request's whole chain, as vLLM does each time it stores a block, is a few array
-    operations rather than a move per block. Subclasses keep another order (ARC) through the
-    recency hooks at the end."""
+    :class:`~kvsim.cache.recency.RecencyOrder` of host ids (a stamp each), and the touch of a
+    request's whole chain, which vLLM does each time it stores a block, waits until an
+    eviction could tell (:class:`~kvsim.cache.chain_touch.ChainTouches`). Subclasses keep
+    another order (ARC) through the recency hooks at the end."""
 
     policy = "lru"
 
