@@ -11,13 +11,12 @@ would give (:meth:`RecencyOrder.reserve`, one per position, so that they order e
 immediate touch would) and the chain's length then. A pending chain also keeps a *floor*, a
 stamp no block of its positions is older than: the oldest block it covers when it is first
 touched (or that touch's stamp), the touch itself once applied; a block stored later is newer
-still. Victims older than every
-pending floor are victims of the immediate touches too (every pending block is newer than
-them either way), so an eviction needs a pending chain applied only once it reaches the
-chain's floor (:meth:`ChainTouches.settle_until`); forgetting a chain (its request ends)
-applies it. Applying raises each held block's stamp to the touch's (a block stored or touched
-since the touch keeps its newer stamp), which is what the immediate touches leave: the latest
-event orders a block.
+still. Victims older than every pending floor are victims of the immediate touches too (every
+pending block is newer than them either way), so an eviction needs a pending chain applied
+only once it reaches the chain's floor (:meth:`ChainTouches.settle_until`); forgetting a chain
+(its request ends) applies it. Applying raises each held block's stamp to the touch's (a block
+stored or touched since the touch keeps its newer stamp), which is what the immediate touches
+leave: the latest event orders a block.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import math
 import numpy as np
 
 from kvsim.cache.recency import RecencyOrder
+
 
 class ChainTouches:
     """Pending chain touches over ``recency`` (host block ids). ``ids_of(hashes)``: the host
@@ -128,12 +128,10 @@ class _ChainBlocks:
 
     def append(self, ids: np.ndarray, versions: np.ndarray) -> None:
         end = self.size + len(ids)
-        if end > len(self.ids):
+        if end > len(self.ids):     # (np.resize keeps the first entries; the rest is spare)
             capacity = max(end, 2 * len(self.ids))
-            for name in ("ids", "versions"):
-                grown = np.empty(capacity, dtype=np.int64)
-                grown[:self.size] = getattr(self, name)[:self.size]
-                setattr(self, name, grown)
+            self.ids, self.versions = np.resize(self.ids, capacity), np.resize(self.versions,
+                                                                                capacity)
         self.ids[self.size:end] = ids
         self.versions[self.size:end] = versions
         self.size = end
