@@ -207,6 +207,8 @@ class BlockPool:
         self._content[block_ids] = 0
         self.num_cached_free_blocks -= num_evicted
         self.num_evictions += num_evicted
+        if not self.index._map:      # (nothing is indexed: every cached block is unreachable)
+            return
         indexed = block_ids[content == _INDEXED].tolist()
         if indexed:
             hashes = self.block_hashes

@@ -278,11 +278,9 @@ def _bring_forward(kv, run: DecodeRun, indices: list[int], done: int | None = No
     """The counters and slots of the requests at ``indices`` as ``done`` steps of the run
     (``run.num_committed`` when None) left them."""
     done = run.num_committed if done is None else done
-    computed, requests = run.num_computed.tolist(), run.requests
-    for i in indices:
-        seq = requests[i]
+    computed, requests, num_output = run.num_computed.tolist(), run.requests, run.num_output
+    seqs = [requests[i] for i in indices]
+    for i, seq in zip(indices, seqs):
         seq.num_computed_tokens = computed[i] + done
-        seq.num_output_tokens = run.num_output[i] + done
-        grow = seq.num_computed_tokens - kv.num_slots(seq.request_id)
-        if grow:
-            kv.allocate(seq.request_id, seq, grow)
+        seq.num_output_tokens = num_output[i] + done
+    kv.grow_slots(seqs)

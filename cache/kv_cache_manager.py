@@ -303,6 +303,23 @@ class KVCacheManager:
             self._cache_full_blocks(entry, tokens, entry.num_slots if entry.num_slots < n else n)
         return new_blocks
 
+    def grow_slots(self, sequences: Iterable) -> None:
+        """Give each sequence slots up to its ``num_computed_tokens``, within the blocks it
+        holds (a decode run opened them), as :meth:`allocate` would: a request whose full blocks
+        wait to be registered only counts them; the others register the blocks they filled."""
+        entries, bs, cap = self._requests, self.block_size, self.max_model_len
+        fast = type(self).allocate is KVCacheManager.allocate
+        for seq in sequences:
+            entry = entries[seq.request_id]
+            slots = seq.num_computed_tokens
+            if slots == entry.num_slots:
+                continue
+            if (fast and entry.deferred is not None and (cap is None or slots <= cap)
+                    and slots <= len(entry.block_ids) * bs):
+                entry.num_slots = slots
+            else:
+                self.allocate(seq.request_id, seq, slots - entry.num_slots)
+
     def free(self, request_id) -> None:
         """Release a request's blocks, tail first (so a chain is evicted deepest first)."""
         entry = self._requests.pop(request_id, None)

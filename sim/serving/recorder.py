@@ -157,6 +157,9 @@ class RequestLog:
 
     def __init__(self, watch=None) -> None:
         self.columns = {name: array(code) for name, code in REQUEST_COLUMNS.items()}
+        self._blank_row = [(name, column.append, math.nan if code == "d" else 0)
+                           for (name, code), column in zip(REQUEST_COLUMNS.items(),
+                                                           self.columns.values())]
         self._row: dict[int, int] = {}
         self.watch = watch
 
@@ -168,8 +171,9 @@ class RequestLog:
         known = {"request_id": request.request_id, "arrival_s": request.arrival_s,
                  "prompt_tokens": request.prompt_tokens, "output_tokens": request.output_tokens,
                  "priority": request.priority, "replica": replica}
-        for name, column in self.columns.items():   # times NaN, counts 0 until they happen
-            column.append(known.get(name, math.nan if column.typecode == "d" else 0))
+        get = known.get
+        for name, append, blank in self._blank_row:   # times NaN, counts 0 until they happen
+            append(get(name, blank))
         if self.watch is not None:
             self.watch.on_arrival(self, len(self) - 1)
 
