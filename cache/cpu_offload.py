@@ -185,7 +185,9 @@ class LRUOffloadingManager:
         """Reserve host blocks for the hashes not yet offloaded, evicting what must go; None
         (and nothing changes) when too few blocks can be evicted."""
         held = self._id_of
-        new = [h for h in dict.fromkeys(block_hashes) if h not in held]
+        new = list(dict.fromkeys(block_hashes))
+        if not held.keys().isdisjoint(new):
+            new = [h for h in new if h not in held]
         result = StoreResult()
         if not new:
             return result

@@ -194,10 +194,14 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._next_stored[request_id] = end
         if not result.stored:
             return
-        host_of = dict(result.stored)
-        self._copies.extend((request_id, b, host_of[h], h)
-                            for b, h in zip(ids, hashes) if h in host_of)
-        self._being_stored.setdefault(request_id, []).extend(host_of.values())
+        stored = result.stored
+        if len(stored) == len(ids):     # every block's hash new (and in order)
+            self._copies.extend((request_id, b, host, h) for b, (h, host) in zip(ids, stored))
+        else:
+            host_of = dict(stored)
+            self._copies.extend((request_id, b, host_of[h], h)
+                                for b, h in zip(ids, hashes) if h in host_of)
+        self._being_stored.setdefault(request_id, []).extend(host for _, host in stored)
         table = entry.block_ids
         self.offload.touch_chain(request_id, end, lambda positions: [
             block_hashes[table[p]] for p in positions])

@@ -180,12 +180,20 @@ class TieredKVCacheManager(KVCacheManager):
         transfers = self._transfers
         last = transfers[-1] if transfers and transfers[-1].kind == kind else None
         written = self._written if last is not None else set()
-        for source, destination in pairs:
-            if last is None or destination in written:
-                last, written = BlockTransfer(kind, []), set()
+        destinations = [d for _, d in pairs]
+        if written.isdisjoint(destinations) and len(set(destinations)) == len(pairs):
+            if last is None:        # (every destination new: the copies join one transfer)
+                last = BlockTransfer(kind, [])
                 transfers.append(last)
-            last.pairs.append((source, destination))
-            written.add(destination)
+            last.pairs.extend(pairs)
+            written.update(destinations)
+        else:
+            for source, destination in pairs:
+                if last is None or destination in written:
+                    last, written = BlockTransfer(kind, []), set()
+                    transfers.append(last)
+                last.pairs.append((source, destination))
+                written.add(destination)
         self._written = written
 
     def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int) -> None:
