@@ -21,6 +21,9 @@ pool class for a policy.
 
 from __future__ import annotations
 
+from functools import partial
+from itertools import takewhile
+from operator import is_not
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -31,6 +34,7 @@ from kvsim.cache.free_queue import FreeQueue
 # What an LRU pool's block holds besides nothing (0): content in the prefix index, or content
 # no lookup can reach (:meth:`BlockPool.cache_unreachable`), which has no id and no index entry.
 _INDEXED, _UNREACHABLE = 1, 2
+_is_held = partial(is_not, None)        # (a lookup's answer names a block)
 
 
 class PrefixIndex:
@@ -56,12 +60,9 @@ class PrefixIndex:
 
     def find_prefix(self, block_hashes) -> list[int]:
         """Blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
-        found, get = [], self._map.get
-        for block_hash in block_hashes:
-            block_id = get(block_hash)
-            if block_id is None:
-                break
-            found.append(block_id if block_id.__class__ is int else next(iter(block_id)))
+        found = list(takewhile(_is_held, map(self._map.get, block_hashes)))   # (a C loop)
+        if self.num_shared_hashes:
+            return [b if b.__class__ is int else next(iter(b)) for b in found]
         return found
 
     def insert(self, block_hash: int, block_id: int) -> None:

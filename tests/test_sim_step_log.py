@@ -9,7 +9,7 @@ from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.serving.recorder import STEP_COLUMNS, StepLog, StepRecord
 from kvsim.sim.serving.runner import simulate
-from kvsim.sim.serving.step_totals import STATE_COLUMNS, Timeline
+from kvsim.sim.serving.step_totals import STATE_COLUMNS, StepTotals, Timeline
 from kvsim.workloads import read_trace, sample_path
 
 
@@ -49,6 +49,20 @@ def test_under_load_totals_cover_the_steps_that_left_a_request_waiting(run):
     assert 0 < loaded.num_steps == len(busy) < len(steps)
     assert loaded.time_average("token_slots") == pytest.approx(
         np.average(busy["token_slots"], weights=busy["duration"]), rel=1e-12)
+
+
+def test_under_load_totals_are_bit_for_bit_those_of_the_waiting_steps_folded_alone():
+    rng = np.random.default_rng(3)
+    block = rng.random((5000, len(STEP_COLUMNS)))
+    waiting = STEP_COLUMNS.index("num_waiting")
+    block[:, waiting] = rng.random(5000) < 0.4
+    totals, alone = StepTotals(), StepTotals(with_under_load=False)
+    totals.add(block)
+    alone.add(block[block[:, waiting] > 0])
+    for col in STEP_COLUMNS:
+        assert totals.under_load.sum(col) == alone.sum(col)
+        assert totals.under_load.weighted_sum(col) == alone.weighted_sum(col)
+        assert totals.under_load.max(col) == alone.max(col)
 
 
 def test_summary_is_the_same_with_or_without_the_kept_steps(run):

@@ -67,12 +67,6 @@ class _Sum:
         return self.total + self.carry
 
 
-def _column_sums(block: np.ndarray) -> np.ndarray:
-    """Sum of each column (numpy's pairwise summation along each contiguous row of the
-    transposed block)."""
-    return np.ascontiguousarray(block.T).sum(axis=1)
-
-
 class StepTotals:
     """Sums, duration-weighted sums and maxima of every step column; ``under_load``: the same
     over the steps that left a request waiting (``num_waiting > 0``)."""
@@ -86,14 +80,19 @@ class StepTotals:
 
     def add(self, block: np.ndarray) -> None:
         """Fold a block of steps."""
-        if not len(block):
+        self._add_columns(np.ascontiguousarray(block.T))
+
+    def _add_columns(self, columns: np.ndarray) -> None:
+        """Fold steps given as one C-contiguous row per column: numpy then sums each row
+        pairwise, whatever the number of steps or where they come from."""
+        if not columns.shape[1]:
             return
-        self.num_steps += len(block)
-        self._sums.add(_column_sums(block))
-        self._weighted.add(_column_sums(block * block[:, _D:_D + 1]))
-        self._maxima = np.maximum(self._maxima, block.max(axis=0))
-        if self.under_load is not None:
-            self.under_load.add(block[block[:, _W] > 0])
+        self.num_steps += columns.shape[1]
+        self._sums.add(columns.sum(axis=1))
+        self._weighted.add((columns * columns[_D]).sum(axis=1))
+        self._maxima = np.maximum(self._maxima, columns.max(axis=1))
+        if self.under_load is not None:     # (a column mask gives Fortran order: copied)
+            self.under_load._add_columns(np.ascontiguousarray(columns[:, columns[_W] > 0]))
 
     def sum(self, name: str) -> float:
         """Total of column ``name`` over the steps."""
