@@ -175,15 +175,22 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: in
     only when a stretch cannot open its blocks in bulk."""
     n = len(opens)
     used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    ends = run.finish_step[(run.finish_step >= first) & (run.finish_step < first + n - 1)]
-    finished, lo, matrix = [], 0, None
-    for end in [*np.unique(ends - first + 1).tolist(), n]:
+    ending = _finishing_by_stretch(run, first, n)
+    ends = [*ending, n] if n not in ending else list(ending)
+    rows, cols = np.nonzero(opens)          # the opens of all stretches, step by step
+    taken = np.bincount(rows, minlength=n).cumsum()     # blocks opened up to each step
+    cuts = np.searchsorted(rows, ends).tolist()
+    cols = cols.tolist()
+    finished, lo, at, matrix = [], 0, 0, None
+    for end, cut in zip(ends, cuts):
         if _in_bulk(kv, run, first + lo, first + end):
-            used[lo:end], idle[lo:end] = _open_in_bulk(kv, run, opens[lo:end])
+            before = taken[lo - 1] if lo else 0
+            used[lo:end], idle[lo:end] = _open_in_bulk(kv, run, cols[at:cut],
+                                                       taken[lo:end] - before)
         else:
             matrix = events() if matrix is None else matrix
             used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
-        done = np.flatnonzero(run.finish_step == first + end - 1).tolist()
+        done = ending.get(end)
         if done:
             _bring_forward(kv, run, done, first + end)
             seqs = [run.requests[i] for i in done]
@@ -191,8 +198,19 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: in
                 finish(seq)
             used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
             finished.append((end - 1, seqs))
-        lo = end
+        lo, at = end, cut
     return used, idle, finished
+
+
+def _finishing_by_stretch(run: DecodeRun, first: int, n: int) -> dict[int, list[int]]:
+    """The requests (indices, in scheduling order) finishing at the end of each of the next
+    ``n`` steps, keyed by the number of those steps up to and including it, in step order."""
+    steps = run.finish_step
+    finishing = np.flatnonzero((steps >= first) & (steps < first + n))
+    ending: dict[int, list[int]] = {}
+    for step, i in sorted(zip(steps[finishing].tolist(), finishing.tolist())):
+        ending.setdefault(step - first + 1, []).append(i)
+    return ending
 
 
 def _in_bulk(kv, run: DecodeRun, start: int, end: int) -> bool:
@@ -224,22 +242,20 @@ def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
     return table[last + 1, 0], table[last + 1, 1]
 
 
-def _open_in_bulk(kv, run: DecodeRun, opens: np.ndarray):
+def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray):
     """:func:`_allocate_events` where the manager allows it (``opens_blocks_in_bulk``: LRU,
     or a scored pool whose free blocks the steps' registrations leave alone; no host tier):
-    the new blocks of all the steps in one call, the blocks they fill registered by
-    :func:`_bring_forward` (one call per request; nothing is looked up during a run). The
-    free unhashed blocks go first, so the ``k``-th block taken evicts cached content exactly
-    when ``k`` exceeds their number."""
+    the new blocks of a stretch's steps in one call (``opening``: the requests opening one,
+    step by step, in scheduling order; ``taken``: how many up to each step), the blocks they
+    fill registered by :func:`_bring_forward` (one call per request; nothing is looked up
+    during a run). The free unhashed blocks go first, so the ``k``-th block taken evicts
+    cached content exactly when ``k`` exceeds their number."""
     pool = kv.pool
     used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
     num_unhashed = pool.num_free_blocks - idle
-    rows, cols = np.nonzero(opens)                      # step by step, in scheduling order
-    if not len(rows):
-        return np.full(len(opens), used), np.full(len(opens), idle)
-    requests = run.requests
-    kv.open_blocks([requests[i] for i in cols.tolist()])
-    taken = np.bincount(rows, minlength=len(opens)).cumsum()     # blocks taken up to each step
+    if opening:
+        requests = run.requests
+        kv.open_blocks([requests[i] for i in opening])
     return used + taken, idle - np.maximum(taken - num_unhashed, 0)
 
 
