@@ -137,3 +137,35 @@ def test_only_a_named_jsonl_line_may_be_continued(tmp_path):
     assert all(not r.may_be_continued for r in read_trace(sample_path("azure-conv")))
     assert Request(0, 0.0, 5, 2).may_be_continued
     assert Request(0, 0.0, 5, 2, may_be_continued=False) == Request(0, 0.0, 5, 2)
+
+
+def test_a_decode_run_grows_slots_in_opened_blocks_as_step_by_step_allocation_would():
+    """A decode run opens its blocks first, then brings each request's slots forward in one
+    ``grow_slots``: a private request only counts them; one with token ids registers the
+    blocks it filled. Block tables, slots, cached blocks and the free queue come out as
+    allocating one token at a time."""
+    def story(request, grow_in_one_call):
+        kv = KVCacheManager(30, 4, defer_private_blocks=True)
+        s = RequestState(request, 4, greedy=True)
+        kv.allocate(s.request_id, s, 6)
+        s.num_computed_tokens, s.num_output_tokens = 6, 1
+        for _ in range(7):           # seven decode steps: blocks 2 and 3 open
+            if grow_in_one_call and s.num_computed_tokens % 4 == 0:
+                kv.open_blocks([s])
+            elif not grow_in_one_call:
+                kv.allocate(s.request_id, s, 1, num_computed_tokens=s.num_computed_tokens)
+            s.num_computed_tokens += 1
+            s.num_output_tokens += 1
+        if grow_in_one_call:
+            kv.grow_slots([s])
+        blocks = kv.block_ids(s.request_id)
+        seen = (blocks, kv.num_slots(s.request_id), [kv.is_cached(b) for b in blocks])
+        kv.free(s.request_id)
+        return seen, kv.free_queue(), kv.pool.num_cached_free_blocks
+
+    private = Request(1, 0.0, 6, 10)
+    shared = Request(2, 0.0, 6, 10, prompt_token_ids=list(range(6)))
+    for request in (private, shared):
+        assert story(request, grow_in_one_call=True) == story(request, grow_in_one_call=False)
+    assert story(private, True)[0] == ([0, 1, 2, 3], 13, [False] * 4)   # registered when freed
+    assert story(shared, True)[0] == ([0, 1, 2, 3], 13, [True, True, True, False])
