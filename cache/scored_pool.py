@@ -7,10 +7,15 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 from typing import Iterable
 
+from kvsim.cache.bulk import set_each
 from kvsim.cache.policies import heap_entry, unpack_key
 from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["ScoredBlockPool", "heap_entry"]
+
+#: Fewest blocks of a chain of new hashes registered in one pass rather than block by block
+#: (the pass's setup costs more than a few blocks' loop).
+MIN_BULK_CHAIN = 16
 
 
 class ScoredBlockPool(PolicyPool):
@@ -127,6 +132,11 @@ class ScoredBlockPool(PolicyPool):
         hashes, parents, holders = self.block_hashes, self.parent_hashes, self._parent_holder
         parent_hash = hashes[parent] if parent is not None else None
         holder = self.holder(parent_hash) if parent_hash is not None else None
+        if (len(block_ids) >= MIN_BULK_CHAIN and not orphans and len(block_ids) == len(block_hashes)
+                and index.keys().isdisjoint(block_hashes)
+                and len(set(block_hashes)) == len(block_hashes)):
+            self._cache_new_chain(list(block_ids), list(block_hashes), parent_hash, holder)
+            return
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
             parents[block_id] = parent_hash
@@ -140,6 +150,20 @@ class ScoredBlockPool(PolicyPool):
                 if orphans:
                     counts[block_id] = orphans.pop(block_hash, 0)
             parent_hash = block_hash
+
+    def _cache_new_chain(self, block_ids: list[int], block_hashes: list, parent_hash,
+                         holder) -> None:
+        """:meth:`cache_blocks` for a long chain whose hashes are all new (no orphan
+        waiting): each block holds its own hash and is its child's parent and holder."""
+        set_each(self.block_hashes, block_ids, block_hashes)
+        set_each(self.parent_hashes, block_ids, [parent_hash, *block_hashes[:-1]])
+        set_each(self._parent_holder, block_ids, [holder, *block_ids[:-1]])
+        counts = self.num_children
+        if holder is not None:
+            counts[holder] += 1
+        for block_id in block_ids[:-1]:
+            counts[block_id] += 1
+        self.index._map.update(zip(block_hashes, block_ids))
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():

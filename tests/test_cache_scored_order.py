@@ -175,3 +175,27 @@ def test_the_prefix_index_stores_a_last_copy_alone_again():
     assert index._map[10] == 9
     index.remove(10, 9)
     assert index.get(10) is None and len(index) == 0
+
+
+@pytest.mark.parametrize("parent", [None, "cached", "copied"])
+def test_a_long_chain_of_new_hashes_is_registered_as_block_by_block(parent, monkeypatch):
+    """A prefill registers hundreds of new blocks at once: one pass leaves the hashes, chain
+    parents, holders, child counts and index the block-by-block loop leaves."""
+    from kvsim.cache import scored_pool
+
+    def registered(min_bulk):
+        monkeypatch.setattr(scored_pool, "MIN_BULK_CHAIN", min_bulk)
+        pool = ScoredBlockPool(64, policy=make_policy("lfu"))
+        first = pool.get_new_blocks(3)
+        pool.cache_blocks(first[:2], [101, 102])
+        if parent == "copied":
+            pool.cache_blocks(first[2:], [102])         # a second copy of 102
+        after = {None: None, "cached": first[1], "copied": first[2]}[parent]
+        chain = pool.get_new_blocks(20)
+        pool.cache_blocks(chain, list(range(200, 220)), 2, after)
+        return (pool.block_hashes, pool.parent_hashes, pool._parent_holder,
+                pool.num_children, dict(pool.index._map), pool.index.num_shared_hashes)
+
+    bulk, loop = registered(scored_pool.MIN_BULK_CHAIN), registered(10 ** 9)
+    assert bulk == loop
+    assert bulk[3][:3] == ([1, 0, 0] if parent is None else [1, 1, 0])   # 102 has a child
