@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from operator import itemgetter
 
+#: Fewest blocks of a chain of new hashes that the scored pool registers with these bulk
+#: updates rather than block by block (below it the setup costs more than the loop).
+MIN_BULK_CHAIN = 16
+
 
 def set_all(values: list, indices, value) -> None:
     """``values[i] = value`` for every ``i`` of ``indices`` (a plain loop: ``map`` over

@@ -7,15 +7,11 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 from typing import Iterable
 
-from kvsim.cache.bulk import set_each
+from kvsim.cache.bulk import MIN_BULK_CHAIN, set_each
 from kvsim.cache.policies import heap_entry, unpack_key
 from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["ScoredBlockPool", "heap_entry"]
-
-#: Fewest blocks of a chain of new hashes registered in one pass rather than block by block
-#: (the pass's setup costs more than a few blocks' loop).
-MIN_BULK_CHAIN = 16
 
 
 class ScoredBlockPool(PolicyPool):
