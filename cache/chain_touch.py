@@ -56,6 +56,11 @@ class ChainTouches:
         floor = self._floor.get(key, stamp)     # (a block stored from now on is newer)
         if n < known.size:      # (a shorter chain: positions past ``n`` are looked up again)
             known.size = n
+        elif n == known.size + 1:       # one position more (a decode step filled a block)
+            block_id = int(self._ids_of(hashes_at([known.size]))[0])
+            if block_id >= 0:
+                floor = min(floor, int(self._recency.stamps(block_id)))
+            known.append_one(block_id, int(self._version[block_id]) if block_id >= 0 else -1)
         elif n > known.size:
             new = self._ids_of(hashes_at(list(range(known.size, n))))
             held = new[new >= 0]
@@ -128,10 +133,19 @@ class _ChainBlocks:
 
     def append(self, ids: np.ndarray, versions: np.ndarray) -> None:
         end = self.size + len(ids)
+        self._reserve(end)
+        self.ids[self.size:end] = ids
+        self.versions[self.size:end] = versions
+        self.size = end
+
+    def append_one(self, block_id: int, version: int) -> None:
+        self._reserve(self.size + 1)
+        self.ids[self.size] = block_id
+        self.versions[self.size] = version
+        self.size += 1
+
+    def _reserve(self, end: int) -> None:
         if end > len(self.ids):     # (np.resize keeps the first entries; the rest is spare)
             capacity = max(end, 2 * len(self.ids))
             self.ids, self.versions = np.resize(self.ids, capacity), np.resize(self.versions,
                                                                                 capacity)
-        self.ids[self.size:end] = ids
-        self.versions[self.size:end] = versions
-        self.size = end

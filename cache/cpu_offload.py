@@ -184,6 +184,8 @@ class LRUOffloadingManager:
     def prepare_store(self, block_hashes: Sequence[int]) -> StoreResult | None:
         """Reserve host blocks for the hashes not yet offloaded, evicting what must go; None
         (and nothing changes) when too few blocks can be evicted."""
+        if len(block_hashes) == 1 and self._stores_one_by_scalars:
+            return self._store_one(block_hashes[0])
         held = self._id_of
         new = list(dict.fromkeys(block_hashes))
         if not held.keys().isdisjoint(new):
@@ -203,6 +205,26 @@ class LRUOffloadingManager:
         self._ref[ids] = -1
         self._remember(new, ids)
         result.stored = list(zip(new, ids))
+        return result
+
+    def _store_one(self, block_hash: int) -> StoreResult | None:
+        """:meth:`prepare_store` of one hash (a decode step that fills a block: most calls),
+        the same steps on scalars."""
+        if block_hash in self._id_of:
+            return StoreResult()
+        result = StoreResult()
+        if not self.backend.num_free:
+            victim = self._victim()
+            if victim is None:
+                self.num_dropped_blocks += 1
+                return None
+            result.evicted = [self._release_one(victim)]
+        block_id = self.backend.take(1)[0]
+        self._id_of[block_hash] = block_id
+        self._hash_of[block_id] = block_hash
+        self._ref[block_id] = -1
+        self._recency.append(block_id)
+        result.stored = [(block_hash, block_id)]
         return result
 
     def complete_store(self, block_hashes: Iterable[int], success: bool = True) -> None:
@@ -233,7 +255,32 @@ class LRUOffloadingManager:
         self.backend.give_back(ids.tolist())
         return hashes
 
+    def _release_one(self, block_id: int) -> int:
+        """:meth:`_release` of one evicted block; its hash."""
+        block_hash = int(self._hash_of[block_id])
+        del self._id_of[block_hash]
+        self._version[block_id] += 1
+        self._recency.discard(block_id)
+        self.backend.give_back([block_id])
+        return block_hash
+
     # --- recency hooks -------------------------------------------------------------------
+
+    #: Whether :meth:`prepare_store` takes one hash through :meth:`_store_one`, which
+    #: assumes the LRU hooks below (a subclass that overrides them says False).
+    _stores_one_by_scalars = True
+
+    def _victim(self) -> int | None:
+        """``_victims(1)`` as an int (or None)."""
+        ref, chains, recency = self._ref, self._chains, self._recency
+        while True:
+            victim = recency.oldest(lambda ids: ref[ids] == 0, lambda b: ref[b] == 0)
+            if victim is None or not len(chains):
+                return victim
+            newest = int(recency.stamps(victim))
+            if newest < chains.lowest_floor():
+                return victim
+            chains.settle_until(newest)
 
     def _victims(self, n: int) -> np.ndarray | None:
         """The ``n`` blocks to evict (ready, not being loaded), in order; None if too few.
@@ -263,6 +310,7 @@ class ARCOffloadingManager(LRUOffloadingManager):
     manager's single one; ``t1`` and ``t2`` list their hashes, oldest first."""
 
     policy = "arc"
+    _stores_one_by_scalars = False
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)

@@ -29,6 +29,8 @@ _NONE = np.zeros(0, dtype=np.int64)
 #: Fewest candidates a rebuilt list holds (a rebuild costs one pass over the queued blocks, so
 #: it holds an eighth of them when that is more).
 MIN_CANDIDATES = 4096
+#: Candidates :meth:`RecencyOrder.oldest` reads one at a time before it scans arrays.
+_PROBES = 4
 
 
 class RecencyOrder:
@@ -68,6 +70,21 @@ class RecencyOrder:
         if (self._stamp[block_ids] == _NOT_QUEUED).any():
             raise ValueError("a block to move is not queued")
         self._restamp(block_ids)
+
+    def append(self, block_id: int) -> None:
+        """:meth:`extend` with one block (a scalar write: a decode step stores one)."""
+        if self._stamp[block_id] != _NOT_QUEUED:
+            raise ValueError("a block to add is queued already")
+        self._len += 1
+        self._stamp[block_id] = self._clock
+        self._clock += 1
+
+    def discard(self, block_id: int) -> None:
+        """:meth:`remove` with one block."""
+        if self._stamp[block_id] == _NOT_QUEUED:
+            raise ValueError("a block to remove is not queued")
+        self._stamp[block_id] = _NOT_QUEUED
+        self._len -= 1
 
     def remove(self, block_ids: np.ndarray) -> None:
         """Drop queued blocks (distinct)."""
@@ -122,6 +139,23 @@ class RecencyOrder:
                 return found if len(found) == n or partial else None
             self._rebuild(k)
             rebuilt, k = True, 2 * k
+
+    def oldest(self, eligible, eligible_one) -> int | None:
+        """``first(1, eligible)`` as an int (None when no block is eligible), with
+        ``eligible_one`` the same test of one id: the first few candidates are read one at a
+        time (a store of one block usually finds its victim there), then :meth:`first`."""
+        candidates, stamps, current = self._candidates, self._stamps, self._stamp
+        pos, at_head = self._pos, True
+        for pos in range(pos, min(pos + _PROBES, len(candidates))):
+            block_id = int(candidates[pos])
+            if current[block_id] != stamps[pos]:
+                continue
+            if at_head:
+                self._pos, at_head = pos, False     # (as _scan: invalid leaders dropped)
+            if eligible_one(block_id):
+                return block_id
+        found = self.first(1, eligible)
+        return None if found is None else int(found[0])
 
     def _scan(self, n: int, eligible) -> np.ndarray:
         """Up to ``n`` eligible valid candidates, in order, read a chunk at a time; the

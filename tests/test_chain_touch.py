@@ -13,7 +13,10 @@ HASHES = sorted({h for chain in CHAINS.values() for h in chain} | {20, 21, 22})
 
 
 class AtOnce(LRUOffloadingManager):
-    """The reference: vLLM's touch of the whole chain, at once."""
+    """The reference: vLLM's touch of the whole chain, at once; a store of one hash takes
+    the array path of any other store."""
+
+    _stores_one_by_scalars = False
 
     def touch_chain(self, key, n, hashes_at):
         self.touch(hashes_at(list(range(n))))

@@ -48,6 +48,10 @@ def test_adding_a_queued_block_or_moving_one_that_is_not_there_is_refused():
     with pytest.raises(ValueError):
         order.extend(ids(1))
     with pytest.raises(ValueError):
+        order.append(1)
+    with pytest.raises(ValueError):
+        order.discard(2)
+    with pytest.raises(ValueError):
         order.move_many_to_end(ids(0))
     with pytest.raises(ValueError):
         order.remove(ids(2))
@@ -86,6 +90,21 @@ class AgainstALinkedList(RuleBasedStateMachine):
         for block_id in chosen:
             del self.model[block_id]
 
+    @precondition(lambda self: len(self.model) < 12)
+    @rule(data=st.data())
+    def append(self, data):
+        block_id = data.draw(st.sampled_from(
+            [b for b in range(self.NUM_BLOCKS) if b not in self.model]))
+        self.order.append(block_id)
+        self.model[block_id] = None
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def discard(self, data):
+        block_id = data.draw(st.sampled_from(list(self.model)))
+        self.order.discard(block_id)
+        del self.model[block_id]
+
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def move_many_to_end(self, data):
@@ -105,6 +124,13 @@ class AgainstALinkedList(RuleBasedStateMachine):
             assert (found.tolist() == eligible) if partial else found is None
         else:
             assert found.tolist() == eligible[:n]
+
+    @rule(barred=st.sets(st.integers(0, 11)))
+    def oldest(self, barred):
+        eligible = [b for b in self.model if b not in barred]
+        found = self.order.oldest(lambda b: ~np.isin(b, list(barred)),
+                                  lambda b: b not in barred)
+        assert found == (eligible[0] if eligible else None)
 
     @invariant()
     def same_order(self):
