@@ -27,7 +27,8 @@ import numpy as np
 _NOT_QUEUED = -1
 _NONE = np.zeros(0, dtype=np.int64)
 #: Fewest candidates a rebuilt list holds (a rebuild costs one pass over the queued blocks, so
-#: it holds an eighth of them when that is more).
+#: it holds a quarter of them when that is more: a store takes one block at a time, so a
+#: longer list is rebuilt less often).
 MIN_CANDIDATES = 4096
 #: Candidates :meth:`RecencyOrder.oldest` reads one at a time before it scans arrays.
 _PROBES = 4
@@ -132,7 +133,7 @@ class RecencyOrder:
         are, None (or those there are, with ``partial``)."""
         if n <= 0:
             return _NONE
-        rebuilt, k = False, max(MIN_CANDIDATES, 4 * n, self._len // 8)
+        rebuilt, k = False, max(MIN_CANDIDATES, 4 * n, self._len // 4)
         while True:
             found = self._scan(n, eligible)
             if len(found) == n or (rebuilt and self._complete):
