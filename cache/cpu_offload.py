@@ -267,8 +267,14 @@ class LRUOffloadingManager:
     # --- recency hooks -------------------------------------------------------------------
 
     #: Whether :meth:`prepare_store` takes one hash through :meth:`_store_one`, which
-    #: assumes the LRU hooks below (a subclass that overrides them says False).
+    #: assumes the LRU hooks below: a subclass overriding any of them does not.
     _stores_one_by_scalars = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if any(getattr(cls, hook) is not getattr(LRUOffloadingManager, hook)
+               for hook in ("_victims", "_remember", "_forget")):
+            cls._stores_one_by_scalars = False
 
     def _victim(self) -> int | None:
         """``_victims(1)`` as an int (or None)."""
@@ -310,7 +316,6 @@ class ARCOffloadingManager(LRUOffloadingManager):
     manager's single one; ``t1`` and ``t2`` list their hashes, oldest first."""
 
     policy = "arc"
-    _stores_one_by_scalars = False
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)

@@ -6,6 +6,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvsim.cache import recency
+from kvsim.cache.chain_touch import _ChainBlocks
 from kvsim.cache.cpu_offload import LRUOffloadingManager
 
 CHAINS = {"a": [1, 2, 3, 4, 5, 6], "b": [1, 2, 7, 8], "c": [9, 10, 3, 11, 12]}
@@ -144,6 +145,7 @@ class AgainstTouchingAtOnce(RuleBasedStateMachine):
         for chain in CHAINS.values():
             assert self.lazy.lookup(chain) == self.now.lookup(chain)
         assert self.lazy.num_cached_blocks == self.now.num_cached_blocks
+        assert self.lazy.num_dropped_blocks == self.now.num_dropped_blocks
 
 
 TestAgainstTouchingAtOnce = AgainstTouchingAtOnce.TestCase
@@ -175,3 +177,13 @@ def test_a_long_chain_touched_as_it_grows_evicts_as_touching_at_once():
         m.touch_chain("long", end, hashes_at)
         now.touch_chain("long", end, hashes_at)
     assert m.blocks == now.blocks
+
+
+def test_a_chain_grown_one_block_at_a_time_keeps_every_position():
+    blocks = _ChainBlocks()
+    for position in range(70):             # past the first 64 slots: the arrays grow
+        blocks.append_one(position, 2 * position)
+    blocks.append_one(-1, -1)              # a position no host block holds
+    assert blocks.size == 71
+    assert blocks.ids[:71].tolist() == [*range(70), -1]
+    assert blocks.versions[:71].tolist() == [*range(0, 140, 2), -1]

@@ -118,6 +118,16 @@ def test_the_reuse_gate_stores_a_block_only_after_it_was_looked_up_enough():
     assert m.prepare_store([1, 2]).stored == [(2, 0)]
 
 
+def test_a_manager_with_its_own_recency_hooks_stores_one_block_as_any_batch():
+    class Evicts(LRUOffloadingManager):
+        def _victims(self, n):
+            return super()._victims(n)
+
+    assert LRUOffloadingManager._stores_one_by_scalars
+    assert not ARCOffloadingManager._stores_one_by_scalars
+    assert not Evicts._stores_one_by_scalars
+
+
 def test_unknown_policies_are_refused():
     with pytest.raises(ValueError, match="lru"):
         make_offloading_manager(4, "lfu")
