@@ -212,3 +212,18 @@ def test_a_released_table_protects_the_head_blocks_a_queued_lookup_reaches():
     pool.free_blocks(a[:1])                         # clock 5, wanted too
     assert pool.key_of(a[0]) == (1, 5, 1)
     assert pool.get_new_blocks(7)[2:] == [a[4], a[3], a[2], a[1], a[0]]
+
+
+def test_an_evicted_block_forgets_its_hit():
+    pool = make_pool(6, policy=make_policy("lookahead"))
+    a = pool.get_new_blocks(3)
+    pool.cache_blocks(a, [1, 2, 3])
+    pool.free_blocks(a[::-1])
+    pool.touch(pool.index.find_prefix([1, 2, 3]))      # hit: a continued chain, 2 and 3 reused
+    pool.free_blocks(a[::-1])
+    assert list(pool.was_hit) == [1, 1, 1, 0, 0, 0]
+    assert pool.get_new_blocks(6) == [3, 4, 5, 2, 1, 0]  # unhashed first, then tail first
+    assert list(pool.was_hit) == [0] * 6
+    pool.cache_blocks([3, 2], [10, 11])                 # a new chain on the evicted blocks
+    pool.cache_blocks([4], [12], 2, 2)                  # continues it from block 2
+    assert pool.reused[4] == 0                          # a chain nobody reused
