@@ -146,8 +146,8 @@ class RecencyOrder:
         ``eligible_one`` the same test of one id: the first few candidates are read one at a
         time (a store of one block usually finds its victim there), then :meth:`first`."""
         candidates, stamps, current = self._candidates, self._stamps, self._stamp
-        pos, at_head = self._pos, True
-        for pos in range(pos, min(pos + _PROBES, len(candidates))):
+        start, at_head = self._pos, True
+        for pos in range(start, min(start + _PROBES, len(candidates))):
             block_id = int(candidates[pos])
             if current[block_id] != stamps[pos]:
                 continue
