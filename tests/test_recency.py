@@ -42,6 +42,20 @@ def test_a_candidate_moved_or_removed_since_the_list_was_made_is_skipped(monkeyp
     assert order.ids().tolist() == [1, 3, 4, 5, 6, 7, 2, 9]
 
 
+def test_the_oldest_eligible_block_is_read_off_the_candidates_one_at_a_time():
+    order = RecencyOrder(8)
+    order.extend(ids(5, 3, 7, 1))
+    anything, not_5 = (lambda b: b >= 0, lambda b: b >= 0), (lambda b: b != 5, lambda b: b != 5)
+    assert order.oldest(*not_5) == 3                 # no list yet: first() builds one
+    assert order._candidates.tolist() == [5, 3, 7, 1]
+    order.discard(3)                                 # evicted: its candidate is stale
+    assert order.oldest(*not_5) == 7 and order._pos == 0     # 5 heads the list, not taken
+    order.discard(5)
+    assert order.oldest(*anything) == 7 and order._pos == 2  # stale leaders dropped
+    assert order.oldest(lambda b: b < 0, lambda b: b < 0) is None
+    assert order.ids().tolist() == [7, 1] and len(order) == 2
+
+
 def test_adding_a_queued_block_or_moving_one_that_is_not_there_is_refused():
     order = RecencyOrder(3)
     order.extend(ids(1))
