@@ -21,10 +21,13 @@ other block is in docs/eviction.md; the tests check victims against the rule by 
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from itertools import compress
+from itertools import compress, islice
+from operator import itemgetter
 from typing import Iterable, Sequence
 
+from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["LanePool"]
@@ -323,11 +326,21 @@ class LanePool(PolicyPool):
             elif head_plain is not None and (head_credited is None
                                              or head_plain[1] < head_credited[1] + credit):
                 block_id, clock = head_plain
+                if depth[block_id] == 2 and left > 1:       # a run of such blocks at once
+                    left -= self._evict_run(plain, block_id, left, victims, bisect_left,
+                                            head_credited and head_credited[1] + credit)
+                    head_plain = plain.popitem(last=False) if plain else None
+                    continue
                 head_plain = plain.popitem(last=False) if plain else None
                 if not depth[block_id] and self._defers_head(block_id, second, 0, clock):
                     continue
             elif head_credited is not None:
                 block_id, clock = head_credited
+                if depth[block_id] == 2 and left > 1:
+                    left -= self._evict_run(credited, block_id, left, victims, bisect_right,
+                                            head_plain and head_plain[1] - credit)
+                    head_credited = credited.popitem(last=False) if credited else None
+                    continue
                 head_credited = credited.popitem(last=False) if credited else None
                 if not depth[block_id] and self._defers_head(block_id, second, credit, clock):
                     continue
@@ -362,6 +375,38 @@ class LanePool(PolicyPool):
         if woken is not None:
             self._wake(woken)
         return victims
+
+    def _evict_run(self, lane: OrderedDict, first: int, left: int, victims: list[int],
+                   bisect, bound) -> int:
+        """Evict ``first`` (the head just popped off ``lane``, a block past its chain's
+        second) and the lane's next blocks that would be the next victims one by one: past
+        their chain's second block too (their eviction wakes nobody), keyed before the other
+        lane's head (``bisect(clocks, bound)`` of them; ``bound`` None when that lane is
+        empty), at most ``left`` in all. Uncached in a few passes, in order; returns how
+        many."""
+        run = [first]
+        keys = list(islice(lane, left - 1))
+        if keys:
+            clocks = itemgetter(*keys)(lane) if len(keys) > 1 else (lane[keys[0]],)
+            if bound is not None:
+                del keys[bisect(clocks, bound):]
+            depth = self._depth
+            for block_id in keys:
+                if depth[block_id] != 2:
+                    break
+                run.append(block_id)
+            for block_id in islice(run, 1, None):
+                del lane[block_id]
+        hashes = self.block_hashes
+        found = gather(hashes, run)
+        if self.evicted is not None:
+            self.evicted.extend(zip(run, found))
+        self.index.remove_many(found, run)
+        set_all(hashes, run, None)
+        set_all(self.ref_counts, run, 1)
+        set_all(self.was_hit, run, 0)
+        victims.extend(run)
+        return len(run)
 
     @staticmethod
     def _put_back(*lanes_and_heads) -> None:
