@@ -27,7 +27,7 @@ from itertools import compress, islice
 from operator import itemgetter
 from typing import Iterable, Sequence
 
-from kvsim.cache.bulk import gather, set_all
+from kvsim.cache.bulk import set_all
 from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["LanePool"]
@@ -379,11 +379,19 @@ class LanePool(PolicyPool):
     def _evict_run(self, lane: OrderedDict, first: int, left: int, victims: list[int],
                    bisect, bound) -> int:
         """Evict ``first`` (the head just popped off ``lane``, a block past its chain's
-        second) and the lane's next blocks that would be the next victims one by one: past
-        their chain's second block too (their eviction wakes nobody), keyed before the other
-        lane's head (``bisect(clocks, bound)`` of them; ``bound`` None when that lane is
-        empty), at most ``left`` in all. Uncached in a few passes, in order; returns how
-        many."""
+        second) and the lane's next blocks that would be the next victims one by one (see
+        :meth:`_lane_run`), in order; returns how many."""
+        run = self._lane_run(lane, first, left, bisect, bound)
+        self._uncache_many(run)
+        set_all(self.was_hit, run, 0)
+        victims.extend(run)
+        return len(run)
+
+    def _lane_run(self, lane: OrderedDict, first: int, left: int, bisect, bound) -> list[int]:
+        """``first`` and the blocks after it in ``lane``, taken out of it, while they are past
+        their chain's second block too (their eviction wakes nobody) and keyed before the
+        other lane's head (``bisect(clocks, bound)`` of them; ``bound`` None when that lane is
+        empty): at most ``left`` in all."""
         run = [first]
         keys = list(islice(lane, left - 1))
         if keys:
@@ -397,16 +405,7 @@ class LanePool(PolicyPool):
                 run.append(block_id)
             for block_id in islice(run, 1, None):
                 del lane[block_id]
-        hashes = self.block_hashes
-        found = gather(hashes, run)
-        if self.evicted is not None:
-            self.evicted.extend(zip(run, found))
-        self.index.remove_many(found, run)
-        set_all(hashes, run, None)
-        set_all(self.ref_counts, run, 1)
-        set_all(self.was_hit, run, 0)
-        victims.extend(run)
-        return len(run)
+        return run
 
     @staticmethod
     def _put_back(*lanes_and_heads) -> None:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from typing import Iterable
 
 from kvsim.cache.block_pool import BlockPool
+from kvsim.cache.bulk import gather, set_all
 
 
 class PolicyPool(BlockPool):
@@ -80,6 +81,17 @@ class PolicyPool(BlockPool):
             if not left:
                 (cached if hashes[block_id] is not None else uncached)(block_id)
         return released, first
+
+    def _uncache_many(self, block_ids: list[int]) -> None:
+        """Forget the content of free cached blocks a policy evicts (in this order) and take
+        them, each with one reference (:meth:`BlockPool._evict` for a policy pool's lists)."""
+        hashes = self.block_hashes
+        found = gather(hashes, block_ids)
+        if self.evicted is not None:
+            self.evicted.extend(zip(block_ids, found))
+        self.index.remove_many(found, block_ids)
+        set_all(hashes, block_ids, None)
+        set_all(self.ref_counts, block_ids, 1)
 
     def _prepend(self, block_ids: list[int]) -> None:
         """Put free unhashed blocks at the head, the first of them first."""
