@@ -6,9 +6,10 @@ priority`` (:class:`~kvsim.cache.policies.HybridPolicy`), ``priority`` the small
 ``(-priority, clock)``, a lane per level (``offset = -2**48 * priority``), ``lookahead`` the
 smallest ``(0, clock + offset, 0 if offset else 1)`` with ``offset = N * reused`` among unprotected blocks
 (:class:`~kvsim.cache.lookahead_pool.LookaheadPool` adds its protected blocks). Within a class
-the key grows with the release clock, so each class is a FIFO *lane* (``OrderedDict`` block ->
-release clock) and the victim is the smallest of the lanes' heads: an eviction is a ``popitem``,
-as in vLLM's LRU queue, instead of a heap operation and a packed key per released block. With
+the key grows with the release clock, so each class is a FIFO *lane* (:class:`~kvsim.cache.lane.Lane`:
+blocks with their release clocks) and the victim is the smallest of the lanes' heads: an
+eviction takes a lane's head, as in vLLM's LRU queue, instead of a heap operation and a packed
+key per released block, and a run of victims from one lane is a slice. With
 every priority 0 there are two lanes (reused or not); a tie on ``clock + offset`` goes to the
 lane with the larger offset (the smaller clock), as both keys order it.
 
@@ -21,18 +22,17 @@ other block is in docs/eviction.md; the tests check victims against the rule by 
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from itertools import compress, islice
-from operator import itemgetter
+from itertools import compress
 from typing import Iterable, Sequence
 
-from kvsim.cache.bulk import set_all
+from kvsim.cache.bulk import set_all, set_each
+from kvsim.cache.lane import Lane
 from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["LanePool"]
 
-_NO_LANE: OrderedDict = OrderedDict()   # always empty: the credited lane of a pool without credit
+_NO_LANE = Lane(0)      # always empty: the credited lane of a pool without credit
 
 
 class LanePool(PolicyPool):
@@ -52,8 +52,8 @@ class LanePool(PolicyPool):
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since filled
         self.first_hashes: list[int | None] = [None] * num_blocks    # a child's first block's
         self.credit = policy.lane_credit(num_blocks)    # the offset of a reused block
-        self._plain: OrderedDict[int, int] = OrderedDict()      # block -> release clock
-        self._credited = OrderedDict() if self.credit else self._plain  # (no credit: one lane)
+        self._plain = Lane(num_blocks)
+        self._credited = Lane(num_blocks) if self.credit else self._plain  # (no credit: one)
         self._lanes = {0: self._plain, self.credit: self._credited}     # offset -> lane
         self._two_lanes = True          # only those (one or two): the fast eviction loop
         self._deferred: dict[int, tuple] = {}   # first block with cached children -> its key
@@ -143,15 +143,9 @@ class LanePool(PolicyPool):
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
         they belong to a reused chain when the chain they continue does."""
-        reused = self._continues_reused_chain(parent)
-        hashes, marks, index = self.block_hashes, self.reused, self.index._map
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            hashes[block_id] = block_hash
-            marks[block_id] = reused
-            if block_hash in index:
-                self.index.insert(block_hash, block_id)
-            else:
-                index[block_hash] = block_id
+        set_each(self.block_hashes, block_ids, block_hashes)
+        set_all(self.reused, block_ids, self._continues_reused_chain(parent))
+        self.index.insert_many(block_hashes, block_ids)
         if block_ids and (parent is None or not self._depth[parent]):
             self._count_first_children(block_ids, parent)   # a first block, or its child
 
@@ -189,19 +183,19 @@ class LanePool(PolicyPool):
             return
         self._append(self._plain, self._credited, block_ids, clocks)
 
-    def _append(self, plain: OrderedDict, credited: OrderedDict, block_ids: list[int],
+    def _append(self, plain: Lane, credited: Lane, block_ids: list[int],
                 clocks: Sequence[int]) -> None:
         """Append blocks (released at ``clocks``, increasing) to lane ``credited`` if they
         belong to a reused chain, else to lane ``plain``."""
         marks = list(map(self.reused.__getitem__, block_ids))
         if credited is plain or not any(marks):
-            plain.update(zip(block_ids, clocks))
+            plain.extend(block_ids, clocks)
         elif all(marks):
-            credited.update(zip(block_ids, clocks))
+            credited.extend(block_ids, clocks)
         else:       # typically a continued chain: credited after its first block
-            credited.update(zip(compress(block_ids, marks), compress(clocks, marks)))
+            credited.extend(list(compress(block_ids, marks)), list(compress(clocks, marks)))
             rest = [not m for m in marks]
-            plain.update(zip(compress(block_ids, rest), compress(clocks, rest)))
+            plain.extend(list(compress(block_ids, rest)), list(compress(clocks, rest)))
 
     def _queue_by_offset(self, block_ids: list[int], clocks: Sequence[int]) -> None:
         """:meth:`_queue` with priorities: ``offset = credit * reused - weight * priority``
@@ -209,16 +203,23 @@ class LanePool(PolicyPool):
         the limit)."""
         reused, prio, credit = self.reused, self.prio, self.credit
         weight, limit = self._priority_weight, self._priority_limit
+        by_offset: dict[int, tuple[list[int], list[int]]] = {}
         for block_id, clock in zip(block_ids, clocks):
             p = prio[block_id]
             if limit is not None:
                 p = min(max(p, -limit), limit)
             offset = (credit if reused[block_id] else 0) - weight * p
+            if offset not in by_offset:
+                by_offset[offset] = ([], [])
+            ids, lane_clocks = by_offset[offset]
+            ids.append(block_id)
+            lane_clocks.append(clock)
+        for offset, (ids, lane_clocks) in by_offset.items():
             lane = self._lanes.get(offset)
             if lane is None:
-                lane = self._lanes[offset] = OrderedDict()
+                lane = self._lanes[offset] = Lane(self.num_blocks)
                 self._two_lanes = False
-            lane[block_id] = clock
+            lane.extend(ids, lane_clocks)
 
     def _unqueue(self, block_id: int) -> None:
         """A free cached block is taken: out of its lane."""
@@ -289,13 +290,11 @@ class LanePool(PolicyPool):
         """Put a woken block back in its lane's front part (older than every block queued
         since it was deferred; other woken ones stay first where they are older)."""
         lane, older = self._lanes[offset], []
-        while lane and next(iter(lane.values())) < clock:
-            older.append(lane.popitem(last=False))
-        lane[block_id] = clock
-        lane.move_to_end(block_id, last=False)
-        for item_id, item_clock in reversed(older):
-            lane[item_id] = item_clock
-            lane.move_to_end(item_id, last=False)
+        while (head := lane.head()) is not None and head[1] < clock:
+            older.append(lane.popleft())
+        lane.appendleft(block_id, clock)
+        for item in reversed(older):
+            lane.appendleft(*item)
 
     # --- evicting ------------------------------------------------------------------------
 
@@ -316,8 +315,7 @@ class LanePool(PolicyPool):
         hashes, index, refs, was_hit = (self.block_hashes, self.index._map, self.ref_counts,
                                         self.was_hit)
         depth, evicted = self._depth, self.evicted
-        head_plain = plain.popitem(last=False) if plain else None
-        head_credited = credited.popitem(last=False) if credited else None
+        head_plain, head_credited = plain.popleft(), credited.popleft()
         victims, left, woken, second = [], n, None, False
         while left:
             if woken is not None:
@@ -327,27 +325,26 @@ class LanePool(PolicyPool):
                                              or head_plain[1] < head_credited[1] + credit):
                 block_id, clock = head_plain
                 if depth[block_id] == 2 and left > 1:       # a run of such blocks at once
-                    left -= self._evict_run(plain, block_id, left, victims, bisect_left,
+                    left -= self._evict_run(plain, block_id, left, victims, False,
                                             head_credited and head_credited[1] + credit)
-                    head_plain = plain.popitem(last=False) if plain else None
+                    head_plain = plain.popleft()
                     continue
-                head_plain = plain.popitem(last=False) if plain else None
+                head_plain = plain.popleft()
                 if not depth[block_id] and self._defers_head(block_id, second, 0, clock):
                     continue
             elif head_credited is not None:
                 block_id, clock = head_credited
                 if depth[block_id] == 2 and left > 1:
-                    left -= self._evict_run(credited, block_id, left, victims, bisect_right,
+                    left -= self._evict_run(credited, block_id, left, victims, True,
                                             head_plain and head_plain[1] - credit)
-                    head_credited = credited.popitem(last=False) if credited else None
+                    head_credited = credited.popleft()
                     continue
-                head_credited = credited.popitem(last=False) if credited else None
+                head_credited = credited.popleft()
                 if not depth[block_id] and self._defers_head(block_id, second, credit, clock):
                     continue
             elif not second and (lanes := self._second_lanes()) is not None:
                 second, (plain, credited) = True, lanes
-                head_plain = plain.popitem(last=False) if plain else None
-                head_credited = credited.popitem(last=False) if credited else None
+                head_plain, head_credited = plain.popleft(), credited.popleft()
                 continue
             else:
                 block_id = self._next_after_lanes()
@@ -376,44 +373,27 @@ class LanePool(PolicyPool):
             self._wake(woken)
         return victims
 
-    def _evict_run(self, lane: OrderedDict, first: int, left: int, victims: list[int],
-                   bisect, bound) -> int:
+    def _evict_run(self, lane: Lane, first: int, left: int, victims: list[int],
+                   inclusive: bool, bound: int | None) -> int:
         """Evict ``first`` (the head just popped off ``lane``, a block past its chain's
-        second) and the lane's next blocks that would be the next victims one by one (see
-        :meth:`_lane_run`), in order; returns how many."""
-        run = self._lane_run(lane, first, left, bisect, bound)
+        second) and the lane's next blocks that would be the next victims one by one, in
+        order; returns how many. Those are the blocks past their chain's second block too
+        (their eviction wakes nobody) keyed before the other lane's head (their clocks below
+        ``bound``, or at most ``bound`` if ``inclusive``; None when that lane is empty): at
+        most ``left`` in all."""
+        run = [first]
+        run += lane.take_run(left - 1, bound, inclusive, self._depth)
         self._uncache_many(run)
         set_all(self.was_hit, run, 0)
         victims.extend(run)
         return len(run)
-
-    def _lane_run(self, lane: OrderedDict, first: int, left: int, bisect, bound) -> list[int]:
-        """``first`` and the blocks after it in ``lane``, taken out of it, while they are past
-        their chain's second block too (their eviction wakes nobody) and keyed before the
-        other lane's head (``bisect(clocks, bound)`` of them; ``bound`` None when that lane is
-        empty): at most ``left`` in all."""
-        run = [first]
-        keys = list(islice(lane, left - 1))
-        if keys:
-            clocks = itemgetter(*keys)(lane) if len(keys) > 1 else (lane[keys[0]],)
-            if bound is not None:
-                del keys[bisect(clocks, bound):]
-            depth = self._depth
-            for block_id in keys:
-                if depth[block_id] != 2:
-                    break
-                run.append(block_id)
-            for block_id in islice(run, 1, None):
-                del lane[block_id]
-        return run
 
     @staticmethod
     def _put_back(*lanes_and_heads) -> None:
         """Heads popped but not taken go back to the front of their lanes."""
         for lane, head in lanes_and_heads:
             if head is not None:
-                lane[head[0]] = head[1]
-                lane.move_to_end(head[0], last=False)
+                lane.appendleft(*head)
 
     def _second_lanes(self) -> tuple | None:
         """A second pair of lanes (plain, credited) to evict from as from the first once those
@@ -445,12 +425,11 @@ class LanePool(PolicyPool):
         """The smallest eligible lane head by ``(clock + offset, -offset)``, taken out of its
         lane; then :meth:`_next_after_lanes`."""
         while True:
-            heads = [(next(iter(lane.items())), offset)
-                     for offset, lane in self._lanes.items() if lane]
+            heads = [(lane.head(), offset) for offset, lane in self._lanes.items() if lane]
             if not heads:
                 return self._next_after_lanes()
             (block_id, clock), offset = min(heads, key=lambda h: (h[0][1] + h[1], -h[1]))
-            del self._lanes[offset][block_id]
+            self._lanes[offset].popleft()
             if self._depth[block_id] or not self._defers(block_id, offset, clock):
                 return block_id
 

@@ -17,9 +17,9 @@ every caller frees them: that is what lets a release find its wanted blocks by b
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict
 from heapq import heappop, heappush
 
+from kvsim.cache.lane import Lane
 from kvsim.cache.lane_pool import LanePool
 from kvsim.cache.policies import unpack_key
 
@@ -33,8 +33,8 @@ class LookaheadPool(LanePool):
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
-        self._guarded: OrderedDict[int, int] = OrderedDict()  # released protected -> clock
-        self._guarded_credited: OrderedDict[int, int] = OrderedDict()   # (the credit is >= 1)
+        self._guarded = Lane(num_blocks)            # blocks released protected
+        self._guarded_credited = Lane(num_blocks)   # (the credit is >= 1)
         self._heap: list[int] = []          # packed keys of blocks protected while free
         self._protected: dict[int, int] = {}    # such a block -> its live heap entry
         self._id_bits = num_blocks.bit_length()
@@ -175,7 +175,7 @@ class LookaheadPool(LanePool):
         if lane is not None:
             entry = self._protected_entry(block_id, lane[block_id])
             if not heap or entry < heap[0]:
-                del lane[block_id]
+                lane.popleft()
                 return block_id, entry
         if not heap:
             return None, None
@@ -187,9 +187,9 @@ class LookaheadPool(LanePool):
         """The guarded lane whose head goes first, and that head (``(None, None)`` if both
         are empty)."""
         plain, credited = self._guarded, self._guarded_credited
-        head = next(iter(plain.items())) if plain else None
+        head = plain.head()
         if credited:
-            other = next(iter(credited.items()))
+            other = credited.head()
             if head is None or other[1] + self.credit <= head[1]:
                 return credited, other[0]
         return (plain, head[0]) if head is not None else (None, None)
