@@ -26,7 +26,7 @@ from collections import OrderedDict
 from itertools import compress
 from typing import Iterable, Sequence
 
-from kvsim.cache.bulk import set_all, set_each
+from kvsim.cache.bulk import gather, set_all, set_each
 from kvsim.cache.lane import Lane
 from kvsim.cache.policy_pool import PolicyPool
 
@@ -187,8 +187,8 @@ class LanePool(PolicyPool):
                 clocks: Sequence[int]) -> None:
         """Append blocks (released at ``clocks``, increasing) to lane ``credited`` if they
         belong to a reused chain, else to lane ``plain``."""
-        marks = list(map(self.reused.__getitem__, block_ids))
-        if credited is plain or not any(marks):
+        marks = () if credited is plain else gather(self.reused, block_ids)
+        if not any(marks):
             plain.extend(block_ids, clocks)
         elif all(marks):
             credited.extend(block_ids, clocks)
