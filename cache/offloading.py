@@ -25,6 +25,8 @@ Pure bookkeeping: the copies are pairs the step plan carries, charged by the cos
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 
 from kvsim.cache.kv_cache_manager import KVCacheManager, _hashes
@@ -194,14 +196,14 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._next_stored[request_id] = end
         if not result.stored:
             return
-        stored = result.stored
-        if len(stored) == len(ids):     # every block's hash new (and in order)
-            self._copies.extend((request_id, b, host, h) for b, (h, host) in zip(ids, stored))
+        new_hashes, hosts = zip(*result.stored)
+        if len(hosts) == len(ids):      # every block's hash new (and in order)
+            self._copies.extend(zip(repeat(request_id), ids, hosts, new_hashes))
         else:
-            host_of = dict(stored)
+            host_of = dict(result.stored)
             self._copies.extend((request_id, b, host_of[h], h)
                                 for b, h in zip(ids, hashes) if h in host_of)
-        self._being_stored.setdefault(request_id, []).extend(host for _, host in stored)
+        self._being_stored.setdefault(request_id, []).extend(hosts)
         table = entry.block_ids
         self.offload.touch_chain(request_id, end, lambda positions: [
             block_hashes[table[p]] for p in positions])
