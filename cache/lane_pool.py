@@ -6,12 +6,12 @@ priority`` (:class:`~kvsim.cache.policies.HybridPolicy`), ``priority`` the small
 ``(-priority, clock)``, a lane per level (``offset = -2**48 * priority``), ``lookahead`` the
 smallest ``(0, clock + offset, 0 if offset else 1)`` with ``offset = N * reused`` among unprotected blocks
 (:class:`~kvsim.cache.lookahead_pool.LookaheadPool` adds its protected blocks). Within a class
-the key grows with the release clock, so each class is a FIFO *lane* (:class:`~kvsim.cache.lane.Lane`:
-blocks with their release clocks) and the victim is the smallest of the lanes' heads: an
-eviction takes a lane's head, as in vLLM's LRU queue, instead of a heap operation and a packed
-key per released block, and a run of victims from one lane is a slice. With
-every priority 0 there are two lanes (reused or not); a tie on ``clock + offset`` goes to the
-lane with the larger offset (the smaller clock), as both keys order it.
+the key grows with the release clock, so each class is a FIFO *lane*
+(:class:`~kvsim.cache.lane.Lane`: blocks with their release clocks) and the victim is the
+smallest of the lanes' heads: an eviction takes a lane's head, as in vLLM's LRU queue, instead
+of a heap operation and a packed key per released block, and a run of victims from one lane is
+a slice. With every priority 0 there are two lanes (reused or not); a tie on ``clock + offset``
+goes to the lane with the larger offset (the smaller clock), as both keys order it.
 
 The chain rule of :class:`~kvsim.cache.scored_pool.ScoredBlockPool` (a block whose content has
 a cached child stays while it is its only copy) needs no bookkeeping here except for a chain's
@@ -32,7 +32,7 @@ from kvsim.cache.policy_pool import PolicyPool
 
 __all__ = ["LanePool"]
 
-_NO_LANE = Lane(0)      # always empty: the credited lane of a pool without credit
+_NO_LANE = Lane()      # always empty: the credited lane of a pool without credit
 
 
 class LanePool(PolicyPool):
@@ -52,8 +52,8 @@ class LanePool(PolicyPool):
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since filled
         self.first_hashes: list[int | None] = [None] * num_blocks    # a child's first block's
         self.credit = policy.lane_credit(num_blocks)    # the offset of a reused block
-        self._plain = Lane(num_blocks)
-        self._credited = Lane(num_blocks) if self.credit else self._plain  # (no credit: one)
+        self._plain = Lane()
+        self._credited = Lane() if self.credit else self._plain  # (no credit: one)
         self._lanes = {0: self._plain, self.credit: self._credited}     # offset -> lane
         self._two_lanes = True          # only those (one or two): the fast eviction loop
         self._deferred: dict[int, tuple] = {}   # first block with cached children -> its key
@@ -217,7 +217,7 @@ class LanePool(PolicyPool):
         for offset, (ids, lane_clocks) in by_offset.items():
             lane = self._lanes.get(offset)
             if lane is None:
-                lane = self._lanes[offset] = Lane(self.num_blocks)
+                lane = self._lanes[offset] = Lane()
                 self._two_lanes = False
             lane.extend(ids, lane_clocks)
 

@@ -33,8 +33,8 @@ class LookaheadPool(LanePool):
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
-        self._guarded = Lane(num_blocks)            # blocks released protected
-        self._guarded_credited = Lane(num_blocks)   # (the credit is >= 1)
+        self._guarded = Lane()            # blocks released protected
+        self._guarded_credited = Lane()   # (the credit is >= 1)
         self._heap: list[int] = []          # packed keys of blocks protected while free
         self._protected: dict[int, int] = {}    # such a block -> its live heap entry
         self._id_bits = num_blocks.bit_length()

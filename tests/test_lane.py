@@ -14,19 +14,19 @@ DEEP, CHILD, FIRST = 2, 1, 0        # depths: past a chain's second block, its s
 
 
 def test_blocks_leave_in_release_order_and_a_head_put_back_goes_first():
-    lane = Lane(8)
+    lane = Lane()
     lane.extend([5, 2, 7], [10, 11, 12])
     assert list(lane.items()) == [(5, 10), (2, 11), (7, 12)] and len(lane) == 3
     assert lane.head() == (5, 10) and len(lane) == 3       # a look leaves it queued
     assert lane.popleft() == (5, 10)
-    assert 5 not in lane and lane.clock_of[5] == -1
+    assert 5 not in lane and lane.clock_of == {2: 11, 7: 12}
     lane.appendleft(5, 10)                                 # not taken after all
     assert [lane.popleft() for _ in range(4)] == [(5, 10), (2, 11), (7, 12), None]
     assert len(lane) == 0 and list(lane) == []
 
 
 def test_a_block_taken_from_the_middle_is_skipped_when_the_head_reaches_it():
-    lane = Lane(8)
+    lane = Lane()
     lane.extend([1, 2, 3, 4], [1, 2, 3, 4])
     assert lane.pop(2) == 2 and lane.pop(2, "gone") == "gone"   # a prefix hit took it
     assert 2 not in lane and lane[3] == 3 and len(lane) == 3
@@ -40,7 +40,7 @@ def test_a_block_taken_from_the_middle_is_skipped_when_the_head_reaches_it():
 
 def test_a_run_stops_at_the_bound_at_a_shallow_block_and_after_n_blocks():
     depth = bytearray([DEEP]) * 10
-    lane = Lane(10)
+    lane = Lane()
     lane.extend([0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8])
     assert lane.take_run(2, None, False, depth) == [0, 1]           # n
     assert lane.take_run(9, 6, False, depth) == [2]                 # clocks below 6
@@ -49,13 +49,13 @@ def test_a_run_stops_at_the_bound_at_a_shallow_block_and_after_n_blocks():
     assert lane.take_run(9, None, False, depth) == [4]              # up to the second block
     assert lane.take_run(9, None, False, depth) == []
     assert list(lane.items()) == [(5, 8)] and len(lane) == 1
-    assert [lane.clock_of[b] for b in range(5)] == [-1] * 5
+    assert lane.clock_of == {5: 8}
 
 
 def test_a_run_over_dropped_entries_skips_them():
     depth = bytearray([DEEP]) * 10
     depth[6] = FIRST
-    lane = Lane(10)
+    lane = Lane()
     lane.extend([1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7])
     lane.pop(2)
     lane.pop(4)
@@ -67,7 +67,7 @@ def test_a_run_over_dropped_entries_skips_them():
 
 def test_dropped_entries_are_rebuilt_away_and_the_consumed_front_is_cut(monkeypatch):
     monkeypatch.setattr(lane_module, "_MIN_COMPACT", 1)
-    lane = Lane(12)
+    lane = Lane()
     lane.extend([0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6])
     for block_id in (1, 3, 5):
         lane.pop(block_id)
@@ -80,10 +80,10 @@ def test_dropped_entries_are_rebuilt_away_and_the_consumed_front_is_cut(monkeypa
 
 
 def test_clearing_forgets_every_block():
-    lane = Lane(4)
+    lane = Lane()
     lane.extend([3, 1], [1, 2])
     lane.clear()
-    assert len(lane) == 0 and lane.clock_of == [-1] * 4 and lane.popleft() is None
+    assert len(lane) == 0 and lane.clock_of == {} and lane.popleft() is None
 
 
 class LaneAgainstOrderedDict(RuleBasedStateMachine):
@@ -93,7 +93,7 @@ class LaneAgainstOrderedDict(RuleBasedStateMachine):
         super().__init__()
         self.threshold = lane_module._MIN_COMPACT
         lane_module._MIN_COMPACT = 3        # rebuilds and cuts often (really: thousands)
-        self.lane, self.ref = Lane(12), OrderedDict()
+        self.lane, self.ref = Lane(), OrderedDict()
         self.depth = bytearray([DEEP]) * 12
         self.clock, self.floor = 100, 100      # the next release clock; below every clock
 
