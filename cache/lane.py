@@ -10,8 +10,9 @@ membership in a plain dict (``clock_of``: queued block -> its clock), updated in
 A block leaves the middle of a lane when a prefix hit takes it (or lookahead protects it); its
 entry in the lists is then dropped lazily: clocks are unique per release, so an entry whose
 clock is not its block's in ``clock_of`` is stale and skipped when the head reaches it. Stale
-entries are counted; when they outnumber the live ones the lists are rebuilt, and the consumed
-front is cut off as the tail grows, so memory stays within about twice the lane's blocks.
+entries are counted and the lists rebuilt when they outnumber the live ones, the consumed front
+is cut off when it is most of the lists and the tail grows, and a lane left empty forgets its
+entries: the lists hold a small multiple of the lane's blocks plus a few thousand entries.
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ class Lane:
         block_id = self._ids[start]
         self._start = start + 1
         del self.clock_of[block_id]
-        return block_id, self._clocks[start]
+        clock = self._clocks[start]
+        if not self.clock_of:
+            self._forget_if_empty()
+        return block_id, clock
 
     def pop(self, block_id: int, default=None):
         """Take ``block_id`` wherever it is: its clock, or ``default`` if it is not here."""
@@ -111,6 +115,8 @@ class Lane:
         self._num_stale += 1
         if self._num_stale > max(len(self.clock_of), _MIN_COMPACT):
             self._rebuild()
+        if not self.clock_of:
+            self._forget_if_empty()
         return clock
 
     def take_run(self, n: int, bound: int | None, inclusive: bool, depth) -> list[int]:
@@ -131,12 +137,12 @@ class Lane:
         run = ids[start:end]
         delete_all(self.clock_of, run)
         self._start = end
+        self._forget_if_empty()
         return run
 
     def clear(self) -> None:
         self.clock_of.clear()
-        self._ids, self._clocks = [], []
-        self._start = self._num_stale = 0
+        self._forget_if_empty()
 
     # --- internals -----------------------------------------------------------------------
 
@@ -157,6 +163,7 @@ class Lane:
                 run.append(block_id)
             i += 1
         self._start = i
+        self._forget_if_empty()
         return run
 
     def _skip_stale(self) -> None:
@@ -166,6 +173,12 @@ class Lane:
             start += 1
             self._num_stale -= 1
         self._start = start
+
+    def _forget_if_empty(self) -> None:
+        """Drop every entry once no block is queued."""
+        if not self.clock_of:
+            self._ids, self._clocks = [], []
+            self._start = self._num_stale = 0
 
     def _cut_front(self) -> None:
         """Drop the consumed entries once they are most of the lists."""

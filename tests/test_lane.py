@@ -22,7 +22,7 @@ def test_blocks_leave_in_release_order_and_a_head_put_back_goes_first():
     assert 5 not in lane and lane.clock_of == {2: 11, 7: 12}
     lane.appendleft(5, 10)                                 # not taken after all
     assert [lane.popleft() for _ in range(4)] == [(5, 10), (2, 11), (7, 12), None]
-    assert len(lane) == 0 and list(lane) == []
+    assert len(lane) == 0 and list(lane) == [] and lane._ids == []     # drained: forgotten
 
 
 def test_a_block_taken_from_the_middle_is_skipped_when_the_head_reaches_it():
@@ -87,7 +87,9 @@ def test_clearing_forgets_every_block():
 
 
 class LaneAgainstOrderedDict(RuleBasedStateMachine):
-    """Every operation against an ``OrderedDict`` block -> clock (the lanes' former type)."""
+    """Every operation against an ``OrderedDict`` block -> clock (the lanes' former type), with
+    the put-backs the pools make: a head just taken (``_put_back``) and a woken block into the
+    front part by its clock (``_requeue``)."""
 
     def __init__(self):
         super().__init__()
@@ -95,15 +97,16 @@ class LaneAgainstOrderedDict(RuleBasedStateMachine):
         lane_module._MIN_COMPACT = 3        # rebuilds and cuts often (really: thousands)
         self.lane, self.ref = Lane(), OrderedDict()
         self.depth = bytearray([DEEP]) * 12
-        self.clock, self.floor = 100, 100      # the next release clock; below every clock
+        self.clock = 100                    # the next release clock
+        self.taken: list[tuple[int, int]] = []     # heads taken and not put back
 
     def _absent(self):
-        return [b for b in range(12) if b not in self.ref]
+        out = {b for b, _ in self.taken}
+        return [b for b in range(12) if b not in self.ref and b not in out]
 
     @rule(data=st.data(), k=st.integers(1, 5))
     def release(self, data, k):
-        absent = self._absent()
-        block_ids = data.draw(st.permutations(absent))[:k]
+        block_ids = data.draw(st.permutations(self._absent()))[:k]
         clocks = list(range(self.clock, self.clock + len(block_ids)))
         self.clock += len(block_ids)
         self.lane.extend(block_ids, clocks)
@@ -114,16 +117,35 @@ class LaneAgainstOrderedDict(RuleBasedStateMachine):
         expected = self.ref.popitem(last=False) if self.ref else None
         assert self.lane.popleft() == expected
         if expected is not None:
-            self.floor = min(self.floor, expected[1])
+            self.taken.append(expected)
 
-    @precondition(lambda self: len(self.ref) < 12)
-    @rule(data=st.data())
-    def put_back_at_the_head(self, data):
-        block_id = data.draw(st.sampled_from(self._absent()))
-        self.floor -= 1
-        self.lane.appendleft(block_id, self.floor)
-        self.ref[block_id] = self.floor
+    @rule()
+    def look_at_the_head(self):
+        assert self.lane.head() == next(iter(self.ref.items()), None)
+
+    @precondition(lambda self: self.taken)
+    @rule()
+    def put_back_the_head_just_taken(self):
+        block_id, clock = self.taken[-1]
+        if self.ref and next(iter(self.ref.values())) < clock:
+            return                          # (not the head just taken any more)
+        self.taken.pop()
+        self.lane.appendleft(block_id, clock)
+        self.ref[block_id] = clock
         self.ref.move_to_end(block_id, last=False)
+
+    @precondition(lambda self: self.taken)
+    @rule(i=st.integers(0, 20))
+    def requeue_a_woken_block(self, i):
+        block_id, clock = self.taken.pop(i % len(self.taken))
+        older = []
+        while (head := self.lane.head()) is not None and head[1] < clock:
+            older.append(self.lane.popleft())
+        self.lane.appendleft(block_id, clock)
+        for item in reversed(older):
+            self.lane.appendleft(*item)
+        self.ref = OrderedDict(sorted([*self.ref.items(), (block_id, clock)],
+                                      key=lambda item: item[1]))
 
     @rule(block_id=st.integers(0, 11))
     def pop(self, block_id):
@@ -133,7 +155,7 @@ class LaneAgainstOrderedDict(RuleBasedStateMachine):
     def set_depth(self, block_id, deep):
         self.depth[block_id] = DEEP if deep else CHILD
 
-    @rule(n=st.integers(0, 6), bound=st.none() | st.integers(90, 130), inclusive=st.booleans())
+    @rule(n=st.integers(0, 6), bound=st.none() | st.integers(95, 160), inclusive=st.booleans())
     def take_run(self, n, bound, inclusive):
         expected = []
         for block_id, clock in self.ref.items():
@@ -149,14 +171,16 @@ class LaneAgainstOrderedDict(RuleBasedStateMachine):
         lane_module._MIN_COMPACT = self.threshold
 
     @invariant()
-    def same_blocks_in_the_same_order(self):
-        assert list(self.lane.items()) == list(self.ref.items())
-        assert len(self.lane) == len(self.ref)
-        assert self.lane.head() == next(iter(self.ref.items()), None)
-        assert all((b in self.lane) == (b in self.ref) for b in range(12))
+    def same_blocks_in_the_same_order_and_stale_entries_counted(self):
+        lane = self.lane
+        assert list(lane.items()) == list(self.ref.items()) and len(lane) == len(self.ref)
+        assert all((b in lane) == (b in self.ref) for b in range(12))
+        entries = list(zip(lane._ids[lane._start:], lane._clocks[lane._start:]))
+        live = sum(1 for b, c in entries if lane.clock_of.get(b) == c)
+        assert live == len(self.ref) and len(entries) - live == lane._num_stale
+        assert [c for _, c in entries] == sorted(c for _, c in entries)
 
 
-LaneAgainstOrderedDict.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
+LaneAgainstOrderedDict.TestCase.settings = settings(max_examples=300, stateful_step_count=50,
                                                     deadline=None)
 test_lane_against_an_ordered_dict = LaneAgainstOrderedDict.TestCase
-
