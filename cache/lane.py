@@ -104,7 +104,7 @@ class Lane:
         del self.clock_of[block_id]
         clock = self._clocks[start]
         if not self.clock_of:
-            self._forget_if_empty()
+            self._forget()
         return block_id, clock
 
     def pop(self, block_id: int, default=None):
@@ -116,7 +116,7 @@ class Lane:
         if self._num_stale > max(len(self.clock_of), _MIN_COMPACT):
             self._rebuild()
         if not self.clock_of:
-            self._forget_if_empty()
+            self._forget()
         return clock
 
     def take_run(self, n: int, bound: int | None, inclusive: bool, depth) -> list[int]:
@@ -137,12 +137,13 @@ class Lane:
         run = ids[start:end]
         delete_all(self.clock_of, run)
         self._start = end
-        self._forget_if_empty()
+        if not self.clock_of:
+            self._forget()
         return run
 
     def clear(self) -> None:
         self.clock_of.clear()
-        self._forget_if_empty()
+        self._forget()
 
     # --- internals -----------------------------------------------------------------------
 
@@ -163,7 +164,8 @@ class Lane:
                 run.append(block_id)
             i += 1
         self._start = i
-        self._forget_if_empty()
+        if not self.clock_of:
+            self._forget()
         return run
 
     def _skip_stale(self) -> None:
@@ -174,11 +176,10 @@ class Lane:
             self._num_stale -= 1
         self._start = start
 
-    def _forget_if_empty(self) -> None:
-        """Drop every entry once no block is queued."""
-        if not self.clock_of:
-            self._ids, self._clocks = [], []
-            self._start = self._num_stale = 0
+    def _forget(self) -> None:
+        """Drop every entry (no block is queued: a lane left empty keeps nothing)."""
+        self._ids, self._clocks = [], []
+        self._start = self._num_stale = 0
 
     def _cut_front(self) -> None:
         """Drop the consumed entries once they are most of the lists."""
