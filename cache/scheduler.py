@@ -212,8 +212,10 @@ class Scheduler:
         if budget_left < 0 or not self.admission_blocked(budget_left):
             return None     # (checked second: a waiting request's prefix lookup costs most)
         finish = decode_run.finish_steps(running, self.config.max_model_len)
-        spans = not self.waiting and self._host is None
-        steps = int(finish.max()) + 1 if spans else int(finish.min())
+        if self._host is not None:
+            steps = int(finish.min())       # (copies are committed step by step, no finishes)
+        else:
+            steps = int(finish.max() if not self.waiting else finish.min()) + 1
         if steps < 2:
             return None
         computed = np.array([s.num_computed_tokens for s in running], dtype=np.int64)

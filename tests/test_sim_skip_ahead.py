@@ -409,11 +409,17 @@ def test_with_nobody_waiting_a_decode_run_goes_on_through_a_finish():
     assert scheduler.kv.pool.num_cached_free_blocks == stepped.kv.pool.num_cached_free_blocks
 
 
-def test_with_a_request_waiting_a_decode_run_ends_before_the_first_finish():
-    """A finish frees blocks and a seat, which may admit the waiting request: the run stops
-    short of it."""
+def test_with_a_request_waiting_a_decode_run_ends_with_the_first_finish():
+    """A finish frees blocks and a seat, which may admit the waiting request at the next
+    step: the run takes the finishing step (its admission check still sees both requests
+    running) and stops there."""
     scheduler = two_requests_after_admission()
     scheduler.config = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=2)
     scheduler.add(RequestState(Request(2, 0.0, 20, 5), 16))
     run = scheduler.plan_decode_run()
-    assert run.max_steps == 6 and list(run.batches()) == [(6, 2, 40)]
+    assert run.max_steps == 7 and list(run.batches()) == [(7, 2, 40)]
+    facts = scheduler.commit_decode_run(run, 7)
+    assert [(step, [s.request_id for s in seqs]) for step, seqs in facts.finished] == [(6, [0])]
+    assert [s.request_id for s in scheduler.running] == [1] and scheduler.num_waiting == 1
+    plan = scheduler.schedule()
+    assert plan.admitted == [2]
