@@ -69,6 +69,7 @@ class Replica:
         self.num_skipped_steps = 0  # steps taken inside them
         self._wakeup = env.event()
         self._idle = False
+        self._new_head = False      # a request arrived to an empty queue since the last step
         self.process = env.process(self._run())
 
     @property
@@ -81,6 +82,7 @@ class Replica:
 
     def submit(self, seq: RequestState) -> None:
         """Queue a request on this replica (called at its arrival time)."""
+        self._new_head = self._new_head or not self.scheduler.num_waiting
         self.scheduler.add(seq)
         self.outstanding_tokens += seq.num_prompt_tokens + seq.max_tokens
         if self._idle:
@@ -96,7 +98,11 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = self.env.event()
                 continue
-            if not (self.skip_ahead and (yield from self._decode_run())):
+            # (a request that arrived to an empty queue is most likely admitted at the next
+            # step: take it without asking for a decode run, whose admission check would
+            # look its prefix up first; a normal step is always right, a run only faster)
+            if self._new_head or not (self.skip_ahead and (yield from self._decode_run())):
+                self._new_head = False
                 yield from self._step()
 
     def _step(self):
