@@ -5,7 +5,8 @@ allocation can fail, the next steps are known in advance: each request gains one
 a block is opened or filled only when a request's length crosses a block boundary, and a
 request finishes at a step known from its output budget. :class:`DecodeRun` is such a stretch.
 With nobody waiting it goes on through finishes (the batch shrinks; what a finish frees cannot
-admit anyone); otherwise it ends before the first one. Committing ``n`` of its steps performs
+admit anyone); otherwise it ends with the first one (whose step still sees the blocks held:
+what it frees can admit someone at the next step only). Committing ``n`` of its steps performs
 exactly the block allocations, finishes (and, with a host tier, the copies) those ``n`` steps
 would have made one step at a time, in the same order, and returns what each step left as data
 (:class:`DecodeSteps`).

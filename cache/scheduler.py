@@ -198,8 +198,9 @@ class Scheduler:
         """The decode-only steps that can follow (None: plan a normal step): every running
         request only decodes, no waiting request can be admitted meanwhile and no allocation
         can fail (capped by the free blocks). With nobody waiting the run goes on through
-        finishes (the batch shrinks); otherwise it ends before the first one, whose freed
-        blocks might admit a waiting request. Paged layout only; the cache is left as it is."""
+        finishes (the batch shrinks); otherwise it ends with the first one, whose freed
+        blocks might admit a waiting request at the next step. Paged layout only; the cache
+        is left as it is."""
         running = self.running
         if self._external or not running or not self.kv.supports_decode_runs:
             return None

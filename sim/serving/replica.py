@@ -15,9 +15,9 @@ routing decision and other replica sees what stepping one iteration at a time wo
 arrival during the last step is seen by the next step, as it would be. An arrival at exactly a
 step boundary fires before that step's start, as SimPy orders it (it was scheduled first, when
 the arrival before it was routed), so the run stops before that step. A run may go through
-steps where requests finish (nobody waits then): each finish is reported to the request log
-at the end of its step, one timeout per such step, so watchers (the planner's early stop) see
-finishes when they happen; a step that finishes requests and does not end before the next
+steps where requests finish (with a request waiting, it ends with the first such step): each
+finish is reported to the request log at the end of its step, one timeout per such step, so
+watchers (the planner's early stop) see finishes when they happen; a step that finishes requests and does not end before the next
 arrival is left out of the run, so that the arrival sees them still running. The run's end time is the
 same sum of step durations SimPy would make, bit for bit (``tests/test_sim_skip_ahead.py`` checks
 whole runs against ``--no-skip-ahead``). With several replicas the step log's rows come in
