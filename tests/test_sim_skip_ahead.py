@@ -313,6 +313,28 @@ def test_a_decode_run_ends_at_the_next_arrival_not_at_another_replicas_step(monk
     assert results.requests_frame(fast).equals(results.requests_frame(slow))
 
 
+def test_a_request_arriving_to_an_empty_queue_is_admitted_before_any_decode_run(monkeypatch):
+    """Request 0 decodes 2,000 tokens; requests 1 and 2 arrive at 5 s and 10 s to an empty
+    queue. After each arrival the replica takes a normal step (which admits it) without first
+    asking for a decode run: every ask finds nobody waiting. The same steps as one at a time."""
+    base = dict(model="llama-2-7b", num_gpu_blocks=800, block_size=16)
+    trace = lambda: [Request(0, 0.0, 16, 2000), Request(1, 5.0, 40, 300),
+                     Request(2, 10.0, 24, 300)]
+    waiting_at_asks, plan = [], Scheduler.plan_decode_run
+
+    def ask(scheduler):
+        waiting_at_asks.append(scheduler.num_waiting)
+        return plan(scheduler)
+
+    monkeypatch.setattr(Scheduler, "plan_decode_run", ask)
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
+    assert len(waiting_at_asks) >= 3 and set(waiting_at_asks) == {0}
+    assert fast.replicas[0].num_decode_runs >= 3
+    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+
+
 # --- the step log's record and bulk append -----------------------------------------------------
 
 def test_step_log_takes_records_and_whole_columns():

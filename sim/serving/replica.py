@@ -17,10 +17,11 @@ step boundary fires before that step's start, as SimPy orders it (it was schedul
 the arrival before it was routed), so the run stops before that step. A run may go through
 steps where requests finish (with a request waiting, it ends with the first such step): each
 finish is reported to the request log at the end of its step, one timeout per such step, so
-watchers (the planner's early stop) see finishes when they happen; a step that finishes requests and does not end before the next
-arrival is left out of the run, so that the arrival sees them still running. The run's end time is the
-same sum of step durations SimPy would make, bit for bit (``tests/test_sim_skip_ahead.py`` checks
-whole runs against ``--no-skip-ahead``). With several replicas the step log's rows come in
+watchers (the planner's early stop) see finishes when they happen; a step that finishes
+requests and does not end before the next arrival is left out of the run, so that the arrival
+sees them still running. The run's end time is the same sum of step durations SimPy would
+make, bit for bit (``tests/test_sim_skip_ahead.py`` checks whole runs against
+``--no-skip-ahead``). With several replicas the step log's rows come in
 another order (a replica's run logs its steps ahead of the others'); each replica's stay in
 time order, and the summary's step averages agree with stepping to rounding (about 1e-15
 relative).
