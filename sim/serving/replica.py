@@ -21,10 +21,11 @@ watchers (the planner's early stop) see finishes when they happen; a step that f
 requests and does not end before the next arrival is left out of the run, so that the arrival
 sees them still running. The run's end time is the same sum of step durations SimPy would
 make, bit for bit (``tests/test_sim_skip_ahead.py`` checks whole runs against
-``--no-skip-ahead``). With several replicas the step log's rows come in
-another order (a replica's run logs its steps ahead of the others'); each replica's stay in
-time order, and the summary's step averages agree with stepping to rounding (about 1e-15
-relative).
+``--no-skip-ahead``). A request that arrives to an empty queue is admitted by a normal step
+before any run is asked for (the ask would find it admissible and end there). With several
+replicas the step log's rows come in another order (a replica's run logs its steps ahead of
+the others'); each replica's stay in time order, and the summary's step averages agree with
+stepping to rounding (about 1e-15 relative).
 
 With a host tier a step's copies (demotions, write-through) are known only once it is committed
 and lengthen it by the executor's ``transfer_time``, so its steps are committed one by one until
