@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 from kvsim.cache.contiguous import ALLOCATORS, RESERVE_POLICIES
-from kvsim.cache.cpu_offload import OFFLOAD_POLICIES
+from kvsim.cache.offload_managers import OFFLOAD_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES

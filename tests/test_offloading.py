@@ -7,8 +7,9 @@ loadable once its request is done, and a CPU hit loads in a step the request doe
 
 import pytest
 
-from kvsim.cache.cpu_offload import (ARCOffloadingManager, FilterReusedOffloadingManager,
-                                     LRUOffloadingManager, make_offloading_manager)
+from kvsim.cache.cpu_offload import LRUOffloadingManager
+from kvsim.cache.offload_managers import (ARCOffloadingManager, FilterReusedOffloadingManager,
+                                          make_offloading_manager)
 from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState

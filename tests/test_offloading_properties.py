@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tiering_properties import BS, PREFIXES, Memory
 
-from kvsim.cache.cpu_offload import make_offloading_manager
+from kvsim.cache.offload_managers import make_offloading_manager
 from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.eviction import make_policy
 

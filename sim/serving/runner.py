@@ -17,7 +17,7 @@ from kvsim.cache.eviction import make_policy
 from kvsim.cache.policies import prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
-from kvsim.cache.cpu_offload import make_offloading_manager
+from kvsim.cache.offload_managers import make_offloading_manager
 from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
