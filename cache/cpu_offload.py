@@ -35,8 +35,6 @@ from kvsim.cache.bulk import delete_all
 from kvsim.cache.chain_touch import ChainTouches
 from kvsim.cache.recency import RecencyOrder
 
-NO_IDS = np.zeros(0, dtype=np.int64)      # (no host block ids)
-
 
 @dataclass(slots=True)
 class HostBlock:

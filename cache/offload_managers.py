@@ -15,11 +15,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from kvsim.cache.cpu_offload import NO_IDS, LRUOffloadingManager, StoreResult
+from kvsim.cache.cpu_offload import LRUOffloadingManager, StoreResult
 from kvsim.cache.free_queue import FreeQueue
 
 #: The host tier's eviction choices, as vLLM's ``eviction_policy`` names them.
 OFFLOAD_POLICIES = ("lru", "arc")
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 class ARCOffloadingManager(LRUOffloadingManager):
@@ -93,12 +95,12 @@ class ARCOffloadingManager(LRUOffloadingManager):
         T1's oldest evictable blocks while T1 holds at least its target (one fewer after
         each), then T2's."""
         if n <= 0:
-            return NO_IDS
+            return _NO_IDS
         ref = self._ref
         evictable = lambda ids: ref[ids] == 0      # noqa: E731
         from_t1 = min(n, len(self._t1) - self.target_t1_size + 1)
         first = (self._t1.first(from_t1, evictable, partial=True) if from_t1 > 0
-                 else NO_IDS)
+                 else _NO_IDS)
         rest = self._t2.first(n - len(first), evictable)
         return None if rest is None else np.concatenate((first, rest))
 
