@@ -178,7 +178,10 @@ class LaneAgainstOrderedDict(RuleBasedStateMachine):
         entries = list(zip(lane._ids[lane._start:], lane._clocks[lane._start:]))
         live = sum(1 for b, c in entries if lane.clock_of.get(b) == c)
         assert live == len(self.ref) and len(entries) - live == lane._num_stale
-        assert [c for _, c in entries] == sorted(c for _, c in entries)
+        # the live entries' clocks increase (a dropped entry may sit out of order: a head put
+        # back goes before it; take_run bisects the clocks only while none is dropped)
+        clocks = [c for b, c in entries if lane.clock_of.get(b) == c]
+        assert clocks == sorted(clocks)
 
 
 LaneAgainstOrderedDict.TestCase.settings = settings(max_examples=300, stateful_step_count=50,
