@@ -135,6 +135,11 @@ class BlockPool:
     """
 
     opens_in_bulk = "always"
+    #: Whether :meth:`cache_unreachable` is exact here, so that a manager may leave blocks no
+    #: other request can hit out of the index (``defer_private_blocks``), and how many leading
+    #: blocks of a chain it must still register as they fill (their place in a chain counts).
+    caches_unreachable = True
+    num_always_registered = 0
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         if num_blocks < 1:
@@ -263,12 +268,20 @@ class BlockPool:
             self._content[block_ids] = _INDEXED
             self.index.insert_many(block_hashes, block_ids)
 
-    def cache_unreachable(self, block_ids: list[int]) -> None:
+    def cache_unreachable(self, block_ids: list[int], parent: int | None = None,
+                          chain_mark=None) -> None:
         """Count full, held blocks as cached content that no lookup can reach (a finished
         request's blocks that nothing can continue): freed, they queue and count as cached
-        blocks, exactly as registered ones would, and their eviction skips the index."""
+        blocks, exactly as registered ones would, and their eviction skips the index. They
+        continue block ``parent``'s chain; ``chain_mark``: what :meth:`chain_mark` said when
+        the first of them filled (LRU needs neither)."""
         if block_ids:
             self._content[block_ids] = _UNREACHABLE
+
+    def chain_mark(self, parent: int | None):
+        """What a pool remembers of a chain's state for the blocks registered next after held
+        block ``parent`` (None: nothing, as here)."""
+        return None
 
     def put_cached(self, block_hash: int) -> int:
         """Fill the next free block with ``block_hash`` and leave it free and cached, as the

@@ -16,6 +16,12 @@ tail of a sequence whose first ``num_shared_blocks`` blocks alone may be hit by 
 (:mod:`kvsim.workloads.sharing`): its later blocks are registered only if it is preempted, and
 become unreachable content when it finishes. Nothing observable changes: hits, the free queue's
 order and the cached-block counts are those of registering every block as it fills.
+
+Of the non-LRU pools, only the lanes of ``hybrid`` and ``priority`` skip a tail's private blocks
+(``caches_unreachable``); as their policy reads a block's chain (is it a reused one?), a chain's
+first two blocks are registered as they fill, the private ones get the mark registering would
+have given (:meth:`BlockPool.chain_mark`, read when the first of them filled), and a length-only
+request's blocks are registered as they fill. The other pools register every block.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from kvsim.cache.request_state import RequestStatus
 class _RequestBlocks:
     """One request's block table and how much of it is hashed."""
 
-    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred", "private")
+    __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred", "private",
+                 "chain_mark")
 
     def __init__(self) -> None:
         self.block_ids: list[int] = []
@@ -41,6 +48,7 @@ class _RequestBlocks:
         self.hashes: list[int] = []  # hashes computed so far (token-id input only)
         self.deferred = None      # the sequence whose full blocks wait to be registered
         self.private = None       # the sequence whose blocks after its shared ones wait
+        self.chain_mark = None    # the pool's chain_mark when its first private block filled
 
 
 class KVCacheManager:
@@ -66,7 +74,8 @@ class KVCacheManager:
         policy that needs the requester (priority, trace position) gets it from ``allocate``:
         its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``RequestState``).
         ``defer_private_blocks``: register a private sequence's full blocks late (see the
-        module docstring; LRU only: other policies score blocks as they are registered)."""
+        module docstring), with a pool that allows it (``caches_unreachable``: LRU's, and
+        the lanes of ``hybrid`` and ``priority`` past a chain's first two blocks)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
@@ -77,7 +86,9 @@ class KVCacheManager:
         self._scored = policy is not None and not policy.is_lru
         self.prefix_stats = PrefixCacheStats()
         self._requests: dict[object, _RequestBlocks] = {}
-        self._defer = defer_private_blocks and enable_prefix_caching and not self._scored
+        self._defer = (defer_private_blocks and enable_prefix_caching
+                       and self.pool.caches_unreachable)
+        self._num_always_registered = self.pool.num_always_registered
         self._deferred: dict[object, _RequestBlocks] = {}   # entries whose registration waits
 
     # --- queries -------------------------------------------------------------------------
@@ -151,12 +162,14 @@ class KVCacheManager:
         index, hashes, bs = pool.index._map, pool.block_hashes, self.block_size
         for seq, n in zip(sequences, num_tokens):
             entry = self._requests[seq.request_id]
-            start = entry.num_cached
-            if not self.enable_prefix_caching or entry.deferred is not None or n // bs <= start:
+            start, end = entry.num_cached, n // bs
+            if entry.private is not None:       # (its private blocks are not registered)
+                end = min(end, self._registration_cap(entry, seq))
+            if not self.enable_prefix_caching or entry.deferred is not None or end <= start:
                 continue
             last = entry.block_ids[start - 1] if start else None
             if (last is not None and index.get(hashes[last]) != last) or any(
-                    h in index for h in seq.block_hashes(start, n // bs)):
+                    h in index for h in seq.block_hashes(start, end)):
                 return False
         return True
 
@@ -347,7 +360,8 @@ class KVCacheManager:
 
     def _new_entry(self, request_id, tokens) -> _RequestBlocks:
         entry = self._requests[request_id] = _RequestBlocks()
-        if self._defer and getattr(tokens, "has_private_blocks", False):
+        if (self._defer and getattr(tokens, "has_private_blocks", False)
+                and not self._num_always_registered):
             entry.deferred = tokens
             self._deferred[request_id] = entry
         elif self._defer and getattr(tokens, "num_shared_blocks", None) is not None:
@@ -364,8 +378,10 @@ class KVCacheManager:
         if reachable:
             self._cache_full_blocks(entry, seq, num_tokens)
         else:
-            self.pool.cache_unreachable(
-                entry.block_ids[entry.num_cached:num_tokens // self.block_size])
+            start = entry.num_cached
+            self.pool.cache_unreachable(entry.block_ids[start:num_tokens // self.block_size],
+                                        entry.block_ids[start - 1] if start else None,
+                                        entry.chain_mark)
 
     def _register_deferred(self) -> None:
         """Another sequence uses the prefix index: register every deferred block first."""
@@ -385,21 +401,40 @@ class KVCacheManager:
     def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int) -> None:
         """Register the full blocks within ``num_tokens`` not registered yet (of a sequence
         with private blocks, only its shared ones)."""
-        num_full = num_tokens // self.block_size
+        num_full, capped = num_tokens // self.block_size, False
         if entry.private is not None:
-            num_full = min(num_full, max(tokens.num_shared_blocks, entry.num_cached))
-        if num_full <= entry.num_cached:
-            return
+            cap = self._registration_cap(entry, tokens)
+            num_full, capped = min(num_full, cap), num_full > cap
+        if num_full > entry.num_cached:
+            self._cache_blocks(entry, tokens, num_full)
+        if capped and self._scored and entry.chain_mark is None:    # its first private block
+            entry.chain_mark = self.pool.chain_mark(entry.block_ids[num_full - 1]
+                                                    if num_full else None)
+
+    def _registration_cap(self, entry: _RequestBlocks, tokens) -> int:
+        """Blocks of a sequence with private blocks registered as they fill: its shared ones
+        (and the pool's ``num_always_registered``), or more once it had to register them."""
+        cap = tokens.num_shared_blocks
+        if cap < self._num_always_registered:
+            cap = self._num_always_registered
+        return cap if cap > entry.num_cached else entry.num_cached
+
+    def _cache_blocks(self, entry: _RequestBlocks, tokens, num_full: int) -> None:
+        """Register the request's blocks from ``num_cached`` to ``num_full``."""
+        start = entry.num_cached
         if hasattr(tokens, "block_hashes"):
-            new_hashes = tokens.block_hashes(entry.num_cached, num_full)
+            new_hashes = tokens.block_hashes(start, num_full)
         else:
             new_hashes = self._token_hashes(entry, tokens, num_full)
-        start = entry.num_cached
-        if self._scored:   # a scored pool tracks chains (depth, parent) for its policy
-            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes, start,
+        ids = entry.block_ids[start:num_full]
+        if not self._scored:
+            self.pool.cache_blocks(ids, new_hashes)
+        elif entry.chain_mark is None:   # a scored pool tracks chains (depth, parent)
+            self.pool.cache_blocks(ids, new_hashes, start,
                                    entry.block_ids[start - 1] if start else None)
-        else:
-            self.pool.cache_blocks(entry.block_ids[start:num_full], new_hashes)
+        else:       # a private tail registered late continues as its first block began
+            self.pool.cache_blocks(ids, new_hashes, start, entry.block_ids[start - 1],
+                                   chain_mark=entry.chain_mark)
         entry.num_cached = num_full
 
     def _token_hashes(self, entry: _RequestBlocks, tokens, num_full: int) -> list[int]:

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 from kvsim.cache.bulk import gather, set_all, set_each
 from kvsim.cache.lane import Lane
-from kvsim.cache.policy_pool import PolicyPool
+from kvsim.cache.policy_pool import UNREACHABLE, PolicyPool
 
 __all__ = ["LanePool"]
 
@@ -43,6 +43,10 @@ class LanePool(PolicyPool):
     a lane (``lane_key(clock, offset)``)."""
 
     opens_in_bulk = "new_chains"
+    # blocks no other request can hit may stay out of the index (UNREACHABLE) once their
+    # chain's first two blocks, whose depth the chain rule reads, are registered
+    caches_unreachable = True
+    num_always_registered = 2
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
@@ -140,20 +144,31 @@ class LanePool(PolicyPool):
             self._queue_released(released, self._count_released(released))
         self._prepend(first)
 
-    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
+    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None,
+                     chain_mark: bool | None = None) -> None:
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
-        they belong to a reused chain when the chain they continue does."""
+        they belong to a reused chain when the chain they continue does (when their first
+        filled, if ``chain_mark`` says how it was then)."""
         set_each(self.block_hashes, block_ids, block_hashes)
-        set_all(self.reused, block_ids, self._continues_reused_chain(parent))
+        set_all(self.reused, block_ids,
+                self.chain_mark(parent) if chain_mark is None else chain_mark)
         self.index.insert_many(block_hashes, block_ids)
         if block_ids and (parent is None or not self._depth[parent]):
             self._count_first_children(block_ids, parent)   # a first block, or its child
 
-    def _continues_reused_chain(self, parent: int | None) -> bool:
+    def cache_unreachable(self, block_ids: list[int], parent: int | None = None,
+                          chain_mark: bool | None = None) -> None:
+        """Full, held blocks as cached content in no index (``UNREACHABLE``), marked as
+        :meth:`cache_blocks` would (never a chain's first two: ``num_always_registered``)."""
+        set_all(self.block_hashes, block_ids, UNREACHABLE)
+        set_all(self.reused, block_ids,
+                self.chain_mark(parent) if chain_mark is None else chain_mark)
+
+    def chain_mark(self, parent: int | None) -> bool:
         """Whether blocks cached after held block ``parent`` (None: a chain's start) belong to
         a *reused chain*: ``parent`` is reused itself, or was hit and is not a chain's first
         block (the request continued an earlier prompt, not just a shared first block)."""
-        return parent is not None and (self.reused[parent] or (
+        return parent is not None and bool(self.reused[parent] or (
             self.was_hit[parent] and self._depth[parent] != 0))
 
     def reset_prefix_cache(self) -> bool:
@@ -350,12 +365,13 @@ class LanePool(PolicyPool):
                 block_id = self._next_after_lanes()
             # uncache (as _uncache, inlined: the hottest loop of these policies)
             block_hash = hashes[block_id]
-            if evicted is not None:
-                evicted.append((block_id, block_hash))
-            if index[block_hash].__class__ is int:
-                del index[block_hash]
-            else:
-                self.index.remove(block_hash, block_id)
+            if block_hash is not UNREACHABLE:
+                if evicted is not None:
+                    evicted.append((block_id, block_hash))
+                if index[block_hash].__class__ is int:
+                    del index[block_hash]
+                else:
+                    self.index.remove(block_hash, block_id)
             hashes[block_id] = None
             refs[block_id] = 1
             was_hit[block_id] = 0
@@ -408,9 +424,10 @@ class LanePool(PolicyPool):
     def _uncache(self, block_id: int) -> int:
         """Evict free cached ``block_id`` (uncached and taken); returns it."""
         block_hash = self.block_hashes[block_id]
-        if self.evicted is not None:
-            self.evicted.append((block_id, block_hash))
-        self.index.remove(block_hash, block_id)
+        if block_hash is not UNREACHABLE:
+            if self.evicted is not None:
+                self.evicted.append((block_id, block_hash))
+            self.index.remove(block_hash, block_id)
         self.block_hashes[block_id] = None
         self.ref_counts[block_id] = 1
         self.was_hit[block_id] = 0

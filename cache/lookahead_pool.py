@@ -29,7 +29,12 @@ __all__ = ["LookaheadPool"]
 class LookaheadPool(LanePool):
     """A :class:`~kvsim.cache.lane_pool.LanePool` whose policy reads the waiting queue: it
     protects the free blocks a queued request will look up and tells the policy which hashes
-    got cached (``reached``)."""
+    got cached (``reached``).
+
+    Every block is registered as it fills (``caches_unreachable`` off): the policy is told
+    of each hash that gets cached, the private blocks of a request included."""
+
+    caches_unreachable = False
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)

@@ -164,7 +164,7 @@ class HybridPolicy(CachePolicy):
 
     - ``R = 1`` for a block of a *reused chain* (a prompt that continued an earlier one past its
       first block, and every block after it; see
-      :meth:`~kvsim.cache.lane_pool.LanePool._continues_reused_chain`),
+      :meth:`~kvsim.cache.lane_pool.LanePool.chain_mark`),
       else 0: frequency, taken per chain rather than per block;
     - ``priority``: each level (lower value = more important, as vLLM) is worth one cache
       lifetime, so high-priority prefixes outlive low-priority ones without an absolute class

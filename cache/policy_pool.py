@@ -11,10 +11,24 @@ first, as vLLM), free *cached* blocks belong to the policy's own structure, coun
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import compress
 from typing import Iterable
 
 from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.bulk import gather, set_all
+
+
+class _Unreachable:
+    """The ``block_hashes`` entry of cached content no lookup can reach (see
+    :meth:`BlockPool.cache_unreachable`): cached, but in no index."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNREACHABLE"
+
+
+UNREACHABLE = _Unreachable()
 
 
 class PolicyPool(BlockPool):
@@ -25,6 +39,7 @@ class PolicyPool(BlockPool):
     """
 
     opens_in_bulk = "never"
+    caches_unreachable = False      # (a pool whose eviction handles UNREACHABLE says so)
 
     def _init_free_blocks(self, num_blocks: int) -> None:
         self.ref_counts: list[int] = [0] * num_blocks    # (read one block at a time)
@@ -87,9 +102,14 @@ class PolicyPool(BlockPool):
         them, each with one reference (:meth:`BlockPool._evict` for a policy pool's lists)."""
         hashes = self.block_hashes
         found = gather(hashes, block_ids)
+        if self.caches_unreachable and UNREACHABLE in found:
+            kept = [h is not UNREACHABLE for h in found]
+            indexed, found = list(compress(block_ids, kept)), tuple(compress(found, kept))
+        else:
+            indexed = block_ids
         if self.evicted is not None:
-            self.evicted.extend(zip(block_ids, found))
-        self.index.remove_many(found, block_ids)
+            self.evicted.extend(zip(indexed, found))
+        self.index.remove_many(found, indexed)
         set_all(hashes, block_ids, None)
         set_all(self.ref_counts, block_ids, 1)
 
