@@ -17,11 +17,12 @@ tail of a sequence whose first ``num_shared_blocks`` blocks alone may be hit by 
 become unreachable content when it finishes. Nothing observable changes: hits, the free queue's
 order and the cached-block counts are those of registering every block as it fills.
 
-Of the non-LRU pools, only the lanes of ``hybrid`` and ``priority`` skip a tail's private blocks
-(``caches_unreachable``); as their policy reads a block's chain (is it a reused one?), a chain's
-first two blocks are registered as they fill, the private ones get the mark registering would
-have given (:meth:`BlockPool.chain_mark`, read when the first of them filled), and a length-only
-request's blocks are registered as they fill. The other pools register every block.
+Of the non-LRU pools, ``lfu``'s and the lanes of ``hybrid`` and ``priority`` skip private blocks
+too (``caches_unreachable``), keeping their chains as registering them would have. As the lanes'
+policy reads a block's chain (is it a reused one?), there a chain's first two blocks are
+registered as they fill, the private ones get the mark registering would have given
+(:meth:`BlockPool.chain_mark`, read when the first of them filled), and a length-only request's
+blocks are registered as they fill. The other pools register every block.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ class KVCacheManager:
         policy that needs the requester (priority, trace position) gets it from ``allocate``:
         its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``RequestState``).
         ``defer_private_blocks``: register a private sequence's full blocks late (see the
-        module docstring), with a pool that allows it (``caches_unreachable``: LRU's, and
-        the lanes of ``hybrid`` and ``priority`` past a chain's first two blocks)."""
+        module docstring), with a pool that allows it (``caches_unreachable``: LRU's, LFU's,
+        and the lanes of ``hybrid`` and ``priority`` past a chain's first two blocks)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size

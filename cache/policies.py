@@ -80,6 +80,7 @@ class CachePolicy:
     is_lru = False
     key_part_bits: tuple = (KEY_PART_BITS,)
     uses_priority = False       # whether keys read the requests' priorities (pool.prio)
+    reads_block_hashes = False  # whether keys read the blocks' hashes
 
     def begin(self, request_id) -> None:
         """The pool is about to take or touch blocks for ``request_id``."""
@@ -230,6 +231,7 @@ class BeladyPolicy(CachePolicy):
     """
 
     name = "belady"
+    reads_block_hashes = True   # (its key is the hash's next use: every block is registered)
 
     def __init__(self, oracle: "BeladyOracle"):
         self.oracle = oracle

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from heapq import heapify, heappop, heappush
+from itertools import repeat
 from typing import Iterable
 
-from kvsim.cache.bulk import MIN_BULK_CHAIN, set_each
+from kvsim.cache.bulk import MIN_BULK_CHAIN, set_all, set_each
 from kvsim.cache.policies import heap_entry, unpack_key
-from kvsim.cache.policy_pool import PolicyPool
+from kvsim.cache.policy_pool import UNREACHABLE, PolicyPool
 
 __all__ = ["ScoredBlockPool", "heap_entry"]
 
@@ -35,12 +36,20 @@ class ScoredBlockPool(PolicyPool):
     *holder* (the oldest block holding it, :meth:`holder`), ``_shared`` marks blocks whose
     content another block also holds, so a block is eligible exactly when
     ``not num_children[b] or shared[b]``.
+
+    Content no lookup can reach (:meth:`cache_unreachable`: a finished request's private
+    blocks) holds ``UNREACHABLE`` instead of a hash and is in no index, but is chained and
+    counted as registered blocks are; a policy whose key reads hashes (``belady``) gets every
+    block registered instead.
     """
 
     opens_in_bulk = "new_chains"
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
+        # blocks no other request can hit may stay out of the index, chained as registered
+        # ones, unless the policy's key reads their hashes
+        self.caches_unreachable = not getattr(policy, "reads_block_hashes", False)
         self.hits = [0] * num_blocks       # prefix hits since the block was filled
         self.prio = [0] * num_blocks       # best (lowest) priority of its users since then
         self.parent_hashes: list[int | None] = [None] * num_blocks   # hash of its chain parent
@@ -161,6 +170,26 @@ class ScoredBlockPool(PolicyPool):
             counts[block_id] += 1
         self.index._map.update(zip(block_hashes, block_ids))
 
+    def cache_unreachable(self, block_ids: list[int], parent: int | None = None,
+                          chain_mark=None) -> None:
+        """Full, held blocks of one chain after block ``parent`` as cached content in no index
+        (``UNREACHABLE``), chained and counted as :meth:`cache_blocks` would (their content
+        is new: no copies, no orphans)."""
+        if not block_ids:
+            return
+        block_ids = list(block_ids)
+        parent_hash = self.block_hashes[parent] if parent is not None else None
+        holder = self.holder(parent_hash) if parent_hash is not None else None
+        set_all(self.block_hashes, block_ids, UNREACHABLE)
+        set_each(self.parent_hashes, block_ids,
+                 [parent_hash, *repeat(UNREACHABLE, len(block_ids) - 1)])
+        set_each(self._parent_holder, block_ids, [holder, *block_ids[:-1]])
+        counts = self.num_children
+        if holder is not None:
+            counts[holder] += 1
+        for block_id in block_ids[:-1]:
+            counts[block_id] += 1
+
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
             return False
@@ -260,12 +289,13 @@ class ScoredBlockPool(PolicyPool):
             live[block_id] = None       # a parent walked to below has no live entry
             while True:
                 block_hash = hashes[block_id]
-                if evicted is not None:
-                    evicted.append((block_id, block_hash))
-                if shared[block_id]:
-                    self._drop_copy(block_id, block_hash)
-                else:
-                    del index[block_hash]
+                if block_hash is not UNREACHABLE:
+                    if evicted is not None:
+                        evicted.append((block_id, block_hash))
+                    if shared[block_id]:
+                        self._drop_copy(block_id, block_hash)
+                    else:
+                        del index[block_hash]
                 hashes[block_id] = None
                 victims.append(block_id)
                 refs[block_id] = 1

@@ -103,11 +103,11 @@ def test_a_preempted_request_registers_its_private_blocks_and_resumes_on_them():
     assert story(4, finish=False)[4] == [0, 1, 2, 3, 4]
 
 
-def hybrid_story(defer: bool, finish: bool = True):
-    """With the hybrid policy: A (six full blocks of 4 tokens, its first four shared) runs; B
-    hits those four, which puts A's fourth block in a reused chain; A is freed (finished, or
-    preempted), then B finishes; then the whole pool is taken."""
-    kv = KVCacheManager(16, 4, policy=make_policy("hybrid"), defer_private_blocks=defer)
+def two_requests(defer: bool, finish: bool = True, policy: str = "hybrid"):
+    """A (six full blocks of 4 tokens, its first four shared) runs; B hits those four, which
+    puts A's fourth block in a reused chain (hybrid's lanes read that); A is freed (finished,
+    or preempted), then B finishes; then the whole pool is taken."""
+    kv = KVCacheManager(16, 4, policy=make_policy(policy), defer_private_blocks=defer)
     a = RequestState(chunked(1, [1, 2, 3], 24), 4)
     b = RequestState(chunked(2, [1, 2, 4], 22), 4)
     a.num_shared_blocks = b.num_shared_blocks = 4
@@ -120,7 +120,8 @@ def hybrid_story(defer: bool, finish: bool = True):
     kv.free(1)
     b.status = RequestStatus.FINISHED
     kv.free(2)
-    return (hit.block_ids, indexed_while_running, len(kv.pool.index), list(kv.pool.reused),
+    chains = kv.pool.reused if policy == "hybrid" else kv.pool.num_children   # what it reads
+    return (hit.block_ids, indexed_while_running, len(kv.pool.index), list(chains),
             kv.pool.cached_free_order(), kv.pool.get_new_blocks(16))
 
 
@@ -128,7 +129,7 @@ def test_hybrid_lanes_keep_private_blocks_out_of_the_index_with_the_same_victims
     """A's blocks 4 and 5 and B's block 6 are private: never indexed, yet in the lanes they
     would have joined. A's are in the plain lane although block 3 was reused by the time A
     finished: their mark is taken when the first of them filled, as registering it did."""
-    skipped, eager = hybrid_story(True), hybrid_story(False)
+    skipped, eager = two_requests(True), two_requests(False)
     assert skipped[:3] == ([0, 1, 2, 3], 4, 4) and eager[1:3] == (7, 7)
     assert skipped[3] == eager[3] == [0, 1, 1, 1, 0, 0, 1] + [0] * 9
     assert skipped[4] == eager[4] == [5, 4, 0, 6, 3, 2, 1]
@@ -136,8 +137,18 @@ def test_hybrid_lanes_keep_private_blocks_out_of_the_index_with_the_same_victims
 
 
 def test_a_preempted_request_registers_its_private_blocks_in_the_hybrid_lanes_too():
-    skipped, eager = hybrid_story(True, finish=False), hybrid_story(False, finish=False)
+    skipped, eager = two_requests(True, finish=False), two_requests(False, finish=False)
     assert skipped[1:3] == (4, 6) and skipped[3:] == eager[3:]
+
+
+def test_lfu_counts_the_cached_children_of_private_blocks_outside_the_index():
+    """The chain rule sees the same chains: block 3 keeps two cached children (A's block 4 and
+    B's block 6) and A's blocks 4 and 5 one each, indexed or not."""
+    skipped, eager = two_requests(True, policy="lfu"), two_requests(False, policy="lfu")
+    assert skipped[1:3] == (4, 4) and eager[1:3] == (7, 7)
+    assert skipped[3] == eager[3] == [1, 1, 1, 2, 1] + [0] * 11
+    assert skipped[4] == eager[4] == [5, 4, 6, 3, 2, 1, 0]
+    assert skipped[5] == eager[5] == [7, 8, 9, 10, 11, 12, 13, 14, 15, 5, 4, 6, 3, 2, 1, 0]
 
 
 @pytest.mark.parametrize("settings", [
@@ -146,6 +157,7 @@ def test_a_preempted_request_registers_its_private_blocks_in_the_hybrid_lanes_to
     dict(num_gpu_blocks=2000, max_num_seqs=8),
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="hybrid"),
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="priority"),
+    dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="lfu"),
 ])
 def test_a_mooncake_run_with_preemptions_is_unchanged(settings):
     """The bundled Mooncake sample on tight pools (preemptions, truncated prompts): the same
@@ -181,11 +193,11 @@ def test_a_request_computes_its_private_blocks_ids_only_when_they_are_asked_for(
     assert whole.block_hashes(0, 7) == a.block_hashes(0, 7)
 
 
-@pytest.mark.parametrize("settings", [dict(eviction="lfu"), dict(eviction="lookahead"),
-                                      dict(kv_offloading_size=1)])
+@pytest.mark.parametrize("settings", [dict(eviction="belady"), dict(eviction="lookahead"),
+                                      dict(eviction="arc"), dict(kv_offloading_size=1)])
 def test_a_manager_that_registers_every_block_is_given_no_shared_counts(settings):
-    """Only the plain manager with LRU or FIFO lanes (hybrid, priority) skips private blocks;
-    the others never ask."""
+    """Only the plain manager with LRU, LFU or FIFO lanes (hybrid, priority) skips private
+    blocks; the others never ask."""
     from kvsim.sim.config import RunConfig
     from kvsim.sim.serving.runner import simulate
 
