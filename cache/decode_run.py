@@ -9,7 +9,8 @@ admit anyone); otherwise it ends with the first one (whose step still sees the b
 what it frees can admit someone at the next step only). Committing ``n`` of its steps performs
 exactly the block allocations, finishes (and, with a host tier, the copies) those ``n`` steps
 would have made one step at a time, in the same order, and returns what each step left as data
-(:class:`DecodeSteps`).
+(:class:`DecodeSteps`). What it asks of the KV manager is in
+:class:`~kvsim.cache.run_blocks.DecodeRunBlocks`.
 """
 
 from __future__ import annotations
