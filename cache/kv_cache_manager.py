@@ -41,7 +41,7 @@ class _RequestBlocks:
     """One request's block table and how much of it is hashed."""
 
     __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred", "private",
-                 "chain_mark")
+                 "chain_mark", "at_cap")
 
     def __init__(self) -> None:
         self.block_ids: list[int] = []
@@ -51,6 +51,7 @@ class _RequestBlocks:
         self.deferred = None      # the sequence whose full blocks wait to be registered
         self.private = None       # the sequence whose blocks after its shared ones wait
         self.chain_mark = None    # the pool's chain_mark when its first private block filled
+        self.at_cap = False       # its shared blocks are registered: no more while it runs
 
 
 class KVCacheManager(DecodeRunBlocks):
@@ -227,7 +228,7 @@ class KVCacheManager(DecodeRunBlocks):
             if slots <= len(entry.block_ids) * self.block_size:
                 entry.num_slots = slots
                 if (self.enable_prefix_caching and slots // self.block_size > entry.num_cached
-                        and entry.deferred is None):
+                        and entry.deferred is None and not entry.at_cap):
                     n = len(tokens)
                     self._cache_full_blocks(entry, tokens, slots if slots < n else n)
                 return []
@@ -256,7 +257,8 @@ class KVCacheManager(DecodeRunBlocks):
     def grow_slots(self, sequences: Iterable) -> None:
         """Give each sequence slots up to its ``num_computed_tokens``, within the blocks it
         holds (a decode run opened them), as :meth:`allocate` would: a request whose full blocks
-        wait to be registered only counts them; the others register the blocks they filled."""
+        wait to be registered, or whose blocks left to fill are private, only counts them; the
+        others register the blocks they filled."""
         entries, bs, cap = self._requests, self.block_size, self.max_model_len
         fast = type(self).allocate is KVCacheManager.allocate
         for seq in sequences:
@@ -264,8 +266,8 @@ class KVCacheManager(DecodeRunBlocks):
             slots = seq.num_computed_tokens
             if slots == entry.num_slots:
                 continue
-            if (fast and entry.deferred is not None and (cap is None or slots <= cap)
-                    and slots <= len(entry.block_ids) * bs):
+            if (fast and (entry.deferred is not None or entry.at_cap)
+                    and (cap is None or slots <= cap) and slots <= len(entry.block_ids) * bs):
                 entry.num_slots = slots
             else:
                 self.allocate(seq.request_id, seq, slots - entry.num_slots)
@@ -344,9 +346,11 @@ class KVCacheManager(DecodeRunBlocks):
             num_full, capped = min(num_full, cap), num_full > cap
         if num_full > entry.num_cached:
             self._cache_blocks(entry, tokens, num_full)
-        if capped and self._scored and entry.chain_mark is None:    # its first private block
-            entry.chain_mark = self.pool.chain_mark(entry.block_ids[num_full - 1]
-                                                    if num_full else None)
+        if capped:          # its first private block is full
+            if self._scored and entry.chain_mark is None:
+                entry.chain_mark = self.pool.chain_mark(entry.block_ids[num_full - 1]
+                                                        if num_full else None)
+            entry.at_cap = True
 
     def _registration_cap(self, entry: _RequestBlocks, tokens) -> int:
         """Blocks of a sequence with private blocks registered as they fill: its shared ones
