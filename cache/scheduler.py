@@ -205,8 +205,9 @@ class Scheduler:
         if self._external or not running or not self.kv.supports_decode_runs:
             return None
         if any(s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
-               or not s.num_output_tokens for s in running):
-            return None     # (one prompt token left is a prefill: its step emits a first token)
+               or not s.num_output_tokens for s in reversed(running)):
+            return None     # (one prompt token left is a prefill: its step emits a first token;
+            #               the newest requests are the ones still prefilling: read them first)
         if self.kv.acts_without_new_blocks(running):
             return None
         budget_left = self.config.max_num_batched_tokens - len(running)
