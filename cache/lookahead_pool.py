@@ -160,7 +160,7 @@ class LookaheadPool(LanePool):
 
     def _next_after_lanes(self) -> int:
         """The protected block with the smallest key that is not deferred; with none, as
-        :meth:`LanePool._next_after_lanes`."""
+        :meth:`LaneEviction._next_after_lanes`."""
         while True:
             block_id, entry = self._take_protected()
             if block_id is None:
@@ -170,7 +170,7 @@ class LookaheadPool(LanePool):
 
     def _take_protected(self) -> tuple:
         """Take the protected block with the smallest key: the older of the guarded lanes'
-        heads (the credited one counting its offset more, as :meth:`LanePool._evict_many`
+        heads (the credited one counting its offset more, as :meth:`LaneEviction._evict_many`
         compares) or the heap's smallest live entry. Returns it and its packed key, or
         ``(None, None)``."""
         heap, protected, mask = self._heap, self._protected, self._id_mask
