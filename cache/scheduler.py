@@ -16,8 +16,9 @@ Each :meth:`Scheduler.schedule` call plans one engine step:
 
 :meth:`Scheduler.update_from_output` then commits the step: requests that reached the end of
 their tokens emit one output token; those done are freed, in scheduling order. Its
-:class:`StepOutcome` carries what the step log needs of the cache (:class:`KvUsage`, the prefix
-lookups of the step), so nobody outside the scheduler reads the KV manager.
+:class:`~kvsim.cache.step_plan.StepOutcome` carries what the step log needs of the cache (its
+:class:`~kvsim.cache.step_plan.KvUsage`, the prefix lookups of the step), so nobody outside
+the scheduler reads the KV manager.
 
 :meth:`Scheduler.plan_decode_run` and :meth:`Scheduler.commit_decode_run` take a stretch of
 decode-only steps at once (:mod:`kvsim.cache.decode_run`), with the same decisions, block ids and
@@ -37,7 +38,7 @@ from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.prefix_hit import CacheHit
 from kvsim.cache.request_queue import make_queue
 from kvsim.cache.request_state import RequestState, RequestStatus
-from kvsim.cache.step_plan import ScheduledRequest, StepPlan
+from kvsim.cache.step_plan import KvUsage, ScheduledRequest, StepOutcome, StepPlan
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -63,32 +64,6 @@ class SchedulerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         make_queue(self.policy)
-
-
-@dataclass(slots=True, frozen=True)
-class KvUsage:
-    """The KV pool after a step: blocks in use, cached blocks no request holds, the slot counts
-    of :meth:`~kvsim.cache.KVCacheManager.fragmentation`, and host blocks holding data."""
-
-    num_used_blocks: int
-    num_cached_idle_blocks: int
-    num_token_slots: int
-    num_reserved_slots: int
-    num_internal_slots: int
-    num_external_slots: int
-    num_host_used_blocks: int
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    """What committing a step produced, and the cache as it left it."""
-
-    first_tokens: list[RequestState]
-    finished: list[RequestState]
-    num_output_tokens: int
-    usage: KvUsage
-    num_prefix_queries_tokens: int = 0   # prompt tokens looked up by this step's admissions
-    num_prefix_hit_tokens: int = 0       # and found cached
 
 
 class Scheduler:

@@ -1,13 +1,18 @@
 """What one engine step does, as data: the seam between cache logic and executors.
 
 The scheduler fills a :class:`StepPlan`; an executor (the cost model in ``kvsim.sim`` or real
-tensors in ``kvsim.real_backend``) turns it into elapsed time. Nothing here performs anything.
+tensors in ``kvsim.real_backend``) turns it into elapsed time; committing the step gives a
+:class:`StepOutcome` (with the pool as it left it, :class:`KvUsage`). Nothing here performs
+anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from kvsim.cache.request_state import RequestState
 
 # Kinds of block copies a step may ask for.
 SWAP_OUT = "swap_out"        # GPU -> CPU, a preempted request's blocks (swap preemption)
@@ -79,3 +84,29 @@ class StepPlan:
 
     def num_transfer_blocks(self, kind: str) -> int:
         return sum(t.num_blocks for t in self.transfers if t.kind == kind)
+
+
+@dataclass(slots=True, frozen=True)
+class KvUsage:
+    """The KV pool after a step: blocks in use, cached blocks no request holds, the slot counts
+    of :meth:`~kvsim.cache.KVCacheManager.fragmentation`, and host blocks holding data."""
+
+    num_used_blocks: int
+    num_cached_idle_blocks: int
+    num_token_slots: int
+    num_reserved_slots: int
+    num_internal_slots: int
+    num_external_slots: int
+    num_host_used_blocks: int
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What committing a step produced, and the cache as it left it."""
+
+    first_tokens: list[RequestState]
+    finished: list[RequestState]
+    num_output_tokens: int
+    usage: KvUsage
+    num_prefix_queries_tokens: int = 0   # prompt tokens looked up by this step's admissions
+    num_prefix_hit_tokens: int = 0       # and found cached

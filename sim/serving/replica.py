@@ -41,9 +41,9 @@ import numpy as np
 import simpy
 
 from kvsim.cache.decode_run import DecodeRun, DecodeSteps
-from kvsim.cache.scheduler import Scheduler, StepOutcome
+from kvsim.cache.scheduler import Scheduler
 from kvsim.cache.request_state import RequestState
-from kvsim.cache.step_plan import TRANSFER_KINDS, StepPlan
+from kvsim.cache.step_plan import TRANSFER_KINDS, StepOutcome, StepPlan
 
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.serving.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
