@@ -17,12 +17,13 @@ tail of a sequence whose first ``num_shared_blocks`` blocks alone may be hit by 
 become unreachable content when it finishes. Nothing observable changes: hits, the free queue's
 order and the cached-block counts are those of registering every block as it fills.
 
-Of the non-LRU pools, ``lfu``'s and the lanes of ``hybrid`` and ``priority`` skip private blocks
-too (``caches_unreachable``), keeping their chains as registering them would have. As the lanes'
-policy reads a block's chain (is it a reused one?), there a chain's first two blocks are
-registered as they fill, the private ones get the mark registering would have given
+Of the non-LRU pools, ``lfu``'s and the lanes of ``hybrid``, ``priority`` and ``lookahead`` skip
+private blocks too (``caches_unreachable``), keeping their chains as registering them would have.
+As the lanes' policies read a block's chain (is it a reused one?), there a chain's first two
+blocks are registered as they fill, the private ones get the mark registering would have given
 (:meth:`BlockPool.chain_mark`, read when the first of them filled), and a length-only request's
-blocks are registered as they fill. The other pools register every block.
+blocks are registered as they fill. The other pools (``arc``, ``s3fifo``, ``belady``, the
+native CPU tier's) register every block.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class KVCacheManager(DecodeRunBlocks):
         its ``request_id`` and ``tokens.priority`` when ``tokens`` has one (a ``RequestState``).
         ``defer_private_blocks``: register a private sequence's full blocks late (see the
         module docstring), with a pool that allows it (``caches_unreachable``: LRU's, LFU's,
-        and the lanes of ``hybrid`` and ``priority`` past a chain's first two blocks)."""
+        and the lanes of ``hybrid``, ``priority`` and ``lookahead`` past a chain's first two
+        blocks)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size

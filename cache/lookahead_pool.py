@@ -31,10 +31,9 @@ class LookaheadPool(LanePool):
     protects the free blocks a queued request will look up and tells the policy which hashes
     got cached (``reached``).
 
-    Every block is registered as it fills (``caches_unreachable`` off): the policy is told
-    of each hash that gets cached, the private blocks of a request included."""
-
-    caches_unreachable = False
+    A finished request's private blocks stay out of the index here too (``UNREACHABLE``,
+    see :meth:`LanePool.cache_unreachable`), and the policy is not told of them: only the
+    request itself looks them up, once preempted, and a preemption registers them first."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
@@ -69,8 +68,9 @@ class LookaheadPool(LanePool):
 
     # --- actions -------------------------------------------------------------------------
 
-    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
-        super().cache_blocks(block_ids, block_hashes, depth, parent)
+    def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None,
+                     chain_mark: bool | None = None) -> None:
+        super().cache_blocks(block_ids, block_hashes, depth, parent, chain_mark)
         if self._reached is not None:
             self._reached(block_hashes)
 

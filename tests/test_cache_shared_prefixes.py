@@ -158,6 +158,7 @@ def test_lfu_counts_the_cached_children_of_private_blocks_outside_the_index():
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="hybrid"),
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="priority"),
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="lfu"),
+    dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="lookahead"),
 ])
 def test_a_mooncake_run_with_preemptions_is_unchanged(settings):
     """The bundled Mooncake sample on tight pools (preemptions, truncated prompts): the same
@@ -193,11 +194,11 @@ def test_a_request_computes_its_private_blocks_ids_only_when_they_are_asked_for(
     assert whole.block_hashes(0, 7) == a.block_hashes(0, 7)
 
 
-@pytest.mark.parametrize("settings", [dict(eviction="belady"), dict(eviction="lookahead"),
-                                      dict(eviction="arc"), dict(kv_offloading_size=1)])
+@pytest.mark.parametrize("settings", [dict(eviction="belady"), dict(eviction="arc"),
+                                      dict(eviction="s3fifo"), dict(kv_offloading_size=1)])
 def test_a_manager_that_registers_every_block_is_given_no_shared_counts(settings):
-    """Only the plain manager with LRU, LFU or FIFO lanes (hybrid, priority) skips private
-    blocks; the others never ask."""
+    """Only the plain manager with LRU, LFU or FIFO lanes (hybrid, priority, lookahead) skips
+    private blocks; the others never ask."""
     from kvsim.sim.config import RunConfig
     from kvsim.sim.serving.runner import simulate
 
