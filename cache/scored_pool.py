@@ -161,14 +161,19 @@ class ScoredBlockPool(PolicyPool):
         """:meth:`cache_blocks` for a long chain whose hashes are all new (no orphan
         waiting): each block holds its own hash and is its child's parent and holder."""
         set_each(self.block_hashes, block_ids, block_hashes)
-        set_each(self.parent_hashes, block_ids, [parent_hash, *block_hashes[:-1]])
+        self._link_chain(block_ids, [parent_hash, *block_hashes[:-1]], holder)
+        self.index._map.update(zip(block_hashes, block_ids))
+
+    def _link_chain(self, block_ids: list[int], parent_hashes: list, holder) -> None:
+        """Chain ``block_ids`` (in order): each the cached child of the one before, the first
+        of ``holder`` (None: a chain's root); ``parent_hashes``: each one's parent's hash."""
+        set_each(self.parent_hashes, block_ids, parent_hashes)
         set_each(self._parent_holder, block_ids, [holder, *block_ids[:-1]])
         counts = self.num_children
         if holder is not None:
             counts[holder] += 1
         for block_id in block_ids[:-1]:
             counts[block_id] += 1
-        self.index._map.update(zip(block_hashes, block_ids))
 
     def cache_unreachable(self, block_ids: list[int], parent: int | None = None,
                           chain_mark=None) -> None:
@@ -181,14 +186,8 @@ class ScoredBlockPool(PolicyPool):
         parent_hash = self.block_hashes[parent] if parent is not None else None
         holder = self.holder(parent_hash) if parent_hash is not None else None
         set_all(self.block_hashes, block_ids, UNREACHABLE)
-        set_each(self.parent_hashes, block_ids,
-                 [parent_hash, *repeat(UNREACHABLE, len(block_ids) - 1)])
-        set_each(self._parent_holder, block_ids, [holder, *block_ids[:-1]])
-        counts = self.num_children
-        if holder is not None:
-            counts[holder] += 1
-        for block_id in block_ids[:-1]:
-            counts[block_id] += 1
+        self._link_chain(block_ids, [parent_hash, *repeat(UNREACHABLE, len(block_ids) - 1)],
+                         holder)
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
