@@ -11,11 +11,12 @@ from typing import Iterable
 from kvsim.cache.bulk import MIN_BULK_CHAIN, set_all, set_each
 from kvsim.cache.policies import heap_entry, unpack_key
 from kvsim.cache.policy_pool import UNREACHABLE, PolicyPool
+from kvsim.cache.private_runs import PrivateRunBlocks, PrivateRuns
 
 __all__ = ["ScoredBlockPool", "heap_entry"]
 
 
-class ScoredBlockPool(PolicyPool):
+class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
     """A :class:`~kvsim.cache.policy_pool.PolicyPool` whose free cached blocks are evicted in a policy's order.
 
     Free unhashed blocks stay in the ``OrderedDict`` (reused first, as vLLM). A free cached
@@ -64,12 +65,14 @@ class ScoredBlockPool(PolicyPool):
         self._clock = 0
         self._priority = 0
         self.priorities_seen = False        # every prio is 0 until a request has another
+        self._runs = PrivateRuns()          # finished requests' private chains, evicted in bulk
 
     # --- queries -------------------------------------------------------------------------
 
     def cached_free_order(self) -> list[int]:
         """Free cached blocks by eviction key (the chain rule may still defer a block with a
         cached child)."""
+        self._settle_runs()
         return sorted(self.cached_free_blocks(), key=self._entry.__getitem__)
 
     def cached_free_blocks(self) -> list[int]:
@@ -85,6 +88,7 @@ class ScoredBlockPool(PolicyPool):
 
     def key_of(self, block_id: int) -> tuple:
         """The policy key ``block_id`` got when it was last released."""
+        self._settle_runs()
         return unpack_key(self._entry[block_id], self._id_bits, self.policy.key_part_bits)
 
     # --- actions -------------------------------------------------------------------------
@@ -123,11 +127,21 @@ class ScoredBlockPool(PolicyPool):
                 self.prio[block_id] = priority
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
+        chain, run = self._runs.take_chain(), []
+        if chain is not None:       # (a finished request's private chain first: see
+            ordered_block_ids = list(ordered_block_ids)     # kvsim.cache.private_runs)
+            run = self._split_run(ordered_block_ids, chain)
         released, first = self._drop_refs(ordered_block_ids)
+        if run:
+            released = run + released
         if released:
             clock = self._count_released(released)
-            self._queue_released(released, self.policy.entries(self, released, clock,
-                                                               self._id_bits))
+            packed = self.policy.entries(self, released, clock, self._id_bits)
+            if run:
+                k = len(run)
+                self._queue_run(run, packed[:k])
+                released, packed = released[k:], packed[k:]
+            self._queue_released(released, packed)
         self._prepend(first)
 
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
@@ -188,6 +202,7 @@ class ScoredBlockPool(PolicyPool):
         set_all(self.block_hashes, block_ids, UNREACHABLE)
         self._link_chain(block_ids, [parent_hash, *repeat(UNREACHABLE, len(block_ids) - 1)],
                          holder)
+        self._runs.note_chain(block_ids)
 
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
@@ -196,6 +211,7 @@ class ScoredBlockPool(PolicyPool):
         self._free = OrderedDict.fromkeys(order)
         self._heap.clear()
         self._orphans.clear()
+        self._runs.clear()
         self.parent_hashes = [None] * self.num_blocks
         self._parent_holder = [None] * self.num_blocks
         self.num_children = [0] * self.num_blocks
@@ -261,6 +277,7 @@ class ScoredBlockPool(PolicyPool):
         self._push_all(eligible)
 
     def _compact(self) -> None:
+        self._settle_runs(forget=True)      # (parked blocks get live entries)
         live, entries, cached_free = self._live, self._entry, self.cached_free_blocks()
         for block_id in cached_free:
             live[block_id] = entries[block_id]
@@ -283,9 +300,13 @@ class ScoredBlockPool(PolicyPool):
         victims, left = [], n
         hits, prio, priority = self.hits, self.prio, self._priority
         priorities_seen = self.priorities_seen     # else every prio stays 0: no writes
+        runs = self._runs
         while left:
             block_id = self._next_victim()
             live[block_id] = None       # a parent walked to below has no live entry
+            run = runs.take(block_id, entries[block_id]) if runs else None
+            if run is not None:         # all but the last block the walk would take inline
+                block_id, left = self._evict_run(run, left, victims)
             while True:
                 block_hash = hashes[block_id]
                 if block_hash is not UNREACHABLE:
@@ -354,6 +375,7 @@ class ScoredBlockPool(PolicyPool):
             live[block_id] = None
         # no eligible block: hashes that are not chained (see the class docstring); its
         # children become orphans, counted by hash until the hash is cached again
+        self._settle_runs(forget=True)      # (it may be a parked block of a run)
         block_id = min(self.cached_free_blocks(), key=self._entry.__getitem__)
         if counts[block_id] and not shared[block_id]:
             block_hash = self.block_hashes[block_id]
