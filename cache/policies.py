@@ -33,9 +33,12 @@ instead (:class:`~kvsim.cache.lane_pool.LanePool`), with the same victims.
 from __future__ import annotations
 
 import math
+from operator import add
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from kvsim.cache.bulk import gather
 
 POLICY_NAMES = ("lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "lookahead",
                 "belady")
@@ -122,6 +125,10 @@ class LFUPolicy(CachePolicy):
 
     def entries(self, pool, block_ids, clock, id_bits):
         hits, bits = pool.hits, KEY_PART_BITS
+        if len(block_ids) > 1 and not any(gather(hits, block_ids)):    # (most releases: the
+            step = 1 << id_bits              # entries are the clocks, shifted, plus the ids)
+            return list(map(add, range(clock * step, (clock + len(block_ids)) * step, step),
+                            block_ids))
         return [(((hits[b] << bits) + c) << id_bits) + b for c, b in enumerate(block_ids, clock)]
 
 
