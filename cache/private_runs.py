@@ -20,8 +20,10 @@ which settle and forget every run.
 from __future__ import annotations
 
 from bisect import bisect_left
+from heapq import heappush
 
 from kvsim.cache.bulk import gather, set_all, set_each
+from kvsim.cache.policy_pool import UNREACHABLE
 
 
 class PrivateRuns:
@@ -44,6 +46,10 @@ class PrivateRuns:
     def note_chain(self, block_ids: list[int]) -> None:
         """``block_ids`` (root first) were just cached as one private chain."""
         self._chain = block_ids if len(block_ids) > 1 else None
+
+    @property
+    def has_chain(self) -> bool:
+        return self._chain is not None
 
     def take_chain(self) -> list[int] | None:
         """The chain cached last (root first), once: the next release may start with it."""
@@ -75,7 +81,21 @@ def num_taken_inline(entries: list[int], start: int, heap_min: int | None, left:
 
 class PrivateRunBlocks:
     """Releasing and evicting private runs, for :class:`~kvsim.cache.scored_pool.ScoredBlockPool`
-    (whose lists these methods read and write)."""
+    (whose lists these methods read and write). A run's blocks after the root are not linked
+    (parent hash, holder, cached children) while it lasts: only its eviction reads those, and it
+    knows them; :meth:`_settle_runs` writes them out with the entries."""
+
+    def _link_rest(self, chain: list[int]) -> None:
+        """Link the blocks of a private chain (root first) after its root, as
+        :meth:`cache_unreachable` would have at once."""
+        if len(chain) > 1:
+            self._link_chain(chain[1:], [UNREACHABLE] * (len(chain) - 1), chain[0])
+
+    def _link_pending(self) -> None:
+        """A chain cached as unreachable and not released yet (not as the caller should):
+        linked now."""
+        if self._runs.has_chain:
+            self._link_rest(self._runs.take_chain())
 
     def _split_run(self, block_ids: list[int], chain: list[int]) -> list[int]:
         """Take the run out of ``block_ids`` (a release, in order) when the chain cached last
@@ -93,42 +113,52 @@ class PrivateRunBlocks:
     def _queue_run(self, run: list[int], packed: list[int]) -> None:
         """Queue a run released with entries ``packed``: its tail (a leaf) in the heap, its
         other blocks parked with their entries in the run only; or, when the entries do not
-        ascend, block by block."""
+        ascend, linked and queued block by block."""
         if packed != sorted(packed) or self.num_children[run[0]] or self._shared[run[0]]:
+            self._link_rest(run[::-1])
             self._queue_released(run, packed)
             return
         self._runs.keep(run, packed, 0)     # (first: a compaction the push makes settles it)
         self._entry[run[0]] = packed[0]
         self._push(run[0])
 
-    def _evict_run(self, run: tuple, left: int, victims: list[int]) -> tuple[int, int]:
+    def _evict_run(self, run: tuple, left: int, victims: list[int]) -> tuple[int | None, int]:
         """Take the blocks of a run that the loop of :meth:`_evict_many` would take inline from
-        its front, but the last: that one, and the victims still wanted, are returned for the
-        loop, which goes on from it (its parent is then the run's next front, which it queues,
-        or the chain's shared parent)."""
+        its front and queue the next front, as the loop would. The chain's root, linked to its
+        shared parent, is left to the loop: returns it (None if it stays) and the victims
+        still wanted."""
         blocks, entries, start = run
         heap = self._heap
         last = start + num_taken_inline(entries, start, heap[0] if heap else None, left) - 1
-        if last + 1 < len(blocks):
-            self._entry[blocks[last + 1]] = entries[last + 1]
-            self._runs.keep(blocks, entries, last + 1)
-        if last > start:
-            taken = blocks[start:last]
+        root = last == len(blocks) - 1
+        taken = blocks[start:last] if root else blocks[start:last + 1]
+        if taken:
             set_all(self.block_hashes, taken, None)
             victims.extend(taken)
             set_all(self.ref_counts, taken, 1)
             set_all(self.hits, taken, 0)
             if self.priorities_seen:
                 set_all(self.prio, taken, self._priority)
-            set_all(self.num_children, blocks[start + 1:last + 1], 0)   # (their only child went)
-        return blocks[last], left - (last - start)
+        set_all(self.num_children, blocks[start:last + 1], 0)     # (their only child went)
+        if root:
+            return blocks[last], left - len(taken)
+        front = blocks[last + 1]        # its only child gone: a leaf, queued
+        self.num_children[front] = 0
+        self._runs.keep(blocks, entries, last + 1)
+        entry = self._entry[front] = self._live[front] = entries[last + 1]
+        heappush(heap, entry)
+        return None, left - len(taken)
 
     def _settle_runs(self, forget: bool = False) -> None:
-        """Write the entries of the runs' parked blocks where every block's entry is (a reader
-        of them all follows); ``forget``: then forget the runs (their parked blocks are about
-        to get heap entries)."""
-        entries = self._entry
+        """Write out the entries and links of the runs' parked blocks (a reader of every block
+        follows); ``forget``: then forget the runs (their parked blocks are about to get heap
+        entries)."""
+        entries, parents, holders = self._entry, self.parent_hashes, self._parent_holder
         for blocks, run_entries, start in self._runs.values():
-            set_each(entries, blocks[start + 1:], run_entries[start + 1:])
+            members = blocks[start:]
+            set_each(entries, members[1:], run_entries[start + 1:])
+            set_all(parents, members[:-1], UNREACHABLE)
+            set_each(holders, members[:-1], members[1:])
+            set_all(self.num_children, members[1:], 1)
         if forget:
             self._runs.clear()

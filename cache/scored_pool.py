@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from heapq import heapify, heappop, heappush
-from itertools import repeat
 from typing import Iterable
 
 from kvsim.cache.bulk import MIN_BULK_CHAIN, set_all, set_each
@@ -101,6 +100,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` free blocks: unhashed ones first, then the policy's victims."""
+        self._link_pending()
         taken = self._take_unhashed(n)
         num_unhashed = len(taken)
         refs, hits, prio, priority = self.ref_counts, self.hits, self.prio, self._priority
@@ -113,6 +113,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         return taken
 
     def touch(self, block_ids: Iterable[int]) -> None:
+        self._link_pending()
         refs, priority = self.ref_counts, self._priority
         for block_id in block_ids:
             if refs[block_id] == 0:
@@ -131,6 +132,8 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         if chain is not None:       # (a finished request's private chain first: see
             ordered_block_ids = list(ordered_block_ids)     # kvsim.cache.private_runs)
             run = self._split_run(ordered_block_ids, chain)
+            if not run:
+                self._link_rest(chain)
         released, first = self._drop_refs(ordered_block_ids)
         if run:
             released = run + released
@@ -147,6 +150,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None) -> None:
         """Register full, held blocks of one chain after block ``parent`` (None at the root);
         each block's parent hash is counted as having one more cached child."""
+        self._link_pending()
         index, counts, orphans = self.index._map, self.num_children, self._orphans
         hashes, parents, holders = self.block_hashes, self.parent_hashes, self._parent_holder
         parent_hash = hashes[parent] if parent is not None else None
@@ -193,15 +197,17 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
                           chain_mark=None) -> None:
         """Full, held blocks of one chain after block ``parent`` as cached content in no index
         (``UNREACHABLE``), chained and counted as :meth:`cache_blocks` would (their content
-        is new: no copies, no orphans)."""
+        is new: no copies, no orphans). The caller releases them next (as
+        :meth:`KVCacheManager.free` does): the chain after its first block is linked then, or,
+        released as a run, only when the run is written out (:mod:`kvsim.cache.private_runs`)."""
         if not block_ids:
             return
+        self._link_pending()
         block_ids = list(block_ids)
         parent_hash = self.block_hashes[parent] if parent is not None else None
         holder = self.holder(parent_hash) if parent_hash is not None else None
         set_all(self.block_hashes, block_ids, UNREACHABLE)
-        self._link_chain(block_ids, [parent_hash, *repeat(UNREACHABLE, len(block_ids) - 1)],
-                         holder)
+        self._link_chain(block_ids[:1], [parent_hash], holder)
         self._runs.note_chain(block_ids)
 
     def reset_prefix_cache(self) -> bool:
@@ -305,8 +311,10 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
             block_id = self._next_victim()
             live[block_id] = None       # a parent walked to below has no live entry
             run = runs.take(block_id, entries[block_id]) if runs else None
-            if run is not None:         # all but the last block the walk would take inline
+            if run is not None:         # the blocks the walk would take inline, but a root
                 block_id, left = self._evict_run(run, left, victims)
+                if block_id is None:
+                    continue
             while True:
                 block_hash = hashes[block_id]
                 if block_hash is not UNREACHABLE:

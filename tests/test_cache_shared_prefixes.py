@@ -120,9 +120,10 @@ def two_requests(defer: bool, finish: bool = True, policy: str = "hybrid"):
     kv.free(1)
     b.status = RequestStatus.FINISHED
     kv.free(2)
+    order = kv.pool.cached_free_order()     # (first: it writes out a scored pool's private runs)
     chains = kv.pool.reused if policy == "hybrid" else kv.pool.num_children   # what it reads
-    return (hit.block_ids, indexed_while_running, len(kv.pool.index), list(chains),
-            kv.pool.cached_free_order(), kv.pool.get_new_blocks(16))
+    return (hit.block_ids, indexed_while_running, len(kv.pool.index), list(chains), order,
+            kv.pool.get_new_blocks(16))
 
 
 def test_hybrid_lanes_keep_private_blocks_out_of_the_index_with_the_same_victims():

@@ -18,10 +18,11 @@ class BlockByBlock(ScoredBlockPool):
 
 
 def state(pool) -> tuple:
-    """Everything the two paths must agree on (the runs' parked entries written out first;
-    a block no longer free keeps the entry of an older release, which nothing reads)."""
+    """Everything the two paths must agree on (the runs' parked blocks written out first; a
+    block no longer cached keeps the entry and links of an older life, which nothing reads)."""
     order = pool.cached_free_order()
-    return (order, [pool._entry[b] for b in order], pool.block_hashes, pool.ref_counts,
+    chains = [(pool._entry[b], pool.parent_hashes[b], pool._parent_holder[b]) for b in order]
+    return (order, chains, pool.block_hashes, pool.ref_counts,
             pool.hits, pool.num_children, pool._live, sorted(pool._heap),
             pool.num_cached_free_blocks, pool.num_evictions, list(pool._free))
 
@@ -56,7 +57,8 @@ def test_a_private_run_is_released_parked_and_evicted_in_one_go():
 @pytest.mark.parametrize("seed", range(12))
 def test_runs_match_the_block_by_block_walk_on_random_traffic(seed):
     """Requests sharing prefixes of a few families, hitting, caching, finishing and evicting on
-    a small pool, the heap now and then rebuilt (which writes the runs out and forgets them)."""
+    a small pool, now and then the heap rebuilt (which writes the runs out and forgets them) or
+    every free block read (which writes them out and keeps them)."""
     rng = random.Random(seed)
     pools = [cls(24, policy=make_policy("lfu")) for cls in (ScoredBlockPool, BlockByBlock)]
     held, logs = {}, ([], [])
@@ -64,6 +66,8 @@ def test_runs_match_the_block_by_block_walk_on_random_traffic(seed):
         if rng.random() < 0.03:         # the heap rebuilt (as when stale entries pile up)
             for pool in pools:
                 pool._compact()
+        if rng.random() < 0.03:         # a reader of every block (the runs written out, kept)
+            assert pools[0].cached_free_order() == pools[1].cached_free_order()
         if held and (rng.random() < 0.45 or len(held) > 4):
             blocks, num_shared, num_private = held.pop(rng.choice(sorted(held)))
             for pool in pools:
