@@ -103,7 +103,8 @@ class PrivateRunBlocks:
         of its blocks held once; they are free from here on. Returns it, tail first ([]: not
         there)."""
         k, run = len(chain), chain[::-1]
-        at = 0 if block_ids[:k] == run else 1 if block_ids[1:k + 1] == run else -1
+        at = 0 if block_ids[:k] == run else 1 if (
+            block_ids[1:k + 1] == run and self.block_hashes[block_ids[0]] is None) else -1
         if at < 0 or gather(self.ref_counts, run).count(1) != k:
             return []
         set_all(self.ref_counts, run, 0)
@@ -153,6 +154,7 @@ class PrivateRunBlocks:
         """Write out the entries and links of the runs' parked blocks (a reader of every block
         follows); ``forget``: then forget the runs (their parked blocks are about to get heap
         entries)."""
+        self._link_pending()
         entries, parents, holders = self._entry, self.parent_hashes, self._parent_holder
         for blocks, run_entries, start in self._runs.values():
             members = blocks[start:]
