@@ -136,8 +136,7 @@ class PrivateRunBlocks:
         if taken:
             set_all(self.block_hashes, taken, None)
             victims.extend(taken)
-            set_all(self.ref_counts, taken, 1)
-            set_all(self.hits, taken, 0)
+            set_all(self.ref_counts, taken, 1)     # (their hits stay 0: never indexed, never hit)
             if self.priorities_seen:
                 set_all(self.prio, taken, self._priority)
         set_all(self.num_children, blocks[start:last + 1], 0)     # (their only child went)

@@ -5,6 +5,9 @@ releasing and walking it block by block."""
 import random
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvsim.cache.eviction import make_policy
 from kvsim.cache.scored_pool import ScoredBlockPool
@@ -54,6 +57,22 @@ def test_a_private_run_is_released_parked_and_evicted_in_one_go():
     assert state(runs) == state(plain)
 
 
+def admit(pool, rid, hashes: list[int], num_private: int, partial: int) -> list[int] | None:
+    """As the KV manager admits a request: its cached prefix hit, new blocks for the rest (the
+    shared ones cached); None, with the hit given back, when the pool is too small."""
+    hit = pool.index.find_prefix(hashes)
+    pool.begin(rid)
+    pool.touch(hit)
+    need = len(hashes) - len(hit) + num_private + partial
+    if need > pool.num_free_blocks:
+        pool.free_blocks(reversed(hit))
+        return None
+    new = pool.get_new_blocks(need)
+    fresh = len(hashes) - len(hit)
+    pool.cache_blocks(new[:fresh], hashes[len(hit):], len(hit), hit[-1] if hit else None)
+    return hit + new
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_runs_match_the_block_by_block_walk_on_random_traffic(seed):
     """Requests sharing prefixes of a few families, hitting, caching, finishing and evicting on
@@ -76,23 +95,62 @@ def test_runs_match_the_block_by_block_walk_on_random_traffic(seed):
         family, num_shared = rng.randrange(3), rng.randrange(5)
         hashes = [family * 100 + i for i in range(num_shared)]
         num_private, partial = rng.randrange(9), rng.randrange(2)
-        taken = []
-        for pool, log in zip(pools, logs):
-            hit = pool.index.find_prefix(hashes)
-            pool.begin(rid)
-            pool.touch(hit)
-            need = num_shared - len(hit) + num_private + partial
-            if need > pool.num_free_blocks:
-                pool.free_blocks(reversed(hit))
-                taken.append(None)
-                continue
-            new = pool.get_new_blocks(need)
-            log.append(new)
-            fresh = num_shared - len(hit)
-            pool.cache_blocks(new[:fresh], hashes[len(hit):], len(hit), hit[-1] if hit else None)
-            taken.append(hit + new)
+        taken = [admit(pool, rid, hashes, num_private, partial) for pool in pools]
+        for log, blocks in zip(logs, taken):
+            log.append(blocks)
         assert taken[0] == taken[1]
         if taken[0] is not None:
             held[rid] = (taken[0], num_shared, num_private)
     assert logs[0] == logs[1]
     assert state(pools[0]) == state(pools[1])
+
+
+class RunsMachine(RuleBasedStateMachine):
+    """The same traffic, chosen by hypothesis (which shrinks a failure to its shortest story):
+    after every step the pool with runs and the block-by-block one agree on what a run leaves
+    as it is, and on everything when the pool is read whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.pools = [cls(12, policy=make_policy("lfu")) for cls in (ScoredBlockPool, BlockByBlock)]
+        self.held: dict[int, tuple] = {}
+        self.next_id = 0
+
+    @rule(family=st.integers(0, 2), num_shared=st.integers(0, 4),
+          num_private=st.integers(0, 6), partial=st.integers(0, 1))
+    def request(self, family, num_shared, num_private, partial):
+        hashes = [family * 100 + i for i in range(num_shared)]
+        rid, self.next_id = self.next_id, self.next_id + 1
+        taken = [admit(pool, rid, hashes, num_private, partial) for pool in self.pools]
+        assert taken[0] == taken[1]
+        if taken[0] is not None:
+            self.held[rid] = (taken[0], num_shared, num_private)
+
+    @precondition(lambda self: self.held)
+    @rule(pick=st.integers(0, 10 ** 6))
+    def finish(self, pick):
+        blocks, num_shared, num_private = self.held.pop(sorted(self.held)[pick % len(self.held)])
+        for pool in self.pools:
+            finish(pool, blocks, num_shared, num_private)
+
+    @rule()
+    def compact(self):
+        for pool in self.pools:
+            pool._compact()
+
+    @rule()
+    def read_whole(self):           # (writes the runs out: everything compared)
+        assert state(self.pools[0]) == state(self.pools[1])
+
+    @invariant()
+    def agree(self):                # (what needs no writing out: runs stay as they are)
+        def seen(pool):
+            return (pool.block_hashes, pool.ref_counts, pool.hits, pool._live,
+                    sorted(pool._heap), pool.num_cached_free_blocks, list(pool._free))
+        assert seen(self.pools[0]) == seen(self.pools[1])
+
+
+RunsMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_runs_machine = RunsMachine.TestCase
