@@ -251,10 +251,9 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         remaining = index._map[block_hash]
         if remaining.__class__ is int:
             shared[remaining] = False
-            counts[remaining] += counts[block_id]
         else:
-            counts[next(iter(remaining))] += counts[block_id]
-        counts[block_id] = 0
+            remaining = next(iter(remaining))
+        counts[remaining], counts[block_id] = counts[remaining] + counts[block_id], 0
 
     def _push(self, block_id: int) -> None:
         """Queue ``block_id`` under its current key (its older entries go stale)."""
@@ -304,6 +303,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         parents, holders = self.parent_hashes, self._parent_holder
         evicted, heap = self.evicted, self._heap
         victims, left = [], n
+        take = victims.append
         hits, prio, priority = self.hits, self.prio, self._priority
         priorities_seen = self.priorities_seen     # else every prio stays 0: no writes
         runs = self._runs
@@ -315,6 +315,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
                 block_id, left = self._evict_run(run, left, victims)
                 if block_id is None:
                     continue
+            top = heap[0] if heap else None     # (the heap changes only as the walk ends)
             while True:
                 block_hash = hashes[block_id]
                 if block_hash is not UNREACHABLE:
@@ -325,7 +326,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
                     else:
                         del index[block_hash]
                 hashes[block_id] = None
-                victims.append(block_id)
+                take(block_id)
                 refs[block_id] = 1
                 hits[block_id] = 0
                 if priorities_seen:
@@ -344,7 +345,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
                 if count or refs[found] or live[found] is not None:
                     break       # other children, held, or queued already
                 entry = entries[found]
-                if left and (not heap or entry < heap[0]):
+                if left and (top is None or entry < top):
                     block_id = found
                     continue
                 live[found] = entry
