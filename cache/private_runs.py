@@ -11,8 +11,9 @@ below the heap's smallest, and so on up the chain, one block per turn of its lon
 of the scored pool) releases a run without a per-block pass and takes, in a few list operations,
 the blocks of a run that the eviction loop would have taken one by one: the same victims in the
 same order, the same state after. Until then a parked block of a run keeps its entry in the run
-only (:meth:`PrivateRunBlocks._settle_runs` writes them out for the readers that need every
-entry). A run is kept only while nothing but that loop can reach its blocks: none is in the index,
+only, and its links (parent hash, holder, cached children) are not written
+(:meth:`PrivateRunBlocks._settle_runs` writes both out for the readers that need every block).
+A run is kept only while nothing but that loop can reach its blocks: none is in the index,
 and the parked ones get a heap entry only from the pool's compaction and its fallback victim,
 which settle and forget every run.
 """
