@@ -22,8 +22,9 @@ private blocks too (``caches_unreachable``), keeping their chains as registering
 As the lanes' policies read a block's chain (is it a reused one?), there a chain's first two
 blocks are registered as they fill, the private ones get the mark registering would have given
 (:meth:`BlockPool.chain_mark`, read when the first of them filled), and a length-only request's
-blocks are registered as they fill. The other pools (``arc``, ``s3fifo``, ``belady``, the
-native CPU tier's) register every block.
+blocks are registered as they fill. The other pools (``arc``, ``s3fifo``, ``belady``) register
+every block. vLLM's CPU offloading (:mod:`kvsim.cache.offloading`) skips private blocks too:
+it offers every full block to the CPU under the request's own ids, registered or not.
 """
 
 from __future__ import annotations

@@ -49,8 +49,10 @@ class OffloadingKVCacheManager(KVCacheManager):
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, policy=None, *, offload):
-        super().__init__(num_blocks, block_size, enable_prefix_caching, max_model_len, policy)
+                 max_model_len: int | None = None, policy=None, *, offload,
+                 defer_private_blocks: bool = False):
+        super().__init__(num_blocks, block_size, enable_prefix_caching, max_model_len, policy,
+                         defer_private_blocks)
         self.offload = offload
         self.host = offload                  # what the run's host-usage statistics read
         self.num_transferred_blocks = dict.fromkeys(TRANSFER_KINDS, 0)
@@ -69,7 +71,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         """A block the CPU could not make room for is offered again at every step the
         request is scheduled, until it is taken: while one waits, every step counts."""
         entries, offered = self._requests, self._next_stored
-        return any(entries[s.request_id].num_cached > offered.get(s.request_id, 0)
+        return any(self._num_full(entries[s.request_id], s) > offered.get(s.request_id, 0)
                    for s in sequences if s.request_id in entries)
 
     # --- lookup --------------------------------------------------------------------------
@@ -106,7 +108,7 @@ class OffloadingKVCacheManager(KVCacheManager):
             return None
         if hit is not None and hit.host_block_ids:
             self._load(request_id, tokens, hit, new_blocks)
-        self._store_full_blocks(request_id)
+        self._store_full_blocks(request_id, tokens)
         return new_blocks
 
     def free(self, request_id) -> None:
@@ -179,17 +181,29 @@ class OffloadingKVCacheManager(KVCacheManager):
         if self._next_stored.get(request_id, 0) < end:
             self._next_stored[request_id] = end
 
-    def _store_full_blocks(self, request_id) -> None:
+    def _num_full(self, entry, tokens) -> int:
+        """The request's full blocks, the ones vLLM offers to the CPU: those registered, or,
+        while its private blocks skip the prefix index (``defer_private_blocks``), those its
+        slots fill (registering them would have counted the same)."""
+        if entry.deferred is None and entry.private is None:
+            return entry.num_cached
+        n = len(tokens)
+        return (entry.num_slots if entry.num_slots < n else n) // self.block_size
+
+    def _store_full_blocks(self, request_id, tokens) -> None:
         """Offer the blocks full since the last offer (vLLM's ``_get_reqs_to_store``); when
-        the CPU cannot make room, they are offered again at the next one."""
+        the CPU cannot make room, they are offered again at the next one. Their hashes are
+        the request's (registered or not)."""
         entry = self._requests.get(request_id)
         start = self._next_stored.get(request_id, 0)
-        if entry is None or entry.num_cached <= start:
+        if entry is None:
             return
-        end = entry.num_cached
+        end = self._num_full(entry, tokens)
+        if end <= start:
+            return
         ids = entry.block_ids[start:end]
-        block_hashes = self.pool.block_hashes
-        hashes = [block_hashes[b] for b in ids]
+        hashes_at = _hashes_at(tokens, entry.block_ids, self.pool.block_hashes)
+        hashes = hashes_at(range(start, end))
         result = self.offload.prepare_store(hashes)
         if result is None:
             return
@@ -204,6 +218,20 @@ class OffloadingKVCacheManager(KVCacheManager):
             self._copies.extend((request_id, b, host_of[h], h)
                                 for b, h in zip(ids, hashes) if h in host_of)
         self._being_stored.setdefault(request_id, []).extend(hosts)
-        table = entry.block_ids
-        self.offload.touch_chain(request_id, end, lambda positions: [
-            block_hashes[table[p]] for p in positions])
+        self.offload.touch_chain(request_id, end, hashes_at)
+
+
+def _hashes_at(tokens, table: list[int], block_hashes: list):
+    """``hashes_at(positions)``: the hashes of the blocks at these positions of a request's
+    table, from its sequence when it knows them (a ``RequestState``: registered or not), else
+    from the blocks (token ids: every full block is registered)."""
+    if hasattr(tokens, "block_hashes"):
+        def at(positions):
+            positions = list(positions)
+            if not positions:
+                return []
+            low = min(positions)
+            known = tokens.block_hashes(low, max(positions) + 1)
+            return [known[p - low] for p in positions]
+        return at
+    return lambda positions: [block_hashes[table[p]] for p in positions]

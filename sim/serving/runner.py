@@ -166,7 +166,7 @@ def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
         offload = make_offloading_manager(deployment.num_cpu_blocks,
                                           config.offload_eviction_policy,
                                           config.offload_store_threshold)
-        return OffloadingKVCacheManager(*args, offload=offload)
+        return OffloadingKVCacheManager(*args, offload=offload, defer_private_blocks=True)
     if deployment.num_cpu_blocks:
         host = HostTier(deployment.num_cpu_blocks, make_policy(config.eviction, oracle))
         return TieredKVCacheManager(*args, host=host, write=config.offload_write)
