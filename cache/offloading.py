@@ -25,7 +25,8 @@ Pure bookkeeping: the copies are pairs the step plan carries, charged by the cos
 
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import chain
+from typing import Sequence
 
 import numpy as np
 
@@ -60,8 +61,9 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._written: set[int] = set()
         self._next_stored: dict[object, int] = {}       # request -> first block not offered
         self._being_stored: dict[object, list[int]] = {}    # request -> host blocks it stores
-        # (request, GPU block, host block, hash): copies to run after this step's forward
-        self._copies: list[tuple[object, int, int, int]] = []
+        # (request, [(GPU block, host block)], host blocks): copies to run after this step's
+        # forward, one entry per offer
+        self._copies: list[tuple[object, list[tuple[int, int]], Sequence[int]]] = []
         self._planning = False     # between begin_step and take_transfers
         self._loading: list[list[int]] = []             # hashes loaded in the last step
         self._finishing: list[int] = []     # host blocks of finished requests, copies run
@@ -123,7 +125,8 @@ class OffloadingKVCacheManager(KVCacheManager):
         stored = self._being_stored.pop(request_id, None)
         if not stored:
             return
-        queued = [c[2] for c in self._copies if c[0] == request_id]     # (host blocks)
+        queued = [host for owner, _, hosts in self._copies if owner == request_id
+                  for host in hosts]
         if queued and self._planning:
             self._copies = [c for c in self._copies if c[0] != request_id]
             self.offload.complete_store_blocks(np.array(queued, dtype=np.int64), success=False)
@@ -148,7 +151,11 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._finishing, self._finished = self._finished, []
         if self._copies:
             copies, self._copies = self._copies, []
-            self._record(OFFLOAD, [(gpu, host) for _, gpu, host, _ in copies])
+            if len(copies) == 1:
+                self._record(OFFLOAD, copies[0][1], copies[0][2])
+            else:
+                self._record(OFFLOAD, [*chain.from_iterable(c[1] for c in copies)],
+                             [*chain.from_iterable(c[2] for c in copies)])
         self._planning = True
 
     def take_transfers(self) -> list[BlockTransfer]:
@@ -166,10 +173,14 @@ class OffloadingKVCacheManager(KVCacheManager):
         """vLLM touches every full block of the request, counts those after the GPU hit."""
         if not self.enable_prefix_caching:
             return
-        hashes = list(_hashes(tokens, self.block_size, 0, len(tokens) // self.block_size))
+        n = len(tokens) // self.block_size
         count = getattr(self.offload, "count", None)
+        if count is None:
+            n = _num_maybe_stored(tokens, n)
+        hashes = list(_hashes(tokens, self.block_size, 0, n))
         if count is not None:
             count(hashes[num_gpu_blocks:])
+            hashes = hashes[:_num_maybe_stored(tokens, n)]
         self.offload.touch(hashes)
 
     def _load(self, request_id, tokens, hit: CacheHit, new_blocks: list[int]) -> None:
@@ -210,28 +221,43 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._next_stored[request_id] = end
         if not result.stored:
             return
-        new_hashes, hosts = zip(*result.stored)
+        hosts = [host for _, host in result.stored]
         if len(hosts) == len(ids):      # every block's hash new (and in order)
-            self._copies.extend(zip(repeat(request_id), ids, hosts, new_hashes))
+            self._copies.append((request_id, list(zip(ids, hosts)), hosts))
         else:
             host_of = dict(result.stored)
-            self._copies.extend((request_id, b, host_of[h], h)
-                                for b, h in zip(ids, hashes) if h in host_of)
+            pairs = [(b, host_of[h]) for b, h in zip(ids, hashes) if h in host_of]
+            self._copies.append((request_id, pairs, [host for _, host in pairs]))
         self._being_stored.setdefault(request_id, []).extend(hosts)
         self.offload.touch_chain(request_id, end, hashes_at)
 
 
 def _hashes_at(tokens, table: list[int], block_hashes: list):
-    """``hashes_at(positions)``: the hashes of the blocks at these positions of a request's
-    table, from its sequence when it knows them (a ``RequestState``: registered or not), else
-    from the blocks (token ids: every full block is registered)."""
-    if hasattr(tokens, "block_hashes"):
-        def at(positions):
-            positions = list(positions)
-            if not positions:
-                return []
-            low = min(positions)
-            known = tokens.block_hashes(low, max(positions) + 1)
-            return [known[p - low] for p in positions]
-        return at
-    return lambda positions: [block_hashes[table[p]] for p in positions]
+    """``hashes_at(positions)``: the hashes of the blocks at these (ascending) positions of a
+    request's table, from its sequence when it knows them (a ``RequestState``: registered or
+    not), else from the blocks (token ids: every full block is registered)."""
+    if not hasattr(tokens, "block_hashes"):
+        return lambda positions: [block_hashes[table[p]] for p in positions]
+    sequence_hashes = tokens.block_hashes
+
+    def at(positions):
+        if not len(positions):
+            return []
+        low, high = positions[0], positions[-1] + 1
+        known = sequence_hashes(low, high)
+        if high - low == len(positions):        # (a run of positions: all of them)
+            return known
+        return [known[p - low] for p in positions]
+    return at
+
+
+def _num_maybe_stored(tokens, n: int) -> int:
+    """How many of the first ``n`` blocks of ``tokens`` the CPU may hold: a sequence never
+    preempted has stored none of its private blocks (see :mod:`kvsim.workloads.sharing`), and
+    no other request has them."""
+    if getattr(tokens, "num_preemptions", 1):
+        return n
+    if getattr(tokens, "has_private_blocks", False):
+        return 0
+    shared = getattr(tokens, "num_shared_blocks", None)
+    return n if shared is None or shared > n else shared

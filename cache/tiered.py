@@ -25,6 +25,8 @@ reads or writes changes hands.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from kvsim.cache.host_tier import HostTier
 from kvsim.cache.kv_cache_manager import KVCacheManager, _RequestBlocks
 from kvsim.cache.prefix_hit import CacheHit
@@ -171,16 +173,19 @@ class TieredKVCacheManager(KVCacheManager):
         else:
             self.host.unpin(host_ids)
 
-    def _record(self, kind: str, pairs: list[tuple[int, int]]) -> None:
+    def _record(self, kind: str, pairs: list[tuple[int, int]],
+                destinations: Sequence[int] | None = None) -> None:
         """Append copies to the last transfer while it has the same kind and no destination
-        repeats (a block written twice needs two transfers, in order)."""
+        repeats (a block written twice needs two transfers, in order). ``destinations``: the
+        pairs' second blocks, when the caller has them."""
         if not pairs:
             return
         self.num_transferred_blocks[kind] += len(pairs)
         transfers = self._transfers
         last = transfers[-1] if transfers and transfers[-1].kind == kind else None
         written = self._written if last is not None else set()
-        destinations = [d for _, d in pairs]
+        if destinations is None:
+            destinations = [d for _, d in pairs]
         if written.isdisjoint(destinations) and len(set(destinations)) == len(pairs):
             if last is None:        # (every destination new: the copies join one transfer)
                 last = BlockTransfer(kind, [])
