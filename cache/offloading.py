@@ -60,6 +60,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._transfers: list[BlockTransfer] = []
         self._written: set[int] = set()
         self._next_stored: dict[object, int] = {}       # request -> first block not offered
+        self._unoffered: set = set()    # requests whose full blocks the CPU had no room for
         self._being_stored: dict[object, list[int]] = {}    # request -> host blocks it stores
         # (request, [(GPU block, host block)], host blocks): copies to run after this step's
         # forward, one entry per offer
@@ -72,9 +73,8 @@ class OffloadingKVCacheManager(KVCacheManager):
     def acts_without_new_blocks(self, sequences) -> bool:
         """A block the CPU could not make room for is offered again at every step the
         request is scheduled, until it is taken: while one waits, every step counts."""
-        entries, offered = self._requests, self._next_stored
-        return any(self._num_full(entries[s.request_id], s) > offered.get(s.request_id, 0)
-                   for s in sequences if s.request_id in entries)
+        waiting = self._unoffered
+        return bool(waiting) and any(s.request_id in waiting for s in sequences)
 
     # --- lookup --------------------------------------------------------------------------
 
@@ -122,6 +122,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         self.offload.forget_chain(request_id)      # (reads the request's blocks' hashes)
         super().free(request_id)
         self._next_stored.pop(request_id, None)
+        self._unoffered.discard(request_id)
         stored = self._being_stored.pop(request_id, None)
         if not stored:
             return
@@ -211,14 +212,19 @@ class OffloadingKVCacheManager(KVCacheManager):
             return
         end = self._num_full(entry, tokens)
         if end <= start:
+            if self._unoffered:
+                self._unoffered.discard(request_id)
             return
         ids = entry.block_ids[start:end]
         hashes_at = _hashes_at(tokens, entry.block_ids, self.pool.block_hashes)
         hashes = hashes_at(range(start, end))
         result = self.offload.prepare_store(hashes)
         if result is None:
+            self._unoffered.add(request_id)
             return
         self._next_stored[request_id] = end
+        if self._unoffered:
+            self._unoffered.discard(request_id)
         if not result.stored:
             return
         hosts = [host for _, host in result.stored]

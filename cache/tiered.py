@@ -183,22 +183,27 @@ class TieredKVCacheManager(KVCacheManager):
         self.num_transferred_blocks[kind] += len(pairs)
         transfers = self._transfers
         last = transfers[-1] if transfers and transfers[-1].kind == kind else None
-        written = self._written if last is not None else set()
         if destinations is None:
             destinations = [d for _, d in pairs]
-        if written.isdisjoint(destinations) and len(set(destinations)) == len(pairs):
-            if last is None:        # (every destination new: the copies join one transfer)
-                last = BlockTransfer(kind, [])
-                transfers.append(last)
-            last.pairs.extend(pairs)
-            written.update(destinations)
+        if last is None:
+            written = set(destinations)
+            if len(written) == len(pairs):      # (each destination once: one new transfer)
+                transfers.append(BlockTransfer(kind, list(pairs)))
+                self._written = written
+                return
+            written = set()
         else:
-            for source, destination in pairs:
-                if last is None or destination in written:
-                    last, written = BlockTransfer(kind, []), set()
-                    transfers.append(last)
-                last.pairs.append((source, destination))
-                written.add(destination)
+            written = self._written
+            if written.isdisjoint(destinations) and len(set(destinations)) == len(pairs):
+                last.pairs.extend(pairs)        # (every destination new to it: they join it)
+                written.update(destinations)
+                return
+        for source, destination in pairs:
+            if last is None or destination in written:
+                last, written = BlockTransfer(kind, []), set()
+                transfers.append(last)
+            last.pairs.append((source, destination))
+            written.add(destination)
         self._written = written
 
     def _cache_full_blocks(self, entry: _RequestBlocks, tokens, num_tokens: int) -> None:

@@ -101,6 +101,9 @@ class World:
                 uses[b] += 1
                 assert mem.gpu[b] == tuple(tokens[:min((i + 1) * BS, self.computed[rid])])
         assert uses == list(m.pool.ref_counts)
+        entries, offered = m._requests, m._next_stored      # blocks the CPU had no room for
+        assert m._unoffered == {rid for rid, tokens in self.tokens.items() if rid in entries
+                                and m._num_full(entries[rid], tokens) > offered.get(rid, 0)}
         for b, h in enumerate(m.pool.block_hashes):
             if h is not None:
                 assert mem.gpu[b] == mem.content_of[h], f"GPU block {b} is stale"
