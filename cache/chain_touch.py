@@ -30,11 +30,13 @@ from kvsim.cache.recency import RecencyOrder
 
 class ChainTouches:
     """Pending chain touches over ``recency`` (host block ids). ``ids_of(hashes)``: the host
-    block holding each hash, -1 where none; ``version[b]`` is bumped when block ``b`` is
-    given up (so a chain's remembered blocks are checked, not looked up again)."""
+    block holding each hash, -1 where none (an array), ``id_of_one(hash)`` the same for one
+    hash (an int); ``version[b]`` is bumped when block ``b`` is given up (so a chain's
+    remembered blocks are checked, not looked up again)."""
 
-    def __init__(self, recency: RecencyOrder, ids_of, version: np.ndarray):
+    def __init__(self, recency: RecencyOrder, ids_of, version: np.ndarray, id_of_one=None):
         self._recency, self._ids_of, self._version = recency, ids_of, version
+        self._id_of_one = id_of_one or (lambda block_hash: int(ids_of([block_hash])[0]))
         self._known: dict[object, _ChainBlocks] = {}     # the host blocks of its positions
         self._pending: dict[object, tuple[int, int, object]] = {}   # key -> (stamp, n, hashes_at)
         self._floor: dict[object, int] = {}
@@ -57,10 +59,12 @@ class ChainTouches:
         if n < known.size:      # (a shorter chain: positions past ``n`` are looked up again)
             known.size = n
         elif n == known.size + 1:       # one position more (a decode step filled a block)
-            block_id = int(self._ids_of(hashes_at([known.size]))[0])
+            block_id = self._id_of_one(hashes_at([known.size])[0])
             if block_id >= 0:
                 floor = min(floor, int(self._recency.stamps(block_id)))
-            known.append_one(block_id, int(self._version[block_id]) if block_id >= 0 else -1)
+                known.append_one(block_id, int(self._version[block_id]))
+            else:
+                known.append_one(-1, -1)
         elif n > known.size:
             new = self._ids_of(hashes_at(list(range(known.size, n))))
             held = new[new >= 0]
@@ -145,7 +149,14 @@ class _ChainBlocks:
         self.size += 1
 
     def _reserve(self, end: int) -> None:
-        if end > len(self.ids):     # (np.resize keeps the first entries; the rest is spare)
+        if end > len(self.ids):
             capacity = max(end, 2 * len(self.ids))
-            self.ids, self.versions = np.resize(self.ids, capacity), np.resize(self.versions,
-                                                                                capacity)
+            self.ids = _grown(self.ids, self.size, capacity)
+            self.versions = _grown(self.versions, self.size, capacity)
+
+
+def _grown(values: np.ndarray, size: int, capacity: int) -> np.ndarray:
+    """``values[:size]`` at the head of a new array of ``capacity`` entries."""
+    grown = np.empty(capacity, dtype=values.dtype)
+    grown[:size] = values[:size]
+    return grown

@@ -150,6 +150,8 @@ class RecencyOrder:
         for pos in range(start, min(start + _PROBES, len(candidates))):
             block_id = int(candidates[pos])
             if current[block_id] != stamps[pos]:
+                if at_head:
+                    self._pos = pos + 1         # (as _scan: invalid leaders dropped)
                 continue
             if at_head:
                 self._pos, at_head = pos, False     # (as _scan: invalid leaders dropped)
