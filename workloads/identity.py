@@ -95,9 +95,13 @@ def expand_prefix_hashes(hash_ids, hash_block_size: int, num_tokens: int, block_
         raise ValueError(
             f"{len(hashes)} prefix hashes of {hash_block_size} tokens cannot cover "
             f"{num_tokens} tokens")
-    with np.errstate(over="ignore"):
-        salted = hashes[idx].astype(np.uint64) ^ _DOMAIN_PREFIX
-    return mix(salted, last_token % hash_block_size)
+    if not n_full:
+        return np.empty(0, dtype=np.int64)
+    with np.errstate(over="ignore"):     # mix(salted ids, offsets), each chunk's half once
+        salted = hashes[:idx[-1] + 1].astype(np.uint64) ^ _DOMAIN_PREFIX
+        offsets = (last_token % hash_block_size).astype(np.uint64)
+        return _finalize(_finalize(salted + _GOLDEN)[idx] ^ (offsets * _GOLDEN + _M2)).view(
+            np.int64)
 
 
 def unique_block_ids(key: int, start_block: int, end_block: int):
