@@ -10,7 +10,8 @@ from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
 from kvsim.errors import TraceError
-from kvsim.workloads.identity import block_ids, hash_token_blocks
+from kvsim.workloads.identity import (_DOMAIN_PREFIX, block_ids, expand_prefix_hashes,
+                                      hash_token_blocks, mix)
 from kvsim.workloads import Request, read_trace
 from kvsim.workloads.generators.build import GenConfig, generate
 from kvsim.workloads.writer import write_native
@@ -24,6 +25,21 @@ def req(rid, prompt, output, **kw):
         kw["prompt_token_ids"] = np.asarray(ids, dtype=np.int64)
         prompt = len(ids)
     return Request(rid, 0.0, prompt, output, **kw)
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4, 8, 12, 20])
+def test_a_chunk_hash_names_each_engine_block_ending_in_its_chunk_by_the_offset(block_size):
+    """Chunks of 8 tokens named 7, 9, -5: engine block i ends at token e = (i + 1) * bs and is
+    named mix(hash of the chunk holding token e - 1, (e - 1) % 8); only full blocks of the 22
+    tokens get an id."""
+    hashes = np.array([7, 9, -5])
+    ids = expand_prefix_hashes(hashes, 8, 22, block_size)
+    last = [(i + 1) * block_size - 1 for i in range(22 // block_size)]
+    salted = [np.int64(hashes[t // 8]).astype(np.uint64) ^ _DOMAIN_PREFIX for t in last]
+    assert ids.tolist() == [int(mix(h, t % 8)) for h, t in zip(salted, last)]
+    assert expand_prefix_hashes(hashes, 8, 3, 4).tolist() == []
+    with pytest.raises(ValueError, match="cannot cover"):
+        expand_prefix_hashes(hashes, 8, 25, 1)
 
 
 def test_recorded_outputs_are_hashed_like_prompt_tokens():
