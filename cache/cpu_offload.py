@@ -50,11 +50,16 @@ class HostBlock:
 
 @dataclass(slots=True)
 class StoreResult:
-    """What :meth:`prepare_store` decided: (hash, host block) pairs to copy into, and the
-    hashes evicted to make room."""
+    """What :meth:`prepare_store` decided: the hashes to copy and the host block each goes
+    into (``stored``: the pairs), and the hashes evicted to make room."""
 
-    stored: list[tuple[int, int]] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+
+    @property
+    def stored(self) -> list[tuple[int, int]]:
+        return list(zip(self.hashes, self.block_ids))
 
 
 class _HostBlocks:
@@ -195,10 +200,11 @@ class LRUOffloadingManager:
             result.evicted = self._release(victims, evicted=True)
         ids = self.backend.take(len(new))
         held.update(zip(new, ids))
-        self._hash_of[ids] = new
-        self._ref[ids] = -1
-        self._remember(new, ids)
-        result.stored = list(zip(new, ids))
+        at = np.array(ids, dtype=np.int64)
+        self._hash_of[at] = new
+        self._ref[at] = -1
+        self._remember(new, at)
+        result.hashes, result.block_ids = new, ids
         return result
 
     def _store_one(self, block_hash: int) -> StoreResult | None:
@@ -218,7 +224,7 @@ class LRUOffloadingManager:
         self._hash_of[block_id] = block_hash
         self._ref[block_id] = -1
         self._recency.append(block_id)
-        result.stored = [(block_hash, block_id)]
+        result.hashes, result.block_ids = [block_hash], [block_id]
         return result
 
     def complete_store(self, block_hashes: Iterable[int], success: bool = True) -> None:
@@ -295,9 +301,9 @@ class LRUOffloadingManager:
                 return victims
             chains.settle_until(newest)
 
-    def _remember(self, hashes: list[int], ids: list[int]) -> None:
+    def _remember(self, hashes: list[int], ids: np.ndarray) -> None:
         """New blocks, just reserved: the most recently used."""
-        self._recency.extend(np.array(ids, dtype=np.int64))
+        self._recency.extend(ids)
 
     def _forget(self, ids: np.ndarray, hashes: list[int], evicted: bool) -> None:
         """Blocks given up: evicted, or their store failed."""

@@ -104,8 +104,8 @@ class ARCOffloadingManager(LRUOffloadingManager):
         rest = self._t2.first(n - len(first), evictable)
         return None if rest is None else np.concatenate((first, rest))
 
-    def _remember(self, hashes: list[int], ids: list[int]) -> None:
-        self._t1.extend(np.array(ids, dtype=np.int64))
+    def _remember(self, hashes: list[int], ids: np.ndarray) -> None:
+        self._t1.extend(ids)
         b1, b2 = self.b1, self.b2
         for block_hash in hashes:
             b1.pop(block_hash, None)

@@ -225,13 +225,13 @@ class OffloadingKVCacheManager(KVCacheManager):
         self._next_stored[request_id] = end
         if self._unoffered:
             self._unoffered.discard(request_id)
-        if not result.stored:
+        hosts = result.block_ids
+        if not hosts:
             return
-        hosts = [host for _, host in result.stored]
         if len(hosts) == len(ids):      # every block's hash new (and in order)
             self._copies.append((request_id, list(zip(ids, hosts)), hosts))
         else:
-            host_of = dict(result.stored)
+            host_of = dict(zip(result.hashes, hosts))
             pairs = [(b, host_of[h]) for b, h in zip(ids, hashes) if h in host_of]
             self._copies.append((request_id, pairs, [host for _, host in pairs]))
         self._being_stored.setdefault(request_id, []).extend(hosts)
