@@ -76,6 +76,11 @@ class OffloadingKVCacheManager(KVCacheManager):
         waiting = self._unoffered
         return bool(waiting) and any(s.request_id in waiting for s in sequences)
 
+    def registers_while_decoding(self, request_ids) -> list[bool]:
+        """Every block a decode step fills is offered to the CPU (with prefix caching on),
+        its registration deferred or not: each fill is a block event of a decode run."""
+        return [self.enable_prefix_caching] * len(request_ids)
+
     # --- lookup --------------------------------------------------------------------------
 
     def lookup(self, tokens) -> CacheHit:

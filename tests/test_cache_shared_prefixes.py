@@ -215,3 +215,34 @@ def test_a_manager_that_registers_every_block_is_given_no_shared_counts(settings
     result = simulate(load_trace(sample_path("mooncake"), TraceOptions(limit=20)), config,
                       sharing=Refuses(set()))
     assert len(result.requests) == 20
+
+
+@pytest.mark.parametrize("sample, settings", [
+    ("azure-conv", dict(kv_offloading_size=1)),     # length-only: every block private
+    ("mooncake", dict(kv_offloading_size=1, num_gpu_blocks=700, max_model_len=10000,
+                      long_prompt="truncate", model="llama-2-7b")),      # preemptions
+])
+def test_the_cpu_tier_runs_the_same_with_private_blocks_out_of_the_index(monkeypatch, sample,
+                                                                          settings):
+    """vLLM's CPU offloading offers every full block to the CPU, registered or not: the same
+    steps (copies and their times included) and requests as registering every block."""
+    from kvsim.cache.offloading import OffloadingKVCacheManager
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.serving import results, runner
+
+    config = RunConfig(**settings)
+    read = partial(load_trace, sample_path(sample))
+
+    def frames():
+        r = runner.simulate(read(), config, keep_steps=True, sharing=scan_trace_sharing(read))
+        assert r.replicas[0].kv.offload.num_blocks > 0
+        kv = r.replicas[0].kv
+        return results.steps_frame(r), results.requests_frame(r), kv.skips_private_blocks
+
+    skipped = frames()
+    monkeypatch.setattr(runner, "OffloadingKVCacheManager", lambda *a, **k: (
+        OffloadingKVCacheManager(*a, **{**k, "defer_private_blocks": False})))
+    eager = frames()
+    assert skipped[2] and not eager[2]
+    assert skipped[0].equals(eager[0]) and skipped[1].equals(eager[1])
+    assert skipped[0]["offload_blocks"].sum() > 0
