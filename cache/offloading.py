@@ -265,10 +265,11 @@ def _hashes_at(tokens, table: list[int], block_hashes: list):
 def _num_maybe_stored(tokens, n: int) -> int:
     """How many of the first ``n`` blocks of ``tokens`` the CPU may hold: a sequence never
     preempted has stored none of its private blocks (see :mod:`kvsim.workloads.sharing`), and
-    no other request has them."""
+    no other request has them. A length-only request that another may continue is not private
+    that way: its continuation holds its ids, and may run first (priority scheduling)."""
     if getattr(tokens, "num_preemptions", 1):
         return n
     if getattr(tokens, "has_private_blocks", False):
-        return 0
+        return 0 if getattr(tokens, "unreachable_when_finished", False) else n
     shared = getattr(tokens, "num_shared_blocks", None)
     return n if shared is None or shared > n else shared

@@ -1,6 +1,7 @@
 """Blocks that only their own request can hit (chunk hashes no other request carries) skip the
 prefix index, and nothing observable changes."""
 
+import json
 from functools import partial
 
 import numpy as np
@@ -246,3 +247,40 @@ def test_the_cpu_tier_runs_the_same_with_private_blocks_out_of_the_index(monkeyp
     assert skipped[2] and not eager[2]
     assert skipped[0].equals(eager[0]) and skipped[1].equals(eager[1])
     assert skipped[0]["offload_blocks"].sum() > 0
+
+
+CHILD_FIRST = [     # B continues A (A's blocks are B's first) and, at a better priority, runs first
+    {"arrival_s": 0.0, "prompt_tokens": 200, "output_tokens": 100, "priority": 0},
+    {"arrival_s": 0.01, "prompt_tokens": 320, "output_tokens": 16, "request_id": "a",
+     "priority": 1},
+    {"arrival_s": 0.02, "prompt_tokens": 400, "output_tokens": 16, "request_id": "b",
+     "continues": "a", "priority": 0},
+    {"arrival_s": 0.03, "prompt_tokens": 320, "output_tokens": 16, "priority": 0},
+    {"arrival_s": 5.0, "prompt_tokens": 480, "output_tokens": 16},
+    {"arrival_s": 6.0, "prompt_tokens": 450, "output_tokens": 16, "continues": "b"},
+]
+
+
+def test_a_parent_admitted_after_its_continuation_touches_the_blocks_it_stored(tmp_path,
+                                                                             monkeypatch):
+    """A length-only request that another continues is not private on the CPU: B stored A's
+    blocks, so A's admission touches them (as touching every block does), and C, continuing B,
+    later loads them back from the CPU."""
+    from kvsim.cache import offloading
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.serving import results, runner
+
+    trace = tmp_path / "child_first.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in CHILD_FIRST))
+    config = RunConfig(num_cpu_blocks=60, num_gpu_blocks=40, max_num_seqs=1,
+                       scheduling_policy="priority")
+
+    def frames():
+        r = runner.simulate(load_trace(trace), config, keep_steps=True)
+        return results.steps_frame(r), results.requests_frame(r), r.replicas[0].kv.prefix_stats
+
+    capped = frames()
+    monkeypatch.setattr(offloading, "_num_maybe_stored", lambda tokens, n: n)   # touch all
+    everything = frames()
+    assert capped[0].equals(everything[0]) and capped[1].equals(everything[1])
+    assert everything[2].num_host_hit_tokens == 176
