@@ -175,6 +175,18 @@ def test_bad_links_are_one_clear_line(tmp_path, lines, message):
     assert message in str(e.value)
 
 
+def test_sorting_cannot_put_a_continuation_before_the_request_it_continues(tmp_path):
+    """--sort reorders lines by arrival; a continuation timed before its parent would come
+    first and name blocks it cannot have: refused (without --sort the time going backwards
+    is)."""
+    from kvsim.workloads import TraceOptions
+    path = write(tmp_path, [
+        {"arrival_s": 1, "prompt_tokens": 4, "output_tokens": 2, "request_id": "a"},
+        {"arrival_s": 0.5, "prompt_tokens": 8, "output_tokens": 2, "continues": "a"}])
+    with pytest.raises(TraceError, match="field 'continues': arrives at 0.5 s"):
+        read_trace(path, TraceOptions(sort=True))
+
+
 @pytest.mark.parametrize("preset", ["chat", "agent"])
 def test_chat_and_agent_turns_continue_the_previous_turn(tmp_path, preset):
     requests = generate(preset, GenConfig(num_requests=40, seed=3))

@@ -6,8 +6,8 @@
 - ``continues``: the ``request_id`` of an earlier line whose whole sequence (its prompt, then
   its ``output_tokens`` generated tokens) this prompt starts with, followed by new tokens:
   multi-turn without token ids (length-only and Mooncake-style lines). ``prompt_tokens`` must
-  be at least the earlier request's prompt + output; a line with ``prompt_token_ids`` names its
-  content already and may not use it.
+  be at least the earlier request's prompt + output, and it may not arrive before that
+  request; a line with ``prompt_token_ids`` names its content already and may not use it.
 
 :class:`Links` reads them line by line and remembers the named requests of the file (every one,
 so a request outside a ``--start``/``--limit`` window can still be continued).
@@ -44,6 +44,10 @@ class Links:
             raise F.fail(loc, "continues", "give prompt_token_ids or continues, not both "
                                            "(token ids already name the whole prompt)")
         parent = self._named[name][0]
+        if request.arrival_s < parent.arrival_s:      # (a --sort would put it first)
+            raise F.fail(loc, "continues", f"arrives at {request.arrival_s:g} s, before the "
+                         f"continued request {name!r} ({parent.arrival_s:g} s): a "
+                         "continuation starts with that request's output")
         whole = parent.prompt_tokens + parent.output_tokens
         if request.prompt_tokens < whole:
             raise F.fail(loc, "prompt_tokens", f"{request.prompt_tokens} is shorter than the "
