@@ -34,9 +34,9 @@ class ChainTouches:
     hash (an int); ``version[b]`` is bumped when block ``b`` is given up (so a chain's
     remembered blocks are checked, not looked up again)."""
 
-    def __init__(self, recency: RecencyOrder, ids_of, version: np.ndarray, id_of_one=None):
+    def __init__(self, recency: RecencyOrder, ids_of, id_of_one, version: np.ndarray):
         self._recency, self._ids_of, self._version = recency, ids_of, version
-        self._id_of_one = id_of_one or (lambda block_hash: int(ids_of([block_hash])[0]))
+        self._id_of_one = id_of_one
         self._known: dict[object, _ChainBlocks] = {}     # the host blocks of its positions
         self._pending: dict[object, tuple[int, int, object]] = {}   # key -> (stamp, n, hashes_at)
         self._floor: dict[object, int] = {}

@@ -109,8 +109,9 @@ class LRUOffloadingManager:
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
         self._recency = RecencyOrder(num_blocks)
         self._version = np.zeros(num_blocks, dtype=np.int64)  # bumped when a block is given up
-        self._chains = ChainTouches(self._recency, self._ids, self._version,  # see touch_chain
-                                    lambda block_hash: self._id_of.get(block_hash, -1))
+        self._chains = ChainTouches(self._recency, self._ids,  # see touch_chain
+                                    lambda block_hash: self._id_of.get(block_hash, -1),
+                                    self._version)
         self.num_dropped_blocks = 0    # blocks a store could not make room for
 
     @property
