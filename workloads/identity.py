@@ -22,6 +22,8 @@ Imported by both :mod:`kvsim.workloads` (requests, trace statistics) and :mod:`k
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 ROOT_HASH = np.int64(0x2545F4914F6CDD1D)
@@ -33,6 +35,7 @@ _DOMAIN_PREFIX = np.uint64(0x2A4C6E80)
 _DOMAIN_UNIQUE = np.uint64(0x3B5D7F91)
 _DOMAIN_PROMPT = np.uint64(0x4C6E8FA2)
 _DOMAIN_GREEDY = np.uint64(0x5D7F91B3)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 SAMPLING_MODES = ("random", "greedy")
 """How generated tokens without recorded ids are identified: ``random`` (unique to the
@@ -46,6 +49,20 @@ def _finalize(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> np.uint64(27))
     x = x * _M2
     return x ^ (x >> np.uint64(31))
+
+
+def _finalize_in_place(x: np.ndarray) -> np.ndarray:
+    """:func:`_finalize` of a uint64 array, written over it (one scratch array instead of a
+    new one per operation); returns ``x``."""
+    shifted = x >> _S30
+    x ^= shifted
+    x *= _M1
+    np.right_shift(x, _S27, out=shifted)
+    x ^= shifted
+    x *= _M2
+    np.right_shift(x, _S31, out=shifted)
+    x ^= shifted
+    return x
 
 
 def mix(a, b) -> np.ndarray:
@@ -89,19 +106,38 @@ def expand_prefix_hashes(hash_ids, hash_block_size: int, num_tokens: int, block_
     """
     n_full = num_tokens // block_size
     hashes = np.asarray(hash_ids, dtype=np.int64)
-    last_token = np.arange(1, n_full + 1, dtype=np.int64) * block_size - 1
-    idx = last_token // hash_block_size
-    if n_full and idx[-1] >= len(hashes):
+    num_chunks = -(-n_full * block_size // hash_block_size)    # those holding a block's end
+    if num_chunks > len(hashes):
         raise ValueError(
             f"{len(hashes)} prefix hashes of {hash_block_size} tokens cannot cover "
             f"{num_tokens} tokens")
     if not n_full:
         return np.empty(0, dtype=np.int64)
     with np.errstate(over="ignore"):     # mix(salted ids, offsets), each chunk's half once
-        salted = hashes[:idx[-1] + 1].astype(np.uint64) ^ _DOMAIN_PREFIX
-        offsets = (last_token % hash_block_size).astype(np.uint64)
-        return _finalize(_finalize(salted + _GOLDEN)[idx] ^ (offsets * _GOLDEN + _M2)).view(
-            np.int64)
+        chunk_half = hashes[:num_chunks].astype(np.uint64)
+        chunk_half ^= _DOMAIN_PREFIX
+        chunk_half += _GOLDEN
+        _finalize_in_place(chunk_half)
+        if hash_block_size % block_size:     # chunks end inside engine blocks
+            last_token = np.arange(1, n_full + 1, dtype=np.int64) * block_size - 1
+            offsets = (last_token % hash_block_size).astype(np.uint64)
+            mixed = chunk_half[last_token // hash_block_size] ^ (offsets * _GOLDEN + _M2)
+        else:       # each chunk holds the same offsets: a chunks x offsets grid
+            mixed = np.bitwise_xor(chunk_half[:, None], _offset_halves(
+                hash_block_size, block_size)).ravel()[:n_full]
+        return _finalize_in_place(mixed).view(np.int64)
+
+
+@lru_cache(maxsize=64)
+def _offset_halves(hash_block_size: int, block_size: int) -> np.ndarray:
+    """The offsets' half of :func:`mix` for the engine blocks ending in one chunk, when
+    ``block_size`` divides ``hash_block_size`` (read only)."""
+    last_token = np.arange(1, hash_block_size // block_size + 1, dtype=np.uint64) * np.uint64(
+        block_size) - np.uint64(1)
+    with np.errstate(over="ignore"):
+        halves = last_token * _GOLDEN + _M2
+    halves.flags.writeable = False
+    return halves
 
 
 def unique_block_ids(key: int, start_block: int, end_block: int):
