@@ -144,16 +144,11 @@ def batch_time(table, slope: float, seqs):
     return table[-1] + (seqs - n) * slope
 
 
-def _compute_time(c: _Coeffs, tokens, seqs, kv_tokens, attn_units, maximum=np.maximum):
-    """The forward-pass time; one expression for python floats (``maximum=max``: the fast
-    scalar path) and numpy arrays alike. Both do the same IEEE operations in the same order,
-    so they agree bit for bit."""
-    return _with_attention(c, _time_without_attention(c, tokens, seqs, maximum), kv_tokens,
-                           attn_units, maximum)
-
-
 def _time_without_attention(c: _Coeffs, tokens, seqs, maximum=np.maximum):
-    """The terms of :func:`_compute_time` that do not read the KV cache (summed first)."""
+    """The forward-pass terms that do not read the KV cache (summed first; then
+    :func:`_with_attention`). One expression for python floats (``maximum=max``: the fast
+    scalar path) and numpy arrays alike: both do the same IEEE operations in the same order,
+    so they agree bit for bit."""
     t = c.fixed_s + seqs * c.per_seq_s
     if c.batch_s:
         t = t + batch_time(c.batch_s, c.batch_slope_s, seqs)
@@ -195,15 +190,17 @@ class CostModel(Executor):
         self.block_bytes = block_size * kv_token
         fitted = self.profile.fitted
         self._c = self._fitted_coefficients(fitted) if fitted else self._coefficients(kv_token)
-        self._decode_base: dict[int, float] = {}   # decode steps' time without attention
+        # a step's time without attention by (tokens, requests): steps repeat their sizes
+        self._bases: dict[tuple[float, float], float] = {}
 
     # --- public --------------------------------------------------------------------------------
     def step_duration(self, plan: StepPlan) -> float:
         """Seconds the step takes: forward pass (if any tokens) plus its block transfers."""
         t = 0.0
         if plan.scheduled:
-            sums = (float(x) for x in self.step_sums(plan))
-            t = float(_compute_time(self._c, *sums, maximum=max))
+            tokens, seqs, kv_tokens, attn_units = map(float, self.step_sums(plan))
+            t = float(_with_attention(self._c, self._base(tokens, seqs), kv_tokens, attn_units,
+                                      max))
         elif plan.transfers:
             t = self._c.fixed_s if self.profile.fitted else self.profile.step_overhead_s
         if plan.transfers:
@@ -217,15 +214,22 @@ class CostModel(Executor):
         equal (``==``) to :meth:`step_duration` of the corresponding plans."""
         if num_seqs < 1 or num_steps < 0:
             raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
-        base = self._decode_base.get(num_seqs)
-        if base is None:     # a decode step's other terms depend on the batch size only
-            n = float(num_seqs)
-            base = self._decode_base[num_seqs] = _time_without_attention(self._c, n, n, max)
+        base = self._base(float(num_seqs), float(num_seqs))   # the same in every step
         kv = np.arange(num_steps, dtype=np.float64)
         kv *= num_seqs
         kv += total_context_tokens + num_seqs
         out = _with_attention(self._c, base, kv, 2 * kv)
         return np.asarray(out, dtype=np.float64)
+
+    def _base(self, tokens: float, seqs: float) -> float:
+        """:func:`_time_without_attention` of a step of ``tokens`` tokens over ``seqs``
+        requests, memoised (forgotten past 65,536 sizes)."""
+        base = self._bases.get((tokens, seqs))
+        if base is None:
+            if len(self._bases) >= 65536:
+                self._bases.clear()
+            base = self._bases[tokens, seqs] = _time_without_attention(self._c, tokens, seqs, max)
+        return base
 
     @staticmethod
     def step_sums(plan: StepPlan) -> tuple[np.float64, np.float64, np.float64, np.float64]:
