@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import plotly.graph_objects as go
-
 from kvsim.reports.io import write_json_atomic
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
+from kvsim.reports.plot import Figure, scatter
 from kvsim.reports.style import fmt_pct, style_figure
 
 from kvsim.real_backend.breakdown import part_table
@@ -164,32 +163,32 @@ def render_table(report: dict) -> str:
     return "\n".join(lines + decision_lines(report) + note_lines(report))
 
 
-def step_figure(report: dict) -> go.Figure:
+def step_figure(report: dict) -> Figure:
     steps = report["steps"]
     x = list(range(len(steps["measured_s"])))
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x, y=steps["measured_s"], name="measured (real backend)",
-                             mode="lines"))
-    fig.add_trace(go.Scatter(x=x, y=steps["predicted_s"], name="predicted (cost model)",
-                             mode="lines"))
-    fig.update_xaxes(title="engine step")
-    fig.update_yaxes(title="step duration (s)")
+    fig = Figure()
+    fig.add_trace(scatter(x=x, y=steps["measured_s"], name="measured (real backend)",
+                          mode="lines"))
+    fig.add_trace(scatter(x=x, y=steps["predicted_s"], name="predicted (cost model)",
+                          mode="lines"))
+    fig.update_xaxes(title=dict(text="engine step"))
+    fig.update_yaxes(title=dict(text="step duration (s)"))
     return style_figure(fig, "Step durations, aligned by step", legend="bottom")
 
 
-def scatter_figure(report: dict) -> go.Figure:
+def scatter_figure(report: dict) -> Figure:
     steps = report["steps"]
-    fig = go.Figure(go.Scatter(x=steps["measured_s"], y=steps["predicted_s"], mode="markers",
+    fig = Figure(scatter(x=steps["measured_s"], y=steps["predicted_s"], mode="markers",
                                text=[f"{k}, {b} requests, {t} tokens, {kv} KV tokens"
                                      for k, b, t, kv in zip(
                                          steps["kind"], steps["batch_size"],
                                          steps["scheduled_tokens"], steps["kv_tokens"])],
                                name="steps"))
     top = max(steps["measured_s"] + steps["predicted_s"] + [0.0])
-    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="exact",
-                             line=dict(dash="dot")))
-    fig.update_xaxes(title="measured (s)")
-    fig.update_yaxes(title="predicted (s)")
+    fig.add_trace(scatter(x=[0, top], y=[0, top], mode="lines", name="exact",
+                          line=dict(dash="dot")))
+    fig.update_xaxes(title=dict(text="measured (s)"))
+    fig.update_yaxes(title=dict(text="predicted (s)"))
     return style_figure(fig, "Predicted vs measured step duration", hovermode="closest")
 
 

@@ -7,33 +7,32 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kvsim.reports.grid_table import identical_to, result_fingerprint
 from kvsim.reports.figures import parse_slo
 from kvsim.reports.page import esc, flatten, fmt_setting
+from kvsim.reports.plot import Figure, make_subplots, scatter
 from kvsim.reports.style import (empty_figure, fmt_num, fmt_pct, fmt_seconds, get, is_number, series_color,
                     style_figure)
 
 Run = tuple[str, dict, pd.DataFrame, pd.DataFrame]
 
 
-def kv_usage_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:
+def kv_usage_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
     """KV usage (used / pool) over time, one line per run."""
     if not any("kv_usage" in df and len(df) for _, df in runs):
         return empty_figure("KV usage", "no timeline data")
-    fig = go.Figure()
+    fig = Figure()
     for i, (label, df) in enumerate(runs):
         if len(df) and "kv_usage" in df:
-            fig.add_trace(go.Scatter(x=df["time_s"], y=df["kv_usage"], mode="lines", name=label,
-                                     line=dict(color=series_color(i), width=1.8)))
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.02], title_text="used / GPU pool")
-    fig.update_xaxes(title_text="simulated time (s)")
+            fig.add_trace(scatter(x=df["time_s"], y=df["kv_usage"], mode="lines", name=label,
+                                  line=dict(color=series_color(i), width=1.8)))
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.02], title=dict(text="used / GPU pool"))
+    fig.update_xaxes(title=dict(text="simulated time (s)"))
     return style_figure(fig, "KV usage over time", height=360)
 
 
-def events_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:
+def events_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
     """Cumulative preemptions and cumulative swapped blocks over time, one colour per run."""
     if not any("preemptions" in df and len(df) for _, df in runs):
         return empty_figure("Preemptions and transfers", "no timeline data")
@@ -45,16 +44,16 @@ def events_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:
             continue
         color = series_color(i)
         pre = np.cumsum(np.nan_to_num(df["preemptions"].to_numpy(dtype=float)))
-        fig.add_trace(go.Scatter(x=df["time_s"], y=pre, mode="lines", name=label,
-                                 legendgroup=label, line=dict(color=color)), row=1, col=1)
+        fig.add_trace(scatter(x=df["time_s"], y=pre, mode="lines", name=label,
+                              legendgroup=label, line=dict(color=color)), row=1, col=1)
         swaps = sum(np.nan_to_num(df[c].to_numpy(dtype=float))
                     for c in ("swap_out_blocks", "swap_in_blocks") if c in df)
-        fig.add_trace(go.Scatter(x=df["time_s"], y=np.cumsum(swaps) if np.ndim(swaps) else
-                                 np.zeros(len(df)), mode="lines", name=label, legendgroup=label,
-                                 showlegend=False, line=dict(color=color)), row=1, col=2)
-    fig.update_xaxes(title_text="simulated time (s)")
-    fig.update_yaxes(title_text="preemptions", row=1, col=1)
-    fig.update_yaxes(title_text="blocks", row=1, col=2)
+        fig.add_trace(scatter(x=df["time_s"], y=np.cumsum(swaps) if np.ndim(swaps) else
+                              np.zeros(len(df)), mode="lines", name=label, legendgroup=label,
+                              showlegend=False, line=dict(color=color)), row=1, col=2)
+    fig.update_xaxes(title=dict(text="simulated time (s)"))
+    fig.update_yaxes(title=dict(text="preemptions"), row=1, col=1)
+    fig.update_yaxes(title=dict(text="blocks"), row=1, col=2)
     return style_figure(fig, "Preemptions and transfers over time", height=360)
 
 
@@ -63,7 +62,7 @@ def _p99(summary: dict, metric: str) -> float | None:
     return float(v) if is_number(v) else None
 
 
-def tradeoff_scatter(runs: Sequence[Run]) -> go.Figure:
+def tradeoff_scatter(runs: Sequence[Run]) -> Figure:
     """Throughput against p99 TTFT and p99 E2E latency, one labelled point per run."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=["Throughput vs p99 TTFT", "Throughput vs p99 E2E"])
@@ -74,7 +73,7 @@ def tradeoff_scatter(runs: Sequence[Run]) -> go.Figure:
             y = _p99(summary, metric)
             if not is_number(x) or y is None:
                 continue
-            fig.add_trace(go.Scatter(      # numbered points: long labels live in the legend
+            fig.add_trace(scatter(      # numbered points: long labels live in the legend
                 x=[x], y=[y], mode="markers+text", text=[str(i + 1)], textposition="middle center",
                 textfont=dict(color="white", size=10), name=f"{i + 1}. {label}",
                 legendgroup=label, showlegend=col == 1,
@@ -84,9 +83,9 @@ def tradeoff_scatter(runs: Sequence[Run]) -> go.Figure:
             drawn = True
     if not drawn:
         return empty_figure("Throughput vs p99 latency", "no completed requests in any run")
-    fig.update_xaxes(title_text="output throughput (tokens/s)")
-    fig.update_yaxes(title_text="p99 TTFT (s)", row=1, col=1)
-    fig.update_yaxes(title_text="p99 E2E (s)", row=1, col=2)
+    fig.update_xaxes(title=dict(text="output throughput (tokens/s)"))
+    fig.update_yaxes(title=dict(text="p99 TTFT (s)"), row=1, col=1)
+    fig.update_yaxes(title=dict(text="p99 E2E (s)"), row=1, col=2)
     return style_figure(fig, "Throughput vs tail latency (up-left is better)", height=420,
                         hovermode="closest")
 
@@ -182,23 +181,23 @@ def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
             f'{"".join(head)}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
-def miss_ratio_figure(curves: pd.DataFrame) -> go.Figure:
+def miss_ratio_figure(curves: pd.DataFrame) -> Figure:
     """Miss ratio (1 − hit rate) against cache capacity, one line per policy."""
     needed = {"policy", "capacity_blocks", "hit_rate"}
     if len(curves) == 0 or not needed <= set(curves.columns):
         return empty_figure("Miss-ratio curves", "no hit-rate data")
-    fig = go.Figure()
+    fig = Figure()
     for i, (policy, df) in enumerate(curves.groupby("policy", sort=True)):
         df = df.sort_values("capacity_blocks")
-        fig.add_trace(go.Scatter(
+        fig.add_trace(scatter(
             x=df["capacity_blocks"], y=1.0 - df["hit_rate"].astype(float), mode="lines+markers",
             name=str(policy), line=dict(color=series_color(i), width=2),
             hovertemplate=f"{esc(policy)}<br>%{{x:,}} blocks<br>miss ratio %{{y:.3f}}"
                           "<extra></extra>"))
     caps = curves["capacity_blocks"].astype(float)
     log_x = caps.min() > 0 and caps.max() / caps.min() >= 20
-    fig.update_xaxes(title_text="cache capacity (blocks)", type="log" if log_x else "linear")
-    fig.update_yaxes(title_text="miss ratio", tickformat=".0%", rangemode="tozero")
+    fig.update_xaxes(title=dict(text="cache capacity (blocks)"), type="log" if log_x else "linear")
+    fig.update_yaxes(title=dict(text="miss ratio"), tickformat=".0%", rangemode="tozero")
     return style_figure(fig, "Miss-ratio curves per eviction policy", height=460,
                         hovermode="x unified")
 

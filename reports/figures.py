@@ -12,9 +12,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
+from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import (FRAG_COLORS, FRAG_KEYS, FRAG_LABELS, KV_COLORS, empty_figure, fmt_pct,
                     fmt_seconds, is_number, series_color, style_figure)
 
@@ -57,7 +56,7 @@ def parse_slo(slo: dict | None) -> list[tuple[str, float, float]]:
     return out
 
 
-def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> go.Figure:
+def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> Figure:
     """CDFs of TTFT, TPOT and E2E side by side; SLO targets as dashed vertical lines."""
     if not any(len(_values(df, m)) for _, df in runs for m, _ in LATENCY_METRICS):
         return empty_figure("Latency distribution (CDF)", "no completed requests")
@@ -70,7 +69,7 @@ def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> go.Figure:
             if len(v) == 0:
                 continue
             x, y = cdf_points(v)
-            fig.add_trace(go.Scatter(
+            fig.add_trace(scatter(
                 x=x, y=y, mode="lines", name=label, legendgroup=label,
                 showlegend=col == 1 and len(runs) > 1,
                 line=dict(color=series_color(i), width=2),
@@ -82,15 +81,15 @@ def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> go.Figure:
             fig.add_annotation(text="no data", showarrow=False, x=0.5, y=0.5,
                                xref=f"x{axis} domain", yref=f"y{axis} domain",
                                font=dict(color="#6b7280"))
-        fig.update_xaxes(title_text="seconds", row=1, col=col)
+        fig.update_xaxes(title=dict(text="seconds"), row=1, col=col)
     _add_slo_lines(fig, runs, slo)
-    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=1, title_text="requests ≤ x")
-    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=2, title_text="requests ≤ x")
-    fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=3, title_text="requests ≤ x")
+    for col in (1, 2, 3):
+        fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=col,
+                         title=dict(text="requests ≤ x"))
     return style_figure(fig, "Latency distribution (CDF)", height=380, hovermode="closest")
 
 
-def _add_slo_lines(fig: go.Figure, runs: Runs, slo: dict | None) -> None:
+def _add_slo_lines(fig: Figure, runs: Runs, slo: dict | None) -> None:
     cols = {m: i for i, (m, _) in enumerate(LATENCY_METRICS, start=1)}
     for metric, pct, target in parse_slo(slo):
         if metric not in cols:
@@ -101,13 +100,13 @@ def _add_slo_lines(fig: go.Figure, runs: Runs, slo: dict | None) -> None:
             if len(v):
                 text += f" · {fmt_pct(np.mean(v <= target))} within"
         fig.add_vline(x=target, line=dict(color="#dc2626", dash="dash", width=1.5),
-                      annotation_text=text, annotation_position="bottom right",
-                      annotation_font=dict(color="#dc2626", size=11), row=1, col=cols[metric])
+                      row=1, col=cols[metric], label=text,
+                      label_font=dict(color="#dc2626", size=11))
         fig.add_hline(y=pct / 100, line=dict(color="#dc2626", dash="dot", width=1),
                       row=1, col=cols[metric])
 
 
-def throughput_queue_figure(runs: Runs) -> go.Figure:
+def throughput_queue_figure(runs: Runs) -> Figure:
     """Output-token throughput (top) and queue lengths (bottom) over simulated time."""
     if not _has_rows(runs, "throughput_tokens_per_s"):
         return empty_figure("Throughput and queue", "no timeline data")
@@ -118,26 +117,26 @@ def throughput_queue_figure(runs: Runs) -> go.Figure:
         if len(df) == 0:
             continue
         color = series_color(i)
-        fig.add_trace(go.Scatter(x=df["time_s"], y=df["throughput_tokens_per_s"], mode="lines",
-                                 name="throughput" if single else label, legendgroup=label,
-                                 line=dict(color=color, width=1.6),
-                                 fill="tozeroy" if single else None), row=1, col=1)
+        fig.add_trace(scatter(x=df["time_s"], y=df["throughput_tokens_per_s"], mode="lines",
+                              name="throughput" if single else label, legendgroup=label,
+                              line=dict(color=color, width=1.6),
+                              fill="tozeroy" if single else None), row=1, col=1)
         if single and "num_running" in df:
-            fig.add_trace(go.Scatter(x=df["time_s"], y=df["num_running"], mode="lines",
-                                     name="running", line=dict(color="#16a34a")), row=2, col=1)
+            fig.add_trace(scatter(x=df["time_s"], y=df["num_running"], mode="lines",
+                                  name="running", line=dict(color="#16a34a")), row=2, col=1)
         if "num_waiting" in df:
-            fig.add_trace(go.Scatter(
+            fig.add_trace(scatter(
                 x=df["time_s"], y=df["num_waiting"], mode="lines",
                 name="waiting" if single else f"{label} waiting", legendgroup=label,
                 showlegend=single, line=dict(color="#dc2626" if single else color,
                                              dash="solid" if single else "dot")), row=2, col=1)
-    fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
-    fig.update_yaxes(title_text="tokens/s", row=1, col=1)
-    fig.update_yaxes(title_text="requests", row=2, col=1)
+    fig.update_xaxes(title=dict(text="simulated time (s)"), row=2, col=1)
+    fig.update_yaxes(title=dict(text="tokens/s"), row=1, col=1)
+    fig.update_yaxes(title=dict(text="requests"), row=2, col=1)
     return style_figure(fig, "Throughput and queue length over time", height=480)
 
 
-def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None) -> go.Figure:
+def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None) -> Figure:
     """GPU KV pool stacked (used / cached-idle / free) over time, plus the host tier if used;
     ``pool_blocks`` (the pool size) is drawn as a dashed line."""
     needed = ("kv_used_blocks", "kv_cached_idle_blocks", "kv_free_blocks")
@@ -151,68 +150,67 @@ def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None) -> go.Fig
     for col, name, key in ((needed[0], "used by requests", "used"),
                            (needed[1], "cached, idle", "cached_idle"),
                            (needed[2], "free", "free")):
-        fig.add_trace(go.Scatter(x=df["time_s"], y=df[col], name=name, mode="lines",
-                                 stackgroup="gpu", line=dict(width=0.5, color=KV_COLORS[key]),
-                                 fillcolor=KV_COLORS[key]), row=1, col=1)
+        fig.add_trace(scatter(x=df["time_s"], y=df[col], name=name, mode="lines",
+                              stackgroup="gpu", line=dict(width=0.5, color=KV_COLORS[key]),
+                              fillcolor=KV_COLORS[key]), row=1, col=1)
     if is_number(pool_blocks):
         fig.add_hline(y=float(pool_blocks), line=dict(color="#111827", dash="dash", width=1),
-                      annotation_text=f"pool {float(pool_blocks):,.0f} blocks",
-                      annotation_position="top left", row=1, col=1)
+                      row=1, col=1, label=f"pool {float(pool_blocks):,.0f} blocks")
     if host:
-        fig.add_trace(go.Scatter(x=df["time_s"], y=df["host_used_blocks"], name="host tier used",
-                                 mode="lines", fill="tozeroy",
-                                 line=dict(width=1, color=KV_COLORS["host"])), row=2, col=1)
-    fig.update_xaxes(title_text="simulated time (s)", row=2 if host else 1, col=1)
-    fig.update_yaxes(title_text="blocks", row=1, col=1)
+        fig.add_trace(scatter(x=df["time_s"], y=df["host_used_blocks"], name="host tier used",
+                              mode="lines", fill="tozeroy",
+                              line=dict(width=1, color=KV_COLORS["host"])), row=2, col=1)
+    fig.update_xaxes(title=dict(text="simulated time (s)"), row=2 if host else 1, col=1)
+    fig.update_yaxes(title=dict(text="blocks"), row=1, col=1)
     if host:
-        fig.update_yaxes(title_text="blocks", row=2, col=1)
+        fig.update_yaxes(title=dict(text="blocks"), row=2, col=1)
     return style_figure(fig, "KV pool over time", height=480 if host else 380)
 
 
-def fragmentation_time_figure(df: pd.DataFrame) -> go.Figure:
+def fragmentation_time_figure(df: pd.DataFrame) -> Figure:
     """Stacked shares of the GPU pool (token states … free) over time."""
     cols = [f"frag_{k}" for k in FRAG_KEYS]
     if len(df) == 0 or any(c not in df for c in cols):
         return empty_figure("Memory use", "no timeline data")
-    fig = go.Figure()
+    fig = Figure()
     for key, col in zip(FRAG_KEYS, cols):
-        fig.add_trace(go.Scatter(
+        fig.add_trace(scatter(
             x=df["time_s"], y=df[col], name=FRAG_LABELS[key], mode="lines", stackgroup="frag",
             line=dict(width=0.5, color=FRAG_COLORS[key]), fillcolor=FRAG_COLORS[key],
             hovertemplate="%{y:.1%}"))
-    fig.update_yaxes(tickformat=".0%", range=[0, 1], title_text="share of GPU KV pool")
-    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1], title=dict(text="share of GPU KV pool"))
+    fig.update_xaxes(title=dict(text="simulated time (s)"))
     return style_figure(fig, "GPU KV pool by token state over time", height=380)
 
 
-def fragmentation_bar_figure(items: Sequence[tuple[str, dict]]) -> go.Figure:
+def fragmentation_bar_figure(items: Sequence[tuple[str, dict]]) -> Figure:
     """One horizontal 100% bar per run: token states / reservation / internal / external / free."""
     items = [(label, frag) for label, frag in items if isinstance(frag, dict) and frag]
     if not items:
         return empty_figure("Breakdown", "no fragmentation data")
     labels = [label for label, _ in items]
-    fig = go.Figure()
+    fig = Figure()
     for key in FRAG_KEYS:
         vals = [float(f.get(key) or 0.0) for _, f in items]
-        fig.add_trace(go.Bar(y=labels, x=vals, name=FRAG_LABELS[key], orientation="h",
-                             marker_color=FRAG_COLORS[key], text=[fmt_pct(v) for v in vals],
-                             textposition="inside", insidetextanchor="middle",
-                             hovertemplate=f"{FRAG_LABELS[key]}: %{{x:.1%}}<extra>%{{y}}</extra>"))
+        fig.add_trace(bar(y=labels, x=vals, name=FRAG_LABELS[key], orientation="h",
+                          marker=dict(color=FRAG_COLORS[key]), text=[fmt_pct(v) for v in vals],
+                          textposition="inside", insidetextanchor="middle",
+                          hovertemplate=f"{FRAG_LABELS[key]}: %{{x:.1%}}<extra>%{{y}}</extra>"))
     fig.update_layout(barmode="stack", uniformtext=dict(minsize=9, mode="hide"),
-                      legend_traceorder="normal")
-    fig.update_xaxes(tickformat=".0%", range=[0, 1], title_text="share of GPU KV pool "
-                     "(time-averaged)")
+                      legend=dict(traceorder="normal"))
+    fig.update_xaxes(tickformat=".0%", range=[0, 1],
+                     title=dict(text="share of GPU KV pool (time-averaged)"))
     fig.update_yaxes(autorange="reversed")
     height = 170 + 46 * len(items)
     return style_figure(fig, "Time-averaged breakdown", height=max(height, 300),
                         hovermode="closest", legend="bottom")
 
 
-def hit_rate_figure(runs: Runs) -> go.Figure:
+def hit_rate_figure(runs: Runs) -> Figure:
     """Prefix-cache hit rate per interval and cumulative, over time."""
     if not _has_rows(runs, "prefix_hit_rate"):
         return empty_figure("Prefix cache", "no timeline data")
-    fig = go.Figure()
+    fig = Figure()
     single = len(runs) == 1
     for i, (label, df) in enumerate(runs):
         if len(df) == 0:
@@ -222,24 +220,24 @@ def hit_rate_figure(runs: Runs) -> go.Figure:
         if "prefix_queries_tokens" in df:  # no lookups in an interval: no rate, not 0%
             rate = rate.where(df["prefix_queries_tokens"].astype(float) > 0)
         if single:
-            fig.add_trace(go.Scatter(x=df["time_s"], y=rate, mode="lines",
-                                     name="per interval", connectgaps=False,
-                                     line=dict(color="#93c5fd", width=1)))
+            fig.add_trace(scatter(x=df["time_s"], y=rate, mode="lines",
+                                  name="per interval", connectgaps=False,
+                                  line=dict(color="#93c5fd", width=1)))
         if {"prefix_hit_tokens", "prefix_queries_tokens"} <= set(df.columns):
             q = np.cumsum(np.nan_to_num(df["prefix_queries_tokens"].to_numpy(dtype=float)))
             h = np.cumsum(np.nan_to_num(df["prefix_hit_tokens"].to_numpy(dtype=float)))
             with np.errstate(invalid="ignore", divide="ignore"):
                 cum = np.where(q > 0, h / q, np.nan)
-            fig.add_trace(go.Scatter(x=df["time_s"], y=cum, mode="lines",
-                                     name="cumulative" if single else label,
-                                     line=dict(color="#1d4ed8" if single else color, width=2.2)))
+            fig.add_trace(scatter(x=df["time_s"], y=cum, mode="lines",
+                                  name="cumulative" if single else label,
+                                  line=dict(color="#1d4ed8" if single else color, width=2.2)))
     if not any(len(df) and float(np.nansum(df.get("prefix_queries_tokens", 0))) > 0
                for _, df in runs):
         fig.add_annotation(text="no prefix-cache lookups recorded in the timeline",
                            showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                            font=dict(size=14, color="#6b7280"))
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.02], title_text="hit tokens / looked-up")
-    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.02], title=dict(text="hit tokens / looked-up"))
+    fig.update_xaxes(title=dict(text="simulated time (s)"))
     return style_figure(fig, "Prefix cache hit rate over time", height=360)
 
 
@@ -248,26 +246,26 @@ TRANSFER_COLUMNS = (("swap_out_blocks", "swap out"), ("swap_in_blocks", "swap in
                     ("compact_blocks", "compaction moves"))
 
 
-def events_figure(df: pd.DataFrame) -> go.Figure:
+def events_figure(df: pd.DataFrame) -> Figure:
     """Preemptions per interval (top) and block transfers per interval (bottom)."""
     if len(df) == 0 or "preemptions" not in df:
         return empty_figure("Preemptions and transfers", "no timeline data")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=["Preemptions per interval", "Blocks moved per interval"])
-    fig.add_trace(go.Bar(x=df["time_s"], y=df["preemptions"], name="preemptions",
-                         marker_color="#dc2626", marker_line_width=0), row=1, col=1)
+    fig.add_trace(bar(x=df["time_s"], y=df["preemptions"], name="preemptions",
+                      marker=dict(color="#dc2626", line=dict(width=0))), row=1, col=1)
     present = [(c, n) for c, n in TRANSFER_COLUMNS if c in df]
     shown = [(c, n) for c, n in present if float(np.nansum(df[c])) > 0] or present[:1]
     for i, (col, name) in enumerate(shown):
-        fig.add_trace(go.Scatter(x=df["time_s"], y=df[col], name=name, mode="lines",
-                                 line=dict(color=series_color(i), width=1.4)), row=2, col=1)
+        fig.add_trace(scatter(x=df["time_s"], y=df[col], name=name, mode="lines",
+                              line=dict(color=series_color(i), width=1.4)), row=2, col=1)
     if not any(float(np.nansum(df[c])) > 0 for c, _ in present):
         fig.add_annotation(text="no block transfers in this run", showarrow=False, x=0.5,
                            y=0.5, xref="x2 domain", yref="y2 domain",
                            font=dict(color="#6b7280"))
         fig.update_yaxes(range=[0, 1], row=2, col=1)
     fig.update_layout(bargap=0)
-    fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
-    fig.update_yaxes(title_text="preemptions", row=1, col=1)
-    fig.update_yaxes(title_text="blocks", row=2, col=1)
+    fig.update_xaxes(title=dict(text="simulated time (s)"), row=2, col=1)
+    fig.update_yaxes(title=dict(text="preemptions"), row=1, col=1)
+    fig.update_yaxes(title=dict(text="blocks"), row=2, col=1)
     return style_figure(fig, "Preemptions and transfers over time", height=460)

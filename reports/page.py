@@ -9,16 +9,16 @@ the pages of a ``kvsim compare`` directory's runs share the comparison's one cop
 from __future__ import annotations
 
 import html
+import json
 import os
 from pathlib import Path
 from string import Template
 from typing import Any, Iterable
 
-import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from kvsim.reports.io import write_text_atomic
+from kvsim.reports.plot import Figure, figure_json
 from kvsim.reports.style import fmt_num, is_number
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -26,6 +26,7 @@ PLOTLY_JS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("inline", "sibling", "parent")
 FIGURE_CONFIG = {"displaylogo": False, "responsive": True,
                  "toImageButtonOptions": {"format": "png", "scale": 2}}
+_CONFIG_JSON = json.dumps(FIGURE_CONFIG)
 
 
 def _version() -> str:
@@ -41,10 +42,16 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def figure_div(fig: go.Figure, div_id: str) -> str:
-    """A figure as an HTML fragment (no plotly.js) in a div with id ``div_id``."""
-    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config=FIGURE_CONFIG, default_width="100%")
+def figure_div(fig: Figure, div_id: str) -> str:
+    """A figure as an HTML fragment (no plotly.js) in a div with id ``div_id``, as
+    :func:`plotly.io.to_html` writes one: the layout's height, the page's width."""
+    data, layout = figure_json(fig)
+    height = fig.layout.get("height")
+    height = f"{height}px" if height is not None else "100%"
+    return (f'<div style="height:{height}; width:100%;"><div id="{div_id}" '
+            'class="plotly-graph-div" style="height:100%; width:100%;"></div><script>'
+            f'if (document.getElementById("{div_id}")) {{Plotly.newPlot("{div_id}", {data}, '
+            f'{layout}, {_CONFIG_JSON})}}</script></div>')
 
 
 def plotly_head_script(mode: str, page_path: Path) -> str:

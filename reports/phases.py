@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from kvsim.reports.frames import PHASE_COLUMNS, add_phase_columns
+from kvsim.reports.plot import Figure, bar
 from kvsim.reports.style import empty_figure, fmt_pct, fmt_seconds, style_figure
 
 PHASES = (("queue_s", "queueing", "#dc2626"), ("prefill_s", "prefill", "#f59e0b"),
@@ -31,7 +31,7 @@ def phase_shares(requests: pd.DataFrame) -> dict[str, float]:
     return {col: (t / whole if whole else 0.0) for col, t in totals.items()}
 
 
-def time_split_figure(requests: pd.DataFrame) -> go.Figure:
+def time_split_figure(requests: pd.DataFrame) -> Figure:
     """Mean queueing, prefill and decode seconds of the requests arriving in each of at most
     :data:`MAX_BARS` arrival-time bins, stacked: a bar's height is their mean E2E latency."""
     done = completed_phases(requests)
@@ -41,15 +41,15 @@ def time_split_figure(requests: pd.DataFrame) -> go.Figure:
     groups = np.arange(len(done)) * bins // len(done)
     means = done.groupby(groups)[[c for c, _, _ in PHASES] + ["arrival_s"]].mean()
     count = done.groupby(groups).size()
-    fig = go.Figure()
+    fig = Figure()
     for col, name, color in PHASES:
-        fig.add_trace(go.Bar(
-            x=means["arrival_s"], y=means[col], name=name, marker_color=color,
+        fig.add_trace(bar(
+            x=means["arrival_s"], y=means[col], name=name, marker=dict(color=color),
             customdata=count, hovertemplate=f"{name} %{{y:.3f}} s (mean of %{{customdata}} "
             "requests arriving near %{x:.1f} s)<extra></extra>"))
     fig.update_layout(barmode="stack", bargap=0.05)
-    fig.update_xaxes(title_text="arrival time (simulated s)")
-    fig.update_yaxes(title_text="mean time per request (s)")
+    fig.update_xaxes(title=dict(text="arrival time (simulated s)"))
+    fig.update_yaxes(title=dict(text="mean time per request (s)"))
     return style_figure(fig, "Where time goes, by arrival time", height=380)
 
 

@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,6 +19,7 @@ from rich.table import Table
 
 from kvsim.reports.io import write_csv_atomic, write_json_atomic
 from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
+from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
 
 PLAN_FILE, PLAN_CSV, PLAN_REPORT = "plan.json", "plan.csv", "report.html"
@@ -256,7 +255,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def pareto_figure(result: dict) -> go.Figure:
+def pareto_figure(result: dict) -> Figure:
     """Cost per hour against each SLO'd latency, every simulated point, the Pareto front
     (dashed) and the target (dotted)."""
     points, keys = cost_points(result), list(result["slo"])
@@ -265,17 +264,17 @@ def pareto_figure(result: dict) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(keys), subplot_titles=[metric_name(k) for k in keys])
     for col, key in enumerate(keys, start=1):
         _pareto_panel(fig, points, key, result["slo"][key], col)
-    fig.update_xaxes(title_text="cost per hour (USD)")
-    fig.update_yaxes(title_text="latency (s)", type="log")
+    fig.update_xaxes(title=dict(text="cost per hour (USD)"))
+    fig.update_yaxes(title=dict(text="latency (s)"), type="log")
     return style_figure(fig, "Cost vs latency (lower left is better; filled: meets every SLO)",
                         height=440, hovermode="closest", legend="bottom")
 
 
-def _pareto_panel(fig: go.Figure, points: list[dict], key: str, target: float, col: int):
+def _pareto_panel(fig: Figure, points: list[dict], key: str, target: float, col: int):
     usable = [p for p in points if p.get(key) is not None]
     for index in dict.fromkeys(p["index"] for p in usable):
         mine = [p for p in usable if p["index"] == index]
-        fig.add_trace(go.Scatter(
+        fig.add_trace(scatter(
             x=[p["cost"] for p in mine], y=[p[key] for p in mine], mode="markers",
             name=mine[0]["label"], legendgroup=str(index), showlegend=col == 1,
             marker=dict(size=10, color=series_color(index),
@@ -284,28 +283,28 @@ def _pareto_panel(fig: go.Figure, points: list[dict], key: str, target: float, c
             hovertemplate="%{text}<br>$%{x:,.2f}/h<br>%{y:.3g} s<extra></extra>"),
             row=1, col=col)
     front = [usable[i] for i in pareto_front([(p["cost"], p[key]) for p in usable])]
-    fig.add_trace(go.Scatter(x=[p["cost"] for p in front], y=[p[key] for p in front],
-                             mode="lines", line=dict(color="#111827", dash="dash", shape="hv"),
-                             name="Pareto front", legendgroup="front", showlegend=col == 1,
-                             hoverinfo="skip"), row=1, col=col)
+    fig.add_trace(scatter(x=[p["cost"] for p in front], y=[p[key] for p in front],
+                          mode="lines", line=dict(color="#111827", dash="dash", shape="hv"),
+                          name="Pareto front", legendgroup="front", showlegend=col == 1,
+                          hoverinfo="skip"), row=1, col=col)
     costs = [p["cost"] for p in usable] or [0.0]
-    fig.add_trace(go.Scatter(x=[min(costs), max(costs)], y=[target, target], mode="lines",
-                             line=dict(color="#dc2626", dash="dot"), name="SLO target",
-                             legendgroup="slo", showlegend=col == 1, hoverinfo="skip"),
+    fig.add_trace(scatter(x=[min(costs), max(costs)], y=[target, target], mode="lines",
+                          line=dict(color="#dc2626", dash="dot"), name="SLO target",
+                          legendgroup="slo", showlegend=col == 1, hoverinfo="skip"),
                   row=1, col=col)
 
 
-def max_rate_figure(result: dict) -> go.Figure:
+def max_rate_figure(result: dict) -> Figure:
     """Largest sustainable request rate of one replica, per candidate."""
     rows = [r for r in result["candidates"] if (r["max_rate"] or {}).get("request_rate_per_s")]
     if not rows:
         return empty_figure("Sustainable rate", "no candidate sustains any tested rate")
-    fig = go.Figure(go.Bar(
+    fig = Figure(bar(
         x=[r["max_rate"]["request_rate_per_s"] for r in rows], y=[r["label"] for r in rows],
-        orientation="h", marker_color=[series_color(r["index"]) for r in rows],
+        orientation="h", marker=dict(color=[series_color(r["index"]) for r in rows]),
         hovertemplate="%{y}<br>%{x:,.2f} req/s<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title_text="requests per second")
+    fig.update_xaxes(title=dict(text="requests per second"))
     return style_figure(fig, "Largest sustainable request rate of one replica",
                         height=max(240, 60 + 28 * len(rows)), hovermode="closest")
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import plotly.graph_objects as go
-import plotly.io as pio
+from kvsim.reports.plot import Figure, template
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
 #: One colour per run in comparison views (colour-blind friendly, Okabe-Ito-like).
@@ -31,13 +30,12 @@ LEGENDS = {
 }
 
 
-def style_figure(fig: go.Figure, title: str | None = None, height: int = 380,
-                 hovermode: str = "x unified", legend: str = "right") -> go.Figure:
-    """Apply the report look (white template, readable font, legend beside or below the
-    plot so it never covers subplot titles) in place."""
-    _use_template(fig, "plotly_white")
+def style_figure(fig: Figure, title: str | None = None, height: int = 380,
+                 hovermode: str = "x unified", legend: str = "right") -> Figure:
+    """Apply the report look (plotly's white template, readable font, legend beside or below
+    the plot so it never covers subplot titles) in place."""
     fig.update_layout(
-        height=height, hovermode=hovermode,
+        template=template("plotly_white"), height=height, hovermode=hovermode,
         font=dict(family=FONT, size=13, color="#1f2937"),
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=16)) if title else None,
         margin=dict(l=60, r=24, t=70 if title else 36, b=50),
@@ -49,24 +47,9 @@ def style_figure(fig: go.Figure, title: str | None = None, height: int = 380,
     return fig
 
 
-def _use_template(fig: go.Figure, name: str) -> None:
-    """Give ``fig`` the registered template ``name`` without validating it again: plotly's
-    own way with its default template, and most of a figure's build time otherwise (a deep
-    copy of the template per figure). Where plotly has no such switch, assigned the usual way."""
-    layout = fig.layout
-    if not hasattr(layout, "_validate"):
-        fig.update_layout(template=name)
-        return
-    validate, layout._validate = layout._validate, False
-    try:
-        layout.template = pio.templates[name]
-    finally:
-        layout._validate = validate
-
-
-def empty_figure(title: str, message: str, height: int = 240) -> go.Figure:
+def empty_figure(title: str, message: str, height: int = 240) -> Figure:
     """A figure with no traces and ``message`` in the middle (for runs without data)."""
-    fig = go.Figure()
+    fig = Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
                        yref="paper", font=dict(size=15, color="#6b7280"))
     fig.update_xaxes(visible=False)

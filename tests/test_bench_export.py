@@ -136,8 +136,9 @@ def test_where_time_goes_splits_the_completed_requests_time():
     assert shares == pytest.approx({"queue_s": 0.15 / 0.48, "prefill_s": 0.25 / 0.48,
                                     "decode_s": 0.08 / 0.48})
     fig = time_split_figure(df)
-    assert [t.name for t in fig.data] == ["queueing", "prefill", "decode"]
-    assert fig.layout.barmode == "stack" and fig.layout.yaxis.title.text.endswith("(s)")
+    assert [t["name"] for t in fig.data] == ["queueing", "prefill", "decode"]
+    assert fig.layout["barmode"] == "stack"
+    assert fig.layout["yaxis"]["title"]["text"].endswith("(s)")
     assert time_split_note(df).startswith(
         "Of all completed requests' end-to-end time (mean 240.0 ms): queueing 31.2%, "
         "prefill 52.1%, decode 16.7%.")

@@ -189,7 +189,7 @@ def test_cdf_points_and_slo_parsing():
 def test_latency_figure_all_empty_is_a_placeholder():
     fig = latency_cdf_figure([("a", pd.DataFrame({"ttft_s": [np.nan]}))])
     assert len(fig.data) == 0
-    assert "no completed requests" in fig.layout.annotations[0].text
+    assert "no completed requests" in fig.layout["annotations"][0]["text"]
 
 
 def test_ranking_puts_slo_meeting_runs_first():
