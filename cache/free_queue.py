@@ -21,6 +21,7 @@ import numpy as np
 
 _NOT_QUEUED = -1
 _NONE = np.zeros(0, dtype=np.int64)
+_WINDOW = 256           # fewest entries a pop reads past stale ones at a time
 
 
 class FreeQueue:
@@ -95,17 +96,20 @@ class FreeQueue:
         return taken
 
     def _take_from_first(self, want: int) -> np.ndarray:
-        """Up to ``want`` live blocks from the first segment, consumed from it."""
+        """Up to ``want`` live blocks from the first segment, consumed from it. With stale
+        entries, a window of the segment is read (the whole first segment can be the pool:
+        a one-block pop must not read all of it)."""
         segment = self._segments[0]
         ids, s0, start = segment
         if not self._num_stale:
             end = min(start + want, len(ids))
             part = ids[start:end]
         else:
-            live = np.flatnonzero(self._serial[ids[start:]]
-                                  == np.arange(s0 + start, s0 + len(ids)))
-            end = start + int(live[want - 1]) + 1 if len(live) > want else len(ids)
-            live = live[:want]
+            end = min(len(ids), start + max(2 * want, _WINDOW))
+            live = np.flatnonzero(self._serial[ids[start:end]] == np.arange(s0 + start, s0 + end))
+            if len(live) >= want:           # consumed up to the last live entry taken
+                live = live[:want]
+                end = start + int(live[-1]) + 1
             part = ids[start + live]
             self._num_stale -= (end - start) - len(part)
         if end >= len(ids):

@@ -60,6 +60,19 @@ def test_a_scan_drops_the_stale_entries_at_the_head_once():
     assert queue._num_stale == 100 and queue._segments[0][2] == 1500
 
 
+def test_a_pop_past_stale_entries_reads_the_first_segment_a_window_at_a_time():
+    """Blocks 0..599 of one 3,000-block segment went stale: a one-block pop reads windows of
+    256 entries until it finds block 600, leaving the rest of the segment unread."""
+    queue = FreeQueue(3000)
+    queue.remove(np.arange(0, 600, dtype=np.int64))
+    assert queue.popleft(1).tolist() == [600]
+    assert queue._segments[0][2] == 601 and queue._num_stale == 0
+    queue.remove(ids(602, 604))
+    assert queue.popleft(2).tolist() == [601, 603]
+    assert queue._segments[0][2] == 604 and queue._num_stale == 1     # 604: read later
+    assert queue.popleft(3).tolist() == [605, 606, 607] and queue._num_stale == 0
+
+
 def test_taking_more_than_is_queued_or_removing_a_block_not_there_is_refused():
     queue = FreeQueue(2)
     with pytest.raises(ValueError):
@@ -144,3 +157,12 @@ class AgainstALinkedList(RuleBasedStateMachine):
 
 
 TestAgainstALinkedList = AgainstALinkedList.TestCase
+
+
+class AgainstALinkedListPastAWindow(AgainstALinkedList):
+    """The same with more blocks than a pop reads past stale entries at a time."""
+
+    NUM_BLOCKS = 700
+
+
+TestAgainstALinkedListPastAWindow = AgainstALinkedListPastAWindow.TestCase
