@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from kvsim.workloads.identity import block_ids, unique_block_ids
+from kvsim.workloads.identity import NamedSequences, block_ids, unique_block_ids
 
 if TYPE_CHECKING:
     from kvsim.workloads.request import Request
@@ -23,7 +23,9 @@ class RequestState:
 
     A :class:`~kvsim.cache.BlockHashSource`: its blocks, prompt or generated, carry the ids of
     :func:`kvsim.workloads.identity.block_ids` at the engine block size (computed once, on first use);
-    ``greedy`` is the sampling mode of generated tokens the trace does not record.
+    ``greedy`` is the sampling mode of generated tokens the trace does not record; ``named``:
+    the run's :class:`~kvsim.workloads.identity.NamedSequences` (a continuation starts from
+    its parent's ids).
     ``len(seq)`` is the number of tokens it has now (prompt plus generated).
 
     ``has_private_blocks``: its block ids are unique to it (a length-only request: no token
@@ -38,9 +40,11 @@ class RequestState:
     __slots__ = ("request", "request_id", "arrival_s", "priority", "num_prompt_tokens",
                  "max_tokens", "num_output_tokens", "num_computed_tokens", "status",
                  "num_preemptions", "num_cached_tokens", "block_size", "greedy", "_hashes",
-                 "has_private_blocks", "unreachable_when_finished", "num_shared_blocks")
+                 "has_private_blocks", "unreachable_when_finished", "num_shared_blocks",
+                 "_named")
 
-    def __init__(self, request: "Request", block_size: int, greedy: bool = False):
+    def __init__(self, request: "Request", block_size: int, greedy: bool = False,
+                 named: NamedSequences | None = None):
         self.request = request
         self.request_id = request.request_id
         self.arrival_s = request.arrival_s
@@ -62,6 +66,7 @@ class RequestState:
         self.unreachable_when_finished = (self.has_private_blocks
                                           and not getattr(request, "may_be_continued", True))
         self.num_shared_blocks: int | None = None   # see kvsim.workloads.sharing
+        self._named = named         # the run's ids of the requests named so far
 
     def __len__(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
@@ -96,7 +101,7 @@ class RequestState:
         if self.has_private_blocks and not self.greedy:    # block_ids' ids, in one go
             ids = unique_block_ids(self.request_id, 0, num_blocks)
         else:
-            ids = block_ids(self.request, self.block_size, total, self.greedy)
+            ids = block_ids(self.request, self.block_size, total, self.greedy, self._named)
         return ids.tolist()
 
     def release_hashes(self) -> None:

@@ -10,8 +10,8 @@ from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
 from kvsim.errors import TraceError
-from kvsim.workloads.identity import (_DOMAIN_PREFIX, block_ids, expand_prefix_hashes,
-                                      hash_token_blocks, mix)
+from kvsim.workloads.identity import (_DOMAIN_PREFIX, NamedSequences, block_ids,
+                                      expand_prefix_hashes, hash_token_blocks, mix)
 from kvsim.workloads import Request, read_trace
 from kvsim.workloads.generators.build import GenConfig, generate
 from kvsim.workloads.writer import write_native
@@ -83,6 +83,37 @@ def test_a_continuation_holds_the_earlier_requests_blocks(kind):
     assert block_ids(second, BS).tolist()[:4] == mine
     assert block_ids(third, BS).tolist()[:7] == block_ids(second, BS, 31).tolist()
     assert block_ids(second, BS).tolist()[4] not in block_ids(third, BS, 40, True).tolist()[7:]
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_run_names_a_continuation_from_its_parents_ids_with_the_same_result(greedy,
+                                                                             monkeypatch):
+    """Turns 1-2-3-4 of one session, each named whole (prompt and output) in turn, as a run
+    names them: with the run's memo each turn names only its own blocks, and every id (the
+    first blocks, the ones inherited, a shorter lookup's) is the one named without it."""
+    import kvsim.workloads.identity as identity
+    turns = [req(0, 10, 7)]
+    for i, prompt in enumerate((25, 35, 49), start=1):
+        turns.append(req(i, prompt, 6 + i, continues=turns[-1]))
+    plain = [block_ids(t, BS, t.prompt_tokens + t.output_tokens, greedy).tolist() for t in turns]
+    named, seen, real = NamedSequences(), [], identity._own_ids
+    monkeypatch.setattr(identity, "_own_ids",
+                        lambda r, *a: seen.append(r.request_id) or real(r, *a))
+    memo = [block_ids(t, BS, t.prompt_tokens + t.output_tokens, greedy, named).tolist()
+            for t in turns]
+    assert memo == plain and seen == [0, 1, 2, 3]
+    assert block_ids(turns[3], BS, 30, greedy, named).tolist() == plain[3][:7]
+    assert named.get(turns[3], BS, not greedy) is None
+
+
+def test_a_memo_forgets_the_oldest_and_skips_requests_nothing_continues():
+    named = NamedSequences(capacity=2)
+    a, b, c = req(0, 8, 4), req(1, 8, 4), req(2, 8, 4)
+    d = req(3, 8, 4, may_be_continued=False)
+    for r in (a, b, c, d):
+        block_ids(r, BS, 12, False, named)
+    assert named.get(a, BS, False) is None and named.get(d, BS, False) is None
+    assert named.get(c, BS, False).tolist() == block_ids(c, BS, 12).tolist()
 
 
 def run(requests, greedy, num_blocks=64):

@@ -17,7 +17,8 @@ derived from whatever the trace says about them, at any engine block size:
   unique to the request.
 
 Imported by both :mod:`kvsim.workloads` (requests, trace statistics) and :mod:`kvsim.cache`
-(sequences); it knows no file format. All functions are pure, ids are ``numpy.int64``.
+(sequences); it knows no file format. All functions are pure, ids are ``numpy.int64``;
+:class:`NamedSequences` is a run's memo that spares a continuation naming its earlier turns again.
 """
 
 from __future__ import annotations
@@ -150,23 +151,61 @@ def unique_block_ids(key: int, start_block: int, end_block: int):
 # --- a request's whole sequence ------------------------------------------------------------
 
 def block_ids(request, block_size: int, num_tokens: int | None = None,
-              greedy: bool = False) -> np.ndarray:
+              greedy: bool = False, named: "NamedSequences | None" = None) -> np.ndarray:
     """Ids of the full ``block_size`` blocks within the first ``num_tokens`` tokens (default:
     the prompt) of ``request``'s sequence: its prompt, then its generated tokens.
 
     ``request`` is a :class:`~kvsim.workloads.Request` (any object with its fields);
-    ``greedy`` picks the sampling mode for generated tokens that carry no recorded ids.
+    ``greedy`` picks the sampling mode for generated tokens that carry no recorded ids;
+    ``named``: a run's memo of the requests named so far (a continuation then starts from
+    its parent's ids instead of naming every earlier turn again).
     """
     n = request.prompt_tokens if num_tokens is None else num_tokens
-    chain = [request]
+    chain, ids = [request], _NO_IDS
     while chain[-1].continues is not None:
-        chain.append(chain[-1].continues)
-    ids = np.empty(0, dtype=np.int64)
+        parent = chain[-1].continues
+        known = named.get(parent, block_size, greedy) if named is not None else None
+        if known is not None:
+            ids = known              # where this loop stands after the parent
+            break
+        chain.append(parent)
     for r in reversed(chain):
         end = n if r is request else r.prompt_tokens + r.output_tokens
         own = _own_ids(r, block_size, len(ids), end // block_size, greedy)
         ids = np.concatenate([ids, own]) if len(ids) else own
+    if named is not None and len(ids) == n // block_size == (
+            request.prompt_tokens + request.output_tokens) // block_size:
+        named.add(request, block_size, greedy, ids)
     return ids[:n // block_size]
+
+
+class NamedSequences:
+    """One run's memo of the ids of whole sequences (prompt and output) of the requests named
+    so far that a later request may continue, the most recent ``capacity`` of them. A chat
+    session of ``k`` turns then names ``k`` turns' blocks instead of ``k^2 / 2``; the ids are
+    the same either way. (A run's memo: the requests must not change while it is used.)"""
+
+    __slots__ = ("_ids", "capacity")
+
+    def __init__(self, capacity: int = 4096):
+        self._ids: dict[tuple[int, int, bool], tuple[object, np.ndarray]] = {}
+        self.capacity = capacity
+
+    def get(self, request, block_size: int, greedy: bool) -> np.ndarray | None:
+        found = self._ids.get((id(request), block_size, greedy))
+        return found[1] if found is not None and found[0] is request else None
+
+    def add(self, request, block_size: int, greedy: bool, ids: np.ndarray) -> None:
+        if not getattr(request, "may_be_continued", True):
+            return
+        if len(self._ids) >= self.capacity:
+            del self._ids[next(iter(self._ids))]            # the oldest
+        kept = ids.copy()
+        kept.flags.writeable = False
+        self._ids[id(request), block_size, greedy] = (request, kept)
+
+
+_NO_IDS = np.empty(0, dtype=np.int64)
 
 
 def _own_ids(r, block_size: int, start: int, end: int, greedy: bool) -> np.ndarray:

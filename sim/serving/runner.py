@@ -21,6 +21,7 @@ from kvsim.cache.offload_managers import make_offloading_manager
 from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
+from kvsim.workloads.identity import NamedSequences
 from kvsim.workloads.request import Request
 from kvsim.workloads.truncate import truncate
 
@@ -188,6 +189,7 @@ def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfi
               max_model_len: int, next_arrival: NextArrival, sharing=None):
     truncating = config.long_prompt == "truncate"
     greedy = config.sampling == "greedy"
+    named = NamedSequences()        # (a continuation's ids start from its parent's)
     for request in requests:
         next_arrival.time_s = request.arrival_s
         if request.arrival_s > env.now:
@@ -195,7 +197,7 @@ def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfi
         log.on_arrival(request, -1)
         if truncating and truncate(request, max_model_len):
             log.on_truncated(request.request_id)
-        seq = RequestState(request, config.block_size, greedy)
+        seq = RequestState(request, config.block_size, greedy, named)
         if sharing is not None:
             seq.num_shared_blocks = sharing.num_shared_blocks(request, config.block_size, greedy)
         index = router.choose(replicas, seq)     # a replica answers the rejection, as in vLLM
