@@ -78,9 +78,14 @@ def _on_signal(signum, frame) -> None:
 def main() -> None:
     """Console entry point: run the app, turning user errors into one line and exit status 2,
     and SIGINT / SIGTERM into one line and exit status 130 / 143."""
+    import gc
     import signal
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
+    # The simulator makes millions of short-lived containers and almost no reference cycles:
+    # collecting every 700 allocations cost 1-2 % of a run (256 collections, two full ones
+    # through every imported module, on the Mooncake trace), every 20,000 a quarter of that.
+    gc.set_threshold(20_000, 20, 20)
     try:
         app(standalone_mode=False)
     except Interrupted as e:
