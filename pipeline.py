@@ -21,7 +21,7 @@ from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.serving.runner import resolve_deployment, simulate
 from kvsim.workloads import TraceOptions, load_trace
-from kvsim.workloads.sharing import scan_trace_sharing
+from kvsim.workloads.sharing import read_scanned
 from kvsim.workloads.sources import check_regular_file, resolve_trace
 
 @dataclass(frozen=True)
@@ -109,9 +109,10 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
             RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
             else ProgressLines("simulating", scan.num_requests))
         with show or nullcontext():
-            read = partial(load_trace, job.trace_path, job.trace_options)
-            result = simulate(read(), job.config, progress=show.update if show else None,
-                              sharing=scan_trace_sharing(read))
+            requests, sharing = read_scanned(partial(load_trace, job.trace_path,
+                                                     job.trace_options))
+            result = simulate(requests, job.config, progress=show.update if show else None,
+                              sharing=sharing)
         summary, requests_df, timeline_df = run_outputs(result)
         if job.slo:
             summary["slo"] = job.slo

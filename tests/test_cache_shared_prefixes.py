@@ -12,7 +12,7 @@ from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.request_state import RequestState, RequestStatus
 from kvsim.workloads import Request, TraceOptions, load_trace
 from kvsim.workloads.loader import sample_path
-from kvsim.workloads.sharing import SharedPrefixes, scan_trace_sharing
+from kvsim.workloads.sharing import SharedPrefixes, read_scanned, scan_trace_sharing
 
 
 def chunked(request_id, hashes, prompt, output=5, **fields):
@@ -67,6 +67,27 @@ def test_a_trace_without_chunk_hashes_is_not_scanned():
     assert scan_trace_sharing(lambda: iter([a, b])).num_shared_blocks(a, 4) == 4
     session = chunked(0, [1], 8, may_be_continued=True)       # a generated chat trace's line
     assert scan_trace_sharing(lambda: iter([session, a, b])) is None
+
+
+def test_a_short_trace_is_read_once_a_long_one_again_as_the_run_goes():
+    """A trace of at most ``keep`` requests runs on the requests its scan read; a longer one
+    (or one the scan gave up on) is read again, streamed; one nothing can skip, not scanned."""
+    a, b, c, _ = trio()
+    reads = []
+
+    def read(requests=(a, b, c)):
+        reads.append(len(reads))
+        return (r for r in requests)
+
+    requests, sharing = read_scanned(read, keep=3)
+    assert requests == [a, b, c] and len(reads) == 2       # (the first request, the scan)
+    assert sharing.num_shared_blocks(a, 4) == 4
+    requests, sharing = read_scanned(read, keep=2)
+    assert not isinstance(requests, list) and list(requests) == [a, b, c] and len(reads) == 5
+    assert sharing.num_shared_blocks(a, 4) == 4
+    session = chunked(0, [1], 8, may_be_continued=True)
+    requests, sharing = read_scanned(lambda: iter([session, a]))
+    assert list(requests) == [session, a] and sharing is None
 
 
 def test_a_trace_with_more_distinct_chunk_hashes_than_the_limit_is_not_counted():

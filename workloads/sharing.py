@@ -74,11 +74,36 @@ def may_have_private_blocks(request) -> bool:
             and getattr(request, "output_token_ids", None) is None)
 
 
+#: Most requests :func:`read_scanned` keeps from the scan for the run (a few MB of requests).
+KEEP_REQUESTS = 20_000
+
+
 def scan_trace_sharing(read) -> SharedPrefixes | None:
     """:meth:`SharedPrefixes.scan` of the requests ``read()`` yields, when the first of them
     may have private blocks (None otherwise, without reading further: a trace of token ids,
     of sessions that continue each other, or without identity gains nothing from the pass)."""
+    return read_scanned(read, keep=0)[1]
+
+
+def read_scanned(read, keep: int = KEEP_REQUESTS) -> tuple[Iterable, SharedPrefixes | None]:
+    """``(requests, sharing)``: :func:`scan_trace_sharing` and the requests to run. A trace of
+    at most ``keep`` requests is read once (the scan's requests are the run's); a longer one
+    is read again as the run goes (streamed: memory does not grow with the trace)."""
     first = next(iter(read()), None)
     if first is None or not may_have_private_blocks(first):
-        return None
-    return SharedPrefixes.scan(read())
+        return read(), None
+    kept: list | None = []
+
+    def keeping():
+        nonlocal kept
+        for request in read():
+            if kept is not None and len(kept) == keep:
+                kept = None                 # too long to keep: the run reads it again
+            if kept is not None:
+                kept.append(request)
+            yield request
+
+    sharing = SharedPrefixes.scan(keeping())
+    if sharing is None or kept is None:     # (a scan given up part-way kept only a part)
+        return read(), sharing
+    return kept, sharing
