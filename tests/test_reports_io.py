@@ -126,6 +126,21 @@ def test_csv_is_written_byte_for_byte_as_pandas_writes_it(tmp_path):
     assert written == narrow.to_csv(index=False, lineterminator="\n")
 
 
+def test_a_long_frame_is_written_a_chunk_of_rows_at_a_time_with_pandas_bytes(tmp_path,
+                                                                            monkeypatch):
+    """Three rows at a time: the same bytes; a text column that holds a number only in its
+    third chunk sends the whole file to pandas, nothing of the first chunks left over."""
+    monkeypatch.setattr(rio, "CSV_CHUNK_ROWS", 3)
+    df = pd.DataFrame({"t": np.arange(8) / 3, "name": [f"r{i}" for i in range(8)]})
+    expected = df.to_csv(index=False, lineterminator="\n")
+    assert list(rio.csv_chunks(df))[1] == "0.0,r0\n0.3333333333333333,r1\n0.6666666666666666,r2\n"
+    assert rio.write_csv_atomic(tmp_path / "a.csv", df).read_text() == expected
+    mixed = df.assign(name=[f"r{i}" for i in range(7)] + [7])
+    written = rio.write_csv_atomic(tmp_path / "b.csv", mixed).read_text()
+    assert written == mixed.to_csv(index=False, lineterminator="\n")
+    assert rio.csv_text(mixed) is None
+
+
 def test_write_and_read_run_outputs_round_trip(tmp_path, run):
     summary, requests, timeline = run
     written = run_outputs.write_run_outputs(tmp_path, summary, requests, timeline, html=False)
