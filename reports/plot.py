@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Figure", "bar", "figure_json", "make_subplots", "scatter"]
+__all__ = ["Figure", "bar", "figure_json", "make_subplots", "scatter", "template"]
 
 _AXIS_KEY = re.compile(r"^([xy])axis(\d*)$")
 #: numpy dtypes plotly.js reads from base64 (its typed-array spec), by their short names.
