@@ -10,14 +10,14 @@ from synthetic_runs import synthetic_run
 def axes_without_titles(fig) -> list[str]:
     """Names of the layout's axes that carry data but no title; a category axis (horizontal
     bars' labels), an axis tied to another (``matches``) and an empty figure are exempt."""
-    used = {u for t in fig.data for u in ((t.xaxis or "x").replace("x", "xaxis", 1),
-                                          (t.yaxis or "y").replace("y", "yaxis", 1))}
+    used = {u for t in fig.data for u in (t.get("xaxis", "x").replace("x", "xaxis", 1),
+                                          t.get("yaxis", "y").replace("y", "yaxis", 1))}
     missing = []
     for name in sorted(used):
-        axis = fig.layout[name]
-        if axis.matches or axis.autorange == "reversed":
+        axis = fig.layout.get(name, {})
+        if axis.get("matches") or axis.get("autorange") == "reversed":
             continue
-        if not (axis.title and axis.title.text):
+        if not axis.get("title", {}).get("text"):
             missing.append(name)
     return missing
 
