@@ -192,11 +192,10 @@ def _grid_domains(rows: int, cols: int, h: float | None, v: float,
     return domains
 
 
-def figure_json(fig: Figure | dict) -> tuple[str, str]:
+def figure_json(fig: Figure) -> tuple[str, str]:
     """``(data, layout)`` of a figure as JSON safe inside an HTML ``<script>``: numeric
     arrays as plotly.js typed arrays (base64), NaN and infinities as null elsewhere."""
-    d = fig.to_dict() if isinstance(fig, Figure) else fig
-    return _json(d.get("data", [])), _json(d.get("layout", {}))
+    return _json(fig.data), _json(fig.layout)
 
 
 @lru_cache(maxsize=None)

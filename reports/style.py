@@ -34,8 +34,9 @@ def style_figure(fig: Figure, title: str | None = None, height: int = 380,
                  hovermode: str = "x unified", legend: str = "right") -> Figure:
     """Apply the report look (plotly's white template, readable font, legend beside or below
     the plot so it never covers subplot titles) in place."""
+    fig.layout["template"] = template("plotly_white")    # (shared and read only: not copied)
     fig.update_layout(
-        template=template("plotly_white"), height=height, hovermode=hovermode,
+        height=height, hovermode=hovermode,
         font=dict(family=FONT, size=13, color="#1f2937"),
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=16)) if title else None,
         margin=dict(l=60, r=24, t=70 if title else 36, b=50),
