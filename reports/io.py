@@ -113,7 +113,7 @@ def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame, *,
 
 
 #: Rows of a frame :func:`csv_chunks` turns into text at a time.
-CSV_CHUNK_ROWS = 50_000
+CSV_CHUNK_ROWS = 10_000
 
 
 class _NotByColumn(Exception):

@@ -44,7 +44,8 @@ from typing import Iterator
 
 from kvsim.errors import TraceError
 from kvsim.workloads import fields as F
-from kvsim.workloads.links import Links
+from kvsim.workloads.lines import numbered_lines
+from kvsim.workloads.links import Links, count_continuations
 from kvsim.workloads.request import Request
 
 MOONCAKE_BLOCK = 512
@@ -99,7 +100,7 @@ def _check_depth(record: dict, loc: str) -> None:
 
 def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per Mooncake line; ``arrival_s`` is the absolute timestamp in s."""
-    links = Links()
+    links = _links(path)
     for line_no, text in lines:
         loc = f"{path}:{line_no}"
         record = parse_object(text, loc)
@@ -124,13 +125,18 @@ def mooncake_request(record: dict, loc: str) -> Request:
 
 def native_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per native line; ``arrival_s`` as written in the file."""
-    links = Links()
+    links = _links(path)
     for line_no, text in lines:
         loc = f"{path}:{line_no}"
         record = parse_object(text, loc)
         request = native_request(record, loc)
         links.read(record, loc, line_no, request)
         yield line_no, request
+
+
+def _links(path) -> Links:
+    """The links of the file at ``path``, counted by a second reading when it names lines."""
+    return Links(lambda: count_continuations(numbered_lines(path)))
 
 
 def native_request(record: dict, loc: str) -> Request:

@@ -9,21 +9,41 @@
   be at least the earlier request's prompt + output, and it may not arrive before that
   request; a line with ``prompt_token_ids`` names its content already and may not use it.
 
-:class:`Links` reads them line by line and remembers the named requests of the file (every one,
-so a request outside a ``--start``/``--limit`` window can still be continued).
+:class:`Links` reads them line by line. It keeps a named request (even one outside a
+``--start``/``--limit`` window) until the last line that continues it, so memory follows the
+requests still to be continued, not the file's length: at the first ``request_id`` it reads
+the file once more to count each name's continuations (:func:`count_continuations`).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
+from collections import Counter
+from typing import Callable, Iterable
+
+from kvsim.errors import TraceError
 from kvsim.workloads import fields as F
 from kvsim.workloads.request import Request
 
 
 class Links:
-    """The named requests seen so far in one file."""
+    """The named requests of one file that a later line may still continue.
 
-    def __init__(self) -> None:
-        self._named: dict[str, tuple[Request, int]] = {}    # name -> (request, line number)
+    ``count``: reads the whole file and returns :func:`count_continuations`; called once, at
+    the first named line. Without it every named request is kept to the end of the file."""
+
+    def __init__(self, count: Callable[[], Counter] | None = None) -> None:
+        self._lines: dict[str, int] = {}            # every name so far -> its line number
+        self._open: dict[str, list] = {}            # name -> [request, continuations to come]
+        self._count = count
+        self._expected: Counter | None = None
+
+    @property
+    def num_open(self) -> int:
+        """Named requests kept for a continuation still to come."""
+        return len(self._open)
 
     def read(self, record: dict, loc: str, line_no: int, request: Request) -> None:
         """Apply ``record``'s optional link fields to ``request`` (parsed from line ``loc``)."""
@@ -38,12 +58,16 @@ class Links:
             self._name(F.label(name, "request_id", loc), loc, line_no, request)
 
     def _parent(self, name: str, loc: str, request: Request) -> Request:
-        if name not in self._named:
+        if name not in self._open:
+            if name in self._lines:
+                raise F.fail(loc, "continues", f"{name!r} is continued more often than a first "
+                             "reading of the file counted: did the file change while read?")
             raise F.fail(loc, "continues", f"no earlier line has request_id {name!r}")
         if request.prompt_token_ids is not None:
             raise F.fail(loc, "continues", "give prompt_token_ids or continues, not both "
                                            "(token ids already name the whole prompt)")
-        parent = self._named[name][0]
+        entry = self._open[name]
+        parent = entry[0]
         if request.arrival_s < parent.arrival_s:      # (a --sort would put it first)
             raise F.fail(loc, "continues", f"arrives at {request.arrival_s:g} s, before the "
                          f"continued request {name!r} ({parent.arrival_s:g} s): a "
@@ -52,13 +76,63 @@ class Links:
         if request.prompt_tokens < whole:
             raise F.fail(loc, "prompt_tokens", f"{request.prompt_tokens} is shorter than the "
                          f"continued request {name!r}: its prompt + output is {whole} tokens")
+        entry[1] -= 1
+        if not entry[1]:
+            del self._open[name]            # its last continuation: nothing else can reach it
         return parent
 
     def _name(self, name: str, loc: str, line_no: int, request: Request) -> None:
-        if name in self._named:
-            first = loc.rsplit(":", 1)[0] + f":{self._named[name][1]}"
+        if name in self._lines:
+            first = loc.rsplit(":", 1)[0] + f":{self._lines[name]}"
             raise F.fail(loc, "request_id", f"{name!r} is already used at {first}")
-        self._named[name] = (request, line_no)
+        self._lines[name] = line_no
+        remaining = self._continuations(name)
+        if remaining:
+            self._open[name] = [request, remaining]
+
+    def _continuations(self, name: str) -> float:
+        """How many lines of the file continue ``name`` (infinite when not counted)."""
+        if self._count is None:
+            return math.inf
+        if self._expected is None:
+            self._expected = self._count()
+        return self._expected.pop(name, 0)
+
+
+_CONTINUES = re.compile(r'"continues"\s*:\s*(-?\d+|"[^"]*")\s*[,}]')
+
+
+def count_continuations(lines: Iterable[tuple[int, str]]) -> Counter:
+    """``name -> number of lines whose continues is name``, from numbered lines of a JSONL
+    trace. Lines that are not valid JSON objects, or whose ``continues`` is not a valid name,
+    are skipped (reading them as requests raises their error), as is everything from an
+    unreadable line on."""
+    counts: Counter = Counter()
+    try:
+        for _, text in lines:
+            if "continues" in text or "\\" in text:
+                name = _continued_name(text)
+                if name is not None:
+                    counts[name] += 1
+    except TraceError:
+        pass
+    return counts
+
+
+def _continued_name(text: str) -> str | None:
+    """The top-level ``continues`` of one line, or None. The pattern is exact for a line
+    without backslashes that names the key once (every quote then delimits a string)."""
+    if "\\" not in text and text.count('"continues"') == 1:
+        found = _CONTINUES.search(text)
+        if found is not None:
+            value = found.group(1)
+            return value[1:-1] if value.startswith('"') else str(int(value))
+    try:
+        record = json.loads(text)
+        value = record.get("continues") if isinstance(record, dict) else None
+        return None if value is None else F.label(value, "continues", "")
+    except (ValueError, RecursionError, TraceError):
+        return None
 
 
 def _outputs(record: dict, loc: str, request: Request) -> None:
