@@ -120,6 +120,23 @@ def test_a_shorter_workload_is_the_start_of_a_longer_one():
         assert (s.prefix_hashes == l.prefix_hashes).all()
 
 
+@pytest.mark.parametrize("preset, block", [("chat", 16), ("chat", 7), ("agent", 64),
+                                           ("customer-service", 16)])
+def test_a_continuation_keeps_its_parents_names_as_renaming_its_whole_prompt_would(
+        monkeypatch, preset, block):
+    """A turn's blocks inside its parent's prompt take the parent's renamed ids instead of
+    being hashed and renamed again: the same ids, request by request."""
+    from kvsim.workloads.generators import build
+    config = GenConfig(num_requests=400, seed=2, hash_block_size=block)
+    reused = generate(preset, config)
+    monkeypatch.setattr(build, "_named_prefix_ids", lambda names, segments, size, parent:
+                        names.rename(build.prefix_ids(segments, size)))
+    whole = generate(preset, config)
+    if preset != "customer-service":        # (its requests continue nothing)
+        assert sum(r.continues is not None for r in reused) > 100
+    assert [r.prefix_hashes.tolist() for r in reused] == [r.prefix_hashes.tolist() for r in whole]
+
+
 def by_session(requests):
     sessions = {}
     for r in requests:

@@ -180,13 +180,26 @@ def _requests(drafts, shares_prefixes: bool, config: GenConfig) -> Iterator[tupl
         else:
             _link(request, d, parents, entry, num_children)
             if shares_prefixes:
-                request.prefix_hashes = names.rename(prefix_ids(d.segments, block))
+                request.prefix_hashes = _named_prefix_ids(names, d.segments, block,
+                                                          request.continues)
                 request.hash_block_size = block
         queue.append(entry)
         while queue and queue[0][1] is not None:
             yield tuple(queue.popleft())
     for request, continued in queue:
         yield request, bool(continued)
+
+
+def _named_prefix_ids(names: FirstSeenNames, segments, block: int,
+                      parent: Request | None) -> np.ndarray:
+    """The renamed prefix ids of a prompt. A continuation starts with its parent's prompt,
+    so its blocks wholly inside that prompt keep the parent's names (seen already: renaming
+    them again would give the same); only the rest is hashed and renamed."""
+    kept = 0
+    if parent is not None and parent.prefix_hashes is not None and parent.hash_block_size == block:
+        kept = parent.prompt_tokens // block
+    tail = names.rename(prefix_ids(segments, block, kept))
+    return np.concatenate([parent.prefix_hashes[:kept], tail]) if kept else tail
 
 
 def _link(request: Request, draft: Draft, parents: dict, entry: list,

@@ -59,15 +59,17 @@ def _bases(segments: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]
             np.asarray(bases, dtype=np.int64))
 
 
-def prefix_ids(segments: list[Segment], block: int) -> np.ndarray:
-    """One 64-bit prefix id per ``block`` tokens of the prompt, the last partial block included.
+def prefix_ids(segments: list[Segment], block: int, start_block: int = 0) -> np.ndarray:
+    """One 64-bit prefix id per ``block`` tokens of the prompt, the last partial block included
+    (from block ``start_block`` on).
 
     The id of the block ending at token ``e`` (``e`` = its end, or the prompt's end for the last
     block) depends only on the content of tokens ``0..e-1``.
     """
     starts, ends, bases = _bases(segments)
     total = int(ends[-1])
-    block_ends = np.minimum(np.arange(1, -(-total // block) + 1, dtype=np.int64) * block, total)
+    block_ends = np.minimum(np.arange(start_block + 1, -(-total // block) + 1,
+                                      dtype=np.int64) * block, total)
     seg = np.searchsorted(ends, block_ends, side="left")
     return mix(bases[seg], block_ends - starts[seg])
 
