@@ -120,8 +120,9 @@ def count_continuations(lines: Iterable[tuple[int, str]]) -> Counter:
 
 
 def _continued_name(text: str) -> str | None:
-    """The top-level ``continues`` of one line, or None. The pattern is exact for a line
-    without backslashes that names the key once (every quote then delimits a string)."""
+    """The top-level ``continues`` of one line, or None. The pattern reads a line without
+    backslashes that names the key once (every quote then delimits a string); it may also
+    read the key of a nested object, which only keeps a named request longer."""
     if "\\" not in text and text.count('"continues"') == 1:
         found = _CONTINUES.search(text)
         if found is not None:
