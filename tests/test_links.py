@@ -27,8 +27,11 @@ def line(t, prompt, output, **kw):
 
 @pytest.fixture
 def made_links(monkeypatch):
-    """The :class:`Links` each reading of a native file makes, in order."""
+    """The :class:`Links` each reading of a native file makes, in order; each counts the
+    file's continuations at its first name."""
     import kvsim.workloads.jsonl as jsonl
+    import kvsim.workloads.links as links_module
+    monkeypatch.setattr(links_module, "KEEP_UNCOUNTED", 0)
     made, original = [], jsonl._links
     monkeypatch.setattr(jsonl, "_links", lambda path: made.append(original(path)) or made[-1])
     return made
@@ -51,6 +54,22 @@ def test_a_named_request_is_let_go_after_its_last_continuation(tmp_path, made_li
     assert requests[3].continues is requests[1]
 
 
+def test_requests_named_before_the_count_are_let_go_by_what_was_read_since():
+    """Counted once more than 2 are open (at c): a was continued once of twice, b once of
+    once, c not yet: b goes at once, a and c after their last continuations."""
+    lines = [{"request_id": "a"}, {"request_id": "b", "continues": "a"},
+             {"request_id": "c", "continues": "b"}, {"continues": "a"}, {"continues": "c"}]
+    counted = []
+    links = Links(lambda: counted.append(1) or Counter({"a": 2, "b": 1, "c": 1}),
+                  keep_uncounted=2)
+    open_after = []
+    for i, record in enumerate(lines, start=1):
+        links.read(record, f"t:{i}", i, Request(0, float(i), 4 * i, 2))
+        open_after.append(sorted(links._open))
+    assert open_after == [["a"], ["a", "b"], ["a", "c"], ["c"], []]
+    assert counted == [1]
+
+
 def test_without_a_count_every_named_request_is_kept():
     links = Links()
     parent, child = Request(0, 0.0, 4, 2), Request(0, 1.0, 8, 2)
@@ -61,7 +80,7 @@ def test_without_a_count_every_named_request_is_kept():
 
 def test_a_continuation_the_first_reading_missed_is_one_clear_line():
     """The file changed between the two readings: the count said nobody continues 'a'."""
-    links = Links(lambda: Counter())
+    links = Links(lambda: Counter(), keep_uncounted=0)
     links.read({"request_id": "a"}, "t.jsonl:1", 1, Request(0, 0.0, 4, 2))
     assert links.num_open == 0
     with pytest.raises(TraceError, match="t.jsonl:2: field 'continues': 'a' is continued more "
@@ -69,12 +88,21 @@ def test_a_continuation_the_first_reading_missed_is_one_clear_line():
         links.read({"continues": "a"}, "t.jsonl:2", 2, Request(0, 1.0, 8, 2))
 
 
-def test_a_trace_without_names_is_read_once(tmp_path, monkeypatch):
-    path = write(tmp_path, [line(0, 4, 2, session_id="s"), line(1, 4, 2)])
+@pytest.mark.parametrize("keep, readings", [(2, 1), (1, 2)])
+def test_a_trace_with_few_names_is_read_once(tmp_path, monkeypatch, keep, readings):
+    """At most 2 names are open at once: with KEEP_UNCOUNTED 2 the file is read once (a
+    --limit look at a long trace stops as early); with 1 it is counted too."""
+    path = write(tmp_path, [line(0, 4, 2, request_id="x"), line(1, 4, 2, request_id="y"),
+                            line(2, 8, 2, continues="x"), line(3, 4, 2)])
     import kvsim.workloads.jsonl as jsonl
+    import kvsim.workloads.links as links_module
+    monkeypatch.setattr(links_module, "KEEP_UNCOUNTED", keep)
+    counts = []
     monkeypatch.setattr(jsonl, "count_continuations",
-                        lambda lines: pytest.fail("counted a file without request_id"))
-    assert len(read_trace(path)) == 2
+                        lambda lines: counts.append(1) or count_continuations(lines))
+    requests = read_trace(path)
+    assert len(requests) == 4 and requests[2].continues is requests[0]
+    assert 1 + len(counts) == readings
 
 
 @pytest.mark.parametrize("text, name", [

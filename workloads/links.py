@@ -11,8 +11,9 @@
 
 :class:`Links` reads them line by line. It keeps a named request (even one outside a
 ``--start``/``--limit`` window) until the last line that continues it, so memory follows the
-requests still to be continued, not the file's length: at the first ``request_id`` it reads
-the file once more to count each name's continuations (:func:`count_continuations`).
+requests still to be continued, not the file's length: once :data:`KEEP_UNCOUNTED` named
+requests are open it reads the file once more to count each name's continuations
+(:func:`count_continuations`).
 """
 
 from __future__ import annotations
@@ -28,17 +29,27 @@ from kvsim.workloads import fields as F
 from kvsim.workloads.request import Request
 
 
+#: Named requests kept before the file is read again to count their continuations: a trace,
+#: or a ``--limit`` look at one, with fewer names is read once.
+KEEP_UNCOUNTED = 50_000
+
+
 class Links:
     """The named requests of one file that a later line may still continue.
 
-    ``count``: reads the whole file and returns :func:`count_continuations`; called once, at
-    the first named line. Without it every named request is kept to the end of the file."""
+    ``count``: reads the whole file and returns :func:`count_continuations`. It is called once
+    more than ``keep_uncounted`` (default :data:`KEEP_UNCOUNTED`) named requests are open;
+    from then on a named request is let go after its last continuation. Without ``count``
+    every named request is kept to the end of the file."""
 
-    def __init__(self, count: Callable[[], Counter] | None = None) -> None:
+    def __init__(self, count: Callable[[], Counter] | None = None,
+                 keep_uncounted: int | None = None) -> None:
         self._lines: dict[str, int] = {}            # every name so far -> its line number
         self._open: dict[str, list] = {}            # name -> [request, continuations to come]
         self._count = count
-        self._expected: Counter | None = None
+        self._keep_uncounted = KEEP_UNCOUNTED if keep_uncounted is None else keep_uncounted
+        self._expected: Counter | None = None       # continuations to come, once counted
+        self._consumed: Counter = Counter()         # continuations read before the count
 
     @property
     def num_open(self) -> int:
@@ -76,9 +87,11 @@ class Links:
         if request.prompt_tokens < whole:
             raise F.fail(loc, "prompt_tokens", f"{request.prompt_tokens} is shorter than the "
                          f"continued request {name!r}: its prompt + output is {whole} tokens")
-        entry[1] -= 1
+        entry[1] -= 1                       # (infinite until counted)
         if not entry[1]:
             del self._open[name]            # its last continuation: nothing else can reach it
+        elif self._expected is None and self._count is not None:
+            self._consumed[name] += 1
         return parent
 
     def _name(self, name: str, loc: str, line_no: int, request: Request) -> None:
@@ -86,17 +99,26 @@ class Links:
             first = loc.rsplit(":", 1)[0] + f":{self._lines[name]}"
             raise F.fail(loc, "request_id", f"{name!r} is already used at {first}")
         self._lines[name] = line_no
-        remaining = self._continuations(name)
-        if remaining:
-            self._open[name] = [request, remaining]
+        if self._expected is not None:
+            left = self._expected.pop(name, 0)
+            if left:
+                self._open[name] = [request, left]
+            return
+        self._open[name] = [request, math.inf]
+        if self._count is not None and len(self._open) > self._keep_uncounted:
+            self._start_counting()
 
-    def _continuations(self, name: str) -> float:
-        """How many lines of the file continue ``name`` (infinite when not counted)."""
-        if self._count is None:
-            return math.inf
-        if self._expected is None:
-            self._expected = self._count()
-        return self._expected.pop(name, 0)
+    def _start_counting(self) -> None:
+        """Count every name's continuations (the file read once more) and let go of the open
+        requests already continued as often as the file continues them."""
+        expected, consumed = self._count(), self._consumed
+        for name, entry in list(self._open.items()):
+            left = expected.pop(name, 0) - consumed.get(name, 0)
+            if left > 0:
+                entry[1] = left
+            else:
+                del self._open[name]
+        self._expected, self._consumed = expected, Counter()
 
 
 _CONTINUES = re.compile(r'"continues"\s*:\s*(-?\d+|"[^"]*")\s*[,}]')
