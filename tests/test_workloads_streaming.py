@@ -36,7 +36,12 @@ def test_the_streamed_file_equals_the_file_of_the_whole_list(preset, continues, 
     assert (b'"request_id"' in streamed) == continues
 
 
-def test_first_seen_names_count_up_in_order_across_merges():
+@pytest.mark.parametrize("max_narrow", [None, 5000])
+def test_first_seen_names_count_up_in_order_across_merges(monkeypatch, max_narrow):
+    """Also with names widened to int64 part-way (past 5,000 names instead of 2**31)."""
+    if max_narrow is not None:
+        import kvsim.workloads.generators.prompts as prompts
+        monkeypatch.setattr(prompts, "MAX_NARROW_NAME", max_narrow)
     rng = np.random.default_rng(0)
     lists = [rng.integers(-2**62, 2**62, size=40) for _ in range(400)]
     lists += [lists[i][:25] for i in range(0, 400, 3)]          # prefixes seen before
@@ -45,3 +50,4 @@ def test_first_seen_names_count_up_in_order_across_merges():
         expected = [reference.setdefault(int(k), len(reference)) for k in ids]
         assert names.rename(ids).tolist() == expected
     assert names.num_names == len(reference) == 16000
+    assert names._names.dtype == (np.int32 if max_narrow is None else np.int64)

@@ -83,14 +83,19 @@ def token_ids(segments: list[Segment], vocab_size: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) + TOKEN_BASE
 
 
+#: Largest name :class:`FirstSeenNames` stores as int32 (past it, its names widen to int64).
+MAX_NARROW_NAME = np.iinfo(np.int32).max
+
+
 class FirstSeenNames:
     """Ids renamed to ``0, 1, 2, ...`` in first-seen order across a stream of id arrays, as
-    Mooncake's ``hash_ids`` are, so generated files stay short and readable. Keeps 16 bytes
-    per distinct id: a sorted array, and a dict of the ids seen since it was last merged."""
+    Mooncake's ``hash_ids`` are, so generated files stay short and readable. Keeps 12 bytes
+    per distinct id (a sorted array of ids, their names as int32 while they fit) and a dict
+    of the ids seen since the arrays were last merged (at most a sixteenth as many)."""
 
     def __init__(self) -> None:
         self._ids = np.empty(0, dtype=np.int64)      # sorted
-        self._names = np.empty(0, dtype=np.int64)
+        self._names = np.empty(0, dtype=np.int32)
         self._recent: dict[int, int] = {}
         self.num_names = 0
 
@@ -105,7 +110,7 @@ class FirstSeenNames:
         missing = np.flatnonzero(~found)
         if len(missing):
             out[missing] = [self._name(key) for key in ids[missing].tolist()]
-        if len(self._recent) > max(1 << 12, len(self._ids) // 8):
+        if len(self._recent) > max(1 << 12, len(self._ids) // 16):
             self._merge()
         return out
 
@@ -118,9 +123,10 @@ class FirstSeenNames:
     def _merge(self) -> None:
         """Move the recent ids into the sorted arrays."""
         new = np.fromiter(self._recent, np.int64, len(self._recent))
-        names = np.fromiter(self._recent.values(), np.int64, len(self._recent))
+        dtype = np.int64 if self.num_names > MAX_NARROW_NAME else np.int32
+        names = np.fromiter(self._recent.values(), dtype, len(self._recent))
         order = np.argsort(new)
         at = np.searchsorted(self._ids, new[order])
         self._ids = np.insert(self._ids, at, new[order])
-        self._names = np.insert(self._names, at, names[order])
+        self._names = np.insert(self._names.astype(dtype, copy=False), at, names[order])
         self._recent.clear()
