@@ -20,8 +20,8 @@ FRAGMENT_COLUMNS = ("frag_token_states", "frag_reservation", "frag_internal", "f
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
-    """One row per request, in arrival order, with its latencies (built column by column, so
-    the frame is the only copy of the log made)."""
+    """One row per request, in arrival order, with its latencies. The logged columns are
+    views of the log, not copies (the log no longer grows once the run is over)."""
     cols = {k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d" else np.int64)
             for k, v in result.requests.columns.items()}
     arrival, first, finish = cols["arrival_s"], cols["first_token_s"], cols["finish_s"]
@@ -32,7 +32,7 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
                 finish_reason=np.asarray(FINISH_REASONS, dtype=object)[cols["finish_reason"]])
     for column, (start, end) in PHASE_COLUMNS.items():    # as reports.frames.add_phase_columns
         cols[column] = cols[end] - cols[start]
-    return pd.DataFrame({k: cols[k] for k in REQUEST_COLUMNS})
+    return pd.DataFrame({k: cols[k] for k in REQUEST_COLUMNS}, copy=False)
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
