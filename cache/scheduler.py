@@ -174,34 +174,53 @@ class Scheduler:
         request only decodes, no waiting request can be admitted meanwhile and no allocation
         can fail (capped by the free blocks). With nobody waiting the run goes on through
         finishes (the batch shrinks); otherwise it ends with the first one, whose freed
-        blocks might admit a waiting request at the next step. Paged layout only; the cache
+        blocks might admit a waiting request at the next step. The last running request may
+        instead prefill a chunk in every step that uses up the token budget (a prefill run,
+        without a host tier: it ends with the first finish too). Paged layout only; the cache
         is left as it is."""
         running = self.running
         if self._external or not running or not self.kv.supports_decode_runs:
             return None
-        if any(s.num_computed_tokens + 1 != s.num_prompt_tokens + s.num_output_tokens
-               or not s.num_output_tokens for s in reversed(running)):
-            return None     # (one prompt token left is a prefill: its step emits a first token;
-            #               the newest requests are the ones still prefilling: read them first)
+        decoding, prefill = running, None
+        if not decode_run.decodes(running[-1]):
+            decoding = running[:-1]
+            if self._host is not None:      # (its copies are committed step by step)
+                return None
+            prefill = decode_run.prefill_chunks(
+                running[-1], len(decoding), self.config.max_num_batched_tokens,
+                self._prefill_threshold(), self.kv.num_slots(running[-1].request_id))
+            if prefill is None:
+                return None
+        if not all(map(decode_run.decodes, reversed(decoding))):
+            return None     # (the newest requests are the ones still prefilling: read first)
         if self.kv.acts_without_new_blocks(running):
             return None
         budget_left = self.config.max_num_batched_tokens - len(running)
-        if budget_left < 0 or not self.admission_blocked(budget_left):
-            return None     # (checked second: a waiting request's prefix lookup costs most)
-        finish = decode_run.finish_steps(running, self.config.max_model_len)
-        if self._host is not None:
+        if prefill is None and (budget_left < 0 or not self.admission_blocked(budget_left)):
+            return None     # (checked last: a waiting request's prefix lookup costs most)
+        finish = decode_run.finish_steps(decoding, self.config.max_model_len)
+        if prefill is not None:
+            steps = min(prefill.max_steps, int(finish.min()) + 1 if len(finish) else 1 << 62)
+        elif self._host is not None:
             steps = int(finish.min())       # (copies are committed step by step, no finishes)
         else:
             steps = int(finish.max() if not self.waiting else finish.min()) + 1
+        return self._capped_run(decoding, finish, steps, prefill)
+
+    def _capped_run(self, decoding, finish, steps: int, prefill) -> DecodeRun | None:
+        """A run of at most ``steps`` steps, as many as the free blocks allow (None: < 2)."""
         if steps < 2:
             return None
-        computed = np.array([s.num_computed_tokens for s in running], dtype=np.int64)
+        computed = np.array([s.num_computed_tokens for s in decoding], dtype=np.int64)
+        more = None if prefill is None else (
+            lambda n: self.kv.num_blocks_needed(prefill.seq.request_id, n * prefill.num_new))
         n = decode_run.cap_by_free_blocks(computed, self.kv.block_size,
-                                          self.kv.num_free_blocks, steps, finish)
+                                          self.kv.num_free_blocks, steps, finish, more)
         if not n:
             return None
-        self._run = DecodeRun(list(running), computed, [s.num_output_tokens for s in running],
-                              finish, n, self._host is not None)
+        self._run = DecodeRun(list(decoding), computed,
+                              [s.num_output_tokens for s in decoding], finish, n,
+                              self._host is not None, prefill=prefill)
         return self._run
 
     def commit_decode_run(self, run: DecodeRun, num_steps: int, stop=None) -> DecodeSteps:

@@ -27,5 +27,6 @@ class FixedExecutor(Executor):
         return self.per_block_s * sum(t.num_blocks for t in plan.transfers)
 
     def decode_durations(self, num_seqs: int, total_context_tokens: int,
-                         num_steps: int) -> np.ndarray:
-        return np.full(num_steps, self.step_s + self.per_token_s * num_seqs)
+                         num_steps: int, prefill: tuple[int, int] | None = None) -> np.ndarray:
+        tokens = num_seqs + (prefill[1] if prefill else 0)
+        return np.full(num_steps, self.step_s + self.per_token_s * tokens)

@@ -111,6 +111,24 @@ def test_decode_durations_equal_step_duration_exactly(model, gpu, tp):
         assert fast.tolist() == slow                      # bit for bit, not approx
 
 
+@pytest.mark.parametrize("model, gpu, tp", [("llama-2-7b", "a100-80gb", 1),
+                                            ("llama-3-70b", "h100-80gb", 4)])
+def test_decode_durations_beside_a_prefill_equal_step_duration_exactly(model, gpu, tp):
+    """A run's steps where one more request prefills ``new`` tokens a step on top of its
+    ``computed`` (growing by ``new``): the same durations as planning each step."""
+    cm = CostModel(model, gpu, tp=tp)
+    rng = np.random.default_rng(2)
+    for num_seqs, computed, new in ((0, 0, 512), (3, 4096, 2045), (64, 100_000, 8128)):
+        contexts = rng.integers(0, 5000, num_seqs)
+        fast = cm.decode_durations(num_seqs, int(contexts.sum()), 12, prefill=(computed, new))
+        slow = []
+        for k in range(12):
+            plan = decode_plan((contexts + k).tolist())
+            plan.scheduled.append(ScheduledRequest(99, new, computed + k * new))
+            slow.append(cm.step_duration(plan))
+        assert fast.tolist() == slow                      # bit for bit, not approx
+
+
 def test_decode_durations_edge_cases(a100):
     assert a100.decode_durations(5, 0, 0).shape == (0,)
     assert a100.decode_durations(1, 0, 1)[0] == a100.step_duration(decode_plan([0]))

@@ -63,12 +63,27 @@ CASES = {
     "host-tier-native": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200),
     "host-tier-write-through": dict(num_gpu_blocks=400, max_num_seqs=48, num_cpu_blocks=300,
                                     offload_write="through"),
+    # prompts prefilled in chunks of what the decodes leave of 96 tokens (prefill runs)
+    "chunked-prefill": dict(num_gpu_blocks=900, max_num_seqs=48, max_num_batched_tokens=96),
+    "chunked-prefill-tight-priority": dict(num_gpu_blocks=200, max_num_seqs=64, block_size=8,
+                                           max_num_batched_tokens=80,
+                                           scheduling_policy="priority"),
+    "chunked-prefill-lfu": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="lfu",
+                                max_num_batched_tokens=96),
+    # (the threshold caps the chunk, leaving budget for admissions, while under 16 decode)
+    "chunked-prefill-threshold": dict(num_gpu_blocks=600, max_num_seqs=48,
+                                      max_num_batched_tokens=96,
+                                      long_prefill_token_threshold=80),
+    "chunked-prefill-two-replicas": dict(num_gpu_blocks=400, replicas=2,
+                                         max_num_batched_tokens=64, enable_prefix_caching=False),
+    "chunked-prefill-host-tier": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
+                                      max_num_batched_tokens=96),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_skip_ahead_gives_identical_results(case):
-    base = dict(model="llama-2-7b", max_num_batched_tokens=1024, **CASES[case])
+    base = {"model": "llama-2-7b", "max_num_batched_tokens": 1024, **CASES[case]}
     fast = outputs(RunConfig(skip_ahead=True, **base))
     slow = outputs(RunConfig(skip_ahead=False, **base))
     assert fast[0].duration_s == slow[0].duration_s

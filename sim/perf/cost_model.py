@@ -212,17 +212,26 @@ class CostModel(Executor):
         return t
 
     def decode_durations(self, num_seqs: int, total_context_tokens: int,
-                         num_steps: int) -> np.ndarray:
+                         num_steps: int, prefill: tuple[int, int] | None = None) -> np.ndarray:
         """Durations of ``num_steps`` decode-only steps of ``num_seqs`` requests whose summed
         computed tokens start at ``total_context_tokens`` and grow by ``num_seqs`` per step;
-        equal (``==``) to :meth:`step_duration` of the corresponding plans."""
-        if num_seqs < 1 or num_steps < 0:
+        equal (``==``) to :meth:`step_duration` of the corresponding plans. ``prefill``:
+        ``(num_computed, num_new)`` of one more request that computes ``num_new`` prompt
+        tokens in each step, on top of ``num_computed`` before the first (``num_seqs`` may
+        then be 0)."""
+        if num_seqs < (0 if prefill else 1) or num_steps < 0:
             raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
-        base = self._base(float(num_seqs), float(num_seqs))   # the same in every step
-        kv = np.arange(num_steps, dtype=np.float64)
-        kv *= num_seqs
-        kv += total_context_tokens + num_seqs
-        out = _with_attention(self._c, base, kv, 2 * kv)
+        step = np.arange(num_steps, dtype=np.int64)
+        kv = step * num_seqs + (total_context_tokens + num_seqs)
+        units = 2 * kv
+        tokens = num_seqs
+        if prefill:     # its sums: c + q and q * (2c + q + 1), c growing by q per step
+            computed, new = prefill
+            kv += step * new + (computed + new)
+            units += step * (2 * new * new) + new * (2 * computed + new + 1)
+            tokens += new
+        base = self._base(float(tokens), float(num_seqs + (1 if prefill else 0)))
+        out = _with_attention(self._c, base, kv.astype(np.float64), units.astype(np.float64))
         return np.asarray(out, dtype=np.float64)
 
     def _base(self, tokens: float, seqs: float) -> float:

@@ -33,10 +33,12 @@ class Executor(Protocol):
         """Seconds of the plan's block copies (part of :meth:`step_duration`)."""
 
     def decode_durations(self, num_seqs: int, total_context_tokens: int,
-                         num_steps: int) -> np.ndarray:
+                         num_steps: int, prefill: tuple[int, int] | None = None) -> np.ndarray:
         """Durations of ``num_steps`` decode steps of ``num_seqs`` requests whose computed
         context totals ``total_context_tokens`` before the first and grows by ``num_seqs``; each
-        equal (``==``) to :meth:`step_duration` of the same step without block copies. Called
-        only when ``supports_decode_runs`` is true."""
+        equal (``==``) to :meth:`step_duration` of the same step without block copies.
+        ``prefill``: ``(num_computed, num_new)`` of one more request in each step, computing
+        ``num_new`` prompt tokens on top of ``num_computed`` (growing by ``num_new`` a step).
+        Called only when ``supports_decode_runs`` is true."""
         raise NotImplementedError(f"{type(self).__name__} does not predict decode runs "
                                   "(supports_decode_runs is False)")

@@ -167,7 +167,7 @@ class Replica:
         rows = self._rows(now, durations, moved, facts)
         if len(facts) > 1:
             self.steps.extend_rows(rows[:-1])
-        tokens = facts.batch_size.tolist()
+        tokens = (facts.batch_size + _extra_tokens(facts)).tolist()     # scheduled
         self.outstanding_tokens -= sum(tokens) - tokens[-1]
         yield from self._wait_out(now, durations, facts.finished)
         last = StepRecord(*rows[-1].tolist())
@@ -178,6 +178,10 @@ class Replica:
     def _durations(self, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
         """The run's step durations, batch by batch, until the steps pass ``horizon`` (the
         sum is rounded: a few steps more or less only change where the run ends)."""
+        if run.prefill is not None:     # (such a run ends with its first finish)
+            return self.executor.decode_durations(
+                run.num_seqs, int(run.num_computed.sum()), run.max_steps,
+                prefill=(run.prefill.num_computed, run.prefill.num_new))
         parts, end = [], now
         for steps, num_seqs, context in run.batches():
             parts.append(self.executor.decode_durations(num_seqs, context, steps))
@@ -223,8 +227,10 @@ class Replica:
         rows = np.zeros((len(facts), len(STEP_COLUMNS)))
         rows[:, _COLUMN["t_start"]] = np.add.accumulate(np.concatenate(([now], durations[:-1])))
         b = facts.batch_size
-        for name, value in (("replica", self.index), ("batch_size", b), ("scheduled_tokens", b),
-                            ("output_tokens", b), ("num_running", facts.num_running),
+        out = b - 1 if facts.num_prefill_tokens else b      # (a prefill emits nothing)
+        for name, value in (("replica", self.index), ("batch_size", b),
+                            ("scheduled_tokens", b + _extra_tokens(facts)),
+                            ("output_tokens", out), ("num_running", facts.num_running),
                             ("num_waiting", self.scheduler.num_waiting), ("duration", durations),
                             ("kv_used_blocks", facts.kv_used_blocks),
                             ("kv_cached_idle_blocks", facts.kv_cached_idle_blocks),
@@ -250,6 +256,12 @@ class Replica:
             return
         for duration in durations.tolist():   # no single delay lands exactly there
             yield self.env.timeout(duration)
+
+
+def _extra_tokens(facts: DecodeSteps) -> int:
+    """Tokens each step of a run schedules beyond one per request (a prefill's chunk less
+    one)."""
+    return facts.num_prefill_tokens - 1 if facts.num_prefill_tokens else 0
 
 
 class NextArrival:
