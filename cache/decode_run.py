@@ -155,8 +155,9 @@ def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
     """Largest run (<= ``steps``) whose new blocks all fit in ``num_free`` blocks (blocks
     freed by requests finishing meanwhile not counted); 0 when that is under two steps (not
     worth a run). ``more_blocks(n)``: the blocks a prefill takes in ``n`` steps."""
-    more = more_blocks or (lambda n: 0)
-    if len(num_computed) * -(-steps // block_size) + more(steps) <= num_free:
+    more = more_blocks or _no_blocks
+    if len(num_computed) * -(-steps // block_size) + (
+            more_blocks(steps) if more_blocks else 0) <= num_free:
         return steps        # (no request opens more than one block per block_size steps)
     first = (-num_computed) % block_size     # step at which each request opens a block
     last = finish_step + 1                   # steps each request takes part in
@@ -172,6 +173,10 @@ def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if new_blocks(mid) <= num_free else (lo, mid - 1)
     return lo if lo >= 2 else 0
+
+
+def _no_blocks(num_steps: int) -> int:
+    return 0
 
 
 def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,

@@ -62,7 +62,8 @@ RUN_SETTINGS = OptionGroup({
                                        "model.")),
     "seed": (Optional[int], setting("seed", "Seed of every random choice.")),
     "skip_ahead": (Optional[bool], setting(
-        "skip_ahead", "Skip ahead over decode-only steps (identical results, faster).",
+        "skip_ahead", "Skip ahead over decode-only steps, and over a long prompt's chunks "
+        "beside decodes (identical results, faster).",
         "--skip-ahead/--no-skip-ahead")),
     "eviction": (Optional[EvictionPolicy], setting(
         "eviction", "Eviction of cached blocks: lru is vLLM's; belady is the offline optimum.")),

@@ -221,16 +221,25 @@ class CostModel(Executor):
         then be 0)."""
         if num_seqs < (0 if prefill else 1) or num_steps < 0:
             raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
+        if prefill:
+            return self._durations_with_prefill(num_seqs, total_context_tokens, num_steps,
+                                                *prefill)
+        base = self._base(float(num_seqs), float(num_seqs))   # the same in every step
+        kv = np.arange(num_steps, dtype=np.float64)
+        kv *= num_seqs
+        kv += total_context_tokens + num_seqs
+        out = _with_attention(self._c, base, kv, 2 * kv)
+        return np.asarray(out, dtype=np.float64)
+
+    def _durations_with_prefill(self, num_seqs: int, total_context_tokens: int,
+                                num_steps: int, computed: int, new: int) -> np.ndarray:
+        """:meth:`decode_durations` with a prefill of ``new`` tokens a step beside: its sums
+        ``c + q`` and ``q * (2c + q + 1)``, ``c`` growing by ``q`` per step (exact integers)."""
         step = np.arange(num_steps, dtype=np.int64)
-        kv = step * num_seqs + (total_context_tokens + num_seqs)
-        units = 2 * kv
-        tokens = num_seqs
-        if prefill:     # its sums: c + q and q * (2c + q + 1), c growing by q per step
-            computed, new = prefill
-            kv += step * new + (computed + new)
-            units += step * (2 * new * new) + new * (2 * computed + new + 1)
-            tokens += new
-        base = self._base(float(tokens), float(num_seqs + (1 if prefill else 0)))
+        kv = step * (num_seqs + new) + (total_context_tokens + num_seqs + computed + new)
+        units = step * (2 * num_seqs + 2 * new * new) + (
+            2 * (total_context_tokens + num_seqs) + new * (2 * computed + new + 1))
+        base = self._base(float(num_seqs + new), float(num_seqs + 1))
         out = _with_attention(self._c, base, kv.astype(np.float64), units.astype(np.float64))
         return np.asarray(out, dtype=np.float64)
 

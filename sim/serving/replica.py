@@ -27,6 +27,12 @@ replicas the step log's rows come in another order (a replica's run logs its ste
 the others'); each replica's stay in time order, and the summary's step averages agree with
 stepping to rounding (about 1e-15 relative).
 
+**Prefill runs.** A run may also carry the newest running request while it prefills a long
+prompt in chunks that use up the token budget beside the decodes (four or more such chunks;
+nobody can be admitted meanwhile, and it emits nothing): each step schedules its chunk after
+the decodes, and the executor's ``decode_durations(..., prefill=...)`` predicts those steps.
+Such a run ends with the first finish, before the chunk that completes the prompt.
+
 With a host tier a step's copies (demotions, write-through) are known only once it is committed
 and lengthen it by the executor's ``transfer_time``, so its steps are committed one by one until
 the next arrival (or, with vLLM's native offloading, until a full block waits to be offered
@@ -167,7 +173,7 @@ class Replica:
         rows = self._rows(now, durations, moved, facts)
         if len(facts) > 1:
             self.steps.extend_rows(rows[:-1])
-        tokens = (facts.batch_size + _extra_tokens(facts)).tolist()     # scheduled
+        tokens = _scheduled_tokens(facts).tolist()
         self.outstanding_tokens -= sum(tokens) - tokens[-1]
         yield from self._wait_out(now, durations, facts.finished)
         last = StepRecord(*rows[-1].tolist())
@@ -229,7 +235,7 @@ class Replica:
         b = facts.batch_size
         out = b - 1 if facts.num_prefill_tokens else b      # (a prefill emits nothing)
         for name, value in (("replica", self.index), ("batch_size", b),
-                            ("scheduled_tokens", b + _extra_tokens(facts)),
+                            ("scheduled_tokens", _scheduled_tokens(facts)),
                             ("output_tokens", out), ("num_running", facts.num_running),
                             ("num_waiting", self.scheduler.num_waiting), ("duration", durations),
                             ("kv_used_blocks", facts.kv_used_blocks),
@@ -258,10 +264,10 @@ class Replica:
             yield self.env.timeout(duration)
 
 
-def _extra_tokens(facts: DecodeSteps) -> int:
-    """Tokens each step of a run schedules beyond one per request (a prefill's chunk less
-    one)."""
-    return facts.num_prefill_tokens - 1 if facts.num_prefill_tokens else 0
+def _scheduled_tokens(facts: DecodeSteps) -> np.ndarray:
+    """Tokens each step of a run schedules: one a request, a prefill's whole chunk."""
+    chunk = facts.num_prefill_tokens
+    return facts.batch_size + (chunk - 1) if chunk else facts.batch_size
 
 
 class NextArrival:
