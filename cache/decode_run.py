@@ -51,21 +51,17 @@ def decodes(seq) -> bool:
 MIN_PREFILL_RUN_STEPS = 4
 
 
-def prefill_chunks(seq, num_decodes: int, budget: int, threshold: int,
-                   num_slots: int) -> PrefillChunks | None:
+def prefill_chunks(seq, num_decodes: int, budget: int,
+                   threshold: int) -> PrefillChunks | None:
     """``seq`` (the last running request, still prefilling after ``num_decodes`` decoding
     ones) as the prefill of a run; None when its chunk would leave budget for an admission
-    (the token budget not used up: ``threshold`` caps it), when fewer than
-    :data:`MIN_PREFILL_RUN_STEPS` chunks would leave it more than a chunk to do, or when its
-    slots are not its computed tokens."""
+    (the token budget not used up: ``threshold`` caps it), or when fewer than
+    :data:`MIN_PREFILL_RUN_STEPS` chunks would leave it more than a chunk to do."""
     chunk = budget - num_decodes
-    if chunk <= 0 or 0 < threshold < chunk or num_slots != seq.num_computed_tokens:
-        return None
     left = seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens
-    steps = (left - 1) // chunk
-    if steps < MIN_PREFILL_RUN_STEPS:
+    if chunk <= 0 or (left - 1) // chunk < MIN_PREFILL_RUN_STEPS or 0 < threshold < chunk:
         return None
-    return PrefillChunks(seq, seq.num_computed_tokens, chunk, steps)
+    return PrefillChunks(seq, seq.num_computed_tokens, chunk, (left - 1) // chunk)
 
 
 @dataclass(slots=True)

@@ -175,22 +175,17 @@ class Scheduler:
         can fail (capped by the free blocks). With nobody waiting the run goes on through
         finishes (the batch shrinks); otherwise it ends with the first one, whose freed
         blocks might admit a waiting request at the next step. The last running request may
-        instead prefill a chunk in every step that uses up the token budget (a prefill run,
-        without a host tier: it ends with the first finish too). Paged layout only; the cache
-        is left as it is."""
+        instead prefill chunks that use up the token budget (:meth:`_prefill_of_run`). Paged
+        layout only; the cache is left as it is."""
         running = self.running
         if self._external or not running or not self.kv.supports_decode_runs:
             return None
         decoding, prefill = running, None
         if not decode_run.decodes(running[-1]):
-            decoding = running[:-1]
-            if self._host is not None:      # (its copies are committed step by step)
-                return None
-            prefill = decode_run.prefill_chunks(
-                running[-1], len(decoding), self.config.max_num_batched_tokens,
-                self._prefill_threshold(), self.kv.num_slots(running[-1].request_id))
+            prefill = self._prefill_of_run(running[-1])
             if prefill is None:
                 return None
+            decoding = running[:-1]
         if not all(map(decode_run.decodes, reversed(decoding))):
             return None     # (the newest requests are the ones still prefilling: read first)
         if self.kv.acts_without_new_blocks(running):
@@ -199,13 +194,26 @@ class Scheduler:
         if prefill is None and (budget_left < 0 or not self.admission_blocked(budget_left)):
             return None     # (checked last: a waiting request's prefix lookup costs most)
         finish = decode_run.finish_steps(decoding, self.config.max_model_len)
-        if prefill is not None:
+        if prefill is not None:     # (it ends with the first finish too)
             steps = min(prefill.max_steps, int(finish.min()) + 1 if len(finish) else 1 << 62)
         elif self._host is not None:
             steps = int(finish.min())       # (copies are committed step by step, no finishes)
         else:
             steps = int(finish.max() if not self.waiting else finish.min()) + 1
         return self._capped_run(decoding, finish, steps, prefill)
+
+    def _prefill_of_run(self, seq: RequestState) -> decode_run.PrefillChunks | None:
+        """``seq``, the last running request and still prefilling, as the prefill of a run
+        (:func:`decode_run.prefill_chunks`); None with a host tier (copies are committed step
+        by step) or when its slots are not its computed tokens."""
+        if self._host is not None:
+            return None
+        prefill = decode_run.prefill_chunks(seq, len(self.running) - 1,
+                                            self.config.max_num_batched_tokens,
+                                            self._prefill_threshold())
+        if prefill is None or self.kv.num_slots(seq.request_id) != prefill.num_computed:
+            return None
+        return prefill
 
     def _capped_run(self, decoding, finish, steps: int, prefill) -> DecodeRun | None:
         """A run of at most ``steps`` steps, as many as the free blocks allow (None: < 2)."""
