@@ -11,6 +11,11 @@ exactly the block allocations, finishes (and, with a host tier, the copies) thos
 would have made one step at a time, in the same order, and returns what each step left as data
 (:class:`DecodeSteps`). What it asks of the KV manager is in
 :class:`~kvsim.cache.run_blocks.DecodeRunBlocks`.
+
+A run may also carry a long prompt (:class:`PrefillChunks`): the newest running request,
+prefilling in each step a chunk that uses up the token budget the decodes leave. Nobody can be
+admitted then either, and each step's allocations are known in advance too: the decodes'
+block events, then the chunk's blocks.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ class DecodeRun:
     order) from now. Request ``i`` takes part in steps ``0..finish_step[i]`` and finishes at
     the end of step ``finish_step[i]``; a run reaches past a finish only when nobody waits
     (then the batch just shrinks). ``has_transfers``: a step may ask for block copies (a host
-    tier), known only once it is committed."""
+    tier), known only once it is committed. ``prefill``: the request prefilling after them in
+    every step (then the run ends with the first finish)."""
 
     requests: list
     num_computed: np.ndarray     # each request's computed tokens before the first step
@@ -110,7 +116,8 @@ class DecodeRun:
 @dataclass(slots=True)
 class DecodeSteps:
     """What committed decode steps left behind, one entry per step (after its allocations
-    and finishes); ``finished``: (step, the requests finished at its end), in order."""
+    and finishes); ``finished``: (step, the requests finished at its end), in order.
+    ``batch_size`` and ``num_running`` count a run's prefill too."""
 
     batch_size: np.ndarray
     num_running: np.ndarray      # after the step
@@ -152,8 +159,7 @@ def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
     freed by requests finishing meanwhile not counted); 0 when that is under two steps (not
     worth a run). ``more_blocks(n)``: the blocks a prefill takes in ``n`` steps."""
     more = more_blocks or _no_blocks
-    if len(num_computed) * -(-steps // block_size) + (
-            more_blocks(steps) if more_blocks else 0) <= num_free:
+    if len(num_computed) * -(-steps // block_size) + more(steps) <= num_free:
         return steps        # (no request opens more than one block per block_size steps)
     first = (-num_computed) % block_size     # step at which each request opens a block
     last = finish_step + 1                   # steps each request takes part in

@@ -220,7 +220,8 @@ class CostModel(Executor):
         tokens in each step, on top of ``num_computed`` before the first (``num_seqs`` may
         then be 0)."""
         if num_seqs < (0 if prefill else 1) or num_steps < 0:
-            raise ValueError(f"need num_seqs >= 1 and num_steps >= 0, got {num_seqs}, {num_steps}")
+            raise ValueError(f"need num_seqs >= 1 (0 with a prefill) and num_steps >= 0, got "
+                             f"{num_seqs}, {num_steps}")
         if prefill:
             return self._durations_with_prefill(num_seqs, total_context_tokens, num_steps,
                                                 *prefill)
