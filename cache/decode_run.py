@@ -259,14 +259,20 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: in
             used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
         done = ending.get(end)
         if done:
-            _bring_forward(kv, run, done, first + end)
-            seqs = [run.requests[i] for i in done]
-            for seq in seqs:
-                finish(seq)
+            finished.append((end - 1, _finish_requests(kv, run, done, first + end, finish)))
             used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
-            finished.append((end - 1, seqs))
         lo, at = end, cut
     return used, idle, finished
+
+
+def _finish_requests(kv, run: DecodeRun, done: list[int], steps_done: int, finish) -> list:
+    """Bring the requests at indices ``done`` forward by ``steps_done`` steps of the run and
+    finish them, in scheduling order; returns them."""
+    _bring_forward(kv, run, done, steps_done)
+    seqs = [run.requests[i] for i in done]
+    for seq in seqs:
+        finish(seq)
+    return seqs
 
 
 def _allocate_with_prefill(kv, run: DecodeRun, events: np.ndarray, first: int, finish):
@@ -275,11 +281,8 @@ def _allocate_with_prefill(kv, run: DecodeRun, events: np.ndarray, first: int, f
     pool, n, chunks = kv.pool, len(events), run.prefill
     seq = chunks.seq
     used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    rows, cols = np.nonzero(events)
-    at = np.searchsorted(rows, np.arange(n + 1)).tolist()      # events of step j: at[j]..
-    cols = cols.tolist()
-    for j in range(n):
-        for i in cols[at[j]:at[j + 1]]:
+    for j, requests in enumerate(_by_step(events)):
+        for i in requests:
             _open_or_fill(kv, run, i, first + j)
         if kv.allocate(seq.request_id, seq, chunks.num_new,
                        num_computed_tokens=chunks.computed_before(first + j)) is None:
@@ -290,10 +293,7 @@ def _allocate_with_prefill(kv, run: DecodeRun, events: np.ndarray, first: int, f
     done = np.flatnonzero(run.finish_step == first + n - 1).tolist()
     if not done:
         return used, idle, []
-    _bring_forward(kv, run, done, first + n)
-    seqs = [run.requests[i] for i in done]
-    for s in seqs:
-        finish(s)
+    seqs = _finish_requests(kv, run, done, first + n, finish)
     used[-1], idle[-1] = pool.num_used_blocks, pool.num_cached_free_blocks
     return used, idle, [(n - 1, seqs)]
 
@@ -361,12 +361,10 @@ def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: i
     until ``stop(j, transfers)`` says so after step ``j``."""
     pool, n = kv.pool, len(events)
     used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
-    transfers, rows, cols = [], *np.nonzero(events)
-    at = np.searchsorted(rows, np.arange(n + 1)).tolist()      # events of step j: at[j]..
-    cols = cols.tolist()
-    for j in range(n):
+    transfers = []
+    for j, requests in enumerate(_by_step(events)):
         kv.begin_step()
-        for i in cols[at[j]:at[j + 1]]:
+        for i in requests:
             _open_or_fill(kv, run, i, first + j)
         used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
         transfers.append(list(kv.take_transfers()))
@@ -374,6 +372,15 @@ def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: i
         if stop is not None and stop(j, transfers[-1]):
             return used[:j + 1], idle[:j + 1], host_used[:j + 1], transfers
     return used, idle, host_used, transfers
+
+
+def _by_step(events: np.ndarray) -> list[list[int]]:
+    """For each step (row) of an event matrix, the requests (columns) with an event, in
+    scheduling order."""
+    rows, cols = np.nonzero(events)
+    at = np.searchsorted(rows, np.arange(len(events) + 1)).tolist()
+    cols = cols.tolist()
+    return [cols[at[j]:at[j + 1]] for j in range(len(events))]
 
 
 def _open_or_fill(kv, run: DecodeRun, i: int, step: int) -> None:
