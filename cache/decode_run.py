@@ -37,7 +37,7 @@ class PrefillChunks:
     seq: object
     num_computed: int
     num_new: int
-    max_steps: int      # steps it can take part in (each leaves more than a chunk to do)
+    max_steps: int      # steps it can take part in (none of them completes its prompt)
 
     def computed_before(self, step: int) -> int:
         return self.num_computed + step * self.num_new
@@ -61,7 +61,7 @@ def prefill_chunks(seq, num_decodes: int, budget: int,
     """``seq`` (the last running request, still prefilling after ``num_decodes`` decoding
     ones) as the prefill of a run; None when its chunk would leave budget for an admission
     (the token budget not used up: ``threshold`` caps it), or when fewer than
-    :data:`MIN_PREFILL_RUN_STEPS` chunks would leave it more than a chunk to do."""
+    :data:`MIN_PREFILL_RUN_STEPS` whole chunks leave some of its prompt to a later step."""
     chunk = budget - num_decodes
     left = seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens
     if chunk <= 0 or (left - 1) // chunk < MIN_PREFILL_RUN_STEPS or 0 < threshold < chunk:

@@ -26,8 +26,9 @@ def decodes_and_a_long_prompt(kv=None, **config):
 
 
 def test_a_prompt_prefilled_beside_decodes_is_a_run_of_whole_chunks():
-    """338 prompt tokens are left: five steps of 62 leave more than a chunk each, so none of
-    them emits a token or leaves budget for anyone; the sixth (28 tokens) is a normal step.
+    """338 prompt tokens are left: five chunks of 62 each leave some for the next step, so
+    none of them emits a token or leaves budget for anyone; the sixth (28 tokens) is a normal
+    step.
     In each step the decodes go first: at the second they open their third blocks (12, 13),
     then the chunk takes the next four."""
     scheduler = decodes_and_a_long_prompt()
@@ -93,8 +94,8 @@ def alone_after_its_first_chunk(prompt_tokens: int) -> Scheduler:
 
 
 def test_a_prefill_run_needs_four_chunks_that_leave_more_to_do():
-    """After a first chunk of 32, a 161-token prompt has 129 left: four chunks leave more than
-    a chunk each (a run of four steps); a 160-token prompt's fourth chunk would leave exactly
-    one chunk, so three steps qualify: too few to pay for a run."""
+    """After a first chunk of 32, a 161-token prompt has 129 left: four chunks each leave
+    some (a run of four steps); a 160-token prompt's fourth chunk would complete it, so three
+    steps qualify: too few to pay for a run."""
     assert alone_after_its_first_chunk(161).plan_decode_run().max_steps == 4
     assert alone_after_its_first_chunk(160).plan_decode_run() is None
