@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import simpy
 
-from kvsim.cache import decode_run
+from kvsim.cache import run_commit
 from kvsim.cache.decode_run import DecodeSteps
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
@@ -153,8 +153,8 @@ def test_scored_runs_register_late_only_where_no_free_block_notices(eviction, mo
                 max_num_seqs=16, block_size=8, eviction=eviction, sampling="greedy")
     paths = {"bulk": 0, "events": 0}
     for name, key in (("_open_in_bulk", "bulk"), ("_allocate_events", "events")):
-        fn = getattr(decode_run, name)
-        monkeypatch.setattr(decode_run, name, lambda *a, _fn=fn, _key=key: (
+        fn = getattr(run_commit, name)
+        monkeypatch.setattr(run_commit, name, lambda *a, _fn=fn, _key=key: (
             paths.__setitem__(_key, paths[_key] + 1), _fn(*a))[1])
     fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
     slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)

@@ -1,0 +1,240 @@
+"""Committing a decode run (:mod:`kvsim.cache.decode_run`): the block allocations, finishes and
+copies of its next steps, done as those steps one at a time would have done them, in the same
+order, with what each step left returned as data (:class:`~kvsim.cache.decode_run.DecodeSteps`).
+
+The block events of the steps (a request opening a block, or filling one it registers) are
+found in one array operation, and only they reach the KV manager: stretch by stretch between
+finishes, in one call where the manager allows it (:func:`_open_in_bulk`), else event by event;
+with a long prompt's chunks after each step's events (:func:`_allocate_with_prefill`); with a
+host tier step by step, with each step's copies (:func:`_allocate_steps_with_copies`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.cache.decode_run import DecodeRun, DecodeSteps
+
+
+def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
+                 stop=None) -> DecodeSteps:
+    """Perform the next ``n`` steps of ``run`` on ``kv`` (a paged
+    :class:`~kvsim.cache.KVCacheManager`) and bring the requests' counters forward;
+    ``finish(seq)`` ends a request at the end of its last step (the scheduler's).
+    ``stop(j, transfers)``, with a host tier: called after each step with its copies; True
+    ends the commit there (fewer than ``n`` steps, as many as the result holds).
+
+    The block events (a request opening a block, or filling one it registers) of all ``n``
+    steps are found in one array operation; only they call ``kv.allocate``, step by step in
+    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would, or, where the
+    manager allows, the opened blocks of each stretch between finishes are taken in one call
+    (:func:`_open_in_bulk`). Requests finishing at a step are brought forward and finished
+    after its allocations, in scheduling order, as ``update_from_output`` would.
+    ``host``: the host tier (its copies are taken step by step; such runs end before the
+    first finish)."""
+    bs, first = kv.block_size, run.num_committed
+    steps = np.arange(first, first + n, dtype=np.int64)
+    offset = (run.num_computed[None, :] + steps[:, None]) % bs   # in the block, before each step
+    taking_part = steps[:, None] <= run.finish_step[None, :]     # (n x B)
+    staying = steps[:, None] < run.finish_step[None, :]           # still running after it
+    opens = (offset == 0) & taking_part
+    ends = np.sort(run.finish_step)
+    num_staying = run.num_seqs - np.searchsorted(ends, steps, side="right")
+    internal = (bs - 1) * num_staying - (offset * staying).sum(axis=1)   # the blocks' tails
+
+    def events() -> np.ndarray:
+        registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
+                             dtype=bool)
+        return opens | ((offset == bs - 1) & registers & taking_part)
+
+    if run.prefill is not None:
+        used, idle, finished = _allocate_with_prefill(kv, run, events(), first, finish)
+        transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
+    elif host is None:
+        used, idle, finished = _allocate_stretches(kv, run, opens, events, first, finish)
+        transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
+    else:
+        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events(), first,
+                                                                      host, stop)
+        n, finished = len(used), []
+        steps, num_staying, internal = steps[:n], num_staying[:n], internal[:n]
+    run.num_committed += n
+    _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
+    batch = run.num_seqs - np.searchsorted(ends, steps, side="left")
+    if run.prefill is None:
+        return DecodeSteps(batch, num_staying, used, idle, used * bs - internal, internal,
+                           host_used, transfers, finished)
+    chunks = run.prefill     # one more request in each step, its last block's tail internal
+    internal = internal + (-(chunks.num_computed + (steps + 1) * chunks.num_new)) % bs
+    return DecodeSteps(batch + 1, num_staying + 1, used, idle, used * bs - internal, internal,
+                       host_used, transfers, finished, chunks.num_new)
+
+
+def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: int, finish):
+    """Allocate the steps stretch by stretch (a stretch ends with a step where requests
+    finish, which are then finished); the pool's used and cached idle blocks after each step,
+    and (step, finished requests) of each finish. ``events()``: the event matrix, asked for
+    only when a stretch cannot open its blocks in bulk."""
+    n = len(opens)
+    used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    ending = _finishing_by_stretch(run, first, n)
+    ends = [*ending, n] if n not in ending else list(ending)
+    rows, cols = np.nonzero(opens)          # the opens of all stretches, step by step
+    taken = np.bincount(rows, minlength=n).cumsum()     # blocks opened up to each step
+    cuts = np.searchsorted(rows, ends).tolist()
+    cols = cols.tolist()
+    finished, lo, at, matrix = [], 0, 0, None
+    for end, cut in zip(ends, cuts):
+        if _in_bulk(kv, run, first + lo, first + end):
+            before = taken[lo - 1] if lo else 0
+            used[lo:end], idle[lo:end] = _open_in_bulk(kv, run, cols[at:cut],
+                                                       taken[lo:end] - before)
+        else:
+            matrix = events() if matrix is None else matrix
+            used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
+        done = ending.get(end)
+        if done:
+            finished.append((end - 1, _finish_requests(kv, run, done, first + end, finish)))
+            used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
+        lo, at = end, cut
+    return used, idle, finished
+
+
+def _finish_requests(kv, run: DecodeRun, done: list[int], steps_done: int, finish) -> list:
+    """Bring the requests at indices ``done`` forward by ``steps_done`` steps of the run and
+    finish them, in scheduling order; returns them."""
+    _bring_forward(kv, run, done, steps_done)
+    seqs = [run.requests[i] for i in done]
+    for seq in seqs:
+        finish(seq)
+    return seqs
+
+
+def _allocate_with_prefill(kv, run: DecodeRun, events: np.ndarray, first: int, finish):
+    """As :func:`_allocate_events`, each step followed by the prefill's chunk (it runs last);
+    the requests finishing at the end of the last step are then finished."""
+    pool, n, chunks = kv.pool, len(events), run.prefill
+    seq = chunks.seq
+    used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    for j, requests in enumerate(_by_step(events)):
+        for i in requests:
+            _open_or_fill(kv, run, i, first + j)
+        if kv.allocate(seq.request_id, seq, chunks.num_new,
+                       num_computed_tokens=chunks.computed_before(first + j)) is None:
+            raise RuntimeError(f"a prefill run could not allocate for request "
+                               f"{seq.request_id}: it was planned on a pool that changed since")
+        used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
+    seq.num_computed_tokens = chunks.computed_before(first + n)
+    done = np.flatnonzero(run.finish_step == first + n - 1).tolist()
+    if not done:
+        return used, idle, []
+    seqs = _finish_requests(kv, run, done, first + n, finish)
+    used[-1], idle[-1] = pool.num_used_blocks, pool.num_cached_free_blocks
+    return used, idle, [(n - 1, seqs)]
+
+
+def _finishing_by_stretch(run: DecodeRun, first: int, n: int) -> dict[int, list[int]]:
+    """The requests (indices, in scheduling order) finishing at the end of each of the next
+    ``n`` steps, keyed by the number of those steps up to and including it, in step order."""
+    steps = run.finish_step
+    finishing = np.flatnonzero((steps >= first) & (steps < first + n))
+    ending: dict[int, list[int]] = {}
+    for step, i in sorted(zip(steps[finishing].tolist(), finishing.tolist())):
+        ending.setdefault(step - first + 1, []).append(i)
+    return ending
+
+
+def _in_bulk(kv, run: DecodeRun, start: int, end: int) -> bool:
+    """Whether steps ``start..end-1`` of the run may open their blocks in one call."""
+    if kv.always_opens_blocks_in_bulk:
+        return True
+    active = np.flatnonzero(run.finish_step >= start)
+    final = run.num_computed[active] + end
+    return kv.opens_blocks_in_bulk((run.requests[i] for i in active), final.tolist())
+
+
+def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
+    """Allocate at every event (step by step, in scheduling order); the pool's used and cached
+    idle blocks after each step."""
+    pool, n = kv.pool, len(events)
+    before = (pool.num_used_blocks, pool.num_cached_free_blocks)
+    rows, cols = np.nonzero(events)
+    steps = np.flatnonzero(np.diff(rows, append=n)) if len(rows) else rows  # last event/step
+    after = np.empty((len(steps), 2), dtype=np.int64)
+    k = 0
+    for row, (j, i) in enumerate(zip(rows.tolist(), cols.tolist())):
+        _open_or_fill(kv, run, i, first + j)
+        if k < len(steps) and row == steps[k]:
+            after[k] = pool.num_used_blocks, pool.num_cached_free_blocks
+            k += 1
+    event_steps = rows[steps]
+    last = np.searchsorted(event_steps, np.arange(n), side="right") - 1   # -1: none yet
+    table = np.vstack([np.array([before], dtype=np.int64), after])
+    return table[last + 1, 0], table[last + 1, 1]
+
+
+def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray):
+    """:func:`_allocate_events` where the manager allows it (``opens_blocks_in_bulk``: LRU,
+    or a scored pool whose free blocks the steps' registrations leave alone; no host tier):
+    the new blocks of a stretch's steps in one call (``opening``: the requests opening one,
+    step by step, in scheduling order; ``taken``: how many up to each step), the blocks they
+    fill registered by :func:`_bring_forward` (one call per request; nothing is looked up
+    during a run). The free unhashed blocks go first, so the ``k``-th block taken evicts
+    cached content exactly when ``k`` exceeds their number."""
+    pool = kv.pool
+    used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
+    num_unhashed = pool.num_free_blocks - idle
+    if opening:
+        requests = run.requests
+        kv.open_blocks([requests[i] for i in opening])
+    return used + taken, idle - np.maximum(taken - num_unhashed, 0)
+
+
+def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host,
+                                stop=None):
+    """As :func:`_allocate_events`, with the host tier's copies (and usage) of each step;
+    until ``stop(j, transfers)`` says so after step ``j``."""
+    pool, n = kv.pool, len(events)
+    used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
+    transfers = []
+    for j, requests in enumerate(_by_step(events)):
+        kv.begin_step()
+        for i in requests:
+            _open_or_fill(kv, run, i, first + j)
+        used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
+        transfers.append(list(kv.take_transfers()))
+        host_used[j] = host.num_cached_blocks + host.num_pinned_blocks
+        if stop is not None and stop(j, transfers[-1]):
+            return used[:j + 1], idle[:j + 1], host_used[:j + 1], transfers
+    return used, idle, host_used, transfers
+
+
+def _by_step(events: np.ndarray) -> list[list[int]]:
+    """For each step (row) of an event matrix, the requests (columns) with an event, in
+    scheduling order."""
+    rows, cols = np.nonzero(events)
+    at = np.searchsorted(rows, np.arange(len(events) + 1)).tolist()
+    cols = cols.tolist()
+    return [cols[at[j]:at[j + 1]] for j in range(len(events))]
+
+
+def _open_or_fill(kv, run: DecodeRun, i: int, step: int) -> None:
+    """Request ``i``'s allocation at ``step`` of the run (its length as at that step)."""
+    seq = run.requests[i]
+    seq.num_output_tokens = run.num_output[i] + step
+    rid = seq.request_id
+    if kv.allocate(rid, seq, int(run.num_computed[i]) + step + 1 - kv.num_slots(rid)) is None:
+        raise RuntimeError(f"a decode run could not allocate for request {rid}: it was "
+                           "planned on a pool that changed since")
+
+
+def _bring_forward(kv, run: DecodeRun, indices: list[int], done: int | None = None) -> None:
+    """The counters and slots of the requests at ``indices`` as ``done`` steps of the run
+    (``run.num_committed`` when None) left them."""
+    done = run.num_committed if done is None else done
+    computed, requests, num_output = run.num_computed.tolist(), run.requests, run.num_output
+    seqs = [requests[i] for i in indices]
+    for i, seq in zip(indices, seqs):
+        seq.num_computed_tokens = computed[i] + done
+        seq.num_output_tokens = num_output[i] + done
+    kv.grow_slots(seqs)

@@ -1,0 +1,114 @@
+"""The scheduler's decode runs (:mod:`kvsim.cache.decode_run`): finding the stretch of decode-only
+steps that can follow, and committing its steps (:mod:`kvsim.cache.run_commit`).
+
+:class:`DecodeRunPlanning` is a base of :class:`~kvsim.cache.scheduler.Scheduler`; it reads the
+scheduler's queues, configuration and KV manager, and keeps the run it planned last (``_run``):
+only that one may be committed, and only before another step is scheduled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.cache import decode_run, run_commit
+from kvsim.cache.decode_run import DecodeRun, DecodeSteps
+from kvsim.cache.request_state import RequestState, RequestStatus
+
+
+class DecodeRunPlanning:
+    """Planning and committing decode runs, for :class:`~kvsim.cache.scheduler.Scheduler`
+    (whose ``running``, ``waiting``, ``config``, ``kv``, ``_host``, ``_external``,
+    ``_finish``, ``admission_blocked`` and ``_prefill_threshold`` these methods use)."""
+
+    _run: DecodeRun | None = None
+
+    def plan_decode_run(self) -> DecodeRun | None:
+        """The decode-only steps that can follow (None: plan a normal step): every running
+        request only decodes, no waiting request can be admitted meanwhile and no allocation
+        can fail (capped by the free blocks). With nobody waiting the run goes on through
+        finishes (the batch shrinks); otherwise it ends with the first one, whose freed
+        blocks might admit a waiting request at the next step. The last running request may
+        instead prefill chunks that use up the token budget (:meth:`_prefill_of_run`). Paged
+        layout only; the cache is left as it is."""
+        running = self.running
+        if self._external or not running or not self.kv.supports_decode_runs:
+            return None
+        decoding, prefill = running, None
+        if not decode_run.decodes(running[-1]):
+            prefill = self._prefill_of_run(running[-1])
+            if prefill is None:
+                return None
+            decoding = running[:-1]
+        if not all(map(decode_run.decodes, reversed(decoding))):
+            return None     # (the newest requests are the ones still prefilling: read first)
+        if self.kv.acts_without_new_blocks(running):
+            return None
+        budget_left = self.config.max_num_batched_tokens - len(running)
+        if prefill is None and (budget_left < 0 or not self.admission_blocked(budget_left)):
+            return None     # (checked last: a waiting request's prefix lookup costs most)
+        finish = decode_run.finish_steps(decoding, self.config.max_model_len)
+        if prefill is not None:     # (it ends with the first finish too)
+            steps = min(prefill.max_steps, int(finish.min()) + 1 if len(finish) else 1 << 62)
+        elif self._host is not None:
+            steps = int(finish.min())       # (copies are committed step by step, no finishes)
+        else:
+            steps = int(finish.max() if not self.waiting else finish.min()) + 1
+        return self._capped_run(decoding, finish, steps, prefill)
+
+    def _prefill_of_run(self, seq: RequestState) -> decode_run.PrefillChunks | None:
+        """``seq``, the last running request and still prefilling, as the prefill of a run
+        (:func:`decode_run.prefill_chunks`); None with a host tier (copies are committed step
+        by step) or when its slots are not its computed tokens."""
+        if self._host is not None:
+            return None
+        prefill = decode_run.prefill_chunks(seq, len(self.running) - 1,
+                                            self.config.max_num_batched_tokens,
+                                            self._prefill_threshold())
+        if prefill is None or self.kv.num_slots(seq.request_id) != prefill.num_computed:
+            return None
+        return prefill
+
+    def _capped_run(self, decoding, finish, steps: int, prefill) -> DecodeRun | None:
+        """A run of at most ``steps`` steps, as many as the free blocks allow (None: < 2)."""
+        if steps < 2:
+            return None
+        computed = np.array([s.num_computed_tokens for s in decoding], dtype=np.int64)
+        more = None if prefill is None else (
+            lambda n: self.kv.num_blocks_needed(prefill.seq.request_id, n * prefill.num_new))
+        n = decode_run.cap_by_free_blocks(computed, self.kv.block_size,
+                                          self.kv.num_free_blocks, steps, finish, more)
+        if not n:
+            return None
+        self._run = DecodeRun(list(decoding), computed,
+                              [s.num_output_tokens for s in decoding], finish, n,
+                              self._host is not None, prefill=prefill)
+        return self._run
+
+    def commit_decode_run(self, run: DecodeRun, num_steps: int, stop=None) -> DecodeSteps:
+        """Take the next ``num_steps`` steps of ``run`` (planned by :meth:`plan_decode_run`,
+        nothing scheduled since): their block allocations and copies, the finishes, every
+        request's counters brought forward. Returns what each step left (for the step log).
+        With copies (``run.has_transfers``), ``stop(j, transfers)`` is told of each step in
+        turn and may end the commit after it; so does a step after which the next ones must
+        be planned one by one (the run ends there)."""
+        if run is not self._run or not 0 < num_steps <= run.num_left:
+            raise ValueError(f"cannot commit {num_steps} of the {run.num_left} steps left of "
+                             "a decode run" + (" planned before the last step" if
+                                              run is not self._run else ""))
+        ended = []
+
+        def after_step(j: int, transfers) -> bool:
+            told = stop is not None and stop(j, transfers)
+            if self.kv.acts_without_new_blocks(run.requests):
+                ended.append(j)
+            return told or bool(ended)
+
+        facts = run_commit.commit_steps(self.kv, run, num_steps, self._host, self._finish,
+                                        after_step if run.has_transfers else None)
+        if ended:
+            run.max_steps = run.num_committed     # the next steps must be planned one by one
+        if not run.num_left:
+            self._run = None
+        if facts.finished:
+            self.running = [s for s in self.running if s.status is not RequestStatus.FINISHED]
+        return facts
