@@ -30,6 +30,7 @@ class ARCPolicy(QueuePolicy):
     """
 
     name = "arc"
+    counts_fills = True
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -95,9 +96,18 @@ class ARCPolicy(QueuePolicy):
         """Whether the next victim comes from ``T1``."""
         return bool(self.t1) and (self.num_t1 > self.target_t1 or not self.t2)
 
-    def victims(self, n):
+    def takes_new_fills(self, block_hashes: list) -> bool:
+        """Fills with hashes in no ghost list only add to ``num_t1``: they may be reported
+        after the victims taken meanwhile, as long as those are picked with them counted."""
+        return self.b1.live.isdisjoint(block_hashes) and self.b2.live.isdisjoint(block_hashes)
+
+    def victims(self, n, fills_before=None):
         """Runs from one list at a time: from ``T1`` while it is over target (``num_t1`` drops
-        with each) or ``T2`` is empty, from ``T2`` until it empties (nothing else changes)."""
+        with each) or ``T2`` is empty, from ``T2`` until it empties (nothing else changes).
+        ``fills_before[k]``: blocks filled (into ``T1``, see :meth:`takes_new_fills`) before
+        the ``k``-th victim and not reported yet: counted in ``num_t1`` for its choice."""
+        if fills_before and fills_before[-1]:
+            return self._victims_between_fills(n, fills_before)
         out = []
         while len(out) < n:
             left = n - len(out)
@@ -113,6 +123,24 @@ class ARCPolicy(QueuePolicy):
                 raise ValueError(f"no free cached block left to evict ({len(out)} of {n})")
             out += run
         return out
+
+    def _victims_between_fills(self, n: int, fills_before: list[int]) -> list[int]:
+        """:meth:`victims` one choice at a time, ``num_t1`` raised by the fills before each:
+        the counts decide the list of each victim, then each list gives its oldest."""
+        num_t1, target, free_t1, free_t2 = self.num_t1, self.target_t1, len(self.t1), len(self.t2)
+        from_t1, k1 = [], 0
+        for k in range(n):
+            first = free_t1 > k1 and (num_t1 + fills_before[k] - k1 > target
+                                      or free_t2 == k - k1)
+            if not first and free_t2 == k - k1:
+                raise ValueError(f"no free cached block left to evict ({k} of {n})")
+            from_t1.append(first)
+            k1 += first
+        ones = iter(self._pop(self.t1, self.b1, k1))
+        twos = iter(self._pop(self.t2, self.b2, n - k1))
+        self.num_t1 -= k1
+        self.num_t2 -= n - k1
+        return [next(ones) if first else next(twos) for first in from_t1]
 
     def _pop(self, queue: OrderedDict, ghost: Ghost, n: int) -> list[int]:
         """The oldest ``min(n, len(queue))`` blocks of ``queue``; their hashes go to ``ghost``

@@ -36,11 +36,14 @@ from kvsim.cache.policy_pool import PolicyPool
 
 class QueuePolicy:
     """Hooks a :class:`QueuePool` calls; see the module docstring. Each hook takes a batch (a
-    request's blocks): one Python call per batch, not per block."""
+    request's blocks): one Python call per batch, not per block. ``counts_fills``: the policy
+    can pick victims with blocks filled meanwhile counted (:meth:`victims`' ``fills_before``),
+    so that a decode run may take its blocks in one call."""
 
     name = "queue"
     is_lru = False
     pool_class = "queue"
+    counts_fills = False
 
     def attach(self, pool: "QueuePool") -> None:
         self.pool = pool
@@ -64,9 +67,16 @@ class QueuePolicy:
         """Free cached blocks were taken (distinct; before ``hit_many`` for the same touch)."""
         raise NotImplementedError
 
-    def victims(self, n: int) -> list[int]:
-        """The next ``n`` free cached blocks to evict, in order (the pool has that many)."""
+    def victims(self, n: int, fills_before: list[int] | None = None) -> list[int]:
+        """The next ``n`` free cached blocks to evict, in order (the pool has that many);
+        ``fills_before[k]`` (``counts_fills`` policies): blocks filled with new hashes, not
+        reported yet, before the ``k``-th victim is taken."""
         raise NotImplementedError
+
+    def takes_new_fills(self, block_hashes: list) -> bool:
+        """Whether blocks filled with these (new, distinct) hashes may be reported late:
+        none of them is in a ghost list."""
+        return False
 
     def order(self) -> list[int]:
         """Free cached blocks, roughly in the order they would be evicted."""
@@ -87,6 +97,15 @@ class QueuePool(PolicyPool):
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
         policy.attach(self)
+        if policy.counts_fills:
+            self.opens_in_bulk = "new_fills"
+
+    def takes_new_fills(self, block_hashes: list) -> bool:
+        """Whether blocks filled with these distinct hashes may be registered after the
+        blocks taken meanwhile (:meth:`get_new_blocks` told how many came before each): no
+        block holds any of them and the policy allows it."""
+        return self.index._map.keys().isdisjoint(block_hashes) and (
+            self.policy.takes_new_fills(block_hashes))
 
     # --- queries -------------------------------------------------------------------------
 
@@ -98,10 +117,12 @@ class QueuePool(PolicyPool):
     def begin(self, request_id, priority: int = 0) -> None:
         self.policy.begin(request_id)
 
-    def get_new_blocks(self, n: int) -> list[int]:
+    def get_new_blocks(self, n: int, fills_before: list[int] | None = None) -> list[int]:
+        """``n`` blocks, unhashed ones first; ``fills_before`` (a decode run's, see
+        :meth:`takes_new_fills`): blocks filled before each, to be registered later."""
         taken = self._take_unhashed(n)
         if n > len(taken):
-            taken += self._evict_many(n - len(taken))
+            taken += self._evict_many(n - len(taken), fills_before and fills_before[len(taken):])
         set_all(self.ref_counts, taken, 1)
         return taken
 
@@ -152,9 +173,10 @@ class QueuePool(PolicyPool):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _evict_many(self, n: int) -> list[int]:
+    def _evict_many(self, n: int, fills_before: list[int] | None = None) -> list[int]:
         """The policy's next ``n`` victims, uncached."""
-        victims = self.policy.victims(n)
+        victims = (self.policy.victims(n, fills_before) if fills_before
+                   else self.policy.victims(n))
         hashes, index = self.block_hashes, self.index._map
         if self.evicted is not None:
             self.evicted.extend([(block_id, hashes[block_id]) for block_id in victims])

@@ -46,8 +46,12 @@ class DecodeRunBlocks:
         pool (registering a held block moves nothing in its free queue); with a scored or lane
         pool when no block they fill has cached content already and every request's chain goes
         on from the holder of its last registered block (so no free block changes eligibility);
-        never with a queue pool (``BlockPool.opens_in_bulk``)."""
+        with a queue pool whose policy counts the fills between its victims (ARC's) when the
+        hashes they fill are all new, distinct and in no ghost list; never with another queue
+        pool (``BlockPool.opens_in_bulk``)."""
         pool = self.pool
+        if pool.opens_in_bulk == "new_fills":
+            return self._fills_are_new(sequences, num_tokens)
         if pool.opens_in_bulk != "new_chains":
             return pool.opens_in_bulk == "always"
         index, hashes, bs = pool.index._map, pool.block_hashes, self.block_size
@@ -64,16 +68,32 @@ class DecodeRunBlocks:
                 return False
         return True
 
-    def open_blocks(self, sequences: Sequence) -> list[int]:
+    def _fills_are_new(self, sequences: Iterable, num_tokens: Sequence[int]) -> bool:
+        """Whether the blocks these decode steps fill hold hashes no block holds, no ghost
+        list remembers and no two of them share (so taking them late changes nothing)."""
+        if not self.enable_prefix_caching:
+            return True
+        found, bs = [], self.block_size
+        for seq, n in zip(sequences, num_tokens):
+            start = self._requests[seq.request_id].num_cached
+            if n // bs > start:
+                found += seq.block_hashes(start, n // bs)
+        return len(set(found)) == len(found) and self.pool.takes_new_fills(found)
+
+    def open_blocks(self, sequences: Sequence, fills_before: list[int] | None = None
+                    ) -> list[int]:
         """Give each of ``sequences`` (in this order; one may come again) its next block, as
         its decode step crossing a block boundary would by :meth:`allocate`. Blocks filled
         meanwhile are registered by the request's next :meth:`allocate` (see
-        :meth:`opens_blocks_in_bulk`). Returns the blocks in that order."""
+        :meth:`opens_blocks_in_bulk`); ``fills_before``: for a pool that counts them, how
+        many were filled before each new block and are not registered yet. Returns the
+        blocks in that order."""
         pool, entries = self.pool, self._requests
         if self._scored:
             for seq in dict.fromkeys(sequences):
                 pool.begin(seq.request_id, getattr(seq, "priority", 0))
-        blocks = pool.get_new_blocks(len(sequences))
+        blocks = (pool.get_new_blocks(len(sequences)) if fills_before is None
+                  else pool.get_new_blocks(len(sequences), fills_before))
         for seq, block_id in zip(sequences, blocks):
             entries[seq.request_id].block_ids.append(block_id)
         prio = getattr(pool, "prio", None) if self._scored else None

@@ -42,20 +42,21 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     num_staying = run.num_seqs - np.searchsorted(ends, steps, side="right")
     internal = (bs - 1) * num_staying - (offset * staying).sum(axis=1)   # the blocks' tails
 
-    def events() -> np.ndarray:
+    def fills() -> np.ndarray:
+        """Where a request fills a block it registers (an event; after its open, if both)."""
         registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
                              dtype=bool)
-        return opens | ((offset == bs - 1) & registers & taking_part)
+        return (offset == bs - 1) & registers & taking_part
 
     if run.prefill is not None:
-        used, idle, finished = _allocate_with_prefill(kv, run, events(), first, finish)
+        used, idle, finished = _allocate_with_prefill(kv, run, opens | fills(), first, finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     elif host is None:
-        used, idle, finished = _allocate_stretches(kv, run, opens, events, first, finish)
+        used, idle, finished = _allocate_stretches(kv, run, opens, fills, first, finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     else:
-        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, events(), first,
-                                                                      host, stop)
+        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, opens | fills(),
+                                                                      first, host, stop)
         n, finished = len(used), []
         steps, num_staying, internal = steps[:n], num_staying[:n], internal[:n]
     run.num_committed += n
@@ -70,11 +71,13 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
                        host_used, transfers, finished, chunks.num_new)
 
 
-def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: int, finish):
+def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int, finish):
     """Allocate the steps stretch by stretch (a stretch ends with a step where requests
     finish, which are then finished); the pool's used and cached idle blocks after each step,
-    and (step, finished requests) of each finish. ``events()``: the event matrix, asked for
-    only when a stretch cannot open its blocks in bulk."""
+    and (step, finished requests) of each finish. ``fills()``: the fill matrix, asked for
+    only when a stretch cannot open its blocks in bulk, or the pool counts the fills between
+    the blocks it hands out (``opens_in_bulk == "new_fills"``: then every stretch opens in
+    bulk or none does, as the fills wait for the end of the run to be registered)."""
     n = len(opens)
     used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     ending = _finishing_by_stretch(run, first, n)
@@ -82,15 +85,19 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, events, first: in
     rows, cols = np.nonzero(opens)          # the opens of all stretches, step by step
     taken = np.bincount(rows, minlength=n).cumsum()     # blocks opened up to each step
     cuts = np.searchsorted(rows, ends).tolist()
+    counted = kv.pool.opens_in_bulk == "new_fills"
+    whole = counted and _in_bulk(kv, run, first, first + n)
+    counts = _fill_counts(run, rows, cols, fills(), first) if whole else None
     cols = cols.tolist()
     finished, lo, at, matrix = [], 0, 0, None
     for end, cut in zip(ends, cuts):
-        if _in_bulk(kv, run, first + lo, first + end):
+        if whole or (not counted and _in_bulk(kv, run, first + lo, first + end)):
             before = taken[lo - 1] if lo else 0
-            used[lo:end], idle[lo:end] = _open_in_bulk(kv, run, cols[at:cut],
-                                                       taken[lo:end] - before)
+            used[lo:end], idle[lo:end] = _open_in_bulk(
+                kv, run, cols[at:cut], taken[lo:end] - before,
+                None if counts is None else counts(lo, at, cut))
         else:
-            matrix = events() if matrix is None else matrix
+            matrix = (opens | fills()) if matrix is None else matrix
             used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
         done = ending.get(end)
         if done:
@@ -145,12 +152,32 @@ def _finishing_by_stretch(run: DecodeRun, first: int, n: int) -> dict[int, list[
 
 
 def _in_bulk(kv, run: DecodeRun, start: int, end: int) -> bool:
-    """Whether steps ``start..end-1`` of the run may open their blocks in one call."""
+    """Whether steps ``start..end-1`` of the run may open their blocks in one call (or one
+    call a stretch)."""
     if kv.always_opens_blocks_in_bulk:
         return True
     active = np.flatnonzero(run.finish_step >= start)
-    final = run.num_computed[active] + end
+    final = run.num_computed[active] + np.minimum(end, run.finish_step[active] + 1)
     return kv.opens_blocks_in_bulk((run.requests[i] for i in active), final.tolist())
+
+
+def _fill_counts(run: DecodeRun, rows: np.ndarray, cols: np.ndarray, fills: np.ndarray,
+                 first: int):
+    """``counts(lo, at, cut)``: for each open ``at..cut-1`` (of the stretch from step ``lo``),
+    how many blocks were filled before it, step by step in scheduling order, and are not
+    registered yet: those of the requests still running when the stretch starts (a request
+    registers its fills when it finishes; the others at the end of the run)."""
+    m = fills.shape[1]
+
+    def counts(lo: int, at: int, cut: int) -> list[int]:
+        if at == cut:
+            return []
+        end = int(rows[cut - 1]) + 1
+        pending = (fills[:end] & (run.finish_step >= first + lo)[None, :]).ravel()
+        before = np.cumsum(pending)
+        where = rows[at:cut] * m + cols[at:cut]
+        return (before[where] - pending[where]).tolist()
+    return counts
 
 
 def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
@@ -173,20 +200,26 @@ def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
     return table[last + 1, 0], table[last + 1, 1]
 
 
-def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray):
+def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray,
+                  fills_before: list[int] | None = None):
     """:func:`_allocate_events` where the manager allows it (``opens_blocks_in_bulk``: LRU,
     or a scored pool whose free blocks the steps' registrations leave alone; no host tier):
     the new blocks of a stretch's steps in one call (``opening``: the requests opening one,
     step by step, in scheduling order; ``taken``: how many up to each step), the blocks they
     fill registered by :func:`_bring_forward` (one call per request; nothing is looked up
     during a run). The free unhashed blocks go first, so the ``k``-th block taken evicts
-    cached content exactly when ``k`` exceeds their number."""
+    cached content exactly when ``k`` exceeds their number. ``fills_before``: for a pool that
+    counts them, the blocks filled before each open and not registered yet."""
     pool = kv.pool
     used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
     num_unhashed = pool.num_free_blocks - idle
     if opening:
         requests = run.requests
-        kv.open_blocks([requests[i] for i in opening])
+        seqs = [requests[i] for i in opening]
+        if fills_before is None:
+            kv.open_blocks(seqs)
+        else:
+            kv.open_blocks(seqs, fills_before)
     return used + taken, idle - np.maximum(taken - num_unhashed, 0)
 
 

@@ -62,6 +62,37 @@ def test_arc_victims_run_from_t1_to_t2_as_one_at_a_time():
     assert (new.policy.num_t1, new.policy.num_t2) == (ref.policy.num_t1, ref.policy.num_t2)
 
 
+def test_arc_victims_count_the_fills_reported_late_as_if_each_came_at_once():
+    """A decode run takes its blocks in one call and registers the blocks it filled meanwhile
+    afterwards: a fill between two victims raises ``num_t1`` over the target, so the second
+    victim comes from T1, as when the fill is reported before it."""
+    late, now = make_pool(6, policy=make_policy("arc")), make_pool(6, policy=make_policy("arc"))
+    for pool in (late, now):
+        for h in (10, 11, 12, 13):
+            put(pool, h)              # T1: blocks 0..3
+        use(pool, 10), use(pool, 11)  # T2: blocks 0, 1; T1 free: 2, 3; num_t1 = 2
+        pool.policy.target_t1 = 2
+        assert pool.get_new_blocks(2) == [4, 5]     # the unhashed ones, held
+    assert [now.get_new_blocks(1)[0], now.cache_block(4, 20), now.get_new_blocks(1)[0],
+            now.get_new_blocks(1)[0]] == [0, None, 2, 1]
+    assert late.get_new_blocks(3, fills_before=[0, 1, 1]) == [0, 2, 1]
+    late.cache_blocks([4], [20])
+    for pool in (late, now):
+        arc = pool.policy
+        assert (arc.num_t1, arc.num_t2, list(arc.b1), list(arc.b2)) == (2, 0, [12], [10, 11])
+        assert list(arc.t1) == [3] and not arc.t2 and pool.index.get(20) == 4
+    assert make_pool(6, policy=make_policy("arc")).get_new_blocks(3, [0, 0, 0]) == [0, 1, 2]
+
+
+def test_arc_takes_late_fills_only_with_hashes_no_ghost_list_holds():
+    pool = make_pool(4, policy=make_policy("arc"))
+    for h in (1, 2, 3, 4, 5):         # 1 is evicted into B1
+        put(pool, h)
+    assert pool.opens_in_bulk == "new_fills"
+    assert pool.takes_new_fills([7, 8]) and not pool.takes_new_fills([7, 1])
+    assert not pool.takes_new_fills([5])           # a block holds it
+
+
 def test_s3fifo_victims_stop_a_stretch_at_a_hit_block_as_one_at_a_time():
     new, ref = pools("s3fifo", 20)    # S's share: 2 blocks
     for pool in (new, ref):

@@ -78,6 +78,12 @@ CASES = {
                                          max_num_batched_tokens=64, enable_prefix_caching=False),
     "chunked-prefill-host-tier": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
                                       max_num_batched_tokens=96),
+    # ARC's runs take their blocks in one call, its victims picked with the fills counted
+    "arc-tight-pool": dict(num_gpu_blocks=260, max_num_seqs=64, eviction="arc", block_size=8),
+    "arc-chunked-prefill": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="arc",
+                                max_num_batched_tokens=96),
+    "arc-block-size-one": dict(num_gpu_blocks=2400, max_num_seqs=32, eviction="arc",
+                               block_size=1),
 }
 
 
@@ -139,7 +145,7 @@ def test_length_only_decode_runs_take_their_blocks_in_one_call_with_identical_re
     assert fast.replicas[0].kv.pool.free_queue() == slow.replicas[0].kv.pool.free_queue()
 
 
-@pytest.mark.parametrize("eviction", ["lfu", "lookahead"])
+@pytest.mark.parametrize("eviction", ["lfu", "lookahead", "arc"])
 def test_scored_runs_register_late_only_where_no_free_block_notices(eviction, monkeypatch):
     """Greedy requests repeating earlier prompts decode blocks that finished requests left
     cached and free: registering those step by step wakes the free copies, so such runs take
