@@ -30,7 +30,7 @@ class ARCPolicy(QueuePolicy):
     """
 
     name = "arc"
-    counts_fills = True
+    takes_late_fills = True
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -96,7 +96,7 @@ class ARCPolicy(QueuePolicy):
         """Whether the next victim comes from ``T1``."""
         return bool(self.t1) and (self.num_t1 > self.target_t1 or not self.t2)
 
-    def takes_new_fills(self, block_hashes: list) -> bool:
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
         """Fills with hashes in no ghost list only add to ``num_t1``: they may be reported
         after the victims taken meanwhile, as long as those are picked with them counted."""
         return self.b1.live.isdisjoint(block_hashes) and self.b2.live.isdisjoint(block_hashes)

@@ -36,14 +36,18 @@ from kvsim.cache.policy_pool import PolicyPool
 
 class QueuePolicy:
     """Hooks a :class:`QueuePool` calls; see the module docstring. Each hook takes a batch (a
-    request's blocks): one Python call per batch, not per block. ``counts_fills``: the policy
-    can pick victims with blocks filled meanwhile counted (:meth:`victims`' ``fills_before``),
-    so that a decode run may take its blocks in one call."""
+    request's blocks): one Python call per batch, not per block.
+
+    ``takes_late_fills``: a decode run may take its blocks in one call and report the blocks
+    it filled meanwhile afterwards, when :meth:`takes_new_fills` allows it; :meth:`victims`
+    is then told how many fills came before each victim, and, with ``orders_fills``,
+    :meth:`order_fills` the order the fills came in."""
 
     name = "queue"
     is_lru = False
     pool_class = "queue"
-    counts_fills = False
+    takes_late_fills = False
+    orders_fills = False
 
     def attach(self, pool: "QueuePool") -> None:
         self.pool = pool
@@ -69,14 +73,17 @@ class QueuePolicy:
 
     def victims(self, n: int, fills_before: list[int] | None = None) -> list[int]:
         """The next ``n`` free cached blocks to evict, in order (the pool has that many);
-        ``fills_before[k]`` (``counts_fills`` policies): blocks filled with new hashes, not
-        reported yet, before the ``k``-th victim is taken."""
+        ``fills_before[k]`` (``takes_late_fills`` policies): blocks filled with new hashes,
+        not reported yet, before the ``k``-th victim is taken."""
         raise NotImplementedError
 
-    def takes_new_fills(self, block_hashes: list) -> bool:
-        """Whether blocks filled with these (new, distinct) hashes may be reported late:
-        none of them is in a ghost list."""
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
+        """Whether blocks filled with these new, distinct hashes may be reported after the
+        (at most ``num_new_blocks``) blocks taken meanwhile."""
         return False
+
+    def order_fills(self, block_ids: list[int]) -> None:
+        """The blocks just reported late were filled in this order (``orders_fills``)."""
 
     def order(self) -> list[int]:
         """Free cached blocks, roughly in the order they would be evicted."""
@@ -97,15 +104,23 @@ class QueuePool(PolicyPool):
     def __init__(self, num_blocks: int, enable_caching: bool = True, policy=None):
         super().__init__(num_blocks, enable_caching, policy)
         policy.attach(self)
-        if policy.counts_fills:
+        if policy.takes_late_fills:
             self.opens_in_bulk = "new_fills"
 
-    def takes_new_fills(self, block_hashes: list) -> bool:
-        """Whether blocks filled with these distinct hashes may be registered after the
-        blocks taken meanwhile (:meth:`get_new_blocks` told how many came before each): no
-        block holds any of them and the policy allows it."""
+    @property
+    def orders_fills(self) -> bool:
+        return self.policy.orders_fills
+
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
+        """Whether blocks filled with these distinct hashes may be registered after the (at
+        most ``num_new_blocks``) blocks taken meanwhile (:meth:`get_new_blocks` told how many
+        came before each): no block holds any of them and the policy allows it."""
         return self.index._map.keys().isdisjoint(block_hashes) and (
-            self.policy.takes_new_fills(block_hashes))
+            self.policy.takes_new_fills(block_hashes, num_new_blocks))
+
+    def order_fills(self, block_ids: list[int]) -> None:
+        """The blocks just registered late were filled in this order."""
+        self.policy.order_fills(block_ids)
 
     # --- queries -------------------------------------------------------------------------
 

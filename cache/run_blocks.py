@@ -46,9 +46,10 @@ class DecodeRunBlocks:
         pool (registering a held block moves nothing in its free queue); with a scored or lane
         pool when no block they fill has cached content already and every request's chain goes
         on from the holder of its last registered block (so no free block changes eligibility);
-        with a queue pool whose policy counts the fills between its victims (ARC's) when the
-        hashes they fill are all new, distinct and in no ghost list; never with another queue
-        pool (``BlockPool.opens_in_bulk``)."""
+        with a queue pool whose policy can hear of the fills late (ARC's, S3-FIFO's) when the
+        hashes they fill are all new and distinct and the policy allows it (no ghost list
+        holds them; S3-FIFO: its probation queue stays under its share and its main queue
+        gives every victim); never with another queue pool (``BlockPool.opens_in_bulk``)."""
         pool = self.pool
         if pool.opens_in_bulk == "new_fills":
             return self._fills_are_new(sequences, num_tokens)
@@ -69,16 +70,18 @@ class DecodeRunBlocks:
         return True
 
     def _fills_are_new(self, sequences: Iterable, num_tokens: Sequence[int]) -> bool:
-        """Whether the blocks these decode steps fill hold hashes no block holds, no ghost
-        list remembers and no two of them share (so taking them late changes nothing)."""
+        """Whether the blocks these decode steps fill hold hashes no block holds and no two
+        of them share, and the queue policy allows them reported late (so taking them late
+        changes nothing)."""
         if not self.enable_prefix_caching:
             return True
-        found, bs = [], self.block_size
+        found, num_new, bs = [], 0, self.block_size
         for seq, n in zip(sequences, num_tokens):
-            start = self._requests[seq.request_id].num_cached
-            if n // bs > start:
-                found += seq.block_hashes(start, n // bs)
-        return len(set(found)) == len(found) and self.pool.takes_new_fills(found)
+            entry = self._requests[seq.request_id]
+            num_new += max(0, -(-n // bs) - len(entry.block_ids))
+            if n // bs > entry.num_cached:
+                found += seq.block_hashes(entry.num_cached, n // bs)
+        return len(set(found)) == len(found) and self.pool.takes_new_fills(found, num_new)
 
     def open_blocks(self, sequences: Sequence, fills_before: list[int] | None = None
                     ) -> list[int]:

@@ -48,11 +48,12 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
                              dtype=bool)
         return (offset == bs - 1) & registers & taking_part
 
+    late = None     # the late fills' order, for a pool that keeps it
     if run.prefill is not None:
         used, idle, finished = _allocate_with_prefill(kv, run, opens | fills(), first, finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     elif host is None:
-        used, idle, finished = _allocate_stretches(kv, run, opens, fills, first, finish)
+        used, idle, finished, late = _allocate_stretches(kv, run, opens, fills, first, finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     else:
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, opens | fills(),
@@ -61,6 +62,8 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
         steps, num_staying, internal = steps[:n], num_staying[:n], internal[:n]
     run.num_committed += n
     _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
+    if late is not None:
+        kv.pool.order_fills(late())     # (registered late: in the order they were filled)
     batch = run.num_seqs - np.searchsorted(ends, steps, side="left")
     if run.prefill is None:
         return DecodeSteps(batch, num_staying, used, idle, used * bs - internal, internal,
@@ -87,7 +90,12 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
     cuts = np.searchsorted(rows, ends).tolist()
     counted = kv.pool.opens_in_bulk == "new_fills"
     whole = counted and _in_bulk(kv, run, first, first + n)
-    counts = _fill_counts(run, rows, cols, fills(), first) if whole else None
+    counts = late = None
+    if whole:
+        filled = fills()
+        counts = _fill_counts(run, rows, cols, filled, first)
+        if kv.pool.orders_fills:
+            late = _fill_order(kv, run, filled, first)
     cols = cols.tolist()
     finished, lo, at, matrix = [], 0, 0, None
     for end, cut in zip(ends, cuts):
@@ -104,7 +112,7 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
             finished.append((end - 1, _finish_requests(kv, run, done, first + end, finish)))
             used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
         lo, at = end, cut
-    return used, idle, finished
+    return used, idle, finished, late
 
 
 def _finish_requests(kv, run: DecodeRun, done: list[int], steps_done: int, finish) -> list:
@@ -198,6 +206,18 @@ def _allocate_events(kv, run: DecodeRun, events: np.ndarray, first: int):
     last = np.searchsorted(event_steps, np.arange(n), side="right") - 1   # -1: none yet
     table = np.vstack([np.array([before], dtype=np.int64), after])
     return table[last + 1, 0], table[last + 1, 1]
+
+
+def _fill_order(kv, run: DecodeRun, fills: np.ndarray, first: int):
+    """``order()``: the blocks the run's steps fill, step by step in scheduling order, read
+    once they are all open (the block tables are taken now: a finished request's entry goes)."""
+    tables = [kv.block_ids_ref(seq.request_id) for seq in run.requests]
+
+    def order() -> list[int]:
+        rows, cols = np.nonzero(fills)
+        positions = (run.num_computed[cols] + first + rows) // kv.block_size
+        return [tables[i][p] for i, p in zip(cols.tolist(), positions.tolist())]
+    return order
 
 
 def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray,

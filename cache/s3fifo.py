@@ -61,6 +61,8 @@ class S3FIFOPolicy(QueuePolicy):
     name = "s3fifo"
     max_freq = 3
     small_share = 0.1
+    takes_late_fills = True
+    orders_fills = True
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -134,13 +136,29 @@ class S3FIFOPolicy(QueuePolicy):
             run.free += step * countOf(group, run)
         return len(in_main)
 
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
+        """Fills reported late (:meth:`order_fills` puts them in ``S`` in the order they came)
+        change no victim while no ghost holds their hashes, ``S`` stays under its share with
+        all of them in it and ``M`` gives every victim (then no victim comes from ``S``)."""
+        return (len(self._small) - self._small_head + len(block_hashes) < self.small_capacity
+                and self._main_len > num_new_blocks <= self.num_main_free
+                and self.ghost.live.isdisjoint(block_hashes))
+
+    def order_fills(self, block_ids: list[int]) -> None:
+        """The last blocks to join ``S`` are ``block_ids``, filled in this order."""
+        small, k = self._small, len(block_ids)
+        if set(small[len(small) - k:]) != set(block_ids):
+            raise ValueError("the blocks to order are not the last ones to join S")
+        small[len(small) - k:] = block_ids
+
     # --- eviction ------------------------------------------------------------------------
 
-    def victims(self, n):
+    def victims(self, n, fills_before=None):
         """Per victim: ``S`` first while it holds its share (or ``M`` is empty); a queue whose
         free blocks were all promoted or held hands over to the other. Victims come in runs
         from one queue: from ``S`` while that rule holds after each, from ``M`` while ``S``
-        is under its share (it does not change then): the next ``min(n, num_main_free)``."""
+        is under its share (it does not change then): the next ``min(n, num_main_free)``.
+        ``fills_before`` changes nothing here (:meth:`takes_new_fills`)."""
         out = []
         while len(out) < n:
             if self._small_first():

@@ -10,6 +10,7 @@ operations through both pools side by side.
 import random
 from collections import OrderedDict
 
+import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -89,8 +90,36 @@ def test_arc_takes_late_fills_only_with_hashes_no_ghost_list_holds():
     for h in (1, 2, 3, 4, 5):         # 1 is evicted into B1
         put(pool, h)
     assert pool.opens_in_bulk == "new_fills"
-    assert pool.takes_new_fills([7, 8]) and not pool.takes_new_fills([7, 1])
-    assert not pool.takes_new_fills([5])           # a block holds it
+    assert pool.takes_new_fills([7, 8], 2) and not pool.takes_new_fills([7, 1], 2)
+    assert not pool.takes_new_fills([5], 1)        # a block holds it
+
+
+def test_s3fifo_takes_late_fills_only_while_s_stays_under_its_share_and_m_gives_every_victim():
+    pool = make_pool(40, policy=make_policy("s3fifo"))      # S's share: 4 blocks
+    s3 = pool.policy
+    take(pool, [1, 2])                                      # S: two held blocks; M empty
+    assert pool.opens_in_bulk == "new_fills" and pool.orders_fills
+    assert not pool.takes_new_fills([7], 1)                 # no victim can come from M
+    s3._main_len, s3.num_main_free = 5, 2                   # as if M held 5 blocks, 2 free
+    assert pool.takes_new_fills([7], 2)                     # S: 2 + 1 < 4; M gives both
+    assert not pool.takes_new_fills([7, 8], 2)              # S would reach its share
+    assert not pool.takes_new_fills([7], 3)                 # M has two free blocks only
+    assert not pool.takes_new_fills([1], 1)                 # a block holds it
+    s3.ghost.add([9], s3.capacity)
+    assert not pool.takes_new_fills([9], 1)                 # it would go to M
+
+
+def test_s3fifo_orders_the_late_fills_as_they_came():
+    pool = make_pool(40, policy=make_policy("s3fifo"))
+    s3 = pool.policy
+    held = take(pool, [100, 101])                 # S: 0, 1 (held)
+    a, b = pool.get_new_blocks(1), pool.get_new_blocks(1)
+    pool.cache_blocks(b, [201]), pool.cache_blocks(a, [200])     # reported b first
+    assert s3.small == [*held, *b, *a]
+    s3.order_fills([*a, *b])                      # filled a, then b
+    assert s3.small == [*held, *a, *b]
+    with pytest.raises(ValueError):
+        s3.order_fills([*held])                   # not the last to join S
 
 
 def test_s3fifo_victims_stop_a_stretch_at_a_hit_block_as_one_at_a_time():

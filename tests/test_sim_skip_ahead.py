@@ -84,6 +84,13 @@ CASES = {
                                 max_num_batched_tokens=96),
     "arc-block-size-one": dict(num_gpu_blocks=2400, max_num_seqs=32, eviction="arc",
                                block_size=1),
+    # S3-FIFO's the same while S stays under its share; the fills join S in the order they came
+    "s3fifo-tight-pool": dict(num_gpu_blocks=260, max_num_seqs=64, eviction="s3fifo",
+                              block_size=8),
+    "s3fifo-roomy-pool": dict(num_gpu_blocks=3000, max_num_seqs=64, eviction="s3fifo",
+                              block_size=8),
+    "s3fifo-chunked-prefill": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="s3fifo",
+                                   max_num_batched_tokens=96),
 }
 
 
