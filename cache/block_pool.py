@@ -136,8 +136,10 @@ class BlockPool:
     blocks they fill afterwards (:meth:`KVCacheManager.opens_blocks_in_bulk`): ``"always"``
     here (registering a held block moves nothing in the free queue); ``"new_chains"`` for the
     scored and lane pools (the same only while the blocks filled are new content continuing
-    from their chain's holder); ``"never"`` for the queue pools (their fill hooks change the
-    victims).
+    from their chain's holder); ``"new_fills"`` for a queue pool whose policy can hear of the
+    fills late (ARC, S3-FIFO: while the blocks filled are new content its victims do not
+    depend on, see :meth:`QueuePool.takes_new_fills`), ``"never"`` for another (its fill
+    hooks change the victims).
     """
 
     opens_in_bulk = "always"
