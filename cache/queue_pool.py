@@ -190,8 +190,7 @@ class QueuePool(PolicyPool):
 
     def _evict_many(self, n: int, fills_before: list[int] | None = None) -> list[int]:
         """The policy's next ``n`` victims, uncached."""
-        victims = (self.policy.victims(n, fills_before) if fills_before
-                   else self.policy.victims(n))
+        victims = self.policy.victims(n, fills_before)
         hashes, index = self.block_hashes, self.index._map
         if self.evicted is not None:
             self.evicted.extend([(block_id, hashes[block_id]) for block_id in victims])

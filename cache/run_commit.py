@@ -235,11 +235,7 @@ def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray,
     num_unhashed = pool.num_free_blocks - idle
     if opening:
         requests = run.requests
-        seqs = [requests[i] for i in opening]
-        if fills_before is None:
-            kv.open_blocks(seqs)
-        else:
-            kv.open_blocks(seqs, fills_before)
+        kv.open_blocks([requests[i] for i in opening], fills_before)
     return used + taken, idle - np.maximum(taken - num_unhashed, 0)
 
 

@@ -140,8 +140,8 @@ def test_length_only_decode_runs_take_their_blocks_in_one_call_with_identical_re
     base = dict(model="llama-2-7b", max_num_batched_tokens=1024, num_gpu_blocks=260,
                 max_num_seqs=64, block_size=8)
     calls, open_blocks = [], KVCacheManager.open_blocks
-    monkeypatch.setattr(KVCacheManager, "open_blocks",
-                        lambda kv, ids: calls.append(len(ids)) or open_blocks(kv, ids))
+    monkeypatch.setattr(KVCacheManager, "open_blocks", lambda kv, ids, *more: (
+        calls.append(len(ids)) or open_blocks(kv, ids, *more)))
     fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
     slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
     assert len(calls) > 50 and max(calls) > 10
