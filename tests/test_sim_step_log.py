@@ -162,6 +162,36 @@ def test_extend_and_append_log_the_same_steps_alike():
                                    rtol=1e-12)
 
 
+def test_the_fold_is_the_same_to_the_bit_whatever_blocks_the_steps_come_in():
+    """10,000 steps of random durations, logged one by one, in uneven blocks (as decode runs
+    of different lengths log them) and all at once: the log folds the same chunks, so the
+    totals and the timeline agree to the last bit (not just to rounding)."""
+    rng = np.random.default_rng(7)
+    durations = rng.uniform(0.001, 0.05, 10_000) * np.where(rng.random(10_000) < 0.01, 400, 1)
+    starts = np.concatenate(([0.0], np.add.accumulate(durations)[:-1]))  # (some span bins)
+    rows = np.array([record(t, d, running=int(rng.integers(1, 64)), used=int(rng.integers(900)),
+                            waiting=int(rng.integers(0, 2)), out=3, batch=3,
+                            transfer_s=float(rng.uniform(0, 0.01)))
+                     for t, d in zip(starts, durations)], dtype=np.float64)
+    logs = [StepLog() for _ in range(3)]
+    for row in rows:
+        logs[0].append(StepRecord(*row.tolist()))
+    at = 0
+    for size in rng.integers(1, 700, 100):
+        logs[1].extend_rows(rows[at:at + size])
+        at += int(size)
+    logs[1].extend_rows(rows[at:])
+    logs[2].extend_rows(rows)
+    for log in logs:
+        log.finish(float(starts[-1] + durations[-1]))
+    for log in logs[1:]:
+        for name in ("kv_used_blocks", "num_running", "duration"):
+            assert log.totals.time_average(name) == logs[0].totals.time_average(name)
+            assert log.totals.under_load.sum(name) == logs[0].totals.under_load.sum(name)
+        for name, column in log.timeline.rows().items():
+            np.testing.assert_array_equal(column, logs[0].timeline.rows()[name])
+
+
 def test_a_finished_run_holds_no_request_or_sequence_objects():
     """Requests stream in and leave nothing behind once done: the logs are columnar."""
     import gc

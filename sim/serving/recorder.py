@@ -84,7 +84,7 @@ class StepLog:
         """Log one step."""
         self._pending.append(record)
         if len(self._pending) + self._num_buffered >= CHUNK_STEPS:
-            self.flush()
+            self.flush(whole_chunks=True)
 
     def extend(self, columns: Mapping[str, np.ndarray]) -> None:
         """Log a run of steps at once: one 1-d array per :data:`STEP_COLUMNS` name, all of one
@@ -102,19 +102,23 @@ class StepLog:
         self._blocks.append(rows)
         self._num_buffered += len(rows)
         if self._num_buffered >= CHUNK_STEPS:
-            self.flush()
+            self.flush(whole_chunks=True)
 
-    def flush(self) -> None:
-        """Fold the buffered steps into the totals and the timeline, at most
-        :data:`CHUNK_STEPS` at a time (a fold costs the same for one step as for thousands)."""
+    def flush(self, whole_chunks: bool = False) -> None:
+        """Fold the buffered steps into the totals and the timeline, :data:`CHUNK_STEPS` at a
+        time (a fold costs the same for one step as for thousands); ``whole_chunks``: only
+        whole chunks, the rest stays buffered. The log folds whole chunks as it goes, so the
+        chunks are the same whatever blocks the steps came in (one step, or a decode run's
+        many), and so are the rounding of the sums and the timeline to the last bit."""
         self._seal_pending()
         if not self._blocks:
             return
         block = self._blocks[0] if len(self._blocks) == 1 else np.concatenate(self._blocks)
-        self._blocks.clear()
-        self._num_buffered = 0
-        for start in range(0, len(block), CHUNK_STEPS):
+        end = len(block) - len(block) % CHUNK_STEPS if whole_chunks else len(block)
+        for start in range(0, end, CHUNK_STEPS):
             self._fold(block[start:start + CHUNK_STEPS])
+        self._blocks = [block[end:]] if end < len(block) else []
+        self._num_buffered = len(block) - end
 
     def finish(self, duration_s: float) -> None:
         """Close the log at the end of the run (simulated second ``duration_s``)."""
