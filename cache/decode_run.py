@@ -12,16 +12,21 @@ would have made one step at a time, in the same order, and returns what each ste
 (:class:`DecodeSteps`): :func:`kvsim.cache.run_commit.commit_steps`. What a run asks of the KV
 manager is in :class:`~kvsim.cache.run_blocks.DecodeRunBlocks`.
 
+A run may also admit requests arriving during it (``DecodeRun.admit``, planned by
+:meth:`~kvsim.cache.Scheduler.admit_in_run`): each joins at one step with its whole prompt and
+decodes from the next, the run's arrays growing by one request; committing the run admits it
+there, after that step's other block events.
+
 A run may also carry a long prompt (:class:`PrefillChunks`): the newest running request,
 prefilling in each step a chunk that uses up the token budget the decodes leave. Nobody can be
-admitted then either, and each step's allocations are known in advance too: the decodes'
+admitted then, and each step's allocations are known in advance too: the decodes'
 block events, then the chunk's blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,23 +91,53 @@ class DecodeRun:
     has_transfers: bool
     num_committed: int = 0
     prefill: PrefillChunks | None = None    # one more request, prefilling beside them
+    joined: np.ndarray | None = None    # the step admitting each request (-1: before the run)
+    admissions: list = field(default_factory=list)  # (step, request) of those, in step order
 
     @property
     def num_seqs(self) -> int:
         return len(self.requests)
 
+    def admit(self, seq, step: int, finish_step: int, max_steps: int) -> None:
+        """Add ``seq``, admitted at ``step`` with its whole prompt (it emits its first token
+        there and decodes from the next step on), finishing at the end of ``finish_step``;
+        the run now has ``max_steps`` steps. Its computed and output tokens are kept as those
+        before step 0 that would give them after ``step`` (negative ones, as it were)."""
+        before = np.full(len(self.requests), -1, dtype=np.int64)
+        self.joined = np.append(before if self.joined is None else self.joined, step)
+        self.requests.append(seq)
+        self.num_computed = np.append(self.num_computed, seq.num_prompt_tokens - 1 - step)
+        self.num_output.append(-step)
+        self.finish_step = np.append(self.finish_step, finish_step)
+        self.admissions.append((step, seq))
+        self.max_steps = max_steps
+
+    def snapshot(self) -> tuple:
+        """What :meth:`admit` changes, for :meth:`restore`."""
+        return (len(self.requests), len(self.admissions), self.joined, self.num_computed,
+                self.finish_step, self.max_steps)
+
+    def restore(self, snapshot: tuple) -> None:
+        """Undo the admissions since ``snapshot``."""
+        n, k, self.joined, self.num_computed, self.finish_step, self.max_steps = snapshot
+        del self.requests[n:], self.num_output[n:], self.admissions[k:]
+
     @property
     def num_left(self) -> int:
         return self.max_steps - self.num_committed
 
-    def batches(self):
+    def batches(self, start: int = 0, members: np.ndarray | None = None):
         """Yield ``(num_steps, num_seqs, context tokens at its first step)`` for each stretch
-        of the run's steps with one batch, in order (a stretch ends with a step where some
-        finish); lazily, as a caller often needs the first few only."""
-        order = np.argsort(self.finish_step, kind="stable")
-        ends = (self.finish_step[order] + 1).tolist()
-        computed = self.num_computed[order].tolist()
-        num_seqs, context, start, i = len(ends), sum(computed), 0, 0
+        of the run's steps with one batch from ``start`` (``members``: the requests taking
+        part then, all by default), in order (a stretch ends with a step where some finish);
+        lazily, as a caller often needs the first few only."""
+        finish, computed = self.finish_step, self.num_computed
+        if members is not None:
+            finish, computed = finish[members], computed[members]
+        order = np.argsort(finish, kind="stable")
+        ends = (finish[order] + 1).tolist()
+        computed = computed[order].tolist()
+        num_seqs, context, i = len(ends), sum(computed), 0
         while start < self.max_steps:
             end = min(ends[i], self.max_steps)
             yield end - start, num_seqs, context + start * num_seqs
@@ -111,6 +146,23 @@ class DecodeRun:
                 num_seqs -= 1
                 i += 1
             start = end
+
+
+    def stretches(self, start: int):
+        """For a run whose last admission is at step ``start``: yield ``(num_steps, num_seqs,
+        context tokens at its first step, prompt tokens)`` for that step (``num_seqs``
+        counting the decodes beside the prompt), then for each stretch after it with one
+        batch (0 prompt tokens); lazily."""
+        step, seq = self.admissions[-1]
+        if step != start:
+            raise ValueError(f"step {start} admits no request last (step {step} does)")
+        members = (self.joined < start) & (self.finish_step >= start)
+        num_seqs = int(np.count_nonzero(members))
+        yield (1, num_seqs, int(self.num_computed[members].sum()) + start * num_seqs,
+               seq.num_prompt_tokens)
+        members = np.flatnonzero((self.joined <= start) & (self.finish_step > start))
+        for stretch in self.batches(start + 1, members):
+            yield (*stretch, 0)
 
 
 @dataclass(slots=True)
@@ -129,6 +181,11 @@ class DecodeSteps:
     transfers: list[Sequence[BlockTransfer]]   # the copies each step asks for, in order
     finished: list[tuple[int, list]]
     num_prefill_tokens: int = 0   # computed in each step by one more request (in batch_size)
+    # with admissions (a run's ``joined``): each step's admitted prompt tokens (counted in
+    # batch_size as one request each) and the prefix lookups they made
+    prompt_tokens: np.ndarray | None = None
+    prefix_queries_tokens: np.ndarray | None = None
+    prefix_hit_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.kv_used_blocks)
@@ -154,14 +211,19 @@ def finish_steps(running, max_model_len: int) -> np.ndarray:
 
 
 def cap_by_free_blocks(num_computed: np.ndarray, block_size: int, num_free: int,
-                       steps: int, finish_step: np.ndarray, more_blocks=None) -> int:
+                       steps: int, finish_step: np.ndarray, more_blocks=None,
+                       joined: np.ndarray | None = None) -> int:
     """Largest run (<= ``steps``) whose new blocks all fit in ``num_free`` blocks (blocks
     freed by requests finishing meanwhile not counted); 0 when that is under two steps (not
-    worth a run). ``more_blocks(n)``: the blocks a prefill takes in ``n`` steps."""
+    worth a run). ``more_blocks(n)``: the blocks a prefill, or the prompts admitted, take in
+    ``n`` steps; ``joined``: the step admitting each request (decoding from the next)."""
     more = more_blocks or _no_blocks
     if len(num_computed) * -(-steps // block_size) + more(steps) <= num_free:
         return steps        # (no request opens more than one block per block_size steps)
-    first = (-num_computed) % block_size     # step at which each request opens a block
+    if joined is None:      # the step at which each request opens a block first
+        first = (-num_computed) % block_size
+    else:
+        first = joined + 1 + (-(num_computed + joined + 1)) % block_size
     last = finish_step + 1                   # steps each request takes part in
 
     def new_blocks(n: int) -> int:

@@ -17,7 +17,7 @@ from kvsim.cache.decode_run import DecodeRun, DecodeSteps
 
 
 def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
-                 stop=None) -> DecodeSteps:
+                 stop=None, admit=None) -> DecodeSteps:
     """Perform the next ``n`` steps of ``run`` on ``kv`` (a paged
     :class:`~kvsim.cache.KVCacheManager`) and bring the requests' counters forward;
     ``finish(seq)`` ends a request at the end of its last step (the scheduler's).
@@ -31,60 +31,78 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     (:func:`_open_in_bulk`). Requests finishing at a step are brought forward and finished
     after its allocations, in scheduling order, as ``update_from_output`` would.
     ``host``: the host tier (its copies are taken step by step; such runs end before the
-    first finish)."""
+    first finish). ``admit(seq)``: admits a request the run took (``run.admissions``) at its
+    step, after the decodes' blocks of that step (the scheduler's)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
     offset = (run.num_computed[None, :] + steps[:, None]) % bs   # in the block, before each step
     taking_part = steps[:, None] <= run.finish_step[None, :]     # (n x B)
     staying = steps[:, None] < run.finish_step[None, :]           # still running after it
-    opens = (offset == 0) & taking_part
-    ends = np.sort(run.finish_step)
-    num_staying = run.num_seqs - np.searchsorted(ends, steps, side="right")
+    decoding = taking_part
+    if run.joined is not None:      # (one admitted takes part from then on, decodes after it)
+        started = steps[:, None] >= run.joined[None, :]
+        taking_part, staying = taking_part & started, staying & started
+        decoding = taking_part & (steps[:, None] > run.joined[None, :])
+        num_staying, batch = staying.sum(axis=1), taking_part.sum(axis=1)
+    else:
+        ends = np.sort(run.finish_step)
+        num_staying = run.num_seqs - np.searchsorted(ends, steps, side="right")
+        batch = run.num_seqs - np.searchsorted(ends, steps, side="left")
+    opens = (offset == 0) & decoding
     internal = (bs - 1) * num_staying - (offset * staying).sum(axis=1)   # the blocks' tails
 
     def fills() -> np.ndarray:
         """Where a request fills a block it registers (an event; after its open, if both)."""
         registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
                              dtype=bool)
-        return (offset == bs - 1) & registers & taking_part
+        return (offset == bs - 1) & registers & decoding
 
-    late = None     # the late fills' order, for a pool that keeps it
+    late = lookups = None     # the late fills' order, for a pool that keeps it; admissions'
     if run.prefill is not None:
         used, idle, finished = _allocate_with_prefill(kv, run, opens | fills(), first, finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     elif host is None:
-        used, idle, finished, late = _allocate_stretches(kv, run, opens, fills, first, finish)
+        joining = _admitted_by_stretch(run, first, n)
+        used, idle, finished, late, lookups = _allocate_stretches(kv, run, opens, fills, first,
+                                                                  finish, joining, admit)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     else:
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, opens | fills(),
                                                                       first, host, stop)
         n, finished = len(used), []
-        steps, num_staying, internal = steps[:n], num_staying[:n], internal[:n]
+        steps, num_staying, internal, batch = steps[:n], num_staying[:n], internal[:n], batch[:n]
     run.num_committed += n
     _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
     if late is not None:
         kv.pool.order_fills(late())     # (registered late: in the order they were filled)
-    batch = run.num_seqs - np.searchsorted(ends, steps, side="left")
     if run.prefill is None:
         return DecodeSteps(batch, num_staying, used, idle, used * bs - internal, internal,
-                           host_used, transfers, finished)
+                           host_used, transfers, finished, 0, *(lookups or (None,) * 3))
     chunks = run.prefill     # one more request in each step, its last block's tail internal
     internal = internal + (-(chunks.num_computed + (steps + 1) * chunks.num_new)) % bs
     return DecodeSteps(batch + 1, num_staying + 1, used, idle, used * bs - internal, internal,
                        host_used, transfers, finished, chunks.num_new)
 
 
-def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int, finish):
+def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int, finish,
+                        joining: dict | None = None, admit=None):
     """Allocate the steps stretch by stretch (a stretch ends with a step where requests
-    finish, which are then finished); the pool's used and cached idle blocks after each step,
-    and (step, finished requests) of each finish. ``fills()``: the fill matrix, asked for
-    only when a stretch cannot open its blocks in bulk, or the pool counts the fills between
-    the blocks it hands out (``opens_in_bulk == "new_fills"``: then every stretch opens in
-    bulk or none does, as the fills wait for the end of the run to be registered)."""
+    finish, which are then finished, or that admits one: ``joining``, the requests admitted
+    by the stretch ending there, are admitted by ``admit`` after the step's other blocks);
+    the pool's used and cached idle blocks after each step, (step, finished requests) of
+    each finish, and, with admissions, each step's admitted prompt tokens, prefix-lookup
+    tokens and hits. ``fills()``: the fill matrix, asked for only when a stretch cannot open
+    its blocks in bulk, or the pool counts the fills between the blocks it hands out
+    (``opens_in_bulk == "new_fills"``: then every stretch opens in bulk or none does, as the
+    fills wait for the end of the run to be registered)."""
     n = len(opens)
     used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     ending = _finishing_by_stretch(run, first, n)
-    ends = [*ending, n] if n not in ending else list(ending)
+    if joining:
+        ends = sorted({*ending, *joining, n})
+        lookups = tuple(np.zeros(n, dtype=np.int64) for _ in range(3))
+    else:
+        ends, joining, lookups = ([*ending, n] if n not in ending else list(ending)), {}, None
     rows, cols = np.nonzero(opens)          # the opens of all stretches, step by step
     taken = np.bincount(rows, minlength=n).cumsum()     # blocks opened up to each step
     cuts = np.searchsorted(rows, ends).tolist()
@@ -107,12 +125,37 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
         else:
             matrix = (opens | fills()) if matrix is None else matrix
             used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
+        if end in joining:
+            _admit_requests(kv, joining[end], admit, lookups, end - 1)
         done = ending.get(end)
         if done:
             finished.append((end - 1, _finish_requests(kv, run, done, first + end, finish)))
+        if done or end in joining:
             used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
         lo, at = end, cut
-    return used, idle, finished, late
+    return used, idle, finished, late, lookups
+
+
+def _admitted_by_stretch(run: DecodeRun, first: int, n: int) -> dict[int, list]:
+    """The requests the next ``n`` steps admit (``run.admissions``), keyed by the number of
+    those steps up to and including the admitting one."""
+    joining: dict[int, list] = {}
+    for step, seq in run.admissions:
+        if first <= step < first + n:
+            joining.setdefault(step - first + 1, []).append(seq)
+    return joining
+
+
+def _admit_requests(kv, seqs: list, admit, lookups: tuple, j: int) -> None:
+    """Admit ``seqs`` at step ``j`` of the commit; note their prompt tokens and the prefix
+    lookups they made there (``lookups``: one array of each per step)."""
+    stats = kv.prefix_stats
+    queries, hits = stats.num_queries_tokens, stats.num_hit_tokens
+    for seq in seqs:
+        admit(seq)
+        lookups[0][j] += seq.num_prompt_tokens
+    lookups[1][j] += stats.num_queries_tokens - queries
+    lookups[2][j] += stats.num_hit_tokens - hits
 
 
 def _finish_requests(kv, run: DecodeRun, done: list[int], steps_done: int, finish) -> list:

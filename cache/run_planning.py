@@ -84,6 +84,58 @@ class DecodeRunPlanning:
                               self._host is not None, prefill=prefill)
         return self._run
 
+    def admit_in_run(self, run: DecodeRun, step: int, seq: RequestState) -> bool:
+        """Whether ``run`` (planned, nothing committed yet) can take ``seq``, a request arriving
+        to nobody waiting during its step ``step - 1``, and admit it at ``step`` as
+        :meth:`schedule` would there: its whole prompt in one step (under the token budget the
+        decodes leave, no threshold cutting it, a free seat), with no prefix lookup to make (a
+        request no lookup can hit) and no cache policy to ask (LRU), blocks to spare for its
+        prompt and every later step of the run (those freed meanwhile not counted), and at
+        least one decode step after it (``reserve_full_sequence`` asks no more: at admission
+        the sequence is its prompt). If so the run takes it (:meth:`DecodeRun.admit`), and
+        committing the run admits it there."""
+        config = self.config
+        if (run is not self._run or run.num_committed or run.prefill is not None
+                or run.has_transfers or self.waiting or self._queue_reader is not None
+                or not self.kv.always_opens_blocks_in_bulk
+                or not seq.has_private_blocks or seq.num_preemptions
+                or not 0 < step < run.max_steps):
+            return False
+        decoding = run.finish_step >= step
+        if run.joined is not None:
+            decoding &= run.joined < step
+        num_decodes, prompt = int(np.count_nonzero(decoding)), seq.num_prompt_tokens
+        threshold = config.long_prefill_token_threshold
+        outputs = min(seq.max_tokens, config.max_model_len - prompt)
+        if (num_decodes >= config.max_num_seqs or outputs < 2 or 0 < threshold < prompt
+                or prompt > config.max_num_batched_tokens - num_decodes):
+            return False
+        finish = np.append(run.finish_step, step + outputs - 1)
+        joined = np.append(np.full(run.num_seqs, -1, dtype=np.int64) if run.joined is None
+                           else run.joined, step)
+        computed = np.append(run.num_computed, prompt - 1 - step)
+        prompts = [(s, -(-p.num_prompt_tokens // self.kv.block_size))
+                   for s, p in [*run.admissions, (step, seq)]]
+        steps = decode_run.cap_by_free_blocks(
+            computed, self.kv.block_size, self.kv.num_free_blocks, int(finish.max()) + 1,
+            finish, lambda n: sum(k for s, k in prompts if s < n), joined)
+        if steps <= step:
+            return False
+        run.admit(seq, step, int(finish[-1]), steps)
+        return True
+
+    def _admit_joined(self, seq: RequestState) -> None:
+        """Admit ``seq`` as :meth:`admit_in_run` planned, at its step of the run being
+        committed (after the decodes' blocks of that step): its prompt's blocks, the lookup it
+        records, its place among the running requests; it has computed its prompt and emitted
+        its first token once that step is done."""
+        hit = self._lookup(seq)
+        if self.kv.allocate(seq.request_id, seq, seq.num_prompt_tokens, hit) is None:
+            raise RuntimeError(f"a decode run could not admit request {seq.request_id}: it "
+                               "was planned on a pool that changed since")
+        self._start_running(seq, hit)
+        seq.num_computed_tokens, seq.num_output_tokens = seq.num_prompt_tokens, 1
+
     def commit_decode_run(self, run: DecodeRun, num_steps: int, stop=None) -> DecodeSteps:
         """Take the next ``num_steps`` steps of ``run`` (planned by :meth:`plan_decode_run`,
         nothing scheduled since): their block allocations and copies, the finishes, every
@@ -104,7 +156,8 @@ class DecodeRunPlanning:
             return told or bool(ended)
 
         facts = run_commit.commit_steps(self.kv, run, num_steps, self._host, self._finish,
-                                        after_step if run.has_transfers else None)
+                                        after_step if run.has_transfers else None,
+                                        self._admit_joined)
         if ended:
             run.max_steps = run.num_committed     # the next steps must be planned one by one
         if not run.num_left:

@@ -289,6 +289,10 @@ class Scheduler(DecodeRunPlanning):
         self.waiting.pop()
         if self._queue_reader is not None:
             self._queue_reader.dequeue(seq.request_id)
+        self._start_running(seq, hit)
+
+    def _start_running(self, seq: RequestState, hit: CacheHit) -> None:
+        """``seq``, its blocks allocated, joins the running requests."""
         if self.kv.enable_prefix_caching:   # with caching off vLLM records no prefix stats
             self._record_lookup(seq, hit)
         if seq.num_cached_tokens < 0:

@@ -21,8 +21,9 @@ from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 
 
-def workload(n=400, seed=1, shared=True):
-    """Requests with shared 64-token prefixes, varied lengths and bursty arrivals."""
+def workload(n=400, seed=1, shared=True, length_only=False):
+    """Requests with shared 64-token prefixes, varied lengths and bursty arrivals
+    (``length_only``: the same lengths and arrivals without token ids)."""
     rng = np.random.default_rng(seed)
     prefixes = [rng.integers(0, 1000, 64) for _ in range(4)]
     t, out = 0.0, []
@@ -30,7 +31,8 @@ def workload(n=400, seed=1, shared=True):
         t += float(rng.exponential(0.08))
         own = rng.integers(0, 1000, int(rng.integers(1, 600)))
         ids = np.concatenate([prefixes[i % 4], own]) if shared else own
-        out.append(Request(i, t, len(ids), int(rng.integers(1, 300)), prompt_token_ids=ids,
+        out.append(Request(i, t, len(ids), int(rng.integers(1, 300)),
+                           prompt_token_ids=None if length_only else ids,
                            priority=int(rng.integers(0, 3))))
     return out
 
@@ -103,6 +105,49 @@ def test_skip_ahead_gives_identical_results(case):
     assert fast[1].equals(slow[1])
     assert fast[2].equals(slow[2])
     assert fast[3] == slow[3]
+
+
+#: Length-only requests arriving during decode runs: with one replica and an LRU pool, the
+#: run admits each itself where the scheduler can take its whole prompt at once; otherwise
+#: (the prompt chunked or cut by the threshold, no seat, the blocks short, two arrivals in one
+#: step, another policy or replica) the run ends before that step, as any run does.
+ADMITTING_CASES = {
+    "roomy-pool": (dict(num_gpu_blocks=2000, max_num_seqs=64), True),
+    "tight-pool": (dict(num_gpu_blocks=260, max_num_seqs=64, block_size=8), True),
+    "small-budget": (dict(num_gpu_blocks=900, max_num_batched_tokens=256), True),
+    "few-seats": (dict(num_gpu_blocks=900, max_num_seqs=4), True),
+    "threshold": (dict(num_gpu_blocks=900, long_prefill_token_threshold=200), True),
+    "no-prefix-caching": (dict(num_gpu_blocks=700, enable_prefix_caching=False,
+                               block_size=32), True),
+    "priority": (dict(num_gpu_blocks=400, scheduling_policy="priority"), True),
+    "short-model-len": (dict(num_gpu_blocks=900, max_model_len=400), True),
+    "truncating": (dict(num_gpu_blocks=900, max_model_len=400, long_prompt="truncate"), True),
+    "whole-sequence-not-reserved": (dict(num_gpu_blocks=300, max_num_seqs=64,
+                                         scheduler_reserve_full_isl=False), True),
+    "two-replicas": (dict(num_gpu_blocks=500, replicas=2), False),
+    "lfu": (dict(num_gpu_blocks=300, max_num_seqs=64, eviction="lfu"), False),
+    "host-tier": (dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
+                       offload_write="back"), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADMITTING_CASES))
+def test_decode_runs_admitting_arrivals_give_identical_results(case, monkeypatch):
+    settings, admits = ADMITTING_CASES[case]
+    base = {"model": "llama-2-7b", "max_num_batched_tokens": 1024, **settings}
+    admitted = []
+    commit = Scheduler.commit_decode_run
+    monkeypatch.setattr(Scheduler, "commit_decode_run", lambda s, run, n, *more: (
+        admitted.extend(run.admissions) or commit(s, run, n, *more)))
+    runs = [simulate(workload(length_only=True), RunConfig(skip_ahead=fast, **base),
+                     keep_steps=True) for fast in (True, False)]
+    assert bool(admitted) == admits
+    assert runs[0].duration_s == runs[1].duration_s
+    assert results.requests_frame(runs[0]).equals(results.requests_frame(runs[1]))
+    assert in_replica_order(results.steps_frame(runs[0])).equals(
+        in_replica_order(results.steps_frame(runs[1])))
+    assert [rep.kv.pool.free_queue() for rep in runs[0].replicas] == \
+        [rep.kv.pool.free_queue() for rep in runs[1].replicas]
 
 
 def test_skip_ahead_actually_skips_work():
@@ -204,9 +249,12 @@ def lone_request_runs(base):
     return results.steps_frame(r), runs
 
 
-def identical_with_arrival_at(base, arrival_s):
+def identical_with_arrival_at(base, arrival_s, together=True):
+    """Requests 1 and 2 arrive at ``arrival_s`` (``together``; else request 2 comes 1 s
+    later: request 1 alone at that instant, which a run may admit itself)."""
+    later = arrival_s + (0.0 if together else 1.0)
     trace = lambda: [Request(0, 0.0, 40, 300), Request(1, arrival_s, 24, 30),
-                     Request(2, arrival_s, 8, 20)]
+                     Request(2, later, 8, 20)]
     fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
     slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
     assert fast.duration_s == slow.duration_s
@@ -233,8 +281,9 @@ def test_arrivals_around_a_decode_run_change_nothing(case):
     instants = [t[first], t[first] + d[first] / 2, t[first + 5], t[last] + d[last] / 3,
                 t[last], t[last] + d[last]]
     for arrival_s in instants:
-        fast = identical_with_arrival_at(base, float(arrival_s))
-        assert sum(rep.num_decode_runs for rep in fast.replicas) >= 1
+        for together in (True, False):
+            fast = identical_with_arrival_at(base, float(arrival_s), together)
+            assert sum(rep.num_decode_runs for rep in fast.replicas) >= 1
 
 
 # --- the replica talks to the scheduler and the executor only --------------------------------
@@ -342,12 +391,14 @@ def test_a_decode_run_ends_at_the_next_arrival_not_at_another_replicas_step(monk
 
 
 def test_a_request_arriving_to_an_empty_queue_is_admitted_before_any_decode_run(monkeypatch):
-    """Request 0 decodes 2,000 tokens; requests 1 and 2 arrive at 5 s and 10 s to an empty
-    queue. After each arrival the replica takes a normal step (which admits it) without first
-    asking for a decode run: every ask finds nobody waiting. The same steps as one at a time."""
+    """Request 0 decodes 2,000 tokens; requests 1 and 2, whose token ids a lookup could hit,
+    arrive at 5 s and 10 s to an empty queue. After each arrival the replica takes a normal
+    step (which admits it) without first asking for a decode run: every ask finds nobody
+    waiting. The same steps as one at a time."""
     base = dict(model="llama-2-7b", num_gpu_blocks=800, block_size=16)
-    trace = lambda: [Request(0, 0.0, 16, 2000), Request(1, 5.0, 40, 300),
-                     Request(2, 10.0, 24, 300)]
+    trace = lambda: [Request(0, 0.0, 16, 2000),
+                     Request(1, 5.0, 40, 300, prompt_token_ids=np.arange(40)),
+                     Request(2, 10.0, 24, 300, prompt_token_ids=np.arange(24))]
     waiting_at_asks, plan = [], Scheduler.plan_decode_run
 
     def ask(scheduler):
@@ -361,6 +412,52 @@ def test_a_request_arriving_to_an_empty_queue_is_admitted_before_any_decode_run(
     assert fast.replicas[0].num_decode_runs >= 3
     assert results.steps_frame(fast).equals(results.steps_frame(slow))
     assert results.requests_frame(fast).equals(results.requests_frame(slow))
+
+
+def test_a_decode_run_admits_length_only_arrivals_itself(monkeypatch):
+    """The same, with length-only requests 1 and 2 (nothing to look up): one decode run,
+    asked for once, takes both arrivals and admits each at the step that starts after it,
+    as stepping would; the arrival process only skips them when their times come."""
+    base = dict(model="llama-2-7b", num_gpu_blocks=800, block_size=16)
+    trace = lambda: [Request(0, 0.0, 16, 2000), Request(1, 5.0, 40, 300),
+                     Request(2, 10.0, 24, 300)]
+    asks, plan = [], Scheduler.plan_decode_run
+    monkeypatch.setattr(Scheduler, "plan_decode_run", lambda s: asks.append(1) or plan(s))
+    fast_events, fast = count_events(RunConfig(skip_ahead=True, **base), trace(),
+                                     monkeypatch)
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
+    assert len(asks) == 1 and fast.replicas[0].num_decode_runs == 1
+    assert fast_events < 12
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
+    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+
+
+def test_an_arrival_on_the_end_of_a_run_that_took_the_one_before_is_routed_first():
+    """Request 1 (length-only) arrives inside a decode run of request 0, which admits it;
+    request 2 (token ids: the run cannot take it) arrives exactly where a later step starts,
+    so the run ends on that instant. Stepping routes request 2 before that step (its arrival
+    was scheduled when request 1 was routed, before the step), and so must the fast path,
+    although its run's timeout was scheduled first: the step admits request 2 either way."""
+    base = dict(model="llama-2-7b", num_gpu_blocks=800, block_size=16)
+    two = [Request(0, 0.0, 16, 400), Request(1, 2.0005, 40, 300)]
+    stepped = results.steps_frame(simulate(two, RunConfig(skip_ahead=False, **base),
+                                           keep_steps=True))
+    boundary = float(stepped["t_start"][stepped["t_start"] > 2.0005].iloc[12])
+    trace = lambda: [*(Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
+                       for r in two),
+                     Request(2, boundary, 24, 30, prompt_token_ids=np.arange(24))]
+    fast = identical_with_arrival_trace(base, trace)
+    scheduled = results.requests_frame(fast).set_index("request_id")["first_scheduled_s"]
+    assert scheduled[2] == boundary
+
+
+def identical_with_arrival_trace(base, trace):
+    fast = simulate(trace(), RunConfig(skip_ahead=True, **base), keep_steps=True)
+    slow = simulate(trace(), RunConfig(skip_ahead=False, **base), keep_steps=True)
+    assert results.requests_frame(fast).equals(results.requests_frame(slow))
+    assert results.steps_frame(fast).equals(results.steps_frame(slow))
+    return fast
 
 
 # --- the step log's record and bulk append -----------------------------------------------------
@@ -473,3 +570,46 @@ def test_with_a_request_waiting_a_decode_run_ends_with_the_first_finish():
     assert [s.request_id for s in scheduler.running] == [1] and scheduler.num_waiting == 1
     plan = scheduler.schedule()
     assert plan.admitted == [2]
+
+
+def test_a_decode_run_admits_a_request_arriving_during_it():
+    """Requests 0 and 1 decode (blocks [0, 1] and [2, 3], 16 free); request 2 (24 prompt
+    tokens, 5 to generate, nothing to look up) arrives during step 2 of their run. The run
+    admits it at step 3 with its whole prompt (two blocks, beside two decodes); it decodes
+    from step 4 and finishes at the end of step 7, and the run goes on to step 28 as before.
+    Stepping, with request 2 queued before step 3, leaves the same blocks in use after every
+    step and the same free queue. Refused: a prompt with token ids (a lookup could hit it),
+    one over the budget the decodes leave, one whose blocks the pool lacks, and a request
+    that would finish at its admitting step."""
+    scheduler = two_requests_after_admission()
+    run = scheduler.plan_decode_run()
+    for refused in (Request(3, 0.0, 24, 5, prompt_token_ids=np.arange(24)),
+                    Request(5, 0.0, 300, 5), Request(6, 0.0, 24, 1)):
+        assert not scheduler.admit_in_run(run, 3, RequestState(refused, 16))
+    config = scheduler.config
+    scheduler.config = SchedulerConfig(max_num_batched_tokens=25)     # 23 left by the decodes
+    assert not scheduler.admit_in_run(run, 3, RequestState(Request(4, 0.0, 24, 5), 16))
+    scheduler.config = config
+    assert run.max_steps == 29 and run.finish_step.tolist() == [6, 28] and run.joined is None
+    assert scheduler.admit_in_run(run, 3, RequestState(Request(2, 0.0, 24, 5), 16))
+    assert run.max_steps == 29 and run.finish_step.tolist() == [6, 28, 7]
+    assert list(run.stretches(3)) == [(1, 2, 46, 24), (3, 3, 72, 0), (1, 2, 54, 0),
+                                      (21, 1, 28, 0)]
+    facts = scheduler.commit_decode_run(run, 29)
+    assert facts.batch_size.tolist() == [2] * 3 + [3] * 4 + [2] + [1] * 21
+    assert facts.prompt_tokens.tolist() == [0] * 3 + [24] + [0] * 25
+    assert facts.kv_used_blocks.tolist() == [4] * 3 + [6] * 3 + [4] + [2] * 5 + [3] * 16 + [0]
+    assert [(step, [s.request_id for s in seqs]) for step, seqs in facts.finished] == \
+        [(6, [0]), (7, [2]), (28, [1])]
+
+    stepped = two_requests_after_admission()
+    for _ in range(3):
+        stepped.schedule()
+        stepped.update_from_output()
+    stepped.add(RequestState(Request(2, 0.0, 24, 5), 16))
+    used = []
+    while stepped.has_unfinished():
+        stepped.schedule()
+        used.append(stepped.update_from_output().usage.num_used_blocks)
+    assert used == facts.kv_used_blocks[3:].tolist()
+    assert scheduler.kv.free_queue() == stepped.kv.free_queue()

@@ -27,6 +27,16 @@ replicas the step log's rows come in another order (a replica's run logs its ste
 the others'); each replica's stay in time order, and the summary's step averages agree with
 stepping to rounding (about 1e-15 relative).
 
+**Admitting arrivals.** A run need not end at an arrival it can admit itself: with one
+replica and no watch on the request log, a length-only request (nothing to look up) that
+arrives to nobody waiting is handed over by the arrival process
+(:meth:`~kvsim.sim.serving.arrivals.Arrivals.hand_over`) when the scheduler would admit its
+whole prompt at the step that starts after it, with an LRU pool and blocks to spare
+(:meth:`~kvsim.cache.Scheduler.admit_in_run`). The run then admits it at that step (its prompt
+a prefill beside the decodes), logs its arrival, scheduling and first token at their times,
+and goes on to the next arrival. A request arriving exactly at the end of such a run is routed
+before the replica steps again, as stepping would have routed it.
+
 **Prefill runs.** A run may also carry the newest running request while it prefills a long
 prompt in chunks that use up the token budget beside the decodes (four or more such chunks;
 nobody can be admitted meanwhile, and it emits nothing): each step schedules its chunk after
@@ -164,37 +174,89 @@ class Replica:
             facts, durations, moved = self._commit_with_copies(run, compute, now, horizon)
         else:
             n = num_steps_before(now, compute, horizon, run.finish_step)
-            if n < 2:
+            compute, n = self._admit_arrivals(run, now, compute, n)
+            if n < 2:           # (a run that took an arrival has two steps or more)
                 return False
             facts, durations, moved = (self.scheduler.commit_decode_run(run, n), compute[:n],
                                        np.zeros(n))
         self.num_decode_runs += 1
         self.num_skipped_steps += len(facts)
         rows = self._rows(now, durations, moved, facts)
+        if run.admissions:
+            self._log_admissions(run, rows)
         if len(facts) > 1:
             self.steps.extend_rows(rows[:-1])
         tokens = _scheduled_tokens(facts).tolist()
         self.outstanding_tokens -= sum(tokens) - tokens[-1]
         yield from self._wait_out(now, durations, facts.finished)
+        if run.admissions and self._arrivals.time_s <= self.env.now:
+            # an arrival exactly at the end of a run that took the one before it is routed
+            # first, as stepping would (its arrival was scheduled when that one was routed)
+            yield self.env.timeout(0)
         last = StepRecord(*rows[-1].tolist())
         self.steps.append(last._replace(num_waiting=self.scheduler.num_waiting))
         self.outstanding_tokens -= tokens[-1]
         return True
 
-    def _durations(self, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
-        """The run's step durations, batch by batch, until the steps pass ``horizon`` (the
-        sum is rounded: a few steps more or less only change where the run ends)."""
+    def _durations(self, run: DecodeRun, now: float, horizon: float,
+                   start: int = 0) -> np.ndarray:
+        """The run's step durations from step 0, or from ``start`` where it admits a
+        request last (its prompt as a prefill), at ``now``, batch by batch until the steps
+        pass ``horizon`` (the sum is rounded: a few steps more or less only change where the
+        run ends)."""
         if run.prefill is not None:     # (such a run ends with its first finish)
             return self.executor.decode_durations(
                 run.num_seqs, int(run.num_computed.sum()), run.max_steps,
                 prefill=(run.prefill.num_computed, run.prefill.num_new))
         parts, end = [], now
-        for steps, num_seqs, context in run.batches():
-            parts.append(self.executor.decode_durations(num_seqs, context, steps))
+        stretches = run.stretches(start) if start else ((*b, 0) for b in run.batches())
+        for steps, num_seqs, context, prompt in stretches:
+            parts.append(self.executor.decode_durations(
+                num_seqs, context, steps, prefill=(0, prompt) if prompt else None))
             end += float(parts[-1].sum())
             if end > horizon:
                 break
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _admit_arrivals(self, run: DecodeRun, now: float, compute: np.ndarray, n: int):
+        """Extend ``run``, which the next arrival cuts at step ``n``, through the arrivals it
+        can admit itself: while that request is handed over (:meth:`NextArrival.hand_over`),
+        arrived before step ``n`` starts with the one after it arriving later, and the
+        scheduler admits it there (:meth:`~kvsim.cache.Scheduler.admit_in_run`), the run
+        takes it and goes on to the arrival after it. Returns the durations and how many
+        steps start before the (new) next arrival."""
+        arrivals, parts = self._arrivals, [compute[:n]]
+        start = float(np.add.accumulate(np.concatenate(([now], parts[0])))[-1])
+        while arrivals is not None and n < run.max_steps:
+            seq = arrivals.hand_over(self)
+            horizon = arrivals.following_s()
+            if seq is None or start < arrivals.time_s or horizon <= start:
+                break
+            saved = run.snapshot()
+            if not self.scheduler.admit_in_run(run, n, seq):
+                break
+            later = self._durations(run, start, horizon, n)
+            m = num_steps_before(start, later, horizon, run.finish_step - n)
+            if not m:       # (its admitting step would be left out: it finishes requests)
+                run.restore(saved)
+                break
+            arrivals.take()
+            parts.append(later[:m])
+            start = float(np.add.accumulate(np.concatenate(([start], later[:m])))[-1])
+            n += m
+        if len(parts) == 1:
+            return compute, n
+        return np.concatenate(parts), n
+
+    def _log_admissions(self, run: DecodeRun, rows: np.ndarray) -> None:
+        """Log when each request the run admitted was scheduled and emitted its first token
+        (the start and end of its admitting step), and count it waiting after the step before
+        (it arrived during that one)."""
+        starts, durations = rows[:, _COLUMN["t_start"]], rows[:, _COLUMN["duration"]]
+        for step, seq in run.admissions:
+            rows[step - 1, _COLUMN["num_waiting"]] = 1
+            self.requests.on_scheduled(seq.request_id, float(starts[step]))
+            self.requests.on_first_token(seq, float(starts[step] + durations[step]))
 
     def _wait_out(self, now: float, durations: np.ndarray, finished: list[tuple[int, list]]):
         """Wait out the steps, reporting each finish at the end of its step."""
@@ -244,6 +306,9 @@ class Replica:
                             ("internal_slots", facts.internal_slots),
                             ("host_used_blocks", facts.host_used_blocks), ("transfer_s", moved)):
             rows[:, _COLUMN[name]] = value
+        if facts.prompt_tokens is not None:     # (the prefix lookups of the admissions)
+            rows[:, _COLUMN["prefix_queries_tokens"]] = facts.prefix_queries_tokens
+            rows[:, _COLUMN["prefix_hit_tokens"]] = facts.prefix_hit_tokens
         for j, transfers in enumerate(facts.transfers if any(facts.transfers) else ()):
             if transfers:
                 plan = StepPlan(transfers=transfers)
@@ -265,8 +330,11 @@ class Replica:
 
 
 def _scheduled_tokens(facts: DecodeSteps) -> np.ndarray:
-    """Tokens each step of a run schedules: one a request, a prefill's whole chunk."""
-    chunk = facts.num_prefill_tokens
+    """Tokens each step of a run schedules: one a request, a prefill's whole chunk, an
+    admitted request's whole prompt."""
+    chunk, prompts = facts.num_prefill_tokens, facts.prompt_tokens
+    if prompts is not None:
+        return facts.batch_size + prompts - (prompts > 0)
     return facts.batch_size + (chunk - 1) if chunk else facts.batch_size
 
 
@@ -278,6 +346,18 @@ class NextArrival:
 
     def __init__(self) -> None:
         self.time_s = 0.0
+
+    def hand_over(self, replica) -> RequestState | None:
+        """The next request, if ``replica``'s decode run may admit it before its time (see
+        :class:`~kvsim.sim.serving.arrivals.Arrivals`); never here."""
+        return None
+
+    def following_s(self) -> float:
+        """When the request after the next one arrives."""
+        return math.inf
+
+    def take(self) -> RequestState:
+        raise ValueError("no request was handed over")
 
 
 def num_steps_before(now: float, durations: np.ndarray, horizon: float,

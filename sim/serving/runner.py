@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -16,14 +15,11 @@ from kvsim.cache.multi_group import MultiGroupKVManager
 from kvsim.cache.eviction import make_policy
 from kvsim.cache.policies import prepare_eviction
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
-from kvsim.cache.request_state import RequestState
 from kvsim.cache.offload_managers import make_offloading_manager
 from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
-from kvsim.workloads.identity import NamedSequences
 from kvsim.workloads.request import Request
-from kvsim.workloads.truncate import truncate
 
 from kvsim.sim.config import RunConfig
 from kvsim.sim.perf.cost_model import CostModel
@@ -31,7 +27,8 @@ from kvsim.sim.perf.kv_layout import KvLayout, kv_layout, longest_request
 from kvsim.sim.perf.memory import kv_offloading_blocks, kv_pool
 from kvsim.sim.perf.models import check_tensor_parallel, resolve_model
 from kvsim.sim.serving.recorder import RequestLog, StepLog
-from kvsim.sim.serving.replica import NextArrival, Replica
+from kvsim.sim.serving.arrivals import Arrivals
+from kvsim.sim.serving.replica import Replica
 from kvsim.sim.serving.router import make_router
 
 
@@ -130,15 +127,16 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     executor = executor or default_executor(config)
     env = simpy.Environment()
     steps, log = StepLog(keep_steps), RequestLog(stop)
-    next_arrival = NextArrival()
-    replicas = [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
-                        config.skip_ahead and config.layout == "paged"
-                        and not deployment.multi_group, next_arrival)
-                for i in range(config.replicas)]
-    if not all(getattr(r.kv, "skips_private_blocks", False) for r in replicas):
-        sharing = None          # (a manager that registers every block has no use for it)
-    env.process(_arrivals(env, requests, replicas, make_router(config.router), log, config,
-                          deployment.max_model_len, next_arrival, sharing))
+    replicas = []
+    arrivals = Arrivals(env, requests, replicas, make_router(config.router), log, config,
+                        deployment.max_model_len)
+    replicas += [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
+                         config.skip_ahead and config.layout == "paged"
+                         and not deployment.multi_group, arrivals)
+                 for i in range(config.replicas)]
+    if all(getattr(r.kv, "skips_private_blocks", False) for r in replicas):
+        arrivals.sharing = sharing  # (a manager that registers every block has no use for it)
+    env.process(arrivals.process())
     start = time.perf_counter()
     _run(env, replicas, progress, stop)
     steps.finish(env.now)
@@ -183,30 +181,6 @@ def _scheduler(config: RunConfig, deployment: Deployment, oracle=None) -> Schedu
         policy=config.scheduling_policy, preemption_mode=config.preemption_mode,
         enable_chunked_prefill=config.enable_chunked_prefill,
         reserve_full_sequence=config.scheduler_reserve_full_isl))
-
-
-def _arrivals(env, requests, replicas, router, log: RequestLog, config: RunConfig,
-              max_model_len: int, next_arrival: NextArrival, sharing=None):
-    truncating = config.long_prompt == "truncate"
-    greedy = config.sampling == "greedy"
-    named = NamedSequences()        # (a continuation's ids start from its parent's)
-    for request in requests:
-        next_arrival.time_s = request.arrival_s
-        if request.arrival_s > env.now:
-            yield env.timeout(request.arrival_s - env.now)
-        log.on_arrival(request, -1)
-        if truncating and truncate(request, max_model_len):
-            log.on_truncated(request.request_id)
-        seq = RequestState(request, config.block_size, greedy, named)
-        if sharing is not None:
-            seq.num_shared_blocks = sharing.num_shared_blocks(request, config.block_size, greedy)
-        index = router.choose(replicas, seq)     # a replica answers the rejection, as in vLLM
-        log.on_routed(request.request_id, index)
-        if request.prompt_tokens >= max_model_len:
-            log.on_rejected(request.request_id)
-            continue
-        replicas[index].submit(seq)
-    next_arrival.time_s = math.inf
 
 
 def _run(env: simpy.Environment, replicas, progress, stop=None,
