@@ -98,19 +98,34 @@ class DecodeRun:
     def num_seqs(self) -> int:
         return len(self.requests)
 
-    def admit(self, seq, step: int, finish_step: int, max_steps: int) -> None:
-        """Add ``seq``, admitted at ``step`` with its whole prompt (it emits its first token
-        there and decodes from the next step on), finishing at the end of ``finish_step``;
-        the run now has ``max_steps`` steps. Its computed and output tokens are kept as those
-        before step 0 that would give them after ``step`` (negative ones, as it were)."""
-        before = np.full(len(self.requests), -1, dtype=np.int64)
-        self.joined = np.append(before if self.joined is None else self.joined, step)
+    def joining(self, seq, step: int, finish_step: int) -> tuple:
+        """``(num_computed, finish_step, joined)`` with ``seq`` added, admitted at ``step``
+        with its whole prompt (it emits its first token there and decodes from the next step
+        on) and finishing at the end of ``finish_step``: its computed tokens are kept as those
+        before step 0 that would give its own after ``step`` (negative ones, as it were)."""
+        n = len(self.requests)
+        joined = np.empty(n + 1, dtype=np.int64)
+        joined[:n] = -1 if self.joined is None else self.joined
+        joined[n] = step
+        return (np.append(self.num_computed, seq.num_prompt_tokens - 1 - step),
+                np.append(self.finish_step, finish_step), joined)
+
+    def admit(self, seq, step: int, arrays: tuple, max_steps: int) -> None:
+        """Add ``seq`` as :meth:`joining` gave ``arrays``; the run now has ``max_steps``."""
+        self.num_computed, self.finish_step, self.joined = arrays
         self.requests.append(seq)
-        self.num_computed = np.append(self.num_computed, seq.num_prompt_tokens - 1 - step)
         self.num_output.append(-step)
-        self.finish_step = np.append(self.finish_step, finish_step)
         self.admissions.append((step, seq))
         self.max_steps = max_steps
+
+    def prompt_blocks(self, block_size: int) -> tuple[list[int], list[int]]:
+        """The steps admitting requests and how many blocks their prompts take up to each."""
+        steps, total, blocks = [], 0, []
+        for step, seq in self.admissions:
+            total += -(-seq.num_prompt_tokens // block_size)
+            steps.append(step)
+            blocks.append(total)
+        return steps, blocks
 
     def snapshot(self) -> tuple:
         """What :meth:`admit` changes, for :meth:`restore`."""

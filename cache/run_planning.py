@@ -8,6 +8,8 @@ only that one may be committed, and only before another step is scheduled.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from kvsim.cache import decode_run, run_commit
@@ -110,18 +112,17 @@ class DecodeRunPlanning:
         if (num_decodes >= config.max_num_seqs or outputs < 2 or 0 < threshold < prompt
                 or prompt > config.max_num_batched_tokens - num_decodes):
             return False
-        finish = np.append(run.finish_step, step + outputs - 1)
-        joined = np.append(np.full(run.num_seqs, -1, dtype=np.int64) if run.joined is None
-                           else run.joined, step)
-        computed = np.append(run.num_computed, prompt - 1 - step)
-        prompts = [(s, -(-p.num_prompt_tokens // self.kv.block_size))
-                   for s, p in [*run.admissions, (step, seq)]]
+        bs = self.kv.block_size
+        arrays = computed, finish, joined = run.joining(seq, step, step + outputs - 1)
+        at, blocks = run.prompt_blocks(bs)
+        at.append(step)
+        blocks.append((blocks[-1] if blocks else 0) - (-prompt // bs))
         steps = decode_run.cap_by_free_blocks(
-            computed, self.kv.block_size, self.kv.num_free_blocks, int(finish.max()) + 1,
-            finish, lambda n: sum(k for s, k in prompts if s < n), joined)
+            computed, bs, self.kv.num_free_blocks, int(finish.max()) + 1, finish,
+            lambda n: blocks[bisect_left(at, n) - 1] if n > at[0] else 0, joined)
         if steps <= step:
             return False
-        run.admit(seq, step, int(finish[-1]), steps)
+        run.admit(seq, step, arrays, steps)
         return True
 
     def _admit_joined(self, seq: RequestState) -> None:

@@ -226,6 +226,9 @@ class CostModel(Executor):
             return self._durations_with_prefill(num_seqs, total_context_tokens, num_steps,
                                                 *prefill)
         base = self._base(float(num_seqs), float(num_seqs))   # the same in every step
+        if num_steps == 1:  # (the scalar path, the same operations)
+            kv = float(total_context_tokens + num_seqs)
+            return np.array([_with_attention(self._c, base, kv, 2 * kv, max)])
         kv = np.arange(num_steps, dtype=np.float64)
         kv *= num_seqs
         kv += total_context_tokens + num_seqs
@@ -236,11 +239,14 @@ class CostModel(Executor):
                                 num_steps: int, computed: int, new: int) -> np.ndarray:
         """:meth:`decode_durations` with a prefill of ``new`` tokens a step beside: its sums
         ``c + q`` and ``q * (2c + q + 1)``, ``c`` growing by ``q`` per step (exact integers)."""
-        step = np.arange(num_steps, dtype=np.int64)
-        kv = step * (num_seqs + new) + (total_context_tokens + num_seqs + computed + new)
-        units = step * (2 * num_seqs + 2 * new * new) + (
-            2 * (total_context_tokens + num_seqs) + new * (2 * computed + new + 1))
         base = self._base(float(num_seqs + new), float(num_seqs + 1))
+        kv = total_context_tokens + num_seqs + computed + new
+        units = 2 * (total_context_tokens + num_seqs) + new * (2 * computed + new + 1)
+        if num_steps == 1:  # (a run's admitting step: the scalar path, the same operations)
+            return np.array([_with_attention(self._c, base, float(kv), float(units), max)])
+        step = np.arange(num_steps, dtype=np.int64)
+        kv = step * (num_seqs + new) + kv
+        units = step * (2 * num_seqs + 2 * new * new) + units
         out = _with_attention(self._c, base, kv.astype(np.float64), units.astype(np.float64))
         return np.asarray(out, dtype=np.float64)
 

@@ -173,8 +173,8 @@ class Replica:
         if run.has_transfers:
             facts, durations, moved = self._commit_with_copies(run, compute, now, horizon)
         else:
-            n = num_steps_before(now, compute, horizon, run.finish_step)
-            compute, n = self._admit_arrivals(run, now, compute, n)
+            n, end = num_steps_before(now, compute, horizon, run.finish_step)
+            compute, n = self._admit_arrivals(run, compute, n, end)
             if n < 2:           # (a run that took an arrival has two steps or more)
                 return False
             facts, durations, moved = (self.scheduler.commit_decode_run(run, n), compute[:n],
@@ -218,15 +218,15 @@ class Replica:
                 break
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _admit_arrivals(self, run: DecodeRun, now: float, compute: np.ndarray, n: int):
-        """Extend ``run``, which the next arrival cuts at step ``n``, through the arrivals it
-        can admit itself: while that request is handed over (:meth:`NextArrival.hand_over`),
-        arrived before step ``n`` starts with the one after it arriving later, and the
-        scheduler admits it there (:meth:`~kvsim.cache.Scheduler.admit_in_run`), the run
-        takes it and goes on to the arrival after it. Returns the durations and how many
-        steps start before the (new) next arrival."""
+    def _admit_arrivals(self, run: DecodeRun, compute: np.ndarray, n: int, start: float):
+        """Extend ``run``, which the next arrival cuts at step ``n`` (at ``start``), through
+        the arrivals it can admit itself: while that request is handed over
+        (:meth:`NextArrival.hand_over`), arrived before step ``n`` starts with the one after
+        it arriving later, and the scheduler admits it there
+        (:meth:`~kvsim.cache.Scheduler.admit_in_run`), the run takes it and goes on to the
+        arrival after it. Returns the durations and how many steps start before the (new)
+        next arrival."""
         arrivals, parts = self._arrivals, [compute[:n]]
-        start = float(np.add.accumulate(np.concatenate(([now], parts[0])))[-1])
         while arrivals is not None and n < run.max_steps:
             seq = arrivals.hand_over(self)
             horizon = arrivals.following_s()
@@ -236,14 +236,13 @@ class Replica:
             if not self.scheduler.admit_in_run(run, n, seq):
                 break
             later = self._durations(run, start, horizon, n)
-            m = num_steps_before(start, later, horizon, run.finish_step - n)
+            m, end = num_steps_before(start, later, horizon, run.finish_step - n)
             if not m:       # (its admitting step would be left out: it finishes requests)
                 run.restore(saved)
                 break
             arrivals.take()
             parts.append(later[:m])
-            start = float(np.add.accumulate(np.concatenate(([start], later[:m])))[-1])
-            n += m
+            start, n = end, n + m
         if len(parts) == 1:
             return compute, n
         return np.concatenate(parts), n
@@ -361,15 +360,16 @@ class NextArrival:
 
 
 def num_steps_before(now: float, durations: np.ndarray, horizon: float,
-                     finish_step: np.ndarray) -> int:
+                     finish_step: np.ndarray) -> tuple[int, float]:
     """Steps of ``durations``, run back to back from ``now``, that start before ``horizon``
     (the first always does: it starts now), less the last one if requests finish at its end
-    and that end is not before ``horizon`` (an arrival then must see them still running)."""
+    and that end is not before ``horizon`` (an arrival then must see them still running);
+    and when they end (SimPy's sum, one duration at a time)."""
     ends = np.add.accumulate(np.concatenate(([now], durations)))
     n = 1 + int(np.searchsorted(ends[1:-1], horizon, side="left"))
     if ends[n] >= horizon and (finish_step == n - 1).any():
         n -= 1
-    return n
+    return n, float(ends[n])
 
 
 def exact_delay(now: float, end: float) -> float | None:
