@@ -162,7 +162,6 @@ class DecodeRun:
                 i += 1
             start = end
 
-
     def stretches(self, start: int):
         """For a run whose last admission is at step ``start``: yield ``(num_steps, num_seqs,
         context tokens at its first step, prompt tokens)`` for that step (``num_seqs``

@@ -89,41 +89,51 @@ class DecodeRunPlanning:
     def admit_in_run(self, run: DecodeRun, step: int, seq: RequestState) -> bool:
         """Whether ``run`` (planned, nothing committed yet) can take ``seq``, a request arriving
         to nobody waiting during its step ``step - 1``, and admit it at ``step`` as
-        :meth:`schedule` would there: its whole prompt in one step (under the token budget the
-        decodes leave, no threshold cutting it, a free seat), with no prefix lookup to make (a
-        request no lookup can hit) and no cache policy to ask (LRU), blocks to spare for its
-        prompt and every later step of the run (those freed meanwhile not counted), and at
-        least one decode step after it (``reserve_full_sequence`` asks no more: at admission
-        the sequence is its prompt). If so the run takes it (:meth:`DecodeRun.admit`), and
-        committing the run admits it there."""
-        config = self.config
+        :meth:`schedule` would there: its whole prompt in one step, with no prefix lookup to
+        make (a request no lookup can hit) and no cache policy to ask (LRU), blocks to spare
+        for its prompt and every later step of the run (those freed meanwhile not counted),
+        and at least one decode step after it. If so the run takes it
+        (:meth:`DecodeRun.admit`), and committing the run admits it there."""
         if (run is not self._run or run.num_committed or run.prefill is not None
                 or run.has_transfers or self.waiting or self._queue_reader is not None
                 or not self.kv.always_opens_blocks_in_bulk
                 or not seq.has_private_blocks or seq.num_preemptions
-                or not 0 < step < run.max_steps):
+                or not 0 < step < run.max_steps or not self._seat_in_run(run, step, seq)):
             return False
-        decoding = run.finish_step >= step
-        if run.joined is not None:
-            decoding &= run.joined < step
-        num_decodes, prompt = int(np.count_nonzero(decoding)), seq.num_prompt_tokens
-        threshold = config.long_prefill_token_threshold
-        outputs = min(seq.max_tokens, config.max_model_len - prompt)
-        if (num_decodes >= config.max_num_seqs or outputs < 2 or 0 < threshold < prompt
-                or prompt > config.max_num_batched_tokens - num_decodes):
-            return False
-        bs = self.kv.block_size
-        arrays = computed, finish, joined = run.joining(seq, step, step + outputs - 1)
-        at, blocks = run.prompt_blocks(bs)
-        at.append(step)
-        blocks.append((blocks[-1] if blocks else 0) - (-prompt // bs))
-        steps = decode_run.cap_by_free_blocks(
-            computed, bs, self.kv.num_free_blocks, int(finish.max()) + 1, finish,
-            lambda n: blocks[bisect_left(at, n) - 1] if n > at[0] else 0, joined)
-        if steps <= step:
+        outputs = min(seq.max_tokens, self.config.max_model_len - seq.num_prompt_tokens)
+        arrays = run.joining(seq, step, step + outputs - 1)
+        steps = self._steps_with(run, step, seq, arrays)
+        if outputs < 2 or steps <= step:
             return False
         run.admit(seq, step, arrays, steps)
         return True
+
+    def _seat_in_run(self, run: DecodeRun, step: int, seq: RequestState) -> bool:
+        """Whether :meth:`schedule` at ``step`` of ``run`` finds ``seq`` a seat and its whole
+        prompt a place in the token budget the decodes leave, no threshold cutting it
+        (``reserve_full_sequence`` asks no more: at admission the sequence is its prompt;
+        the blocks are :meth:`_steps_with`'s)."""
+        config, prompt = self.config, seq.num_prompt_tokens
+        decoding = run.finish_step >= step
+        if run.joined is not None:
+            decoding &= run.joined < step
+        num_decodes = int(np.count_nonzero(decoding))
+        threshold = config.long_prefill_token_threshold
+        return (num_decodes < config.max_num_seqs and not 0 < threshold < prompt
+                and prompt <= config.max_num_batched_tokens - num_decodes)
+
+    def _steps_with(self, run: DecodeRun, step: int, seq: RequestState, arrays) -> int:
+        """Steps the run can take once ``seq`` joins it at ``step`` (``arrays``:
+        :meth:`DecodeRun.joining`'s), all of them to the last finish if the free blocks
+        allow, counting the admitted prompts' blocks."""
+        bs = self.kv.block_size
+        computed, finish, joined = arrays
+        at, blocks = run.prompt_blocks(bs)
+        at.append(step)
+        blocks.append((blocks[-1] if blocks else 0) - (-seq.num_prompt_tokens // bs))
+        return decode_run.cap_by_free_blocks(
+            computed, bs, self.kv.num_free_blocks, int(finish.max()) + 1, finish,
+            lambda n: blocks[bisect_left(at, n) - 1] if n > at[0] else 0, joined)
 
     def _admit_joined(self, seq: RequestState) -> None:
         """Admit ``seq`` as :meth:`admit_in_run` planned, at its step of the run being
