@@ -93,6 +93,7 @@ class DecodeRun:
     prefill: PrefillChunks | None = None    # one more request, prefilling beside them
     joined: np.ndarray | None = None    # the step admitting each request (-1: before the run)
     admissions: list = field(default_factory=list)  # (step, request) of those, in step order
+    prompt_blocks: list = field(default_factory=list)   # the blocks their prompts take, summed
 
     @property
     def num_seqs(self) -> int:
@@ -110,22 +111,16 @@ class DecodeRun:
         return (np.append(self.num_computed, seq.num_prompt_tokens - 1 - step),
                 np.append(self.finish_step, finish_step), joined)
 
-    def admit(self, seq, step: int, arrays: tuple, max_steps: int) -> None:
-        """Add ``seq`` as :meth:`joining` gave ``arrays``; the run now has ``max_steps``."""
+    def admit(self, seq, step: int, arrays: tuple, max_steps: int, blocks: int) -> None:
+        """Add ``seq`` as :meth:`joining` gave ``arrays``, its prompt taking ``blocks``; the
+        run now has ``max_steps``."""
         self.num_computed, self.finish_step, self.joined = arrays
         self.requests.append(seq)
         self.num_output.append(-step)
+        self.prompt_blocks.append((self.prompt_blocks[-1] if self.prompt_blocks else 0)
+                                  + blocks)
         self.admissions.append((step, seq))
         self.max_steps = max_steps
-
-    def prompt_blocks(self, block_size: int) -> tuple[list[int], list[int]]:
-        """The steps admitting requests and how many blocks their prompts take up to each."""
-        steps, total, blocks = [], 0, []
-        for step, seq in self.admissions:
-            total += -(-seq.num_prompt_tokens // block_size)
-            steps.append(step)
-            blocks.append(total)
-        return steps, blocks
 
     def snapshot(self) -> tuple:
         """What :meth:`admit` changes, for :meth:`restore`."""
@@ -135,7 +130,7 @@ class DecodeRun:
     def restore(self, snapshot: tuple) -> None:
         """Undo the admissions since ``snapshot``."""
         n, k, self.joined, self.num_computed, self.finish_step, self.max_steps = snapshot
-        del self.requests[n:], self.num_output[n:], self.admissions[k:]
+        del self.requests[n:], self.num_output[n:], self.admissions[k:], self.prompt_blocks[k:]
 
     @property
     def num_left(self) -> int:
@@ -170,11 +165,11 @@ class DecodeRun:
         step, seq = self.admissions[-1]
         if step != start:
             raise ValueError(f"step {start} admits no request last (step {step} does)")
-        members = (self.joined < start) & (self.finish_step >= start)
-        num_seqs = int(np.count_nonzero(members))
-        yield (1, num_seqs, int(self.num_computed[members].sum()) + start * num_seqs,
+        decoding = self.finish_step[:-1] >= start     # (all but it joined before)
+        num_seqs = int(np.count_nonzero(decoding))
+        yield (1, num_seqs, int(self.num_computed[:-1][decoding].sum()) + start * num_seqs,
                seq.num_prompt_tokens)
-        members = np.flatnonzero((self.joined <= start) & (self.finish_step > start))
+        members = np.flatnonzero(self.finish_step > start)
         for stretch in self.batches(start + 1, members):
             yield (*stretch, 0)
 

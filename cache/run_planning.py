@@ -9,12 +9,16 @@ only that one may be committed, and only before another step is scheduled.
 from __future__ import annotations
 
 from bisect import bisect_left
+from operator import itemgetter
 
 import numpy as np
 
 from kvsim.cache import decode_run, run_commit
 from kvsim.cache.decode_run import DecodeRun, DecodeSteps
 from kvsim.cache.request_state import RequestState, RequestStatus
+
+
+_step_of = itemgetter(0)       # (an admission's step)
 
 
 class DecodeRunPlanning:
@@ -102,10 +106,11 @@ class DecodeRunPlanning:
             return False
         outputs = min(seq.max_tokens, self.config.max_model_len - seq.num_prompt_tokens)
         arrays = run.joining(seq, step, step + outputs - 1)
-        steps = self._steps_with(run, step, seq, arrays)
+        blocks = -(-seq.num_prompt_tokens // self.kv.block_size)
+        steps = self._steps_with(run, step, blocks, arrays)
         if outputs < 2 or steps <= step:
             return False
-        run.admit(seq, step, arrays, steps)
+        run.admit(seq, step, arrays, steps, blocks)
         return True
 
     def _seat_in_run(self, run: DecodeRun, step: int, seq: RequestState) -> bool:
@@ -122,18 +127,20 @@ class DecodeRunPlanning:
         return (num_decodes < config.max_num_seqs and not 0 < threshold < prompt
                 and prompt <= config.max_num_batched_tokens - num_decodes)
 
-    def _steps_with(self, run: DecodeRun, step: int, seq: RequestState, arrays) -> int:
-        """Steps the run can take once ``seq`` joins it at ``step`` (``arrays``:
-        :meth:`DecodeRun.joining`'s), all of them to the last finish if the free blocks
-        allow, counting the admitted prompts' blocks."""
-        bs = self.kv.block_size
+    def _steps_with(self, run: DecodeRun, step: int, blocks: int, arrays) -> int:
+        """Steps the run can take once a request joins it at ``step``, its prompt taking
+        ``blocks`` (``arrays``: :meth:`DecodeRun.joining`'s), all of them to the last finish
+        if the free blocks allow, counting the admitted prompts' blocks."""
         computed, finish, joined = arrays
-        at, blocks = run.prompt_blocks(bs)
-        at.append(step)
-        blocks.append((blocks[-1] if blocks else 0) - (-seq.num_prompt_tokens // bs))
+        admitted, summed = run.admissions, run.prompt_blocks
+
+        def prompts_before(n: int) -> int:      # (the admissions come in step order)
+            k = bisect_left(admitted, n, key=_step_of)
+            return (summed[k - 1] if k else 0) + (blocks if step < n else 0)
+
         return decode_run.cap_by_free_blocks(
-            computed, bs, self.kv.num_free_blocks, int(finish.max()) + 1, finish,
-            lambda n: blocks[bisect_left(at, n) - 1] if n > at[0] else 0, joined)
+            computed, self.kv.block_size, self.kv.num_free_blocks, int(finish.max()) + 1,
+            finish, prompts_before, joined)
 
     def _admit_joined(self, seq: RequestState) -> None:
         """Admit ``seq`` as :meth:`admit_in_run` planned, at its step of the run being
