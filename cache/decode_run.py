@@ -169,9 +169,15 @@ class DecodeRun:
         num_seqs = int(np.count_nonzero(decoding))
         yield (1, num_seqs, int(self.num_computed[:-1][decoding].sum()) + start * num_seqs,
                seq.num_prompt_tokens)
-        members = np.flatnonzero(self.finish_step > start)
-        for stretch in self.batches(start + 1, members):
-            yield (*stretch, 0)
+        staying = self.finish_step > start         # (it does: it decodes after)
+        num_seqs, after = int(np.count_nonzero(staying)), start + 1
+        end = min(int(self.finish_step[staying].min()) + 1, self.max_steps)
+        if after < end:     # (until the first finish; the rest as batches)
+            yield (end - after, num_seqs,
+                   int(self.num_computed[staying].sum()) + after * num_seqs, 0)
+        if end < self.max_steps:
+            for stretch in self.batches(end, np.flatnonzero(self.finish_step >= end)):
+                yield (*stretch, 0)
 
 
 @dataclass(slots=True)

@@ -108,6 +108,7 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
     cuts = np.searchsorted(rows, ends).tolist()
     counted = kv.pool.opens_in_bulk == "new_fills"
     whole = counted and _in_bulk(kv, run, first, first + n)
+    bulk = whole or kv.always_opens_blocks_in_bulk     # (every stretch, asked once)
     counts = late = None
     if whole:
         filled = fills()
@@ -117,7 +118,7 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
     cols = cols.tolist()
     finished, lo, at, matrix = [], 0, 0, None
     for end, cut in zip(ends, cuts):
-        if whole or (not counted and _in_bulk(kv, run, first + lo, first + end)):
+        if bulk or (not counted and _in_bulk(kv, run, first + lo, first + end)):
             before = taken[lo - 1] if lo else 0
             used[lo:end], idle[lo:end] = _open_in_bulk(
                 kv, run, cols[at:cut], taken[lo:end] - before,
