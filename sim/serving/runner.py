@@ -127,9 +127,9 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     executor = executor or default_executor(config)
     env = simpy.Environment()
     steps, log = StepLog(keep_steps), RequestLog(stop)
-    replicas = []
+    replicas = []           # (filled below: the arrivals route to the replicas, which read
     arrivals = Arrivals(env, requests, replicas, make_router(config.router), log, config,
-                        deployment.max_model_len)
+                        deployment.max_model_len)      # the next arrival as their horizon)
     replicas += [Replica(env, i, _scheduler(config, deployment, oracle), executor, steps, log,
                          config.skip_ahead and config.layout == "paged"
                          and not deployment.multi_group, arrivals)
