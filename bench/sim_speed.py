@@ -198,7 +198,8 @@ def main() -> None:
     parser.add_argument("--old", default="b45c6b7", help="commit to compare with")
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and version; "
-                        "the table shows the fastest, the JSON every one")
+                        "the table shows the fastest, the lines under it every pair's ratio "
+                        "and every new time, the JSON every run")
     parser.add_argument("--old-million", action="store_true",
                         help="also run the million-request cases on the old commit")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "kvsim-bench")
@@ -219,34 +220,37 @@ def main() -> None:
         for command in case.setup:
             subprocess.run(versions["new"][0] + command, env=versions["new"][1], check=True,
                            capture_output=True)
-        best, pairs, cpu = measure_case(case, versions, new_args.get(case.baseline),
-                                        args.repeat, args.work, args.side_by_side)
+        best, pairs, cpu, walls = measure_case(case, versions, new_args.get(case.baseline),
+                                               args.repeat, args.work, args.side_by_side)
         own_cpu += cpu
-        rows.append((case, best, pairs))
+        rows.append((case, best, pairs, walls))
     others = max(0.0, other_cpu_s() - host0 - own_cpu)
     print_table(rows, args.old, args.side_by_side)
     print(f"other processes used {others:.0f} CPU-s during the measurement (0 on a quiet host)")
     if args.json:
         args.json.write_text(json.dumps([{"case": c.name, "target": c.target, **{
-            v: (m.__dict__ if m else None) for v, m in best.items()}, "pair_ratios": pairs}
-            for c, best, pairs in rows], indent=1))
+            v: (m.__dict__ if m else None) for v, m in best.items()}, "pair_ratios": pairs,
+            "new_wall_s": walls} for c, best, pairs, walls in rows], indent=1))
 
 
 def measure_case(case: Case, versions: dict, baseline: list[str] | None, repeat: int,
-                 work: Path, side_by_side: bool = False) -> tuple[dict, list[float], float]:
+                 work: Path, side_by_side: bool = False
+                 ) -> tuple[dict, list[float], float, list[float]]:
     """Run ``case`` ``repeat`` times per version, old and new alternating. A variant (a case
     with a baseline) runs right after its own run of the baseline, so that each ratio compares
     two adjacent runs: on a host whose speed drifts by tens of percent over minutes, a ratio
     against a baseline measured earlier says more about the drift than about the code. With
     ``side_by_side`` the two run at the same time and the ratio is of their CPU seconds.
-    Returns the fastest run per version, the variant / baseline ratio of each pair and the CPU
-    seconds used."""
+    Returns the fastest run per version, the ratio of each pair (variant / baseline, or old /
+    new wall seconds of a case both versions run), the CPU seconds used and the new side's
+    wall seconds in every repeat."""
     if side_by_side and baseline is not None:
         return measure_side_by_side(case, versions["new"], baseline, repeat, work)
     best: dict[str, Measure | None] = {"old": None, "new": None}
-    pairs, cpu = [], 0.0
+    pairs, cpu, walls = [], 0.0, []
     for i in range(repeat):
         base = None
+        runs: dict[str, Measure] = {}
         if baseline is not None:
             prefix, env = versions["new"]
             base = measure(prefix + baseline, env, work / f"{case.name}-baseline-{i}")
@@ -257,21 +261,26 @@ def measure_case(case: Case, versions: dict, baseline: list[str] | None, repeat:
             if argv is None:
                 continue
             prefix, env = versions[version]
-            m = measure(prefix + argv, env, work / f"{case.name}-{version}-{i}")
+            m = runs[version] = measure(prefix + argv, env, work / f"{case.name}-{version}-{i}")
             cpu += m.cpu_s
             if best[version] is None or (not m.error and m.wall_s < best[version].wall_s):
                 best[version] = m
             print(f"# {case.name} {version}: {m}", file=sys.stderr)
+            if version == "new" and not m.error:
+                walls.append(round(m.wall_s, 2))
             if version == "new" and base is not None and not (base.error or m.error):
                 pairs.append(round(m.wall_s / base.wall_s, 3))
-    return best, pairs, cpu
+        old, new = runs.get("old"), runs.get("new")
+        if base is None and old and new and not (old.error or new.error):
+            pairs.append(round(old.wall_s / new.wall_s, 3))
+    return best, pairs, cpu, walls
 
 
 def measure_side_by_side(case: Case, version: tuple, baseline: list[str], repeat: int,
-                         work: Path) -> tuple[dict, list[float], float]:
+                         work: Path) -> tuple[dict, list[float], float, list[float]]:
     """:func:`measure_case` for a variant run at the same time as its baseline."""
     best: dict[str, Measure | None] = {"old": None, "new": None}
-    pairs, cpu = [], 0.0
+    pairs, cpu, walls = [], 0.0, []
     prefix, env = version
     for i in range(repeat):
         base, m = measure_pair(prefix + baseline, prefix + case.new, env,
@@ -281,9 +290,10 @@ def measure_side_by_side(case: Case, version: tuple, baseline: list[str], repeat
         print(f"# {case.name} new: {m}", file=sys.stderr)
         if not (base.error or m.error):
             pairs.append(round(m.cpu_s / base.cpu_s, 3))
+            walls.append(round(m.wall_s, 2))
             if best["new"] is None or m.wall_s < best["new"].wall_s:
                 best["new"] = m
-    return best, pairs, cpu
+    return best, pairs, cpu, walls
 
 
 def print_table(rows, old: str, side_by_side: bool = False) -> None:
@@ -294,7 +304,7 @@ def print_table(rows, old: str, side_by_side: bool = False) -> None:
     print(f"old = {old}, new = this checkout; seconds are wall, RSS in MB; ratio = old / new "
           f"(for variants: the median of {pairing})")
     print(head)
-    for case, best, pairs in rows:
+    for case, best, pairs, _ in rows:
         o, n = best["old"], best["new"]
         ratio = "-"
         if case.baseline:
@@ -307,9 +317,10 @@ def print_table(rows, old: str, side_by_side: bool = False) -> None:
               f"{ratio:>8}{fmt(o, 'cpu_s', '.1f'):>9}{fmt(n, 'cpu_s', '.1f'):>9}"
               f"{fmt(o, 'rss_mb', '.0f'):>9}{fmt(n, 'rss_mb', '.0f'):>9}  {case.target:<18}"
               f"{same if o else (n.check if n else '')}")
-    for case, _, pairs in rows:
+    for case, _, pairs, walls in rows:
         if len(pairs) > 1:
-            print(f"{case.name}: each pair {' '.join(f'{r:.2f}' for r in pairs)}")
+            print(f"{case.name}: each pair {' '.join(f'{r:.2f}' for r in pairs)}; new s "
+                  f"{' '.join(f'{w:.2f}' for w in walls)}")
 
 
 if __name__ == "__main__":

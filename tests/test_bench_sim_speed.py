@@ -27,10 +27,10 @@ def test_a_variant_runs_right_after_its_baseline_and_each_pair_gives_one_ratio(t
     monkeypatch.setattr(bench, "measure", fake_measure)
     case = bench.Case("mooncake-lfu", ["run", "lfu"], None, baseline="mooncake")
     versions = {"old": ([], {}), "new": ([], {})}
-    best, pairs, cpu = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path)
+    best, pairs, cpu, walls = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path)
     assert ran == [("lru", "mooncake-lfu-baseline-0"), ("lfu", "mooncake-lfu-new-0"),
                    ("lru", "mooncake-lfu-baseline-1"), ("lfu", "mooncake-lfu-new-1")]
-    assert pairs == [1.5, 1.3] and cpu == 4.0
+    assert pairs == [1.5, 1.3] and cpu == 4.0 and walls == [15.0, 26.0]
     assert best["new"].wall_s == 15.0 and best["old"] is None
 
 
@@ -55,8 +55,26 @@ def test_side_by_side_runs_a_variant_beside_its_baseline_and_compares_cpu_second
     monkeypatch.setattr(bench, "measure_pair", fake_pair)
     case = bench.Case("mooncake-lfu", ["run", "lfu"], None, baseline="mooncake")
     versions = {"old": ([], {}), "new": ([], {})}
-    best, pairs, cpu = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path,
-                                          side_by_side=True)
+    best, pairs, cpu, walls = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path,
+                                                 side_by_side=True)
     assert ran == [("lru", "lfu", "mooncake-lfu-baseline-0", "mooncake-lfu-new-0"),
                    ("lru", "lfu", "mooncake-lfu-baseline-1", "mooncake-lfu-new-1")]
     assert pairs == [1.3, 1.2] and cpu == 67.0 and best["new"].wall_s == 14.0
+    assert walls == [14.0, 25.0]
+
+
+def test_a_case_both_versions_run_gives_old_over_new_per_repeat_and_every_new_time(
+        tmp_path, monkeypatch, capsys):
+    """Vidur's case: old and new alternate; each repeat gives old / new wall seconds, and the
+    table lists every pair and every new time (point 5 is about each run, not the fastest)."""
+    bench = load_bench()
+    walls = iter([12.0, 4.0, 13.0, 4.2])            # old, new, old, new
+    monkeypatch.setattr(bench, "measure", lambda argv, env, out: bench.Measure(
+        next(walls), 1.0, 100.0, "ok"))
+    case = bench.Case("vidur", ["run"], ["run"], target=">= 5x")
+    versions = {"old": ([], {}), "new": ([], {})}
+    best, pairs, cpu, news = bench.measure_case(case, versions, None, 2, tmp_path)
+    assert pairs == [3.0, 3.095] and news == [4.0, 4.2] and cpu == 4.0
+    assert best["old"].wall_s == 12.0 and best["new"].wall_s == 4.0
+    bench.print_table([(case, best, pairs, news)], "b45c6b7")
+    assert "vidur: each pair 3.00 3.10; new s 4.00 4.20" in capsys.readouterr().out
