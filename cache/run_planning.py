@@ -105,10 +105,12 @@ class DecodeRunPlanning:
                 or not 0 < step < run.max_steps or not self._seat_in_run(run, step, seq)):
             return False
         outputs = min(seq.max_tokens, self.config.max_model_len - seq.num_prompt_tokens)
+        if outputs < 2:         # (it would finish at its admitting step)
+            return False
         arrays = run.joining(seq, step, step + outputs - 1)
         blocks = -(-seq.num_prompt_tokens // self.kv.block_size)
         steps = self._steps_with(run, step, blocks, arrays)
-        if outputs < 2 or steps <= step:
+        if steps <= step:
             return False
         run.admit(seq, step, arrays, steps, blocks)
         return True
