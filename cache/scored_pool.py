@@ -216,6 +216,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         order = self.free_queue()
         self._free = OrderedDict.fromkeys(order)
         self._heap.clear()
+        self._live = [None] * self.num_blocks     # (no block is queued any more)
         self._orphans.clear()
         self._runs.clear()
         self.parent_hashes = [None] * self.num_blocks

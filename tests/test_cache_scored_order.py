@@ -120,6 +120,21 @@ def test_a_copys_children_count_on_the_older_copy_and_keep_it_until_they_go():
     assert [pool.get_new_blocks(1)[0] for _ in range(3)] == [1, 2, 0]   # key order: 1, 0, 2
 
 
+def test_after_a_reset_a_parent_woken_by_its_childs_eviction_is_queued():
+    """Block 1 was queued before the reset; after it, it is a parent, parked behind block 0,
+    and queued when block 0 goes (no entry of its earlier life may stand in)."""
+    pool = ScoredBlockPool(4, policy=make_policy("lfu"))
+    pool.cache_blocks(pool.get_new_blocks(2), [10, 11])      # blocks 0, 1
+    pool.free_blocks([1, 0])                                 # 1 queued, 0 parked
+    assert pool.reset_prefix_cache() and pool.free_queue() == [2, 3, 1, 0]
+    assert pool.get_new_blocks(4) == [2, 3, 1, 0]
+    pool.cache_blocks([1, 0], [20, 21])                      # A: 1 the parent this time
+    pool.cache_blocks([2], [30])                             # B: 2, and 3 uncached
+    pool.free_blocks([0, 1])
+    pool.free_blocks([3, 2])
+    assert [pool.get_new_blocks(1)[0] for _ in range(4)] == [3, 0, 1, 2]
+
+
 def test_evicting_the_holder_copy_moves_its_children_to_the_next_copy():
     pool = ScoredBlockPool(3, policy=make_policy("lfu"))
     pool.cache_blocks(pool.get_new_blocks(1), [10])                  # X: block 0, the holder
