@@ -26,6 +26,8 @@ from kvsim.cache.free_queue import FreeQueue
 
 __all__ = ["LFUPool"]
 
+_SERIAL_BITS = 40       # serial numbers a count's queue gives before the next count's range
+
 
 class LFUPool(BlockPool):
     """A :class:`~kvsim.cache.block_pool.BlockPool` with a free queue per hit count (the
@@ -159,8 +161,10 @@ class LFUPool(BlockPool):
             return
         for count in np.unique(counts).tolist():
             queue = self._queues.get(count)
-            if queue is None:
-                queue = self._queues[count] = FreeQueue(self.num_blocks, filled=False)
+            if queue is None:       # (the block stamps shared: one array for every count)
+                queue = self._queues[count] = FreeQueue(
+                    self.num_blocks, filled=False, beside=self._free,
+                    first_serial=count << _SERIAL_BITS)
             queue.extend(block_ids[counts == count])
 
     def _unqueue(self, block_ids: np.ndarray) -> None:

@@ -73,6 +73,23 @@ def test_a_pop_past_stale_entries_reads_the_first_segment_a_window_at_a_time():
     assert queue.popleft(3).tolist() == [605, 606, 607] and queue._num_stale == 0
 
 
+def test_queues_beside_each_other_share_stamps_and_keep_apart():
+    """LFU's queues, one per hit count: block 0 leaves the first for the second, where its
+    serial number would have been the first's stale entry's without ranges apart."""
+    first = FreeQueue(4)                                    # serials 0..3
+    second = FreeQueue(4, filled=False, beside=first, first_serial=1 << 40)
+    first.remove(ids(0))
+    second.extend(ids(0))
+    assert first.ids().tolist() == [1, 2, 3] and second.ids().tolist() == [0]
+    first.remove(ids(2))
+    second.extend(ids(2))
+    second.remove(ids(0))
+    first.extend(ids(0))
+    assert first.ids().tolist() == [1, 3, 0] and second.ids().tolist() == [2]
+    assert first.popleft(3).tolist() == [1, 3, 0] and second.popleft(1).tolist() == [2]
+    assert not len(first) and not len(second)
+
+
 def test_taking_more_than_is_queued_or_removing_a_block_not_there_is_refused():
     queue = FreeQueue(2)
     with pytest.raises(ValueError):
