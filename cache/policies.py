@@ -29,7 +29,8 @@ parent (or one whose content another block also holds) can be evicted. That pool
 definition; the policies run on faster pools with the same victims: ``priority``, ``hybrid``
 and ``lookahead``, whose keys are a release clock plus a per-class offset, on FIFO lanes
 (:class:`~kvsim.cache.lane_pool.LanePool`), ``lfu`` on an LRU queue per hit count
-(:class:`~kvsim.cache.lfu_pool.LFUPool`); ``belady`` on the scored pool itself.
+(:class:`~kvsim.cache.lfu_pool.LFUPool`, but for one case of content held twice, see there);
+``belady`` on the scored pool itself.
 """
 
 from __future__ import annotations
