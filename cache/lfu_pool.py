@@ -32,13 +32,14 @@ import numpy as np
 
 from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.free_queue import FreeQueue
+from kvsim.cache.policy_pool import KeyedUse
 
 __all__ = ["LFUPool"]
 
 _SERIAL_BITS = 40       # serial numbers a count's queue gives before the next queue's range
 
 
-class LFUPool(BlockPool):
+class LFUPool(KeyedUse, BlockPool):
     """A :class:`~kvsim.cache.block_pool.BlockPool` with a free queue per hit count (the
     uncached free blocks at the head of count 0's, reused first as vLLM); see the module
     docstring. ``hits[b]``: the prefix hits block ``b`` took since it was filled."""
@@ -109,41 +110,10 @@ class LFUPool(BlockPool):
             self._unqueue(free)
             self.num_cached_free_blocks -= len(free)
 
-    def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
-        """Drop one reference from each block (distinct), in eviction order (first evicted
-        first): uncached ones go to the head, cached ones to the tail of their count's queue."""
-        ids = np.fromiter(ordered_block_ids, dtype=np.int64)
-        refs = self.ref_counts
-        refs[ids] -= 1
-        released = ids[refs[ids] == 0]
-        content = self._content[released]
-        if np.count_nonzero(content) == len(released):
-            cached = released
-        else:
-            uncached = released[content == 0]
-            self._count[uncached] = 0
-            self._free.extendleft(uncached)
-            cached = released[content != 0]
-        if len(cached):
-            self._queue(cached)
-            self.num_cached_free_blocks += len(cached)
-
     def cache_blocks(self, block_ids, block_hashes, depth: int = 0, parent=None,
                      chain_mark=None) -> None:
         """As :meth:`BlockPool.cache_blocks` (LFU needs no chain information either)."""
         super().cache_blocks(block_ids, block_hashes, depth, parent)
-
-    def put_cached(self, block_hash: int) -> int:
-        """A new free cached block for ``block_hash`` (no hit yet), the last of count 0."""
-        block_id = self.get_new_blocks(1)[0]
-        self.cache_block(block_id, block_hash)
-        self.free_blocks([block_id])
-        return block_id
-
-    def refresh(self, block_id: int) -> None:
-        """A use of a cached block: a hit, released again if it was free."""
-        self.touch([block_id])
-        self.free_blocks([block_id])
 
     def claim(self, block_ids) -> None:
         raise NotImplementedError("contiguous regions (the hybrid layout) page with lru only")
@@ -160,9 +130,11 @@ class LFUPool(BlockPool):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _queue(self, block_ids: np.ndarray) -> None:
+    def _queue_cached(self, block_ids: np.ndarray) -> None:
         """Queue cached blocks just released (in this order) by their hit counts."""
         k = len(block_ids)
+        if not k:
+            return
         self._released_at[block_ids] = np.arange(self._clock + 1, self._clock + k + 1)
         self._clock += k
         counts = self.hits[block_ids]
