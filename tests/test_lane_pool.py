@@ -3,7 +3,9 @@
 (:class:`~kvsim.cache.lfu_pool.LFUPool`) evict exactly as the scored pool's definition says:
 the smallest key among blocks the chain rule allows. Checked against a reference that keys
 every released block by the policy's ``key`` and applies the chain rule by brute force, over
-random request stories with priorities and with requests queueing and leaving."""
+random request stories with priorities and with requests queueing and leaving (each request
+looks up every cached hash first, so no content is held twice: for the one case LFU's queues
+miss then, see tests/test_lfu_pool.py)."""
 
 import random
 
