@@ -257,12 +257,8 @@ class BlockPool:
         else:
             self._free.extendleft(released[content == 0])
             last = released[content != 0]
-        self._queue_cached(last)
+        self._free.extend(last)
         self.num_cached_free_blocks += len(last)
-
-    def _queue_cached(self, block_ids: np.ndarray) -> None:
-        """Queue cached blocks just released, in this order: at the tail (the LRU end)."""
-        self._free.extend(block_ids)
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Register a full, held block under ``block_hash``."""

@@ -8,17 +8,14 @@ classes so that none of those modules imports another in a circle:
   :class:`~kvsim.cache.block_pool.BlockPool` for LRU (vLLM's code path), a
   :class:`~kvsim.cache.queue_pool.QueuePool` for the queue policies (ARC, S3-FIFO), the FIFO
   lanes of a :class:`~kvsim.cache.lane_pool.LanePool` for ``hybrid`` and ``priority`` (a
-  :class:`~kvsim.cache.lookahead_pool.LookaheadPool` for ``lookahead``), LRU queues per hit
-  count (:class:`~kvsim.cache.lfu_pool.LFUPool`) for ``lfu``, and a
-  :class:`~kvsim.cache.scored_pool.ScoredBlockPool` for every other scored policy
-  (``belady``).
+  :class:`~kvsim.cache.lookahead_pool.LookaheadPool` for ``lookahead``), and a
+  :class:`~kvsim.cache.scored_pool.ScoredBlockPool` for every other scored policy (``lfu``).
 """
 
 from __future__ import annotations
 
 from kvsim.cache.block_pool import BlockPool
 from kvsim.cache.lane_pool import LanePool
-from kvsim.cache.lfu_pool import LFUPool
 from kvsim.cache.lookahead import LookaheadPolicy
 from kvsim.cache.lookahead_pool import LookaheadPool
 from kvsim.cache.policies import (POLICY_NAMES, BeladyOracle, BeladyPolicy, CachePolicy, HybridPolicy,
@@ -31,8 +28,7 @@ from kvsim.cache.scored_pool import ScoredBlockPool
 POLICY_CLASSES = {"lru": LRUPolicy, "lfu": LFUPolicy, "priority": PriorityPolicy,
                   "hybrid": HybridPolicy, "arc": ARCPolicy, "s3fifo": S3FIFOPolicy,
                   "lookahead": LookaheadPolicy}
-POOL_CLASSES = {"queue": QueuePool, "lanes": LanePool, "lookahead": LookaheadPool,
-                "lfu": LFUPool}
+POOL_CLASSES = {"queue": QueuePool, "lanes": LanePool, "lookahead": LookaheadPool}
 
 
 def make_policy(name: str, oracle: BeladyOracle | None = None) -> CachePolicy:

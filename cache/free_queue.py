@@ -31,15 +31,10 @@ class FreeQueue:
 
     __slots__ = ("_segments", "_serial", "_next", "_len", "_num_stale")
 
-    def __init__(self, num_blocks: int, filled: bool = True, beside: FreeQueue | None = None,
-                 first_serial: int = 0):
-        """``beside``: a queue whose blocks' serial numbers this one shares (a block is in one
-        of them at a time), this one's counting from ``first_serial`` (ranges apart, so that
-        no entry of one can pass for a live entry of the other)."""
+    def __init__(self, num_blocks: int, filled: bool = True):
         self._segments: deque[list] = deque()    # [ids, serial of ids[0], next index]
-        self._serial = (np.full(num_blocks, _NOT_QUEUED, dtype=np.int64) if beside is None
-                        else beside._serial)
-        self._next = first_serial
+        self._serial = np.full(num_blocks, _NOT_QUEUED, dtype=np.int64)
+        self._next = 0
         self._len = 0
         self._num_stale = 0
         if filled:
@@ -187,7 +182,8 @@ class FreeQueue:
         self.move_many_to_end(np.array([block_id], dtype=np.int64))
 
     def _rebuild(self) -> None:
-        live = self.ids()           # (a block not queued here is unstamped already)
+        live = self.ids()
         self._segments.clear()
+        self._serial[:] = _NOT_QUEUED
         self._len = self._num_stale = 0
         self.extend(live)

@@ -19,18 +19,15 @@ findable by hash) are given up:
 - ``belady``: offline optimal, the block whose next use is farthest in the future goes first;
   needs a :class:`BeladyOracle` built from the whole trace, see :class:`BeladyPolicy`.
 
-A scored pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) asks the policy for the key
+A non-LRU pool (:class:`~kvsim.cache.scored_pool.ScoredBlockPool`) asks the policy for the key
 of each cached block it releases (reference count down to 0; :meth:`CachePolicy.entries`, the
 keys of one release packed by :func:`heap_entry`) and evicts the block with the smallest key (a
 tuple of ints). Keys are fixed at release: they only matter while a block is free, and a free
 block takes no hits. Every key ends with the pool's release clock, so ties go LRU. The pool
 keeps the chain property for every policy: only a block no other cached block names as its
-parent (or one whose content another block also holds) can be evicted. That pool is the
-definition; the policies run on faster pools with the same victims: ``priority``, ``hybrid``
-and ``lookahead``, whose keys are a release clock plus a per-class offset, on FIFO lanes
-(:class:`~kvsim.cache.lane_pool.LanePool`), ``lfu`` on an LRU queue per hit count
-(:class:`~kvsim.cache.lfu_pool.LFUPool`, but for one case of content held twice, see there);
-``belady`` on the scored pool itself.
+parent (or one whose content another block also holds) can be evicted. ``hybrid`` and
+``lookahead``, whose keys are a release clock plus a per-class offset, run on FIFO lanes
+instead (:class:`~kvsim.cache.lane_pool.LanePool`), with the same victims.
 """
 
 from __future__ import annotations
@@ -122,7 +119,6 @@ class LFUPolicy(CachePolicy):
     equals."""
 
     name = "lfu"
-    pool_class = "lfu"      # :class:`~kvsim.cache.lfu_pool.LFUPool`: an LRU queue per count
 
     def key(self, pool, block_id, block_hash, clock):
         return (pool.hits[block_id], clock)

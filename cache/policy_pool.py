@@ -31,25 +31,7 @@ class _Unreachable:
 UNREACHABLE = _Unreachable()
 
 
-class KeyedUse:
-    """A host tier's store and refresh on a pool whose order is a key given at release (a
-    :class:`PolicyPool`, :class:`~kvsim.cache.lfu_pool.LFUPool`): taken and released, or hit
-    and released again, so the block gets the key of its new use."""
-
-    def put_cached(self, block_hash: int) -> int:
-        """A new free cached block for ``block_hash``, released at once."""
-        block_id = self.get_new_blocks(1)[0]
-        self.cache_block(block_id, block_hash)
-        self.free_blocks([block_id])
-        return block_id
-
-    def refresh(self, block_id: int) -> None:
-        """A use of a cached block: a hit, released again if it was free."""
-        self.touch([block_id])
-        self.free_blocks([block_id])
-
-
-class PolicyPool(KeyedUse, BlockPool):
+class PolicyPool(BlockPool):
     """Queries and composite actions of a pool whose free cached blocks a policy orders.
 
     Subclasses give :meth:`cached_free_order` and the block actions (``get_new_blocks``,
@@ -150,3 +132,13 @@ class PolicyPool(KeyedUse, BlockPool):
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         self.cache_blocks([block_id], [block_hash])
+
+    def put_cached(self, block_hash: int) -> int:
+        block_id = self.get_new_blocks(1)[0]
+        self.cache_block(block_id, block_hash)
+        self.free_blocks([block_id])
+        return block_id
+
+    def refresh(self, block_id: int) -> None:
+        self.touch([block_id])
+        self.free_blocks([block_id])

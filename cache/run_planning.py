@@ -94,7 +94,7 @@ class DecodeRunPlanning:
         """Whether ``run`` (planned, nothing committed yet) can take ``seq``, a request arriving
         to nobody waiting during its step ``step - 1``, and admit it at ``step`` as
         :meth:`schedule` would there: its whole prompt in one step, with no prefix lookup to
-        make (a request no lookup can hit) and no cache policy to ask (LRU, LFU), blocks to spare
+        make (a request no lookup can hit) and no cache policy to ask (LRU), blocks to spare
         for its prompt and every later step of the run (those freed meanwhile not counted),
         and at least one decode step after it. If so the run takes it
         (:meth:`DecodeRun.admit`), and committing the run admits it there."""

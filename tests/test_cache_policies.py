@@ -5,7 +5,6 @@ import random
 import pytest
 
 from kvsim.cache import BlockPool, KVCacheManager
-from kvsim.cache.lfu_pool import LFUPool
 from kvsim.cache.scored_pool import ScoredBlockPool
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.cache.policies import POLICY_NAMES, BeladyOracle
@@ -39,12 +38,10 @@ def manager(policy, num_blocks=4, oracle=None):
 
 # --- the lru policy is vLLM's code path -----------------------------------------------------
 
-def test_lru_is_the_plain_pool_and_others_have_their_own():
+def test_lru_is_the_plain_pool_and_others_are_scored():
     assert type(make_pool(4, policy=make_policy("lru"))) is BlockPool
     assert type(BlockPool(4)) is BlockPool
-    assert type(make_pool(4, policy=make_policy("lfu"))) is LFUPool
-    oracle = BeladyOracle.from_hashes([[1]], [1], [0])
-    assert type(make_pool(4, policy=make_policy("belady", oracle))) is ScoredBlockPool
+    assert type(make_pool(4, policy=make_policy("lfu"))) is ScoredBlockPool
 
 
 class ReferenceQueue:

@@ -10,7 +10,6 @@ import pytest
 from kvsim.cache.eviction import make_policy
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.request_state import RequestState, RequestStatus
-from kvsim.cache.scored_pool import ScoredBlockPool
 from kvsim.workloads import Request, TraceOptions, load_trace
 from kvsim.workloads.loader import sample_path
 from kvsim.workloads.sharing import SharedPrefixes, read_scanned, scan_trace_sharing
@@ -126,14 +125,11 @@ def test_a_preempted_request_registers_its_private_blocks_and_resumes_on_them():
     assert story(4, finish=False)[4] == [0, 1, 2, 3, 4]
 
 
-def two_requests(defer: bool, finish: bool = True, policy: str = "hybrid", scored=False):
+def two_requests(defer: bool, finish: bool = True, policy: str = "hybrid"):
     """A (six full blocks of 4 tokens, its first four shared) runs; B hits those four, which
     puts A's fourth block in a reused chain (hybrid's lanes read that); A is freed (finished,
-    or preempted), then B finishes; then the whole pool is taken. ``scored``: on the scored
-    pool (the definition of a keyed policy's victims) instead of the policy's own."""
+    or preempted), then B finishes; then the whole pool is taken."""
     kv = KVCacheManager(16, 4, policy=make_policy(policy), defer_private_blocks=defer)
-    if scored:
-        kv.pool = ScoredBlockPool(16, policy=make_policy(policy))
     a = RequestState(chunked(1, [1, 2, 3], 24), 4)
     b = RequestState(chunked(2, [1, 2, 4], 22), 4)
     a.num_shared_blocks = b.num_shared_blocks = 4
@@ -147,8 +143,7 @@ def two_requests(defer: bool, finish: bool = True, policy: str = "hybrid", score
     b.status = RequestStatus.FINISHED
     kv.free(2)
     order = kv.pool.cached_free_order()     # (first: it writes out a scored pool's private runs)
-    chains = (kv.pool.reused if policy == "hybrid" else   # what it reads
-              kv.pool.num_children if scored else [])
+    chains = kv.pool.reused if policy == "hybrid" else kv.pool.num_children   # what it reads
     return (hit.block_ids, indexed_while_running, len(kv.pool.index), list(chains), order,
             kv.pool.get_new_blocks(16))
 
@@ -169,22 +164,14 @@ def test_a_preempted_request_registers_its_private_blocks_in_the_hybrid_lanes_to
     assert skipped[1:3] == (4, 6) and skipped[3:] == eager[3:]
 
 
-def test_the_scored_pool_counts_the_cached_children_of_private_blocks_outside_the_index():
+def test_lfu_counts_the_cached_children_of_private_blocks_outside_the_index():
     """The chain rule sees the same chains: block 3 keeps two cached children (A's block 4 and
     B's block 6) and A's blocks 4 and 5 one each, indexed or not."""
-    skipped, eager = (two_requests(defer, policy="lfu", scored=True) for defer in (True, False))
+    skipped, eager = two_requests(True, policy="lfu"), two_requests(False, policy="lfu")
     assert skipped[1:3] == (4, 4) and eager[1:3] == (7, 7)
     assert skipped[3] == eager[3] == [1, 1, 1, 2, 1] + [0] * 11
     assert skipped[4] == eager[4] == [5, 4, 6, 3, 2, 1, 0]
     assert skipped[5] == eager[5] == [7, 8, 9, 10, 11, 12, 13, 14, 15, 5, 4, 6, 3, 2, 1, 0]
-
-
-def test_lfus_queues_evict_as_the_scored_pool_with_private_blocks_outside_the_index():
-    for defer in (True, False):
-        queues, scored = two_requests(defer, policy="lfu"), two_requests(defer, policy="lfu",
-                                                                           scored=True)
-        assert queues[:3] == scored[:3] and queues[4:] == scored[4:]
-        assert queues[4] == [5, 4, 6, 3, 2, 1, 0]
 
 
 @pytest.mark.parametrize("settings", [

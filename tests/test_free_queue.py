@@ -1,6 +1,5 @@
 """The LRU pool's free queue keeps a linked list's order with segments and lazy removal."""
 
-import random
 from collections import OrderedDict
 
 import numpy as np
@@ -72,54 +71,6 @@ def test_a_pop_past_stale_entries_reads_the_first_segment_a_window_at_a_time():
     assert queue.popleft(2).tolist() == [601, 603]
     assert queue._segments[0][2] == 604 and queue._num_stale == 1     # 604: read later
     assert queue.popleft(3).tolist() == [605, 606, 607] and queue._num_stale == 0
-
-
-def test_queues_beside_each_other_share_stamps_and_keep_apart():
-    """LFU's queues, one per hit count: block 0 leaves the first for the second, where its
-    serial number would have been the first's stale entry's without ranges apart."""
-    first = FreeQueue(4)                                    # serials 0..3
-    second = FreeQueue(4, filled=False, beside=first, first_serial=1 << 40)
-    first.remove(ids(0))
-    second.extend(ids(0))
-    assert first.ids().tolist() == [1, 2, 3] and second.ids().tolist() == [0]
-    first.remove(ids(2))
-    second.extend(ids(2))
-    second.remove(ids(0))
-    first.extend(ids(0))
-    assert first.ids().tolist() == [1, 3, 0] and second.ids().tolist() == [2]
-    assert first.popleft(3).tolist() == [1, 3, 0] and second.popleft(1).tolist() == [2]
-    assert not len(first) and not len(second)
-
-
-def test_queues_beside_each_other_stay_apart_through_moves_pops_and_rebuilds(monkeypatch):
-    """Three queues sharing stamps against three lists: blocks move between them, leave from
-    a head and come back at a head; enough removals that the queues rebuild."""
-    rebuilds, rebuild = [], FreeQueue._rebuild
-    monkeypatch.setattr(FreeQueue, "_rebuild", lambda q: rebuilds.append(q) or rebuild(q))
-    rng, n = random.Random(1), 1500
-    queues = [FreeQueue(n)]
-    queues += [FreeQueue(n, filled=False, beside=queues[0], first_serial=k << 40) for k in (1, 2)]
-    lists, where, taken = [list(range(n)), [], []], [0] * n, []
-    for step in range(6000):
-        block, to = rng.randrange(n), rng.randrange(3)
-        if where[block] is not None:                # to the tail of a queue, maybe another
-            queues[where[block]].remove(ids(block))
-            lists[where[block]].remove(block)
-            queues[to].extend(ids(block))
-            lists[to].append(block)
-            where[block] = to
-        elif taken:                                 # a taken block back at a head
-            back = taken.pop()
-            queues[to].extendleft(ids(back))
-            lists[to].insert(0, back)
-            where[back] = to
-        if step % 7 == 0 and lists[to]:             # one taken from a head
-            assert queues[to].popleft(1).tolist() == [lists[to][0]]
-            where[lists[to][0]] = None
-            taken.append(lists[to].pop(0))
-    assert rebuilds
-    assert [q.ids().tolist() for q in queues] == lists
-    assert [len(q) for q in queues] == [len(x) for x in lists]
 
 
 def test_taking_more_than_is_queued_or_removing_a_block_not_there_is_refused():

@@ -1,11 +1,9 @@
-"""The FIFO lanes of hybrid, priority and lookahead (:class:`~kvsim.cache.lane_pool.LanePool`,
-:class:`~kvsim.cache.lookahead_pool.LookaheadPool`) and LFU's queues per hit count
-(:class:`~kvsim.cache.lfu_pool.LFUPool`) evict exactly as the scored pool's definition says:
-the smallest key among blocks the chain rule allows. Checked against a reference that keys
-every released block by the policy's ``key`` and applies the chain rule by brute force, over
-random request stories with priorities and with requests queueing and leaving (each request
-looks up every cached hash first, so no content is held twice: for the one case LFU's queues
-miss then, see tests/test_lfu_pool.py)."""
+"""The FIFO lanes of hybrid and lookahead (:class:`~kvsim.cache.lane_pool.LanePool`,
+:class:`~kvsim.cache.lookahead_pool.LookaheadPool`) evict exactly as the scored pool's
+definition says: the smallest key among blocks the chain rule allows. Checked against a
+reference that keys every released block by the policy's ``key`` and applies the chain rule by
+brute force, over random request stories with priorities and with requests queueing and
+leaving."""
 
 import random
 
@@ -95,8 +93,7 @@ def run_story(name: str, seed: int, one_by_one: bool) -> list[int]:
         ref.touch(hit)
         new = []
         for _ in range(need if one_by_one else 0):
-            uncached = pool.num_free_blocks - pool.num_cached_free_blocks
-            expected = ref.victim() if not uncached else None
+            expected = ref.victim() if not pool._free else None
             protected += queueing and expected is not None and ref.keys[expected][0]
             new += pool.get_new_blocks(1)
             assert expected is None or new[-1] == expected
@@ -113,13 +110,13 @@ def run_story(name: str, seed: int, one_by_one: bool) -> list[int]:
         assert {b: pool.key_of(b) for b in ref.keys} == ref.keys
     assert pool.num_evictions > 150
     # the chain rule changes victims (a first block under a credited chain) except without a
-    # credit (priority, lfu): then the keys keep it everywhere
+    # credit (priority): then the keys keep it everywhere
     assert not one_by_one or ((protected >= 1 or not queueing)
-                              and (ref.num_deferred > 10 or not getattr(pool, "credit", 0)))
+                              and (ref.num_deferred > 10 or not pool.credit))
     return victims
 
 
-@pytest.mark.parametrize("name", ["hybrid", "lookahead", "priority", "lfu"])
+@pytest.mark.parametrize("name", ["hybrid", "lookahead", "priority"])
 @pytest.mark.parametrize("seed", range(4))
 def test_every_victim_is_the_smallest_eligible_key_one_by_one_and_in_batches(name, seed):
     assert run_story(name, seed, one_by_one=True) == run_story(name, seed, one_by_one=False)
