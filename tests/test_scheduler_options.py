@@ -98,3 +98,24 @@ def test_an_unknown_sampling_mode_is_one_line(tmp_path):
     done = kvsim("run", "--sampling", "beam", "--out", str(tmp_path / "x"))
     assert done.returncode == 2
     assert "Invalid value for '--sampling': 'beam' is not one of 'random', 'greedy'" in done.stderr
+
+
+def test_a_step_that_only_preempts_takes_no_time_and_the_run_goes_on():
+    """Priority scheduling on 8 blocks: request 0 (priority 1) is the first running request
+    when the pool is full, and the victim its growth picks is itself, so the step schedules
+    nothing and request 1 waits for the next (as vLLM's scheduler breaks there). That step
+    took the run down with "no progress"; it is a step of no time with one preemption."""
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.serving import results
+    from kvsim.sim.serving.runner import simulate
+    for skip_ahead in (True, False):
+        requests = [Request(0, 0.0, 20, 60, priority=1), Request(1, 0.001, 20, 60, priority=0)]
+        run = simulate(requests, RunConfig(model="llama-2-7b", num_gpu_blocks=8, block_size=16,
+                                           max_model_len=128, scheduling_policy="priority",
+                                           skip_ahead=skip_ahead), keep_steps=True)
+        steps, done = results.steps_frame(run), results.requests_frame(run)
+        only = steps[steps.preemptions > 0]
+        assert len(only) == 1
+        assert only[["duration", "scheduled_tokens", "num_running", "num_waiting",
+                     "kv_used_blocks"]].values.tolist() == [[0.0, 0, 1, 1, 4]]
+        assert done.num_preemptions.tolist() == [1, 0] and done.output_tokens.tolist() == [60, 60]

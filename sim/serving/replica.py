@@ -126,12 +126,14 @@ class Replica:
     def _step(self):
         now = self.env.now
         plan = self.scheduler.schedule()
-        if plan.is_empty:
+        if plan.is_empty and not plan.preempted:
             raise RuntimeError(f"replica {self.index}: the scheduler made no progress at "
                                f"t={now:.6f}s with {self.scheduler.num_waiting} waiting")
         for request_id in plan.admitted:
             self.requests.on_scheduled(request_id, now)
-        duration = self.executor.step_duration(plan)
+        # (a step may only preempt: the request being grown was its own victim, and the
+        # running ones after it wait for the next step, as in vLLM; nothing runs, no time)
+        duration = self.executor.step_duration(plan) if not plan.is_empty else 0.0
         yield self.env.timeout(duration)
         outcome = self.scheduler.update_from_output()
         self._commit(outcome)
