@@ -10,6 +10,9 @@ from clirun import kvsim
 from kvsim.cache import KVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
+from kvsim.sim.config import RunConfig
+from kvsim.sim.serving import results
+from kvsim.sim.serving.runner import simulate
 from kvsim.workloads import Request
 
 
@@ -105,9 +108,6 @@ def test_a_step_that_only_preempts_takes_no_time_and_the_run_goes_on():
     when the pool is full, and the victim its growth picks is itself, so the step schedules
     nothing and request 1 waits for the next (as vLLM's scheduler breaks there). That step
     took the run down with "no progress"; it is a step of no time with one preemption."""
-    from kvsim.sim.config import RunConfig
-    from kvsim.sim.serving import results
-    from kvsim.sim.serving.runner import simulate
     for skip_ahead in (True, False):
         requests = [Request(0, 0.0, 20, 60, priority=1), Request(1, 0.001, 20, 60, priority=0)]
         run = simulate(requests, RunConfig(model="llama-2-7b", num_gpu_blocks=8, block_size=16,
