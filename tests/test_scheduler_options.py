@@ -1,5 +1,6 @@
 """vLLM scheduler options a run can set (issue 16): chunked prefill off, the full-sequence
-admission check, prefix statistics with caching off, and the sampling mode."""
+admission check, prefix statistics with caching off, the sampling mode; and priority
+scheduling's step that only preempts."""
 
 import json
 
