@@ -8,9 +8,16 @@ leaving."""
 import random
 
 import pytest
+from pool_lockstep import lockstep_pool
 
+from kvsim.cache import eviction
 from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.lane_pool import LanePool
 from kvsim.cache.lookahead_pool import LookaheadPool
+from kvsim.cache.scored_pool import ScoredBlockPool
+from kvsim.sim.config import RunConfig
+from kvsim.sim.serving.runner import simulate
+from kvsim.workloads.generators import GenConfig, generate
 
 
 class Reference:
@@ -227,3 +234,20 @@ def test_an_evicted_block_forgets_its_hit():
     pool.cache_blocks([3, 2], [10, 11])                 # a new chain on the evicted blocks
     pool.cache_blocks([4], [12], 2, 2)                  # continues it from block 2
     assert pool.reused[4] == 0                          # a chain nobody reused
+
+
+@pytest.mark.parametrize("name", ["priority", "hybrid"])
+def test_the_lanes_evict_as_the_scored_pool_in_a_run_that_holds_content_twice(name, monkeypatch):
+    """The stories above never hold content twice; a greedy chat run on a small pool does (two
+    requests filling the same block at once), with priorities 0-2: every allocation of the
+    lanes, run in lockstep with the scored pool, gives its blocks."""
+    lanes = lockstep_pool(LanePool, lambda n, caching: ScoredBlockPool(
+        n, caching, make_policy(name)), shared=("prio", "reused"))
+    monkeypatch.setitem(eviction.POOL_CLASSES, "lanes", lanes)
+    requests = generate("chat", GenConfig(num_requests=1500, seed=1))
+    for i, request in enumerate(requests):
+        request.priority = i % 3
+    run = simulate(requests, RunConfig(model="llama-2-7b", num_gpu_blocks=300, eviction=name,
+                                       scheduling_policy="priority", sampling="greedy"))
+    pool = run.replicas[0].kv.pool
+    assert pool.num_checked > 2000 and pool.num_copies > 100
