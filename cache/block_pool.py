@@ -295,20 +295,36 @@ class BlockPool:
         """Fill the next free block with ``block_hash`` and leave it free and cached, as the
         most recently used (``get_new_blocks(1)``, ``cache_block``, ``free_blocks`` in one
         step: a host tier storing a copy). Returns the block id."""
-        if not self._free:
-            raise ValueError("cannot put a cached block: no block is free")
-        taken = self._free.popleft(1)
+        return self.put_cached_run([block_hash])[0]
+
+    def put_cached_run(self, block_hashes: list[int]) -> list[int]:
+        """``put_cached`` of each hash in turn, in one pass: the hashes are distinct, none
+        is cached here, and at most as many as the free blocks (so no block is taken twice,
+        and none of the blocks taken holds one of them). Returns the block ids."""
+        n = len(block_hashes)
+        if n > len(self._free):
+            raise ValueError(f"cannot put {n} cached blocks: only {len(self._free)} are free")
+        taken = self._free.popleft(n)
         self._evict(taken)
-        self.num_cached_free_blocks += 1
-        block_id = int(taken[0])
-        self.cache_block(block_id, block_hash)
+        self.num_cached_free_blocks += n
+        block_ids = taken.tolist()
+        self.cache_blocks(block_ids, block_hashes)
         self._free.extend(taken)
-        return block_id
+        return block_ids
 
     def refresh(self, block_id: int) -> None:
         """Count a cached block as just used (a free one moves to the LRU tail)."""
-        if self.ref_counts[block_id] == 0:
-            self._free.move_to_end(block_id)
+        self.refresh_many([block_id])
+
+    def refresh_many(self, block_ids: list[int]) -> None:
+        """``refresh`` of each block in turn (a block named twice ends where the last puts
+        it)."""
+        if len(set(block_ids)) < len(block_ids):
+            block_ids = list(dict.fromkeys(reversed(block_ids)))[::-1]
+        ids = _array(block_ids)
+        free = ids[self.ref_counts[ids] == 0]
+        if len(free):
+            self._free.move_many_to_end(free)
 
     def claim(self, block_ids) -> None:
         """Take the given free blocks (distinct) out of the queue, wherever they are,

@@ -22,6 +22,8 @@ Pure bookkeeping like the rest of :mod:`kvsim.cache`: the copies are pairs the
 
 from __future__ import annotations
 
+from itertools import compress, count, islice
+from operator import not_
 from typing import Sequence
 
 from kvsim.cache.eviction import make_pool
@@ -78,6 +80,45 @@ class HostTier:
             return None
         self.num_stored_blocks += 1
         return pool.put_cached(block_hash)
+
+    def store_many(self, block_hashes: list[int]) -> list[int | None]:
+        """:meth:`store` of each hash in turn, a run at a time: a run of hashes held here is
+        refreshed in one call, and a run that needs a copy each (not held, distinct, no more
+        than the free blocks) is put in one call. Refreshing evicts nothing, and the blocks a
+        put takes hold none of its hashes, so each run finds the tier as its hashes one at a
+        time would."""
+        pool = self.pool
+        if not pool.can_get_new_blocks(1):      # (nothing can be put: one at a time)
+            return [self.store(block_hash) for block_hash in block_hashes]
+        out, at = [], 0
+        while at < len(block_hashes):
+            end, held = self._run_end(block_hashes, at)
+            run = block_hashes[at:end]
+            if held:
+                pool.refresh_many(pool.index.find_prefix(run))
+                out.extend([None] * len(run))
+            else:
+                out.extend(pool.put_cached_run(run))
+                self.num_stored_blocks += len(run)
+            at = end
+        return out
+
+    def _run_end(self, block_hashes: list[int], at: int) -> tuple[int, bool]:
+        """Where the run of :meth:`store_many` starting at ``at`` ends, and whether its hashes
+        are held here (else each needs a copy). The scans run in C."""
+        held = self.pool.index._map.__contains__
+        if held(block_hashes[at]):
+            misses = map(not_, map(held, islice(block_hashes, at, None)))
+            return next(compress(count(at), misses), len(block_hashes)), True
+        limit = min(len(block_hashes), at + self.pool.num_free_blocks)
+        end = next(compress(count(at), map(held, islice(block_hashes, at, limit))), limit)
+        if len(set(block_hashes[at:end])) < end - at:      # a hash twice: the run ends there
+            seen: set[int] = set()
+            for i in range(at, end):
+                if block_hashes[i] in seen:
+                    return i, False
+                seen.add(block_hashes[i])
+        return end, False
 
     def pin(self, block_ids: Sequence[int]) -> None:
         """Keep cached blocks from eviction while they are being read (a promotion)."""

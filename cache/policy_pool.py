@@ -139,6 +139,13 @@ class PolicyPool(BlockPool):
         self.free_blocks([block_id])
         return block_id
 
+    def put_cached_run(self, block_hashes: list[int]) -> list[int]:
+        return [self.put_cached(block_hash) for block_hash in block_hashes]
+
     def refresh(self, block_id: int) -> None:
         self.touch([block_id])
         self.free_blocks([block_id])
+
+    def refresh_many(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            self.refresh(block_id)

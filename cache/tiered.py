@@ -146,11 +146,11 @@ class TieredKVCacheManager(KVCacheManager):
         """A new step starts: write through the blocks the last step filled."""
         if not self._pending_writes:
             return
-        hashes, store = self.pool.block_hashes, self.host.store
-        pairs = [(block_id, host_id) for block_id, block_hash in self._pending_writes
-                 if hashes[block_id] == block_hash and (host_id := store(block_hash)) is not None]
+        hashes = self.pool.block_hashes
+        still = [(block_id, block_hash) for block_id, block_hash in self._pending_writes
+                 if hashes[block_id] == block_hash]     # (else evicted before its copy ran)
         self._pending_writes.clear()
-        self._record(OFFLOAD, pairs)
+        self._store(still)
 
     def take_transfers(self) -> list[BlockTransfer]:
         """The copies recorded since the last call, in the order they must run."""
@@ -160,11 +160,15 @@ class TieredKVCacheManager(KVCacheManager):
     # --- internals -----------------------------------------------------------------------
 
     def _demote(self, evicted: list[tuple[int, int]]) -> None:
-        store = self.host.store
-        pairs = [(block_id, host_id) for block_id, block_hash in evicted
-                 if (host_id := store(block_hash)) is not None]
+        self._store(evicted)
         evicted.clear()
-        self._record(OFFLOAD, pairs)
+
+    def _store(self, blocks: list[tuple[int, int]]) -> None:
+        """Copy the content of ``(GPU block, hash)`` pairs to the host, in order, where the
+        host takes it."""
+        host_ids = self.host.store_many([block_hash for _, block_hash in blocks])
+        self._record(OFFLOAD, [(block_id, host_id) for (block_id, _), host_id
+                               in zip(blocks, host_ids) if host_id is not None])
 
     def _bring_in(self, request_id, host_ids, gpu_ids, swapped: bool) -> None:
         self._record(SWAP_IN if swapped else PROMOTE, list(zip(host_ids, gpu_ids)))

@@ -108,6 +108,24 @@ def test_a_full_host_of_swap_space_drops_demotions():
     assert m.host.num_dropped_blocks == 4
 
 
+def test_storing_many_hashes_is_storing_each_in_turn():
+    host = HostTier(4)
+    assert host.store_many([1, 2, 3]) == [0, 1, 2]    # block 3 stays empty, first to go
+    assert host.pool.free_queue() == [3, 0, 1, 2]
+    assert host.store_many([1, 2, 1]) == [None] * 3   # held: refreshed, 1 last of all
+    assert host.pool.free_queue() == [3, 2, 1, 0]
+    assert host.store_many([5, 6, 5]) == [3, 2, None]  # 6 evicts 3; 5 is held by then
+    assert host.pool.free_queue() == [1, 0, 2, 3]
+    assert host.find(3) is None and host.num_stored_blocks == 5
+
+
+def test_a_hash_an_earlier_store_of_the_same_call_evicts_is_copied_again():
+    host = HostTier(2)
+    host.store_many([1, 2])                           # 1 in block 0, 2 in block 1
+    assert host.store_many([7, 1]) == [0, 1]          # 7 evicts 1, which then evicts 2
+    assert (host.find(7), host.find(1), host.find(2)) == (0, 1, None)
+
+
 def test_write_through_copies_blocks_the_step_after_they_fill_and_evictions_are_free():
     m = tiered(write="through")
     m.begin_step()

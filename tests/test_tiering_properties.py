@@ -205,3 +205,39 @@ def test_the_fast_lru_host_path_equals_the_generic_one(num_blocks, ops):
         assert fast.pool.free_queue() == slow.pool.free_queue()
         assert fast.pool.block_hashes == slow.pool.block_hashes
     assert fast.num_dropped_blocks == slow.num_dropped_blocks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 8), st.sampled_from(["lru", "lfu", "arc"]),
+       st.lists(st.tuples(st.sampled_from(["store", "hold", "release", "pin", "unpin"]),
+                          st.lists(st.integers(0, 12), min_size=1, max_size=20)),
+                max_size=30))
+def test_storing_many_hashes_equals_storing_them_one_at_a_time(num_blocks, policy, ops):
+    """``HostTier.store_many`` (runs of held hashes refreshed, runs of new ones put in one
+    call) against ``store`` of each hash in turn, with swap space and pinned blocks taking
+    host blocks from the free queue meanwhile."""
+    many, one = (HostTier(num_blocks, make_policy(policy)) for _ in range(2))
+    held, pinned = [], []
+    for op, xs in ops:
+        if op == "store":
+            assert many.store_many(xs) == [one.store(x) for x in xs]
+        elif op == "hold" and many.can_hold(len(xs) % 3 + 1):
+            held.append(many.hold(len(xs) % 3 + 1))
+            assert one.hold(len(xs) % 3 + 1) == held[-1]
+        elif op == "release" and held:
+            blocks = held.pop(xs[0] % len(held))
+            many.release(blocks)
+            one.release(blocks)
+        elif op == "pin" and many.find(xs[0]) is not None:
+            pinned.append([many.find(xs[0])])
+            many.pin(pinned[-1])
+            one.pin(pinned[-1])
+        elif op == "unpin" and pinned:
+            blocks = pinned.pop(xs[0] % len(pinned))
+            many.unpin(blocks)
+            one.unpin(blocks)
+        assert many.pool.free_queue() == one.pool.free_queue()
+        assert many.pool.block_hashes == one.pool.block_hashes
+        assert many.pool.num_evictions == one.pool.num_evictions
+    assert (many.num_stored_blocks, many.num_dropped_blocks) == \
+        (one.num_stored_blocks, one.num_dropped_blocks)
