@@ -10,8 +10,8 @@ from typing import Literal, Optional
 import typer
 
 from kvsim.commands.options import (JSON_OPTION, NUM_CPU_BLOCKS_OPTION, OFFLOAD_WRITE_OPTION,
-                          PREEMPTION_MODE_OPTION, SEED_OPTION, OptionGroup, emit, opt, progress,
-                          trace_options, trace_reading, with_groups)
+                          PREEMPTION_MODE_OPTION, SEED_OPTION, OptionGroup, emit, given_path, opt,
+                          progress, trace_options, trace_reading, with_groups)
 
 DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda.")
 BACKEND_MODEL_OPTION = typer.Option("tiny-llama", "--model", help="tiny-llama (bundled), a "
@@ -37,7 +37,8 @@ def _backend_settings(model, device, dtype, block_size, threads, seed, clock):
 
 def profile_command(
     device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
-    out: str = typer.Option("profile.json", "--out", metavar="FILE", help="Profile to write."),
+    out: str = typer.Option(
+        "profile.json", "--out", metavar="FILE", callback=given_path, help="Profile to write."),
     block_size: int = BACKEND_BLOCK_OPTION, dtype: BackendDtype = DTYPE_OPTION,
     threads: int = THREADS_OPTION, clock: Clock = CLOCK_OPTION, seed: int = SEED_OPTION,
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Largest decode "
@@ -90,8 +91,9 @@ def validate_command(
     profile: Optional[str] = typer.Option(None, "--profile", metavar="FILE", help="Fitted "
                                           "profile (kvsim profile); default: profile here, "
                                           "full grid (see --profile-timing)."),
-    out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write "
-                                      "validation.json and validation.html here."),
+    out: Optional[str] = typer.Option(
+        None, "--out", metavar="DIR", callback=given_path,
+        help="Write validation.json and validation.html here."),
     block_size: int = BACKEND_BLOCK_OPTION, dtype: BackendDtype = DTYPE_OPTION,
     threads: int = THREADS_OPTION, clock: Clock = CLOCK_OPTION, seed: int = SEED_OPTION,
     repeats: int = typer.Option(1, "--repeats", min=1, help="Forward passes timed per step "
@@ -161,7 +163,7 @@ def validate_real_command(
                              "kvsim run --profile): its step terms to the measured engine "
                              "steps (vllm-oracle), or one speed factor to the median TPOT "
                              "(vllm bench serve); also prints the error after fitting.",
-                             "--fit", metavar="FILE"),
+                             "--fit", metavar="FILE", callback=given_path),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replay a real vLLM run's requests in kvsim and print the error table.

@@ -12,15 +12,16 @@ from typing import Optional
 
 import typer
 
-from kvsim.commands.options import (JSON_OPTION, SLO_TARGETS, TRACE_MODEL_OPTION, emit, opt,
-                          trace_options, trace_reading, with_groups)
+from kvsim.commands.options import (JSON_OPTION, SLO_TARGETS, TRACE_MODEL_OPTION, emit, given_path,
+                          opt, trace_options, trace_reading, with_groups)
 
 
 @with_groups
 def compare_command(
     ctx: typer.Context,
     config_file: Optional[str] = opt("TOML file holding shared settings.", "--config"),
-    out: str = typer.Option("kvsim-compare", "--out", metavar="DIR", help="Output directory."),
+    out: str = typer.Option(
+        "kvsim-compare", "--out", metavar="DIR", callback=given_path, help="Output directory."),
     workers: Optional[int] = opt("Worker processes.", "--workers", min=1,
                                  show_default="min(4, CPUs)"),
     slo: dict = SLO_TARGETS,

@@ -45,6 +45,14 @@ def progress(message: str) -> None:
     typer.echo(f"kvsim: {message}", err=True)
 
 
+def given_path(value: str | None) -> str | None:
+    """An option callback: a path option given as an empty string is refused (it would mean
+    the current directory, or nothing)."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("an empty path; give a file or directory")
+    return value
+
+
 def opt(help_text: str, *names: str, **kwargs):
     """An option without a value of its own (None: not given)."""
     return typer.Option(None, *names, help=help_text, **kwargs)

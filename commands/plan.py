@@ -9,9 +9,8 @@ from typing import Optional
 import typer
 
 from kvsim.commands.options import (CPU_OFFLOAD_GB_OPTION, JSON_OPTION, LONG_PROMPT_OPTION,
-                          MAX_MODEL_LEN_OPTION,
-                          TRACE_MODEL_OPTION, OptionGroup, emit, opt, trace_options,
-                          trace_reading, with_groups)
+                          MAX_MODEL_LEN_OPTION, TRACE_MODEL_OPTION, OptionGroup, emit, given_path,
+                          opt, trace_options, trace_reading, with_groups)
 from kvsim.sim.config import LongPrompt, RouterName
 
 #: The search space and targets of ``kvsim plan`` (comma-separated candidates), as
@@ -63,7 +62,8 @@ PLAN_RATE_SCALE = (Optional[float], typer.Option(
 def plan_command(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
     search: dict = PLAN_SEARCH,
-    out: str = typer.Option("kvsim-plan", "--out", metavar="DIR", help="Output directory."),
+    out: str = typer.Option(
+        "kvsim-plan", "--out", metavar="DIR", callback=given_path, help="Output directory."),
     use_ray: bool = typer.Option(False, "--ray", help="Run candidates as Ray tasks."),
     ray_address: Optional[str] = opt("Ray cluster to join ('auto' as Ray means it); implies "
                                      "--ray.", "--ray-address"),

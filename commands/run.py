@@ -11,8 +11,8 @@ import typer
 from kvsim.commands.options import (CPU_OFFLOAD_GB_OPTION, JSON_OPTION, KV_OFFLOADING_SIZE_OPTION,
                           LONG_PROMPT_OPTION, MAX_MODEL_LEN_OPTION, NUM_CPU_BLOCKS_OPTION,
                           OFFLOAD_EVICTION_OPTION, OFFLOAD_STORE_THRESHOLD_OPTION,
-                          OFFLOAD_WRITE_OPTION, PREEMPTION_MODE_OPTION,
-                          SLO_TARGETS, TRACE_MODEL_OPTION, OptionGroup, OutputFormat, emit, opt,
+                          OFFLOAD_WRITE_OPTION, PREEMPTION_MODE_OPTION, SLO_TARGETS,
+                          TRACE_MODEL_OPTION, OptionGroup, OutputFormat, emit, given_path, opt,
                           setting, trace_options, trace_reading, with_groups)
 from kvsim.sim.config import (AllocatorName, EvictionPolicy, KvDtype, Layout, LongPrompt,
                          OffloadEvictionPolicy, OffloadWrite, PreemptionMode, ReservePolicy,
@@ -109,7 +109,8 @@ def run_command(
         "(default: sample:mooncake; also sample:azure-conv)."),
     config_file: Optional[str] = opt("TOML file holding any of these settings.", "--config"),
     settings: dict = RUN_SETTINGS,
-    out: str = typer.Option("kvsim-out", "--out", metavar="DIR", help="Output directory."),
+    out: str = typer.Option(
+        "kvsim-out", "--out", metavar="DIR", callback=given_path, help="Output directory."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write report.html."),
     output_format: OutputFormat = OUTPUT_FORMAT_OPTION,
     bench_json: bool = BENCH_JSON_OPTION,
@@ -143,8 +144,9 @@ def show_run(summary: dict, out: str, job=None) -> None:
 def report_command(
     run_dir: str = typer.Argument(..., metavar="DIR",
                                   help="A run's --out directory (summary.json, CSVs)."),
-    out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Where to write "
-                                      "the HTML (default: DIR/report.html)."),
+    out: Optional[str] = typer.Option(
+        None, "--out", metavar="FILE", callback=given_path,
+        help="Where to write the HTML (default: DIR/report.html)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Re-render report.html from a run's summary.json, requests.csv and timeline.csv."""

@@ -8,8 +8,8 @@ from typing import Literal, Optional
 
 import typer
 
-from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, opt, trace_options,
-                          trace_reading, with_groups)
+from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, given_path, opt,
+                          trace_options, trace_reading, with_groups)
 from kvsim.workloads.generators.presets import PresetName
 
 
@@ -32,7 +32,8 @@ def trace_stats_command(
 
 def gen_command(
     preset: PresetName = typer.Argument(..., metavar="PRESET", help="Workload preset."),
-    out: str = typer.Option(..., "--out", metavar="FILE", help="Native JSONL file to write."),
+    out: str = typer.Option(
+        ..., "--out", metavar="FILE", callback=given_path, help="Native JSONL file to write."),
     num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1),
     seed: int = SEED_OPTION,
     arrival: Literal["poisson", "gamma", "trace"] = typer.Option(
@@ -76,7 +77,8 @@ def hitrate_command(
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per block."),
     eviction: str = typer.Option("lru,lfu,priority,hybrid,arc,s3fifo,lookahead,belady",
                                  "--eviction", help="Policies to compare, comma-separated."),
-    out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out"),
+    out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out",
+                             callback=given_path),
     lookahead_s: float = typer.Option(30.0, "--lookahead-s", min=0,
                                       help="lookahead policy: requests arriving within this "
                                       "many seconds count as queued (a queueing delay)."),
@@ -93,11 +95,14 @@ def hitrate_command(
     from kvsim.workloads.sources import resolve_trace
     caps = hitrate.parse_capacities(capacity, capacity_tokens, block_size)
     policies = hitrate.parse_policies(eviction)
+    if out is not None:
+        from kvsim.reports.outdir import check_writable_dir
+        check_writable_dir(Path(out))
     path, label = resolve_trace(trace)
     requests = load_trace(path, trace_options(reading, seed=0))
     result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s),
               "trace": label}
-    if out:
+    if out is not None:
         _write_hitrate(result, Path(out), html)
     emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
 

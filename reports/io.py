@@ -1,8 +1,8 @@
 """Reading and writing result files, atomically, and downsampling a timeline.
 
-Every writer goes through a temporary file in the target's own directory, then ``os.replace``,
-so a reader sees either the previous complete file or the new complete file, never a partial
-one. :func:`read_run_outputs` reads a run directory back; writing one, every file in its order,
+Every writer goes through :func:`kvsim.output_file.replacing` (a temporary file in the
+target's own directory, then ``os.replace``), so a reader sees either the previous complete
+file or the new complete file, never a partial one. :func:`read_run_outputs` reads a run directory back; writing one, every file in its order,
 is :func:`kvsim.reports.run_outputs.write_run_outputs` (above this module: it renders the HTML).
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import KvsimError
+from kvsim.output_file import replacing
 from kvsim.reports.frames import (PHASE_COLUMNS, REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE,
                      TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS, add_phase_columns)
 
@@ -28,29 +28,11 @@ DEFAULT_MAX_POINTS = 2000
 # --- atomic writers ----------------------------------------------------------------------------
 
 def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, binary: bool) -> Path:
-    """Create ``path`` by calling ``write(fileobj)`` on a sibling temp file, then renaming it.
-
-    On any exception the temp file is removed and the target is left untouched.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
-    try:
-        mode = "wb" if binary else "w"
-        kwargs = {} if binary else {"encoding": "utf-8", "newline": ""}
-        with os.fdopen(fd, mode, **kwargs) as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
+    """Create ``path`` by calling ``write(fileobj)`` (:func:`kvsim.output_file.replacing`: on
+    any exception the target is left untouched)."""
+    with replacing(path, binary=binary) as fh:
+        write(fh)
+    return Path(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

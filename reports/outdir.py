@@ -1,10 +1,14 @@
 """An ``--out`` directory owned by one command while it runs.
 
 :class:`OutputDir` checks the directory before any work starts (it may not be a file, and it
-must be creatable and writable), takes an exclusive lock on it (a second kvsim process on the
-same directory fails at once), removes the result files of an earlier run (a directory that
-holds ``summary.json`` holds one run's files only), and, if the command ends in an error or an
-interrupt, removes what it had written so that nothing partial is left looking complete.
+must be creatable and writable) and takes an exclusive lock on it (a second kvsim process on the
+same directory fails at once). A directory holds one command's result at a time:
+
+- a command that succeeds removes the result files of an earlier one it did not write again;
+- a command that ends in an error or an interrupt before writing leaves the directory as it
+  found it (an earlier result stays whole);
+- one that ends so after it began writing removes every result file, its own and the earlier
+  ones, so that nothing partial is left looking complete.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from stat import S_ISREG
 
 from kvsim.errors import KvsimError
 
@@ -20,18 +25,23 @@ LOCK_FILE = ".kvsim.lock"
 
 class OutputDir:
     """``with OutputDir(path, files) as out: ...``; ``files`` are the names a complete result
-    consists of (and that an earlier result's are removed by)."""
+    consists of."""
 
     def __init__(self, path: str | os.PathLike, files: tuple[str, ...],
                  subdirs: bool = False) -> None:
+        self.given = os.fspath(path)
         self.path = Path(path)
         self.files = files
         self.subdirs = subdirs      # results also live in sub-directories (compare, plan)
         self.left = ""              # what an aborted command left behind, in words
         self._lock = None
         self._created = False
+        self._before: dict[Path, tuple] = {}    # the result files found, by their stat
 
     def __enter__(self) -> "OutputDir":
+        if not self.given.strip():
+            raise KvsimError("is empty; --out needs a directory", location="--out",
+                             field="out")
         check_writable_dir(self.path)
         self._created = not self.path.exists()
         try:
@@ -40,33 +50,59 @@ class OutputDir:
         except OSError as e:
             raise KvsimError(f"cannot use it as the output directory: {e.strerror}",
                              location=str(self.path), field="out") from None
-        self._clear()
+        for tmp in self.path.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        self._before = self._results()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        began = False
         try:
-            if exc_type is not None:
-                self._clear()
+            if exc_type is None:
+                self._remove(p for p, stat in self._before.items() if _stat(p) == stat)
+            elif self._results() != self._before:    # it began writing: nothing partial
+                began = True
+                self._remove(self._results())
+                for tmp in self.path.glob(".*.tmp"):
+                    tmp.unlink(missing_ok=True)
         finally:
             _unlock(self.path, self._lock)
         if exc_type is None:
             return
         if self._created and not any(self.path.iterdir()):
             self.path.rmdir()
-        self.left = (f"{self.path}/ holds no result (nothing partial left)"
-                     if self.path.exists() else "nothing was written")
+        self.left = self._left(began)
         if exc is not None:
             exc.left = self.left
 
-    def _clear(self) -> None:
-        for name in self.files:
-            (self.path / name).unlink(missing_ok=True)
-        for tmp in self.path.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+    def _left(self, began: bool) -> str:
+        """What the aborted command left, in words."""
+        if began:
+            return f"{self.path}/ holds no result (nothing partial left)"
+        if self._before:
+            return f"{self.path}/ is as it was (its earlier result kept)"
+        return "nothing was written"
+
+    def _results(self) -> dict[Path, tuple]:
+        """The result files there now, each with its stat (a rewritten file's differs)."""
+        paths = [self.path / name for name in self.files]
         if self.subdirs:
-            for child in self.path.iterdir():
-                if child.is_dir() and (child / "summary.json").is_file():
-                    (child / "summary.json").unlink()
+            paths += [child / "summary.json" for child in self.path.iterdir() if child.is_dir()]
+        return {p: stat for p in paths if (stat := _stat(p)) is not None}
+
+    @staticmethod
+    def _remove(paths) -> None:
+        for path in list(paths):
+            path.unlink(missing_ok=True)
+
+
+def _stat(path: Path) -> tuple | None:
+    """``path``'s identity and last change (None if it is not a file)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size) if S_ISREG(st.st_mode) else None
 
 
 def check_writable_dir(path: Path) -> None:

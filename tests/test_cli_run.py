@@ -84,6 +84,40 @@ def test_a_bad_trace_line_writes_nothing(tmp_path):
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
+def test_a_run_refused_for_bad_input_leaves_an_earlier_result_as_it_was(tmp_path):
+    out = tmp_path / "o"
+    assert kvsim("run", "--limit", "5", "--out", str(out), "-q").returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    done = kvsim("run", "--limit", "5", "--model", "no-such-model", "--out", str(out))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_new_result_replaces_the_earlier_one_whole(tmp_path):
+    out = tmp_path / "o"
+    assert kvsim("run", "--limit", "5", "--out", str(out), "-q").returncode == 0
+    assert kvsim("run", "--limit", "6", "--out", str(out), "-q", "--no-html").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json",
+                                                    "timeline.csv"]   # no older report.html
+
+
+@pytest.mark.parametrize("args", [["run", "--limit", "5"], ["gen", "chat", "-n", "5"]])
+def test_an_empty_out_is_refused(args):
+    done = kvsim(*args, "--out", "")
+    assert done.returncode == 2
+    assert done.stderr == "kvsim: error: Invalid value for '--out': an empty path; give a file " \
+                          "or directory\n"
+
+
+def test_gen_refuses_a_directory_and_writes_through_a_device(tmp_path):
+    done = kvsim("gen", "chat", "-n", "5", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr == f"kvsim: error: {tmp_path}: field 'out': is a directory; give a file " \
+                          "to write\n"
+    assert kvsim("gen", "chat", "-n", "5", "--out", "/dev/null").returncode == 0
+    assert Path("/dev/null").is_char_device()
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--max-num-seqs", "abc"], "Invalid value for '--max-num-seqs'"),
     (["run", "--no-such-option"], "No such option: --no-such-option"),

@@ -99,7 +99,7 @@ def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig,
     trace = long_trace(tmp_path / "long.jsonl")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "summary.json").write_text("{}")   # an earlier run's result: must not survive
+    (out / "summary.json").write_text("{}")   # an earlier run's result: left as it was
     proc = subprocess.Popen([*KVSIM, "run", str(trace), "--out", str(out), "--no-skip-ahead"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_lock(out, proc)
@@ -107,8 +107,9 @@ def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig,
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status
     assert err.strip().splitlines() == [
-        f"kvsim: interrupted by {sig.name}; {out}/ holds no result (nothing partial left)"]
-    assert sorted(p.name for p in out.iterdir()) == []
+        f"kvsim: interrupted by {sig.name}; {out}/ is as it was (its earlier result kept)"]
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    assert (out / "summary.json").read_text() == "{}"
 
 
 def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Iterable
 
-from kvsim.errors import KvsimError
+from kvsim.output_file import replacing
 from kvsim.workloads.request import Request
 
 
@@ -54,20 +52,8 @@ def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike
     The file appears whole or not at all: lines go to a temporary file beside ``path`` that
     replaces it only once every request is written.
     """
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise KvsimError(f"cannot write there: {e.strerror}", location=str(path),
-                         field="out") from None
     count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for count, (request, continued) in enumerate(records, start=1):
-                f.write(json.dumps(native_record(request, continued),
-                                   separators=(", ", ": ")) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path, parents=False) as f:
+        for count, (request, continued) in enumerate(records, start=1):
+            f.write(json.dumps(native_record(request, continued), separators=(", ", ": ")) + "\n")
     return count

@@ -1,0 +1,70 @@
+"""Writing one output file so that it appears whole or not at all.
+
+:func:`replacing` is the one way kvsim writes a file: into a temporary file beside the
+target, renamed over it once complete (so a reader never sees half a file, and an error or an
+interrupt leaves the target as it was). A target that exists and is not a regular file (a
+device such as ``/dev/null``, a named pipe) is written directly instead: renaming over it
+would replace the device with a file. A target that is a directory, or an empty path, is bad
+input: a :class:`~kvsim.errors.KvsimError`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+from kvsim.errors import KvsimError
+
+
+@contextmanager
+def replacing(path: str | os.PathLike, binary: bool = False,
+              parents: bool = True) -> Iterator[IO]:
+    """``with replacing(path) as fh: fh.write(...)``: ``path`` is replaced by what was written
+    once the block ends without an exception (text: UTF-8, newlines as written). ``parents``:
+    create missing parent directories (else a missing one is bad input)."""
+    target = _checked(path)
+    mode, kwargs = ("wb", {}) if binary else ("w", {"encoding": "utf-8", "newline": ""})
+    if _is_special(target):
+        with open(target, mode, **kwargs) as fh:
+            yield fh
+        return
+    try:
+        if parents:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours umask
+    except OSError as e:
+        raise KvsimError(f"cannot write there: {e.strerror}", location=str(target),
+                         field="out") from None
+    try:
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _checked(path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`Path`, refused when it is empty or names a directory."""
+    if not os.fspath(path).strip():
+        raise KvsimError("an empty path; give a file to write", field="out")
+    target = Path(path)
+    if target.is_dir():
+        raise KvsimError("is a directory; give a file to write", location=str(target),
+                         field="out")
+    return target
+
+
+def _is_special(target: Path) -> bool:
+    """Whether ``target`` exists and is not a regular file (a device, a pipe, a socket)."""
+    try:
+        return not stat.S_ISREG(target.stat().st_mode)
+    except OSError:
+        return False

@@ -1,0 +1,56 @@
+"""An --out directory holds one command's result: stories of what a command leaves there."""
+
+import pytest
+
+from kvsim.reports.outdir import OutputDir
+
+FILES = ("summary.json", "requests.csv", "report.html")
+
+
+def earlier_result(path):
+    path.mkdir()
+    for name in FILES:
+        (path / name).write_text("earlier")
+    (path / "notes.txt").write_text("the user's")
+
+
+def names(path):
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_a_command_that_fails_before_writing_leaves_the_earlier_result(tmp_path):
+    out = tmp_path / "o"
+    earlier_result(out)
+    with pytest.raises(ValueError) as failed:
+        with OutputDir(out, FILES):
+            raise ValueError("bad input")
+    assert failed.value.left == f"{out}/ is as it was (its earlier result kept)"
+    assert [(out / n).read_text() for n in FILES] == ["earlier"] * 3
+
+
+def test_a_command_that_fails_while_writing_leaves_no_result_at_all(tmp_path):
+    out = tmp_path / "o"
+    earlier_result(out)
+    with pytest.raises(OSError) as failed:
+        with OutputDir(out, FILES):
+            (out / "summary.json").write_text("new")
+            raise OSError("disk full")
+    assert failed.value.left == f"{out}/ holds no result (nothing partial left)"
+    assert names(out) == ["notes.txt"]
+
+
+def test_a_new_result_removes_the_earlier_files_it_does_not_write_again(tmp_path):
+    out = tmp_path / "o"
+    earlier_result(out)
+    with OutputDir(out, FILES):
+        (out / "summary.json").write_text("new")
+        (out / "requests.csv").write_text("new")
+    assert names(out) == ["notes.txt", "requests.csv", "summary.json"]
+
+
+def test_a_directory_made_for_a_command_that_fails_is_removed(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(ValueError) as failed:
+        with OutputDir(out, FILES):
+            raise ValueError("bad input")
+    assert failed.value.left == "nothing was written" and not out.exists()
