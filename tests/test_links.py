@@ -143,3 +143,15 @@ def test_a_long_session_keeps_one_turn_open(tmp_path, made_links):
     path = write(tmp_path, rows)
     peak = max(made_links[0].num_open for _ in native_requests(numbered_lines(path), path))
     assert peak == 1 and made_links[0].num_open == 0
+
+
+@pytest.mark.parametrize("rate_scale", [0.5, 1.0, 2.0])
+def test_a_continuation_is_checked_against_its_parents_time_as_written(tmp_path, rate_scale):
+    """The loader re-times each request as it passes (``--rate-scale``); a continuation's
+    own time, as written, is compared with its parent's as written."""
+    from kvsim.workloads import TraceOptions
+    path = write(tmp_path, [line(0, 100, 10), line(2, 100, 10, request_id="a"),
+                            line(3, 200, 10, continues="a")])
+    first, parent, turn = read_trace(path, TraceOptions(rate_scale=rate_scale))
+    assert [r.arrival_s for r in (first, parent, turn)] == [0, 2 / rate_scale, 3 / rate_scale]
+    assert turn.continues is parent

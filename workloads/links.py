@@ -45,7 +45,7 @@ class Links:
     def __init__(self, count: Callable[[], Counter] | None = None,
                  keep_uncounted: int | None = None) -> None:
         self._lines: dict[str, int] = {}            # every name so far -> its line number
-        self._open: dict[str, list] = {}            # name -> [request, continuations to come]
+        self._open: dict[str, list] = {}    # name -> [request, continuations to come, time]
         self._count = count
         self._keep_uncounted = KEEP_UNCOUNTED if keep_uncounted is None else keep_uncounted
         self._expected: Counter | None = None       # continuations to come, once counted
@@ -78,10 +78,10 @@ class Links:
             raise F.fail(loc, "continues", "give prompt_token_ids or continues, not both "
                                            "(token ids already name the whole prompt)")
         entry = self._open[name]
-        parent = entry[0]
-        if request.arrival_s < parent.arrival_s:      # (a --sort would put it first)
+        parent, written = entry[0], entry[2]    # (its time as written: the loader re-times it)
+        if request.arrival_s < written:      # (a --sort would put it first)
             raise F.fail(loc, "continues", f"arrives at {request.arrival_s:g} s, before the "
-                         f"continued request {name!r} ({parent.arrival_s:g} s): a "
+                         f"continued request {name!r} ({written:g} s): a "
                          "continuation starts with that request's output")
         whole = parent.prompt_tokens + parent.output_tokens
         if request.prompt_tokens < whole:
@@ -102,9 +102,9 @@ class Links:
         if self._expected is not None:
             left = self._expected.pop(name, 0)
             if left:
-                self._open[name] = [request, left]
+                self._open[name] = [request, left, request.arrival_s]
             return
-        self._open[name] = [request, math.inf]
+        self._open[name] = [request, math.inf, request.arrival_s]
         if self._count is not None and len(self._open) > self._keep_uncounted:
             self._start_counting()
 
