@@ -158,3 +158,17 @@ def test_cli_buddy_with_compaction_is_one_line_exit_2():
                  "--compaction-threshold", "0.1", "--limit", "5")
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "compact" in done.stderr
+
+
+def test_the_model_length_is_capped_by_the_largest_buddy_block():
+    """400 blocks of 16 are 6,400 slots: the largest buddy block holds 4,096 (a request
+    reserving more never fits: it hung the run as 'no progress')."""
+    from kvsim.sim.serving.runner import resolve_deployment
+    config = RunConfig(num_gpu_blocks=400, layout="contiguous", allocator="buddy")
+    assert resolve_deployment(config).max_model_len == 4096
+    with pytest.raises(ConfigError, match=r"largest region the buddy allocator .* \(4,096"):
+        resolve_deployment(RunConfig(num_gpu_blocks=400, layout="contiguous",
+                                     allocator="buddy", max_model_len=5000))
+    one = [Request(0, 0.0, 100, 10)]
+    r = simulate(one, config)
+    assert results.requests_frame(r)["generated_tokens"].tolist() == [10]

@@ -79,12 +79,20 @@ def resolve_deployment(config: RunConfig) -> Deployment:
         _check_multi_group(config, model.name)
         slots = longest_request(layout, blocks, config.max_num_batched_tokens,
                                 config.max_model_len or model.max_model_len)
-    max_len = config.max_model_len or min(model.max_model_len, slots)
+    longest = slots
+    if config.layout == "contiguous" and config.allocator == "buddy":
+        longest = 1 << (slots.bit_length() - 1)     # the largest buddy block: a power of two
+    max_len = config.max_model_len or min(model.max_model_len, longest)
     if max_len > slots:
         raise ConfigError(
             f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
             f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
             field="max_model_len")
+    if max_len > longest:
+        raise ConfigError(
+            f"max_model_len {max_len:,} tokens exceeds the largest region the buddy allocator "
+            f"can place in the KV pool of {slots:,} tokens ({longest:,}: a power of two); "
+            "lower it or add memory", field="max_model_len")
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
         raise ConfigError(
             f"without chunked prefill the token budget ({config.max_num_batched_tokens:,}) "
