@@ -154,3 +154,15 @@ def test_a_host_tier_validates_with_identical_copies():
         real, sim = totals[kind]
         assert real == sim > 0, kind
     assert report["num_completed"] == {"real": 20, "sim": 20}
+
+
+@pytest.mark.parametrize("offline, said", [(False, True), (True, False)])
+def test_steps_that_differ_under_timed_arrivals_are_explained(offline, said):
+    from kvsim.real_backend.validate_report import decision_lines
+    report = {"offline": offline, "decisions": {
+        "identical": False, "num_steps": (2043, 2028), "totals": {"batch_size": (2803, 2803)},
+        "per_step_identical": False, "cached_tokens_identical": True}}
+    lines = decision_lines(report)
+    assert lines[0] == "cache decisions (real/sim): DIFFERENT; steps 2043/2028; batch_size " \
+                       "2803/2803"
+    assert (len(lines) == 3 and lines[2].startswith("(timed arrivals:")) == said
