@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import KvsimError
+from kvsim.realrun_checks import bench_completed, bench_count, bench_duration, bench_starts
 from kvsim.workloads import Request
 
 TINY_LLAMA = Path(__file__).resolve().parent / "real_backend" / "configs" / "tiny-llama.json"
@@ -143,10 +144,9 @@ def oracle_steps(data: dict, requests: list[Request]) -> pd.DataFrame:
 
 
 def _bench_run(path: Path, data: dict, trace) -> RealRun:
-    n = len(data["input_lens"])
-    errors = data.get("errors") or [""] * n
-    ok = np.array([not e for e in errors]) & (np.asarray(data["output_lens"]) > 0)
-    starts = np.asarray(data.get("start_times") or [0.0] * n, dtype=float)
+    n = bench_count(str(path), data)
+    ok = bench_completed(str(path), data, n)
+    starts = bench_starts(str(path), data, n)
     starts = starts - starts.min() if n else starts
     if trace is not None:
         requests = _trace_requests(Path(trace))
@@ -161,7 +161,7 @@ def _bench_run(path: Path, data: dict, trace) -> RealRun:
                              "tpot_s": np.where(out > 1, itl_sum / np.maximum(out - 1, 1),
                                                 np.nan)})[ok]
     return RealRun(path.name, "vllm bench serve", requests, measured,
-                   float(data["duration"]), _bench_settings(data))
+                   bench_duration(str(path), data), _bench_settings(data))
 
 
 def _bench_settings(data: dict) -> dict:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from clirun import kvsim
 
+from kvsim.errors import KvsimError
 from kvsim.realrun import METRICS, oracle_steps, read_real_run
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm_timed" / "timed_chat.vllm.json"
@@ -117,3 +118,62 @@ def test_the_fit_keeps_every_term_non_negative():
     assert coef[2] == 0.0 and (coef >= 0).all()
     assert coef[:2] == pytest.approx(np.linalg.lstsq(X[:, :2], y, rcond=None)[0])
     assert nonnegative_lstsq(X, 2 + 3 * x) == pytest.approx([2, 3, 0], abs=1e-9)
+
+
+def vllm_result(tmp_path, **changes) -> Path:
+    """A small `vllm bench serve --save-result --save-detailed` file: two completed requests
+    and two failed ones as vLLM records them (output_len 0, ttft 0, no gaps), one with an
+    error message and one without (an HTTP error with no reason)."""
+    data = {"duration": 2.0, "completed": 2, "failed": 2, "input_lens": [12, 30, 7, 9],
+            "output_lens": [3, 0, 2, 0], "ttfts": [0.05, 0.0, 0.04, 0.0],
+            "itls": [[0.01, 0.02], [], [0.03], []], "start_times": [100.0, 100.5, 101.0, 101.2],
+            "errors": ["", "Bad Request", "", ""]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**data, **changes}))
+    return path
+
+
+def test_failed_requests_of_a_vllm_result_are_left_out(tmp_path):
+    real = read_real_run(vllm_result(tmp_path))
+    assert [r.prompt_tokens for r in real.requests] == [12, 30, 7, 9]
+    assert real.measured["request_id"].tolist() == [0, 2]
+    assert real.measured["e2e_s"].tolist() == pytest.approx([0.08, 0.07])
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"input_lens": [-5, 30, 7, 9]},
+     "field 'input_lens': entry 0 is -5; expected a whole number >= 1"),
+    ({"input_lens": [12, 2.5, 7, 9]},
+     "field 'input_lens': entry 1 is 2.5; expected a whole number >= 1"),
+    ({"ttfts": [float("nan"), 0.0, 0.04, 0.0]},
+     "field 'ttfts': entry 0 is NaN; expected a time in seconds >= 0"),
+    ({"ttfts": [0.05, 0.0, -0.5, 0.0]},
+     "field 'ttfts': entry 2 is -0.5; expected a time in seconds >= 0"),
+    ({"output_lens": [0, 0, 2, 0]}, "field 'output_lens': entry 0 is 0; expected a whole number "
+                                    ">= 1 (the request has no error and a first token)"),
+    ({"itls": [[0.01, float("inf")], [], [0.03], []]},
+     "field 'itls': entry 0 holds Infinity; expected a list of times in seconds >= 0"),
+    ({"ttfts": [0.05, 0.0, 0.04]},
+     "field 'ttfts': has 3 entries for 4 requests (input_lens); expected one per request"),
+    ({"completed": 3}, "field 'input_lens': has 4 entries; expected one per request "
+                       "(3 completed + 2 failed)"),
+    ({"errors": ["", 7, "", ""]},
+     "field 'errors': entry 1 is 7; expected a string (empty for a success)"),
+    ({"start_times": "soon"},
+     "field 'start_times': is \"soon\"; expected a list with one entry per request"),
+    ({"duration": 0}, "field 'duration': is 0; expected the run's length in seconds > 0"),
+])
+def test_bad_per_request_lists_name_the_field_and_the_entry(tmp_path, changes, message):
+    path = vllm_result(tmp_path, **changes)
+    with pytest.raises(KvsimError) as e:
+        read_real_run(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+def test_a_bad_vllm_result_is_one_line_and_writes_nothing(tmp_path):
+    path = vllm_result(tmp_path, input_lens=[-5, 30, 7, 9])
+    done = kvsim("validate-real", path, "--fit", tmp_path / "fit.json")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"kvsim: error: {path}: field 'input_lens': entry 0 is -5; "
+                           "expected a whole number >= 1\n")
+    assert not (tmp_path / "fit.json").exists()
