@@ -1,9 +1,10 @@
-"""The output contract of a run: its files and the columns of its two frames.
+"""The output contract of a run: its files, the columns of its two frames, and the summary
+keys a report reads.
 
 The one definition of what ``kvsim run --out DIR`` writes (``docs/frames.md`` is tested against
-it): the simulator builds its frames to these columns (:mod:`kvsim.sim.serving.results`, and the request
-log of :mod:`kvsim.sim.serving.recorder` is derived from them), :mod:`kvsim.reports` writes and reads
-them back.
+it): the simulator builds its frames to these columns (:mod:`kvsim.sim.serving.results`, and
+the request log of :mod:`kvsim.sim.serving.recorder` is derived from them),
+:mod:`kvsim.reports` writes and reads them back.
 """
 
 from __future__ import annotations
@@ -58,6 +59,43 @@ DERIVED_REQUEST_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", *PHASE_COLUMNS)
 #: requests.csv columns the simulator logs per request, in the frame's order.
 LOGGED_REQUEST_COLUMNS = tuple(c for c in REQUEST_COLUMNS if c not in DERIVED_REQUEST_COLUMNS)
 
+#: The one column of text in the two frames (requests' ``finish_reason``): every other column
+#: of :data:`REQUEST_COLUMNS` and :data:`TIMELINE_COLUMNS` holds numbers.
+TEXT_COLUMNS = frozenset({"finish_reason"})
+NUMBER_COLUMNS = frozenset(REQUEST_COLUMNS + TIMELINE_COLUMNS) - TEXT_COLUMNS
+
+#: The kinds of value :data:`SUMMARY_SHAPE` names (the words of an error).
+INTEGER, NUMBER, TEXT, OBJECT = "an integer", "a number or null", "a string", "an object"
+_LATENCY = dict.fromkeys(("mean", "p50", "p90", "p99"), NUMBER)
+#: What the run report reads from summary.json (docs/frames.md), key by key: a kind, or a
+#: dict, an object of the keys it lists (others are not looked at). Every key is required but
+#: those of :data:`SUMMARY_OPTIONAL`.
+SUMMARY_SHAPE = {
+    "num_requests": INTEGER, "num_completed": INTEGER, "num_steps": INTEGER,
+    "num_rejected": INTEGER, "num_truncated": INTEGER, "duration_s": NUMBER,
+    "throughput_output_tokens_per_s": NUMBER, "request_throughput_per_s": NUMBER,
+    "throughput_input_tokens_per_s": NUMBER, "throughput_total_tokens_per_s": NUMBER,
+    "ttft_s": _LATENCY, "tpot_s": _LATENCY, "e2e_s": _LATENCY,
+    "prefix_cache": {"queries_tokens": INTEGER, "hit_tokens": INTEGER, "hit_rate": NUMBER,
+                     "host_hit_tokens": INTEGER},
+    "preemptions": INTEGER, "swapped_out_blocks": INTEGER, "swapped_in_blocks": INTEGER,
+    "kv": {"num_gpu_blocks": INTEGER, "block_size": INTEGER, "mean_usage": NUMBER,
+           "peak_usage": NUMBER, "mean_cached_idle_fraction": NUMBER, "max_model_len": INTEGER},
+    "fragmentation": {c[len("frag_"):]: NUMBER for c in TIMELINE_COLUMNS if c.startswith("frag_")},
+    "tiering": {"num_cpu_blocks": INTEGER, "peak_host_usage": NUMBER, "bytes_to_host": NUMBER,
+                "bytes_to_device": NUMBER, "transfer_time_s": NUMBER},
+    "config": {"trace": TEXT, "model": TEXT, "gpu": TEXT, "tp": INTEGER, "replicas": INTEGER,
+               "block_size": INTEGER, "eviction": TEXT, "layout": TEXT},
+    "slo": OBJECT,
+}
+#: Keys (``section.key``) a summary may lack, or hold null in: added after the first release
+#: (a summary written before renders without them), or written only by some runs (``slo``).
+SUMMARY_OPTIONAL = frozenset({
+    "num_rejected", "num_truncated", "throughput_input_tokens_per_s",
+    "throughput_total_tokens_per_s", "prefix_cache.host_hit_tokens",
+    "kv.mean_cached_idle_fraction", "kv.max_model_len", "tiering", "config.tp",
+    "config.replicas", "config.block_size", "config.eviction", "config.layout", "slo",
+})
 
 def add_phase_columns(requests: pd.DataFrame) -> pd.DataFrame:
     """Set the :data:`PHASE_COLUMNS` of a requests frame from its timestamps (NaN until the

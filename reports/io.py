@@ -2,8 +2,10 @@
 
 Every writer goes through :func:`kvsim.output_file.replacing` (a temporary file in the
 target's own directory, then ``os.replace``), so a reader sees either the previous complete
-file or the new complete file, never a partial one. :func:`read_run_outputs` reads a run directory back; writing one, every file in its order,
-is :func:`kvsim.reports.run_outputs.write_run_outputs` (above this module: it renders the HTML).
+file or the new complete file, never a partial one. :func:`read_run_outputs` reads a run
+directory back, checked against the output contract (:mod:`kvsim.reports.frames`); writing
+one, every file in its order, is :func:`kvsim.reports.run_outputs.write_run_outputs` (above
+this module: it renders the HTML).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import pandas as pd
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import replacing
-from kvsim.reports.frames import (PHASE_COLUMNS, REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE,
-                     TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS, add_phase_columns)
+from kvsim.reports.frames import (INTEGER, NUMBER, NUMBER_COLUMNS, OBJECT, PHASE_COLUMNS,
+                                  REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE, SUMMARY_OPTIONAL,
+                                  SUMMARY_SHAPE, TEXT, TIMELINE_COLUMNS, TIMELINE_FILE,
+                                  TIMELINE_SUM_COLUMNS, add_phase_columns)
 
 DEFAULT_MAX_POINTS = 2000
 
@@ -182,37 +186,84 @@ def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame) -> Path:
 
 
 def _read_frame(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """``path`` (a .csv), or the .parquet beside it when only that exists."""
+    """``path`` (a .csv), or the .parquet beside it when only that exists, checked by
+    :func:`_check_frame`."""
     parquet = path.with_suffix(".parquet")
     if path.is_file() or not parquet.is_file():
-        return _read_csv(path, columns)
+        return _check_frame(_read_csv(path), columns, path)
     require_parquet()
     try:
         df = pd.read_parquet(parquet, engine="pyarrow")
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise KvsimError(f"not a readable Parquet file ({' '.join(str(e).split())})",
                          location=str(parquet)) from None
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise KvsimError(f"missing columns: {', '.join(missing)}", location=str(parquet))
-    return df
+    return _check_frame(df, columns, parquet)
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+def _read_csv(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise KvsimError(f"missing {path.name}; is this a kvsim run directory?",
                          location=str(path))
     try:
-        df = pd.read_csv(path)
+        return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         raise KvsimError("empty file, expected a CSV header", location=str(path)) from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
         raise KvsimError(f"not a readable CSV ({e})".replace("\n", " "),
                          location=str(path)) from None
+
+
+def _check_frame(df: pd.DataFrame, columns: tuple[str, ...], source: Path) -> pd.DataFrame:
+    """``df`` when it has ``columns``, and numbers in those of its contract's columns that
+    hold numbers; else a KvsimError naming ``source`` and what is missing or not a number."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise KvsimError(f"missing columns: {', '.join(missing)}", location=str(path))
+        raise KvsimError(f"missing columns: {', '.join(missing)}", location=str(source))
+    for column in df.columns.intersection(list(NUMBER_COLUMNS)):
+        if not len(df) or pd.api.types.is_numeric_dtype(df[column]):
+            continue
+        numbers = pd.to_numeric(df[column], errors="coerce")
+        bad = np.flatnonzero(numbers.isna() & df[column].notna())
+        if len(bad):
+            raise KvsimError(f"expected a number, got {_shown(df[column].iloc[bad[0]])} in "
+                             f"row {bad[0] + 1}", location=str(source), field=str(column))
+        df[column] = numbers        # (numbers stored as text: Parquet)
     return df
+
+
+def _shown(value: Any) -> str:
+    """``value`` as it reads in JSON, cut to 40 characters."""
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- summary.json, as a report reads it ---------------------------------------------------------
+
+_KINDS = {INTEGER: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          NUMBER: lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+          TEXT: lambda v: isinstance(v, str), OBJECT: lambda v: isinstance(v, dict)}
+
+
+def check_summary(summary: dict, path: str | os.PathLike) -> dict:
+    """``summary`` when it has :data:`SUMMARY_SHAPE`, else a KvsimError naming ``path`` and
+    the first key that is missing or holds a value of another kind."""
+    _check_object(summary, SUMMARY_SHAPE, "", str(path))
+    return summary
+
+
+def _check_object(obj: dict, shape: dict, prefix: str, where: str) -> None:
+    for key, kind in shape.items():
+        field, value = prefix + key, obj.get(key)
+        if value is None and (field in SUMMARY_OPTIONAL or (key in obj and kind == NUMBER)):
+            continue
+        expected = OBJECT if isinstance(kind, dict) else kind
+        if key not in obj:
+            raise KvsimError(f"missing, expected {expected}", location=where, field=field)
+        if not _KINDS[expected](value):
+            raise KvsimError(f"expected {expected}, got {_shown(value)}", location=where,
+                             field=field)
+        if isinstance(kind, dict):
+            _check_object(value, kind, field + ".", where)
 
 
 def read_summary(path: str | os.PathLike) -> dict:
@@ -231,15 +282,15 @@ def read_summary(path: str | os.PathLike) -> dict:
 
 
 def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """Read ``(summary, requests, timeline)`` back from a run directory.
-
-    Raises :class:`KvsimError` naming the file that is missing or unreadable, or the columns
-    that a CSV lacks.
-    """
+    """Read ``(summary, requests, timeline)`` back from a run directory, checked against the
+    output contract as the run report reads it (:func:`check_summary`, :func:`_check_frame`):
+    a KvsimError names the file missing or unreadable, the columns a frame lacks, or the
+    field missing or of the wrong kind."""
     out = Path(out_dir)
     if not out.is_dir():
-        raise KvsimError("no such run directory", location=str(out))
-    summary = read_summary(out / SUMMARY_FILE)
+        raise KvsimError("not a directory; expected a kvsim run directory (kvsim run --out)"
+                         if out.exists() else "no such run directory", location=str(out))
+    summary = check_summary(read_summary(out / SUMMARY_FILE), out / SUMMARY_FILE)
     older = tuple(c for c in REQUEST_COLUMNS if c not in PHASE_COLUMNS)  # before the phases
     requests = _read_frame(out / REQUESTS_FILE, older)
     if not set(PHASE_COLUMNS) <= set(requests.columns):

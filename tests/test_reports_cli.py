@@ -58,3 +58,73 @@ def test_report_errors_are_one_line_exit_2(run_dir, tmp_path):
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
     proc = kvsim("report", str(tmp_path / "missing"))
     assert proc.returncode == 2 and "no such run directory" in proc.stderr
+
+
+def _edit_summary(run_dir, **changes) -> None:
+    """Set (or, with None as the value, remove) top-level keys of run_dir's summary.json."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            summary.pop(key)
+        else:
+            summary[key] = value
+    path.write_text(json.dumps(summary))
+
+
+def _refused(proc, line: str) -> None:
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"kvsim: error: {line}\n")
+
+
+@pytest.mark.parametrize("changes, error", [
+    ({"config": 5}, "field 'config': expected an object, got 5"),
+    ({"config": {}}, "field 'config.trace': missing, expected a string"),
+    ({"config": {"trace": "t.jsonl", "model": "m", "gpu": 80}},
+     "field 'config.gpu': expected a string, got 80"),
+    ({"ttft_s": "x"}, "field 'ttft_s': expected an object, got \"x\""),
+    ({"ttft_s": {"mean": 0.1, "p50": "fast", "p90": 0.2, "p99": 0.3}},
+     "field 'ttft_s.p50': expected a number or null, got \"fast\""),
+    ({"kv": 3}, "field 'kv': expected an object, got 3"),
+    ({"kv": {"num_gpu_blocks": 64}}, "field 'kv.block_size': missing, expected an integer"),
+    ({"num_requests": None}, "field 'num_requests': missing, expected an integer"),
+    ({"preemptions": True}, "field 'preemptions': expected an integer, got true"),
+    ({"slo": [0.5]}, "field 'slo': expected an object, got [0.5]"),
+])
+def test_report_refuses_a_summary_of_another_shape(run_dir, changes, error):
+    _edit_summary(run_dir, **changes)
+    proc = kvsim("report", str(run_dir))
+    _refused(proc, f"{run_dir / 'summary.json'}: {error}")
+    assert not (run_dir / "report.html").exists()
+
+
+def test_report_renders_a_summary_without_its_optional_parts(run_dir):
+    # as an older kvsim wrote it (no rejections, input throughput, host tier, slo), with only
+    # the three settings the page names the run by, and no latencies (nothing completed)
+    nulls = {"mean": None, "p50": None, "p90": None, "p99": None}
+    _edit_summary(run_dir, slo=None, config={"trace": "old.jsonl", "model": "m", "gpu": "g"},
+                  ttft_s=nulls, tpot_s=nulls, e2e_s=nulls)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not {"num_rejected", "throughput_input_tokens_per_s", "tiering"} & set(summary)
+    proc = kvsim("report", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "old.jsonl" in (run_dir / "report.html").read_text()
+
+
+def test_report_refuses_text_in_a_column_of_numbers(run_dir):
+    timeline = (run_dir / "timeline.csv").read_text().splitlines()
+    header = timeline[0].split(",")
+    row = timeline[3].split(",")
+    row[header.index("kv_usage")] = "high"
+    timeline[3] = ",".join(row)
+    (run_dir / "timeline.csv").write_text("\n".join(timeline) + "\n")
+    proc = kvsim("report", str(run_dir))
+    _refused(proc, f"{run_dir / 'timeline.csv'}: field 'kv_usage': expected a number, "
+             "got \"high\" in row 3")
+    assert not (run_dir / "report.html").exists()
+
+
+def test_report_of_a_file_says_it_is_not_a_directory(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    proc = kvsim("report", str(tmp_path / "afile"))
+    _refused(proc, f"{tmp_path / 'afile'}: not a directory; expected a kvsim run directory "
+             "(kvsim run --out)")
