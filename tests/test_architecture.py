@@ -4,7 +4,8 @@ Every module of the package is parsed with ``ast`` (imports inside functions and
 ``TYPE_CHECKING`` count: a late import still ties two modules together). The rooms, bottom to
 top (docs/architecture.md):
 
-- the bottom: ``kvsim.errors``, the package root, and ``workloads/identity.py`` (block ids)
+- the bottom: ``kvsim.errors``, ``kvsim.output_file``, the package root, and
+  ``workloads/identity.py`` (block ids)
   and ``workloads/request.py`` (``Request``);
 - ``workloads/`` (trace files, generators) and ``cache/`` (pure engine logic); ``cache/`` sees
   nothing of ``workloads/`` but the bottom;
@@ -26,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("cache", "sim", "workloads", "real_backend", "reports")
-BOTTOM = {"kvsim", "kvsim.errors", "kvsim.workloads.identity", "kvsim.workloads.request"}
+BOTTOM = {"kvsim", "kvsim.errors", "kvsim.output_file", "kvsim.workloads.identity",
+          "kvsim.workloads.request"}
 #: room -> the rooms its modules may import (besides their own and the bottom).
 ALLOWED = {
     "workloads": set(),
