@@ -79,9 +79,12 @@ def parse_value(name: str, text: str, tp: Any) -> Any:
 
 def parse_values(name: str, text: str, tp: Any) -> list:
     """The comma-separated values of one dimension, in order, duplicates removed."""
-    values = [parse_value(name, part, tp) for part in text.split(",") if part.strip()]
-    if not values:
+    parts = text.split(",")
+    if not any(part.strip() for part in parts):
         raise ConfigError("needs at least one value", field=name)
+    if not all(part.strip() for part in parts):
+        raise ConfigError(f"empty item in {text!r}", field=name)
+    values = [parse_value(name, part, tp) for part in parts]
     return list(dict.fromkeys(values))
 
 

@@ -37,6 +37,11 @@ _INDEXED, _UNREACHABLE = 1, 2
 _is_held = partial(is_not, None)        # (a lookup's answer names a block)
 
 
+#: Most KV blocks a pool may be given: a pool keeps tens of bytes per block (2 x 10^9 blocks
+#: ran out of memory instead of answering), and no GPU holds more at block size 1.
+MAX_POOL_BLOCKS = 50_000_000
+
+
 def _array(block_ids: list[int]) -> np.ndarray:
     """A list of block ids as an index array (``np.fromiter``: faster than numpy's own
     conversion of a list used as an index)."""

@@ -25,6 +25,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 
 from kvsim.cache.eviction import make_policy, make_pool
+from kvsim.cache.block_pool import MAX_POOL_BLOCKS
 from kvsim.cache.policies import POLICY_NAMES, BeladyOracle
 
 # the replay's stand-in for the waiting queue of a busy server: requests that arrive within
@@ -184,20 +185,29 @@ def parse_capacities(blocks: str | None, tokens: str | None, block_size: int) ->
         raise ConfigError("give exactly one of --capacity (blocks) and --capacity-tokens",
                           field="capacity")
     text, per = (blocks, 1) if blocks is not None else (tokens, block_size)
+    items = _items(text, "capacity")
     try:
-        values = [int(v.strip().replace("_", "")) // per for v in text.split(",") if v.strip()]
+        values = [int(v.strip().replace("_", "")) // per for v in items]
     except ValueError:
         raise ConfigError(f"expected comma-separated integers, got {text!r}",
                           field="capacity") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"capacities must be at least one block, got {text!r}",
-                          field="capacity")
+    if min(values) < 1 or max(values) > MAX_POOL_BLOCKS:
+        raise ConfigError(f"capacities must be from one block to {MAX_POOL_BLOCKS:,}, got "
+                          f"{text!r}", field="capacity")
     return sorted(set(values))
+
+
+def _items(text: str, field: str) -> list[str]:
+    """The items of a comma-separated list, none of them empty."""
+    items = text.split(",")
+    if not all(item.strip() for item in items):
+        raise ConfigError(f"empty item in {text!r}", field=field)
+    return items
 
 
 def parse_policies(text: str) -> list[str]:
     """Policy names from a comma-separated list, checked."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = [n.strip() for n in _items(text, "eviction")]
     unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown or not names:
         raise ConfigError(f"unknown eviction policy {', '.join(unknown) or text!r}; expected "

@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Optional, get_args, get_origin
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
+from kvsim.cache.block_pool import MAX_POOL_BLOCKS
 from kvsim.cache.contiguous import ALLOCATORS, RESERVE_POLICIES
 from kvsim.cache.offload_managers import OFFLOAD_POLICIES
 from kvsim.cache.policies import POLICY_NAMES
@@ -43,6 +44,7 @@ KV_DTYPES = tuple(sorted(DTYPE_BYTES))
 WEIGHT_DTYPES = tuple(sorted(WEIGHT_DTYPE_BYTES))
 
 Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+PoolBlocks = Annotated[int, Field(ge=1, le=MAX_POOL_BLOCKS)]
 NonNegative = Annotated[int, Field(ge=0, le=2**31 - 1)]
 # The choices, also used as the CLI's option types (``--help`` lists them, shells complete them).
 RouterName = Literal[tuple(ROUTERS)]
@@ -68,10 +70,10 @@ class RunConfig:
     model: Annotated[str, Field(min_length=1)] = "llama-3.1-8b"
     gpu: Annotated[str, Field(min_length=1)] = "a100-80gb"
     tp: Annotated[int, Field(ge=1, le=1024)] = 1
-    replicas: Annotated[int, Field(ge=1, le=100_000)] = 1
+    replicas: Annotated[int, Field(ge=1, le=1024)] = 1     # (each holds its own pool)
     router: RouterName = "round-robin"
     block_size: Annotated[int, Field(ge=1, le=1 << 20)] = 16
-    num_gpu_blocks: Optional[Count] = None
+    num_gpu_blocks: Optional[PoolBlocks] = None
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     max_num_seqs: Count = 256
     max_num_batched_tokens: Count = 8192
@@ -93,7 +95,8 @@ class RunConfig:
     allocator: AllocatorName = "first-fit"     # contiguous regions: first-fit or buddy
     hybrid_threshold: Count = 256
     compaction_threshold: Optional[Annotated[float, Field(ge=0, lt=1)]] = None
-    num_cpu_blocks: Optional[NonNegative] = None    # host tier size in blocks (per replica) ...
+    num_cpu_blocks: Optional[Annotated[int, Field(ge=0, le=MAX_POOL_BLOCKS)]] = None  # per
+    # replica, the host tier in blocks ...
     # ... or GiB of host memory per replica, all tensor-parallel ranks together (vLLM's)
     kv_offloading_size: Optional[Annotated[float, Field(ge=0, le=1e6)]] = None
     offload_write: OffloadWrite = "native"  # vLLM's connector; back / through: kvsim's
@@ -114,6 +117,9 @@ class RunConfig:
         clean = {}
         for key, value in values.items():
             name = str(key).replace("-", "_")
+            if name in clean:
+                raise ConfigError("given twice (spelt with '-' and with '_')", location=source,
+                                  field=str(key))
             if name == "cpu_offload_gb":
                 raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
             if name not in known:
@@ -128,6 +134,11 @@ class RunConfig:
     def validate(self, source: str | None = None) -> None:
         """Checks that involve more than one setting (each value was checked when built)."""
         try:
+            if self.max_num_batched_tokens < self.max_num_seqs:
+                raise ConfigError(f"{self.max_num_batched_tokens} is below max_num_seqs "
+                                  f"({self.max_num_seqs}): each running request needs a token "
+                                  "of it per step (vLLM refuses this too)",
+                                  field="max_num_batched_tokens")
             self._validate_layout()
             self._validate_tiering()
             if self.profile is not None and not Path(self.profile).is_file():
@@ -162,6 +173,20 @@ class RunConfig:
         if self.preemption_mode == "swap" and self.offload_write == "native":
             raise ConfigError("swap preemption is a kvsim extension (vLLM v1 has none): it "
                               "needs --offload-write back or through", field="preemption_mode")
+        self._validate_offload_options()
+
+    def _validate_offload_options(self) -> None:
+        """A CPU tier's options need the tier, and the native tier's need it native (they
+        were ignored silently)."""
+        for name, default in (("offload_write", "native"), ("offload_eviction_policy", "lru"),
+                              ("offload_store_threshold", 0)):
+            if getattr(self, name) != default and not self.has_host_tier:
+                raise ConfigError("sets up a CPU tier that is not there: give "
+                                  "--kv-offloading-size or --num-cpu-blocks", field=name)
+        for name, default in (("offload_eviction_policy", "lru"), ("offload_store_threshold", 0)):
+            if getattr(self, name) != default and self.offload_write != "native":
+                raise ConfigError("belongs to vLLM's native CPU tier; --offload-write "
+                                  f"{self.offload_write} does not use it", field=name)
 
 
 def _checked_init(init):

@@ -65,6 +65,14 @@ def test_a_config_file_sets_options_and_flags_override_it(tmp_path):
     (["--max-model-len", "100000000"], "exceeds the KV pool"),
     (["--scheduling-policy", "random"], "'--scheduling-policy': 'random' is not one of 'fcfs', "
                                         "'priority'"),
+    (["--max-num-batched-tokens", "8"], "field 'max_num_batched_tokens': 8 is below "
+                                        "max_num_seqs (256)"),
+    (["--offload-write", "back"], "field 'offload_write': sets up a CPU tier that is not there"),
+    (["--kv-offloading-size", "4", "--offload-write", "back", "--offload-eviction-policy", "arc"],
+     "field 'offload_eviction_policy': belongs to vLLM's native CPU tier"),
+    (["--kv-offloading-size", "0.0001"], "0.0001 GiB makes 0 CPU blocks of 16 tokens"),
+    (["--replicas", "100000"], "field 'replicas': must be at most 1024"),
+    (["--num-gpu-blocks", "2000000000"], "field 'num_gpu_blocks': must be at most 50000000"),
 ])
 def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
     done = kvsim("run", *args, "--out", str(tmp_path / "o"))
@@ -72,6 +80,15 @@ def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_setting_given_twice_in_a_config_file_is_refused(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("max-num-seqs = 3\nmax_num_seqs = 4\n")
+    done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr == (f"kvsim: error: {config}: field 'max_num_seqs': given twice (spelt "
+                           "with '-' and with '_')\n")
 
 
 def test_a_bad_trace_line_writes_nothing(tmp_path):

@@ -37,6 +37,7 @@ def test_bool_flags_and_the_trace_anywhere():
     (["--enable-prefix-caching", "maybe"], "expected true or false, got 'maybe'"),
     (["--tp"], "field 'tp': needs a value"),
     (["--tp", ","], "field 'tp': needs at least one value"),
+    (["--eviction", "lru,,lfu"], "field 'eviction': empty item in 'lru,,lfu'"),
     (["a.jsonl", "b.jsonl"], "one trace only"),
 ])
 def test_bad_grid_arguments_are_config_errors(args, message):

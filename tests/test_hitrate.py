@@ -132,6 +132,12 @@ def test_capacities_and_policies_are_parsed_and_checked():
     assert parse_policies("lru, belady,lru") == ["lru", "belady"]
     with pytest.raises(ConfigError, match="fifo"):
         parse_policies("lru,fifo")
+    with pytest.raises(ConfigError, match=r"field 'capacity': empty item in '10,,20'"):
+        parse_capacities("10,,20", None, 16)
+    with pytest.raises(ConfigError, match=r"field 'eviction': empty item in 'lru,,lfu'"):
+        parse_policies("lru,,lfu")
+    with pytest.raises(ConfigError, match="from one block to 50,000,000"):
+        parse_capacities("100000000000", None, 16)      # (its arrays ran out of memory)
     assert set(POLICY_NAMES) >= {"lru", "lfu", "priority", "hybrid", "arc", "s3fifo", "belady"}
 
 

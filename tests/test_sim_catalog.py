@@ -84,6 +84,17 @@ def test_config_json_missing_a_field_names_it(tmp_path):
         resolve_model(path)
 
 
+def test_config_json_with_absurdly_many_layers_is_refused_at_once(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_hidden_layers": 10**12, "num_key_value_heads": 8,
+           "vocab_size": 128256, "max_position_embeddings": 131072}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="from 1 to 10,000, got 1,000,000,000,000") as err:
+        resolve_model(path)       # (a table per layer: a MemoryError before)
+    assert (err.value.location, err.value.field) == (str(path), "num_hidden_layers")
+
+
 def test_kv_pool_llama_2_7b_on_a100_80gb():
     # 0.9 * 80 GiB = 77,309,411,328 usable; weights 13,476,831,232; activations 2 GiB
     # -> 61,685,096,448 for KV; a block is 16 * 524,288 = 8,388,608 bytes -> 7353.4 -> 7353 blocks.

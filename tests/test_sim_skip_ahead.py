@@ -76,7 +76,7 @@ CASES = {
     "chunked-prefill-threshold": dict(num_gpu_blocks=600, max_num_seqs=48,
                                       max_num_batched_tokens=96,
                                       long_prefill_token_threshold=80),
-    "chunked-prefill-two-replicas": dict(num_gpu_blocks=400, replicas=2,
+    "chunked-prefill-two-replicas": dict(num_gpu_blocks=400, replicas=2, max_num_seqs=64,
                                          max_num_batched_tokens=64, enable_prefix_caching=False),
     "chunked-prefill-host-tier": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
                                       max_num_batched_tokens=96),

@@ -60,9 +60,9 @@ def _attention_fields(cfg: dict, kind: str, layers: int, path: Path) -> dict:
         return {}
     out = {"layer_kinds": tuple(kinds)}
     if "sliding" in kinds:
-        out["sliding_window"] = _need_pos(cfg, "sliding_window", path)
+        out["sliding_window"] = _need(cfg, "sliding_window", path)
     if "chunked" in kinds:
-        out["attention_chunk_size"] = _need_pos(cfg, "attention_chunk_size", path)
+        out["attention_chunk_size"] = _need(cfg, "attention_chunk_size", path)
     return out
 
 
@@ -96,17 +96,17 @@ def _explicit_kinds(types, layers: int, path: Path) -> list[str]:
 
 
 def _mla_fields(cfg: dict, path: Path, heads: int) -> dict:
-    rope, nope = _need_pos(cfg, "qk_rope_head_dim", path), _need_pos(cfg, "qk_nope_head_dim", path)
-    return dict(kv_lora_rank=_need_pos(cfg, "kv_lora_rank", path),
+    rope, nope = _need(cfg, "qk_rope_head_dim", path), _need(cfg, "qk_nope_head_dim", path)
+    return dict(kv_lora_rank=_need(cfg, "kv_lora_rank", path),
                 q_lora_rank=_size(cfg, "q_lora_rank", path, 0), qk_rope_head_dim=rope,
-                qk_nope_head_dim=nope, v_head_dim=_need_pos(cfg, "v_head_dim", path),
+                qk_nope_head_dim=nope, v_head_dim=_need(cfg, "v_head_dim", path),
                 head_dim=rope + nope, num_kv_heads=heads)
 
 
 # --- mixture of experts -------------------------------------------------------------------------
 def _moe_fields(cfg: dict, kind: str, layers: int, path: Path) -> dict:
     if kind in ("mixtral", "gpt_oss"):
-        k = _size(cfg, "experts_per_token", path) or _need_pos(cfg, "num_experts_per_tok", path)
+        k = _size(cfg, "experts_per_token", path) or _need(cfg, "num_experts_per_tok", path)
         return _moe(cfg, path, "num_local_experts", k, cfg["intermediate_size"], 0, layers)
     if kind in ("qwen3_moe", "qwen2_moe"):
         step, dense = _size(cfg, "decoder_sparse_step", path, 1), cfg.get("mlp_only_layers") or []
@@ -121,9 +121,9 @@ def _moe_fields(cfg: dict, kind: str, layers: int, path: Path) -> dict:
 
 
 def _moe(cfg, path, experts_key, k, width, shared, n_layers) -> dict:
-    width = width or _need_pos(cfg, "moe_intermediate_size", path)
-    return dict(num_experts=_need_pos(cfg, experts_key, path),
-                experts_per_token=k or _need_pos(cfg, "num_experts_per_tok", path),
+    width = width or _need(cfg, "moe_intermediate_size", path)
+    return dict(num_experts=_need(cfg, experts_key, path),
+                experts_per_token=k or _need(cfg, "num_experts_per_tok", path),
                 moe_intermediate_size=width, shared_expert_intermediate_size=shared,
                 num_moe_layers=n_layers)
 
@@ -132,7 +132,7 @@ def _deepseek_moe(cfg: dict, layers: int, path: Path) -> dict:
     first = cfg.get("first_k_dense_replace") or 0
     freq = _size(cfg, "moe_layer_freq", path, 1)
     n = sum(1 for i in range(layers) if i >= first and i % freq == 0)
-    width = _need_pos(cfg, "moe_intermediate_size", path)
+    width = _need(cfg, "moe_intermediate_size", path)
     shared = (cfg.get("n_shared_experts") or 0) * width
     return _moe(cfg, path, "n_routed_experts", None, width, shared, n)
 
@@ -140,16 +140,10 @@ def _deepseek_moe(cfg: dict, layers: int, path: Path) -> dict:
 def _llama4_moe(cfg: dict, layers: int, path: Path) -> dict:
     step = _size(cfg, "interleave_moe_layer_step", path, 1)
     moe = cfg.get("moe_layers") or list(range(step - 1, layers, step))
-    width = _need_pos(cfg, "intermediate_size", path)
+    width = _need(cfg, "intermediate_size", path)
     out = _moe(cfg, path, "num_local_experts", None, width, width, len(moe))
     out["intermediate_size"] = _size(cfg, "intermediate_size_mlp", path, width)
     return out
-
-
-def _need_pos(cfg: dict, key: str, path: Path) -> int:
-    if cfg.get(key) is None:
-        raise ConfigError(f"config is missing '{key}'", location=str(path), field=key)
-    return _size(cfg, key, path)
 
 
 # --- the dense families, and dispatch ------------------------------------------------------------
@@ -203,10 +197,17 @@ def _size(cfg: dict, key: str, path: Path, default=None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"expected a positive integer, got {value!r}", location=str(path),
                           field=key)
-    if not 1 <= value <= 1 << 40:
-        raise ConfigError(f"must be a positive integer, got {value}", location=str(path),
-                          field=key)
+    most = _MOST.get(key, 1 << 40)
+    if not 1 <= value <= most:
+        raise ConfigError(f"must be an integer from 1 to {most:,}, got {value:,}",
+                          location=str(path), field=key)
     return value
+
+
+#: Sizes that set how many entries per-layer and per-expert tables hold: far above any model
+#: (a billion layers took minutes and gigabytes before it was refused as too large to fit).
+_MOST = {"num_hidden_layers": 10_000, "num_local_experts": 100_000, "n_routed_experts": 100_000,
+         "num_experts": 100_000}
 
 
 def _head_dim(cfg: dict, hidden: int, heads: int, path: Path) -> int:

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 import simpy
 
+from kvsim.cache.block_pool import MAX_POOL_BLOCKS
 from kvsim.cache.contiguous import ContiguousKVManager
 from kvsim.cache.hybrid import HybridKVManager
 from kvsim.cache.kv_cache_manager import KVCacheManager
@@ -100,6 +101,10 @@ def resolve_deployment(config: RunConfig) -> Deployment:
             "that (vLLM refuses this too)", field="max_num_batched_tokens")
     host = config.num_cpu_blocks or kv_offloading_blocks(
         model, config.kv_offloading_size or 0.0, config.tp, config.block_size, config.dtype)
+    if config.kv_offloading_size and not 1 <= host <= MAX_POOL_BLOCKS:
+        raise ConfigError(f"{config.kv_offloading_size:g} GiB makes {host:,} CPU blocks of "
+                          f"{config.block_size} tokens: give between 1 and {MAX_POOL_BLOCKS:,}",
+                          field="kv_offloading_size")
     return Deployment(blocks, max_len, text, host, layout)
 
 
