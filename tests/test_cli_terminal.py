@@ -112,6 +112,23 @@ def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig,
     assert (out / "summary.json").read_text() == "{}"
 
 
+def test_an_interrupted_compare_stops_its_workers_and_leaves_nothing(tmp_path):
+    """The workers ignore Ctrl-C; the parent stops them, and each cleans its run's --out
+    (they were killed outright before: their lock files stayed)."""
+    trace = long_trace(tmp_path / "long.jsonl")
+    out = tmp_path / "cmp"
+    proc = subprocess.Popen([*KVSIM, "compare", str(trace), "--eviction", "lru,lfu",
+                             "--workers", "2", "--out", str(out), "--no-skip-ahead"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for point in ("01_eviction-lru", "02_eviction-lfu"):
+        wait_for_lock(out / point, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == ["kvsim: interrupted by SIGINT; nothing was written"]
+    assert not out.exists()
+
+
 def test_a_second_run_on_the_same_out_fails_at_once(tmp_path):
     trace = long_trace(tmp_path / "long.jsonl")
     first = subprocess.Popen([*KVSIM, "run", str(trace), "--out", str(tmp_path / "o"), "-q"],

@@ -69,24 +69,59 @@ def _run_pool(fn, items, workers: int, report: Progress) -> list:
     out: list = [None] * len(items)
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context,
-                               initializer=_ignore_interrupts)
+                               initializer=_worker_signals)
     try:
-        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+        futures = {pool.submit(_in_worker, fn, item): i for i, item in enumerate(items)}
         for done, future in enumerate(as_completed(futures), start=1):
             out[futures[future]] = future.result()
             report(done, len(items), out[futures[future]])
     except BaseException:   # an error, Ctrl-C or SIGTERM: stop the workers now
-        for process in list((pool._processes or {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(pool)
         raise
     pool.shutdown()
     return out
 
 
-def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the parent, which stops them."""
+def _stop_workers(pool: ProcessPoolExecutor, wait_s: float = 30.0) -> None:
+    """Stop the pool's workers (SIGTERM: each ends its task as an interrupted one, so a run's
+    ``--out`` is cleaned up) and wait for them to be gone."""
+    processes = list((pool._processes or {}).values())
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(wait_s)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Stopped(BaseException):
+    """A worker's task was stopped by its parent (SIGTERM)."""
+
+
+_running_task = False
+
+
+def _worker_signals() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them with SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_stop)
+
+
+def _on_stop(signum, frame) -> None:
+    if _running_task:
+        raise _Stopped       # unwinds the task (its --out cleaned up); _in_worker then exits
+    os._exit(128 + signum)
+
+
+def _in_worker(fn: Callable[[Any], Any], item: Any) -> Any:
+    """``fn(item)`` in a worker; a stop ends the worker once the task has unwound."""
+    global _running_task
+    _running_task = True
+    try:
+        return fn(item)
+    except _Stopped:
+        os._exit(128 + signal.SIGTERM)
+    finally:
+        _running_task = False
 
 
 def import_ray():
