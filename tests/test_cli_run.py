@@ -174,3 +174,17 @@ def test_long_prompts_are_announced_counted_and_can_be_truncated(tmp_path):
     summary = json.loads(cut.stdout)
     assert summary["num_rejected"] == 0 and summary["num_truncated"] >= rejected
     assert summary["num_completed"] == 40
+
+
+def test_a_truncated_request_runs_and_counts_as_the_shorter_request(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 20000, "output_tokens": 100}\n')
+    done = kvsim("run", str(trace), "--model", "llama-3-70b", "--gpu", "h100-80gb", "--tp", "4",
+                 "--long-prompt", "truncate", "--out", tmp_path / "t", "--json")
+    summary = json.loads(done.stdout)
+    assert summary["num_truncated"] == 1 and summary["kv"]["max_model_len"] == 8192
+    # Vidur's cut: 20,100 - 8,192 = 11,908 over, taken in proportion: 8,151 + 40 tokens
+    row = (tmp_path / "t" / "requests.csv").read_text().splitlines()[1].split(",")
+    assert row[2:6] == ["8151", "40", "40", "stop"]
+    assert summary["throughput_input_tokens_per_s"] * summary["duration_s"] == \
+        pytest.approx(8151)       # the prompt that ran (it counted 20,000)

@@ -89,7 +89,7 @@ class Arrivals(NextArrival):
         log = self.log
         log.on_arrival(request, -1)
         if self.truncating and truncate(request, self.max_model_len):
-            log.on_truncated(request.request_id)
+            log.on_truncated(request)
             seq = None
         if seq is None:
             seq = RequestState(request, self.block_size, self.greedy, self.named)

@@ -187,8 +187,13 @@ class RequestLog:
     def on_routed(self, request_id: int, replica: int) -> None:
         self._set(request_id, "replica", replica)
 
-    def on_truncated(self, request_id: int) -> None:
-        self._set(request_id, "truncated", 1)
+    def on_truncated(self, request) -> None:
+        """``request`` was cut to fit (``--long-prompt truncate``): its row holds the lengths
+        it runs with, flagged."""
+        rid = request.request_id
+        self._set(rid, "truncated", 1)
+        self._set(rid, "prompt_tokens", request.prompt_tokens)
+        self._set(rid, "output_tokens", request.output_tokens)
 
     def on_scheduled(self, request_id: int, now: float) -> None:
         row = self._row[request_id]
