@@ -137,6 +137,20 @@ def test_negative_token_id(tmp_path):
     assert err.field == "prompt_token_ids" and "negative" in err.message
 
 
+@pytest.mark.parametrize("record", [{"prompt_token_ids": [3, 7, True], "output_tokens": 1},
+                                    {"prompt_tokens": 20, "output_tokens": 1,
+                                     "block_hashes": [5, False], "hash_block_size": 16}])
+def test_a_boolean_among_integer_ids_is_refused(tmp_path, record):
+    err = trace_error(tmp_path, lines(record))      # (numpy reads true as 1)
+    assert err.message == "expected a list of 64-bit integers, found a boolean"
+
+
+def test_an_id_beyond_64_bits_is_the_one_named(tmp_path):
+    err = trace_error(tmp_path, lines({"prompt_token_ids": [3, 2**64], "output_tokens": 1}))
+    assert err.message == ("expected a list of 64-bit integers, found 18446744073709551616 "
+                           "(beyond 64 bits)")
+
+
 def test_timestamps_going_backwards_unless_sort(tmp_path):
     text = lines(MOON, {**MOON, "timestamp": 2000}, {**MOON, "timestamp": 1000})
     err = trace_error(tmp_path, text)

@@ -104,13 +104,18 @@ def id_array(value, name: str, loc: str) -> np.ndarray:
         arr = np.asarray([None])
     if arr.ndim != 1:
         raise fail(loc, name, "expected a flat list of integers, found a nested list")
+    if arr.dtype.kind in "iu" and bool in set(map(type, value)):   # (numpy takes true as 1)
+        raise fail(loc, name, "expected a list of 64-bit integers, found a boolean")
     if arr.dtype.kind == "i":
         return arr.astype(np.int64, copy=False)
     if arr.dtype.kind == "u":
         return arr.astype(np.uint64).view(np.int64)
-    bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), value[0])
+    bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)
+                or not -2**63 <= v < 2**64), value[0])
     if isinstance(bad, list):
         raise fail(loc, name, "expected a flat list of integers, found a nested list")
+    if isinstance(bad, int) and not isinstance(bad, bool):
+        raise fail(loc, name, f"expected a list of 64-bit integers, found {bad} (beyond 64 bits)")
     raise fail(loc, name, f"expected a list of 64-bit integers, found {_show(bad)}")
 
 
