@@ -171,3 +171,13 @@ def test_activation_estimate_and_kv_offloading_blocks():
     assert kv_offloading_blocks("llama-2-7b", 4, tp=2) == 512
     with pytest.raises(ConfigError):
         kv_offloading_blocks("llama-2-7b", -1)
+
+
+def test_a_step_too_large_for_the_gpu_names_the_token_budget_not_the_model():
+    with pytest.raises(ConfigError, match="lower --max-num-batched-tokens") as err:
+        kv_pool("llama-3.1-8b", "a100-80gb", tp=1, block_size=16,
+                max_num_batched_tokens=2**31 - 1)
+    assert err.value.field == "max_num_batched_tokens"
+    with pytest.raises(ConfigError, match="raise --tp") as err:
+        kv_pool("llama-3-70b", "a100-80gb", tp=1, block_size=16)
+    assert err.value.field == "model"

@@ -110,8 +110,8 @@ def _check_order(records, path, time_field: str) -> Iterator[Request]:
     last = float("-inf")
     for line_no, request in records:
         if request.arrival_s < last:
-            raise TraceError(f"time goes backwards ({request.arrival_s:g} after {last:g}); "
-                             "use --sort to accept an unsorted trace",
+            raise TraceError(f"time goes backwards ({request.arrival_s:.15g} after "
+                             f"{last:.15g}); use --sort to accept an unsorted trace",
                              location=where(path, line_no), field=time_field)
         last = request.arrival_s
         yield request

@@ -73,8 +73,10 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     per_block = layout.bytes_per_block
     kv = usable - weights - reserve
     if kv < per_block:
+        step_too_big = usable - weights >= per_block     # (the weights alone leave room)
         raise ConfigError(_no_room(model, gpu, tp, gpu_memory_utilization, usable, weights,
-                                   reserve, per_block), field="model")
+                                   reserve, per_block, step_too_big),
+                          field="max_num_batched_tokens" if step_too_big else "model")
     blocks = kv // per_block
     text = (f"{gpu_memory_utilization:g} x {_gib(gpu.memory_bytes)} ({gpu.name}) = {_gib(usable)}"
             f" - weights {_gib(weights)} ({model.name}/tp{tp})"
@@ -119,12 +121,16 @@ def _check_settings(tp: int, block_size: int, utilization: float) -> None:
                           field="gpu_memory_utilization")
 
 
-def _no_room(model, gpu, tp, util, usable, weights, reserve, per_block) -> str:
+def _no_room(model, gpu, tp, util, usable, weights, reserve, per_block,
+             step_too_big: bool = False) -> str:
+    advice = ("lower --max-num-batched-tokens or --max-num-seqs (a step's activations)"
+              if step_too_big else
+              "raise --tp, use a larger GPU or raise --gpu-memory-utilization")
     return (f"{model.name} does not fit on {gpu.name} with tp={tp}: "
             f"{util:g} x {_gib(gpu.memory_bytes)} = {_gib(usable)} usable per GPU, "
             f"weights need {_gib(weights)} and activations {_gib(reserve)}, leaving "
             f"{_gib(usable - weights - reserve)} for KV (one block needs {per_block:,} bytes); "
-            "raise --tp, use a larger GPU or raise --gpu-memory-utilization")
+            f"{advice}")
 
 
 def _gib(n: int) -> str:
