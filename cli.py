@@ -93,7 +93,8 @@ def main() -> None:
         sys.stderr.write(f"kvsim: interrupted by {signal.Signals(e.signum).name}; {left}\n")
         sys.exit(128 + e.signum)
     except KvsimError as e:
-        sys.stderr.write(f"kvsim: error: {e.one_line()}\n")
+        from kvsim.workloads.sources import naming_stdin
+        sys.stderr.write(f"kvsim: error: {naming_stdin(e.one_line())}\n")
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -1,6 +1,8 @@
 """`kvsim run` end to end, on the bundled slices of real traces."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,12 @@ def test_a_truncated_request_runs_and_counts_as_the_shorter_request(tmp_path):
     assert row[2:6] == ["8151", "40", "40", "stop"]
     assert summary["throughput_input_tokens_per_s"] * summary["duration_s"] == \
         pytest.approx(8151)       # the prompt that ran (it counted 20,000)
+
+
+def test_a_bad_line_read_from_stdin_is_named_as_stdin(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "kvsim.cli", "run", "-", "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300,
+                          input='{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": "x"}\n')
+    assert done.returncode == 2
+    assert done.stderr == ("kvsim: error: <stdin>:1: field 'output_tokens': expected an "
+                           "integer, got a string ('x')\n")

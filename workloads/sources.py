@@ -31,6 +31,10 @@ def resolve_trace(trace: str | None) -> tuple[Path, str]:
     return Path(trace), trace
 
 
+#: The temporary file a trace read from stdin (``-``) was copied to, once it was.
+_stdin_copies: list[str] = []
+
+
 def _stdin_copy() -> Path:
     import atexit
     import shutil
@@ -39,7 +43,16 @@ def _stdin_copy() -> Path:
                                      delete=False) as fh:
         atexit.register(os.unlink, fh.name)
         shutil.copyfileobj(sys.stdin.buffer, fh)
+    _stdin_copies.append(fh.name)
     return Path(fh.name)
+
+
+def naming_stdin(message: str) -> str:
+    """``message`` with the copy of a trace read from stdin called ``<stdin>``, as the user
+    gave it."""
+    for path in _stdin_copies:
+        message = message.replace(path, "<stdin>")
+    return message
 
 
 def check_regular_file(path: str | os.PathLike, what: str = "trace file") -> None:
