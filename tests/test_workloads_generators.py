@@ -79,7 +79,15 @@ def test_length_specs_parse():
     assert parse_lengths("lognormal:161:1.0") == lognormal(161, 1.0)
     assert parse_lengths("trace:/x.csv", "output") == resampled("/x.csv", "output")
     with pytest.raises(ConfigError, match="cannot read length distribution"):
-        parse_lengths("uniform:9:1")
+        parse_lengths("fixed:many")
+    for spec, why in [("uniform:9:1", "uniform:9:1: LO is above HI"),
+                      ("fixed:0", "0 tokens: a length must be from 1 to 10,000,000"),
+                      ("fixed:100000000", "100000000 tokens: a length must be from 1 to "
+                                          "10,000,000"),    # (what kvsim run refuses)
+                      ("lognormal:1e9:5", "lognormal mean 1e9: must be above 0 and at most "
+                                          "1,000,000 tokens")]:
+        with pytest.raises(ConfigError, match=why.replace(".", r"\.")):
+            parse_lengths(spec)
 
 
 # --- presets --------------------------------------------------------------------------------

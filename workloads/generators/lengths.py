@@ -5,7 +5,8 @@ A :class:`Lengths` draws integer token counts with a numpy ``Generator``; its te
 
     fixed:N              always N
     uniform:LO:HI        integers LO..HI inclusive, equally likely
-    lognormal:MEAN:SIGMA lognormal with this mean and log-space sigma, rounded, clipped
+    lognormal:MEAN:SIGMA lognormal with this mean and log-space sigma, rounded, clipped to
+                         1..1,000,000
     trace:PATH           resampled (with replacement) from a trace's prompt or output lengths
 """
 
@@ -18,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.workloads.fields import MAX_TOKENS
 
 KINDS = ("fixed", "uniform", "lognormal", "trace")
 
@@ -89,6 +91,8 @@ def parse_lengths(text: str, field: str = "prompt") -> Lengths:
     args = rest.split(":") if rest else []
     try:
         return _build(kind.strip().lower(), args, rest, field)
+    except ConfigError:
+        raise
     except (ValueError, TypeError):
         raise ConfigError(f"cannot read length distribution {text!r}; expected fixed:N, "
                           "uniform:LO:HI, lognormal:MEAN:SIGMA or trace:PATH",
@@ -98,10 +102,27 @@ def parse_lengths(text: str, field: str = "prompt") -> Lengths:
 def _build(kind: str, args: list[str], rest: str, field: str) -> Lengths:
     if kind == "trace" and rest:
         return resampled(rest, field)
-    if kind == "fixed" and len(args) == 1 and int(args[0]) > 0:
-        return fixed(int(args[0]))
-    if kind == "uniform" and len(args) == 2 and 0 < int(args[0]) <= int(args[1]):
-        return uniform(int(args[0]), int(args[1]))
-    if kind == "lognormal" and len(args) == 2 and float(args[0]) > 0 and float(args[1]) >= 0:
-        return lognormal(float(args[0]), float(args[1]))
+    if kind == "fixed" and len(args) == 1:
+        return fixed(_count(args[0], field))
+    if kind == "uniform" and len(args) == 2:
+        low, high = _count(args[0], field), _count(args[1], field)
+        if low > high:
+            raise ConfigError(f"uniform:{low}:{high}: LO is above HI", field=f"{field} lengths")
+        return uniform(low, high)
+    if kind == "lognormal" and len(args) == 2 and float(args[1]) >= 0:
+        mean = float(args[0])
+        if not 0 < mean <= Lengths.high:
+            raise ConfigError(f"lognormal mean {args[0]}: must be above 0 and at most "
+                              f"{Lengths.high:,} tokens (draws are clipped to "
+                              f"1..{Lengths.high:,})", field=f"{field} lengths")
+        return lognormal(mean, float(args[1]))
     raise ValueError(kind)
+
+
+def _count(text: str, field: str) -> int:
+    """A length of the text form: a whole number of tokens that a trace may hold."""
+    n = int(text)
+    if not 1 <= n <= MAX_TOKENS:
+        raise ConfigError(f"{n} tokens: a length must be from 1 to {MAX_TOKENS:,}",
+                          field=f"{field} lengths")
+    return n
