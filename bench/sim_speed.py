@@ -20,8 +20,10 @@ Cases (the targets of issue 15):
 - ``mooncake``: the whole Mooncake conversation trace, Llama-3-70B on 4xH100 (target <= 8 s);
 - ``mooncake-lru``: LRU against LRU, the same pairs as the variants: the spread of its pair
   ratios is the noise floor of theirs;
-- ``mooncake-<policy>`` and ``mooncake-offload``: the same with another eviction policy or a
-  CPU tier (target: <= 1.5x the new LRU time; the ratio column for these is the median over
+- ``mooncake-<policy>``, ``mooncake-offload`` and ``mooncake-host``: the same with another
+  eviction policy, vLLM's native CPU tier (256 GiB), or kvsim's write-back host tier of the
+  same size (the host tier of b45c6b7, which issue 15 measured at 1.9x) (target: <= 1.5x the
+  new LRU time; the ratio column for these is the median over
   the repeats of the variant's time over an LRU run made just before it, each pair listed
   under the table; with ``--side-by-side``, of the variant's CPU seconds over those of an LRU
   run made at the same time on the other core);
@@ -88,6 +90,10 @@ def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
     found.append(Case("mooncake-offload", [*run, mooncake, *MOONCAKE,
                                            "--kv-offloading-size", "256"],
                       [*run, mooncake, *MOONCAKE, "--cpu-offload-gb", "64"],
+                      baseline="mooncake", target="<= 1.5x lru"))
+    found.append(Case("mooncake-host", [*run, mooncake, *MOONCAKE, "--kv-offloading-size",
+                                        "256", "--offload-write", "back"],
+                      [*run, mooncake, *MOONCAKE, "--num-cpu-blocks", "52428"],
                       baseline="mooncake", target="<= 1.5x lru"))
     gen = [["gen", "chat", "-n", "1000000", "--seed", "0", "--out", million]]
     found.append(Case("million-gen", gen[0], gen[0] if old_million else None,
