@@ -5,6 +5,7 @@ Here and not in ``cli.py`` so tests (and notebooks) can run a job without a shel
 
 from __future__ import annotations
 
+import re
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ def read_config_file(path: str) -> dict:
         import tomli as tomllib
     try:
         check_regular_file(path, "TOML file")
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))   # (a BOM is fine)
     except TraceError as e:
         raise ConfigError(e.message, location=path, field="config") from None
     except OSError as e:
@@ -66,6 +67,21 @@ def read_config_file(path: str) -> dict:
     return dict(data["run"])
 
 
+def _at_line(error: ConfigError, path: str) -> ConfigError:
+    """``error`` (about a key of the TOML file at ``path``) located at the key's line."""
+    lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    field = str(error.field)
+    for name in (re.escape(field), "[-_]".join(map(re.escape, re.split(r"[-_]", field)))):
+        pattern = re.compile(r"\s*[\"']?" + name + r"[\"']?\s*=")  # (as spelt, then either)
+        line = next((i for i, text in enumerate(lines, 1) if pattern.match(text)), None)
+        if line is not None:
+            break
+    if line is not None and error.location == path:
+        error.location = f"{path}:{line}"
+        error.args = (error.one_line(),)
+    return error
+
+
 def config_from_sources(trace: str | None, config_file: str | None,
                         given: dict) -> tuple[RunConfig, Path]:
     """The run's settings (defaults < TOML file < command-line options) and its trace file."""
@@ -74,10 +90,19 @@ def config_from_sources(trace: str | None, config_file: str | None,
     if in_file is not None and not isinstance(in_file, str):
         raise ConfigError(f"expected a string, got {in_file!r}", location=config_file,
                           field="trace")
-    path, label = resolve_trace(trace or in_file)
+    try:
+        path, label = resolve_trace(trace or in_file)
+    except TraceError as e:
+        if trace:
+            raise
+        raise ConfigError(f"{e.location}: {e.message}", location=config_file,
+                          field="trace") from None
     options = {k: v for k, v in given.items() if v is not None}
-    in_toml = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "",
-                                  check=False)    # each value checked, naming the file
+    try:
+        in_toml = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "",
+                                      check=False)    # each value checked, naming the file
+    except ConfigError as e:
+        raise _at_line(e, config_file) from None
     where = f"{config_file} with the command line" if config_file else "command line"
     return RunConfig.from_dict({**in_toml.to_dict(), **options}, where), path
 

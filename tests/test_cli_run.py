@@ -89,8 +89,20 @@ def test_a_setting_given_twice_in_a_config_file_is_refused(tmp_path):
     config.write_text("max-num-seqs = 3\nmax_num_seqs = 4\n")
     done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"))
     assert done.returncode == 2
-    assert done.stderr == (f"kvsim: error: {config}: field 'max_num_seqs': given twice (spelt "
+    assert done.stderr == (f"kvsim: error: {config}:2: field 'max_num_seqs': given twice (spelt "
                            "with '-' and with '_')\n")
+
+
+def test_a_bad_value_in_a_config_file_names_its_line(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('\ufeffmodel = "llama-2-7b"\nmax-num-seqs = "many"\n', encoding="utf-8")
+    done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"))
+    assert done.stderr == (f"kvsim: error: {config}:2: field 'max_num_seqs': expected an "
+                           "integer, got 'many'\n")          # (and a BOM is fine)
+    config.write_text('trace = "nope.jsonl"\n')
+    done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == f"kvsim: error: {config}: field 'trace': nope.jsonl: no such file\n"
 
 
 def test_a_bad_trace_line_writes_nothing(tmp_path):
