@@ -144,14 +144,15 @@ def slo_text(result: dict) -> str:
 def print_plan(result: dict, console: Optional[Console] = None) -> None:
     """Print the ranked table, the recommendation and the block-size comparison."""
     console = console or Console()
+    text = dict(highlight=False, soft_wrap=True)    # (unwrapped: the reproduce line pastes)
     console.print(f"trace {result['trace']} · model {result['model']} · {load_text(result)} · "
-                  f"SLO {slo_text(result)}", highlight=False)
+                  f"SLO {slo_text(result)}", **text)
     console.print(plan_table(result))
     for line in reason_lines(result) + rate_notes(result):
-        console.print(line, highlight=False)
-    console.print(recommendation_text(result), highlight=False)
+        console.print(line, **text)
+    console.print(recommendation_text(result), **text)
     for line in block_size_lines(result):
-        console.print(line, highlight=False)
+        console.print(line, **text)
 
 
 class PlanProgress:

@@ -86,9 +86,13 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
 
 
 def deployment_text(cfg: dict) -> str:
-    """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16, max_model_len 131,072``."""
+    """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16`` (``, int4 weights`` when the weights
+    are stored otherwise than the KV cache)."""
     text = (f"{cfg.get('model', '?')} on {cfg.get('replicas', 1)} x {cfg.get('gpu', '?')} "
             f"(tp {cfg.get('tp', 1)}), {cfg.get('dtype', '?')}")
+    weights = cfg.get("weight_dtype")
+    if weights and weights != cfg.get("dtype"):
+        text += f", {weights} weights"
     return text
 
 

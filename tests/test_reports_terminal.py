@@ -112,3 +112,13 @@ def test_progress_lines_for_a_pipe_are_throttled_and_say_what_is_done():
     assert lines[0].startswith("kvsim: simulating: 150 of 300 requests done, 90.00 s "
                                "simulated (") and lines[0].endswith(" s elapsed)")
     assert lines[1].startswith("kvsim: simulating: 3 of 8 done (")
+
+
+def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
+    from kvsim.reports.terminal import deployment_text
+    config = {"model": "llama-3.1-8b", "replicas": 1, "gpu": "l4", "tp": 1, "dtype": "bf16"}
+    assert deployment_text(config) == "llama-3.1-8b on 1 x l4 (tp 1), bf16"
+    assert deployment_text({**config, "weight_dtype": "int4"}) == \
+        "llama-3.1-8b on 1 x l4 (tp 1), bf16, int4 weights"
+    assert deployment_text({**config, "weight_dtype": "bf16"}) == \
+        "llama-3.1-8b on 1 x l4 (tp 1), bf16"

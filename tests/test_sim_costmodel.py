@@ -2,6 +2,7 @@
 path equal bit for bit to stepping one plan at a time."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -149,6 +150,18 @@ def test_profile_overrides_from_dict_and_file(tmp_path, a100):
         CostModel("llama-2-7b", "a100-80gb", profile=path)
     with pytest.raises(ConfigError, match="no such calibration profile file"):
         CostModel("llama-2-7b", "a100-80gb", profile=tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("profile, field, message", [
+    ({"gemmm": {"memory_efficiency": 0.4}}, "gemmm", "unknown section; did you mean 'gemm'?"),
+    ({"kind": "weird"}, "kind", "unknown profile kind 'weird'; expected 'fitted'"),
+])
+def test_a_misspelt_profile_is_refused_not_ignored(tmp_path, profile, field, message):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**profile, "notes": {"by": "hand"}}))   # (notes are kept)
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        CostModel("llama-2-7b", "a100-80gb", profile=path)
+    assert (err.value.location, err.value.field) == (str(path), field)
 
 
 def test_every_catalog_gpu_has_a_default_profile():

@@ -13,6 +13,7 @@ given to it only names the default profile underneath) and refuses a model of an
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 from dataclasses import dataclass
@@ -187,6 +188,7 @@ def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Pro
     where = None if profile is None or isinstance(profile, dict) else str(profile)
     if profile is not None:
         override = profile if isinstance(profile, dict) else _read(Path(profile))
+        check_sections(override, where)
         check_numbers(override, where)
         _overlay(data, override)
     try:
@@ -198,6 +200,21 @@ def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Pro
 
 NUMBER_SECTIONS = ("gemm", "elementwise", "attention", "all_reduce", "transfers", "overhead",
                    "fitted")
+
+
+def check_sections(d: dict, where: str | None) -> None:
+    """A profile's ``kind`` is ``fitted`` if given, and a section (an object) named like one
+    of :data:`NUMBER_SECTIONS` but not one is a misspelling: both were ignored silently, so
+    the run used the default profile. Other keys are the writers' notes."""
+    kind = d.get("kind")
+    if kind is not None and kind != "fitted":
+        raise ConfigError(f"unknown profile kind {kind!r}; expected 'fitted' (or none: a "
+                          "roofline profile)", location=where, field="kind")
+    for key, value in d.items():
+        near = difflib.get_close_matches(str(key), NUMBER_SECTIONS, n=1, cutoff=0.75)
+        if isinstance(value, dict) and key not in NUMBER_SECTIONS and near:
+            raise ConfigError(f"unknown section; did you mean '{near[0]}'?", location=where,
+                              field=str(key))
 
 
 def check_numbers(d: dict, where: str | None, prefix: str = "") -> None:

@@ -110,11 +110,14 @@ def resolve_deployment(config: RunConfig) -> Deployment:
 
 def _check_multi_group(config: RunConfig, name: str) -> None:
     """The hybrid manager is simulated for the paged layout with LRU and no CPU tier only."""
-    if config.layout != "paged" or config.eviction != "lru" or config.has_host_tier \
-            or config.preemption_mode == "swap":
+    offending = next((field for field, bad in (
+        ("layout", config.layout != "paged"), ("eviction", config.eviction != "lru"),
+        ("kv_offloading_size", config.has_host_tier),
+        ("preemption_mode", config.preemption_mode == "swap")) if bad), None)
+    if offending:
         raise ConfigError(f"{name} has sliding-window or chunked-local layers (vLLM's hybrid "
                           "KV cache manager): kvsim simulates it with --layout paged, "
-                          "--eviction lru and no CPU tier", field="layout")
+                          "--eviction lru and no CPU tier", field=offending)
 
 
 def default_executor(config: RunConfig) -> CostModel:
