@@ -79,6 +79,10 @@ def test_price_table_overrides_the_catalog_and_accepts_aliases(tmp_path):
     table.write_text(json.dumps({"h100": "cheap"}))
     with pytest.raises(ConfigError, match="price must be a number"):
         load_prices(str(table))
+    table.write_text(json.dumps({"a100-80gbb": 1.0}))
+    with pytest.raises(ConfigError, match="unknown GPU 'a100-80gbb'") as err:
+        load_prices(str(table))
+    assert (err.value.location, err.value.field) == (str(table), "a100-80gbb")
 
 
 def test_dtype_and_host_tier_candidates_are_labelled_priced_and_replayable():

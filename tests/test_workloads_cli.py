@@ -51,5 +51,5 @@ def test_gen_writes_the_same_file_twice_and_nothing_on_error(tmp_path):
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     failed = kvsim("gen", "chat", "--out", tmp_path / "c.jsonl", "--input-len", "uniform:9:1")
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1
-    assert "cannot read length distribution" in failed.stderr
+    assert "uniform:9:1: LO is above HI" in failed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]

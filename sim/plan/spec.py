@@ -164,8 +164,16 @@ def _read_prices(path: str) -> dict[str, float]:
                 not 0 <= value < math.inf:
             raise ConfigError(f"price must be a number >= 0, got {value!r}", location=path,
                               field=key)
-        out[key if key == HOST_MEMORY_KEY else resolve_gpu(key).name] = float(value)
+        out[key if key == HOST_MEMORY_KEY else _gpu_named(key, path)] = float(value)
     return out
+
+
+def _gpu_named(key: str, path: str) -> str:
+    """The catalog name of the price table's GPU ``key``; an unknown one names the table."""
+    try:
+        return resolve_gpu(key).name
+    except ConfigError as e:
+        raise ConfigError(e.message, location=path, field=key) from None
 
 
 def gpu_hour_price(prices: dict, config: RunConfig) -> float | None:
