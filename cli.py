@@ -88,8 +88,12 @@ def main() -> None:
     gc.set_threshold(20_000, 20, 20)
     try:
         app(standalone_mode=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):     # done: a late signal changes nothing
+            signal.signal(sig, signal.SIG_IGN)
     except Interrupted as e:
-        left = getattr(e, "left", "") or "no result was written"
+        from kvsim.reports.outdir import completed
+        left = getattr(e, "left", "") or (f"{completed[-1]}/ holds its complete result"
+                                          if completed else "no result was written")
         sys.stderr.write(f"kvsim: interrupted by {signal.Signals(e.signum).name}; {left}\n")
         sys.exit(128 + e.signum)
     except KvsimError as e:

@@ -21,6 +21,9 @@ from stat import S_ISREG
 from kvsim.errors import KvsimError
 
 LOCK_FILE = ".kvsim.lock"
+#: The directories that received a complete result in this process (an interrupt that comes
+#: after says so rather than "no result was written").
+completed: list[Path] = []
 
 
 class OutputDir:
@@ -60,6 +63,7 @@ class OutputDir:
         try:
             if exc_type is None:
                 self._remove(p for p, stat in self._before.items() if _stat(p) == stat)
+                completed.append(self.path)
             elif self._results() != self._before:    # it began writing: nothing partial
                 began = True
                 self._remove(self._results())

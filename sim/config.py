@@ -142,7 +142,9 @@ class RunConfig:
             self._validate_layout()
             self._validate_tiering()
             if self.profile is not None and not Path(self.profile).is_file():
-                raise ConfigError("no such profile file", location=str(self.profile),
+                raise ConfigError("is a directory, not a profile file"
+                                  if Path(self.profile).is_dir() else "no such profile file",
+                                  location=str(self.profile),
                                   field="profile")
         except ConfigError as e:
             raise located(e, source) from None

@@ -54,3 +54,10 @@ def test_a_directory_made_for_a_command_that_fails_is_removed(tmp_path):
         with OutputDir(out, FILES):
             raise ValueError("bad input")
     assert failed.value.left == "nothing was written" and not out.exists()
+
+
+def test_a_complete_result_is_remembered_for_a_late_interrupt(tmp_path):
+    from kvsim.reports import outdir
+    with OutputDir(tmp_path / "o", FILES):
+        (tmp_path / "o" / "summary.json").write_text("new")
+    assert outdir.completed[-1] == tmp_path / "o"

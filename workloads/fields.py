@@ -144,6 +144,6 @@ def _show(value) -> str:
     if value is None:
         return "null"
     kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object",
-            float: "a fraction"}.get(type(value), type(value).__name__)
+            float: "a decimal number"}.get(type(value), type(value).__name__)
     text = repr(value)
     return f"{kind} ({text if len(text) <= 30 else text[:27] + '...'})"
