@@ -71,7 +71,7 @@ def table_rows(result: dict) -> list[dict[str, str]]:
     return out
 
 
-_SHORT = {"Configuration": "Configuration", "Replicas": "Repl-\nicas", "$/hour": "$/h",
+_SHORT = {"Configuration": "Candidate", "Replicas": "Rep-\nlicas", "$/hour": "$/h",
           "Headroom": "Head-\nroom", "Hit rate": "Hit\nrate",
           "Max req/s (1 replica)": "Max req/s\n1 replica"}
 
