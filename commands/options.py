@@ -112,7 +112,9 @@ RATE_SCALE_OPTION = typer.Option(1.0, "--rate-scale", help="Request-rate multipl
                                  "doubles the rate (inter-arrival gaps halved).")
 SORT_OPTION = typer.Option(False, "--sort", help="Sort by arrival instead of rejecting "
                            "timestamps that go backwards.")
-MODEL_OPTION = typer.Option(None, "--model", help="BurstGPT only: keep this model's rows.")
+MODEL_OPTION = typer.Option(None, "--trace-model", "--model",
+                            help="BurstGPT only: keep this model's rows (--trace-model, as "
+                            "kvsim run names it; --model also works here).")
 TRACE_MODEL_OPTION = typer.Option(None, "--trace-model",
                                   help="BurstGPT only: keep this model's rows.")
 

@@ -188,7 +188,7 @@ def test_bad_azure_rows_name_the_row_and_column(tmp_path, row, field, words):
 
 def test_model_filter_needs_a_burstgpt_trace(tmp_path):
     err = trace_error(tmp_path, lines(MOON), TraceOptions(model_filter="GPT-4"))
-    assert err.field == "model"
+    assert err.field == "trace_model" and err.message.startswith("this mooncake trace has no")
 
 
 def test_window_that_keeps_nothing(tmp_path):

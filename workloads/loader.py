@@ -95,8 +95,8 @@ def _parse(path, opts: TraceOptions) -> tuple[str, Iterator[tuple[int, Request]]
     lines = itertools.chain([first], lines)
     fmt = opts.format_name or detect_format(first[1], where(path, first[0]))
     if opts.model_filter is not None and fmt != "burstgpt":
-        raise TraceError(f"a {fmt} trace has no Model column; only BurstGPT traces can be "
-                         "filtered by model", field="model")
+        raise TraceError(f"this {fmt} trace has no Model column; only BurstGPT traces can be "
+                         "filtered by model", field="trace_model")
     if fmt == "native":
         return fmt, jsonl.native_requests(lines, path)
     if fmt == "mooncake":
