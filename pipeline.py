@@ -82,6 +82,23 @@ def _at_line(error: ConfigError, path: str) -> ConfigError:
     return error
 
 
+def _look_up_names(config: RunConfig, from_file: set, path: str | None) -> None:
+    """The GPU and model that the TOML file at ``path`` names (``from_file``: its keys the
+    command line leaves) are looked up now, so that an unknown one is shown at its line of
+    the file (found later, it named neither)."""
+    from kvsim.sim.perf.gpus import resolve_gpu
+    from kvsim.sim.perf.models import resolve_model
+    for name, resolve in (("gpu", resolve_gpu), ("model", resolve_model)):
+        if name not in from_file:
+            continue
+        try:
+            resolve(getattr(config, name))
+        except ConfigError as e:
+            if e.location is not None:      # (a model's own config.json: its own place)
+                raise
+            raise _at_line(ConfigError(e.message, location=path, field=name), path) from None
+
+
 def config_from_sources(trace: str | None, config_file: str | None,
                         given: dict) -> tuple[RunConfig, Path]:
     """The run's settings (defaults < TOML file < command-line options) and its trace file."""
@@ -103,6 +120,7 @@ def config_from_sources(trace: str | None, config_file: str | None,
                                       check=False)    # each value checked, naming the file
     except ConfigError as e:
         raise _at_line(e, config_file) from None
+    _look_up_names(in_toml, set(settings) - set(options), config_file)
     where = f"{config_file} with the command line" if config_file else "command line"
     return RunConfig.from_dict({**in_toml.to_dict(), **options}, where), path
 

@@ -103,6 +103,10 @@ def test_a_bad_value_in_a_config_file_names_its_line(tmp_path):
     done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == f"kvsim: error: {config}: field 'trace': nope.jsonl: no such file\n"
+    config.write_text('max_num_seqs = 8\ngpu = "rtx4090"\n')
+    done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith(f"kvsim: error: {config}:2: field 'gpu': unknown GPU "
+                                  "'rtx4090'")
 
 
 def test_a_bad_trace_line_writes_nothing(tmp_path):
