@@ -44,6 +44,8 @@ KV_DTYPES = tuple(sorted(DTYPE_BYTES))
 WEIGHT_DTYPES = tuple(sorted(WEIGHT_DTYPE_BYTES))
 
 Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+#: Most replicas a run may have: each holds its own KV pool (about 1 MB even idle).
+MAX_REPLICAS = 1024
 PoolBlocks = Annotated[int, Field(ge=1, le=MAX_POOL_BLOCKS)]
 NonNegative = Annotated[int, Field(ge=0, le=2**31 - 1)]
 # The choices, also used as the CLI's option types (``--help`` lists them, shells complete them).
@@ -70,7 +72,7 @@ class RunConfig:
     model: Annotated[str, Field(min_length=1)] = "llama-3.1-8b"
     gpu: Annotated[str, Field(min_length=1)] = "a100-80gb"
     tp: Annotated[int, Field(ge=1, le=1024)] = 1
-    replicas: Annotated[int, Field(ge=1, le=1024)] = 1     # (each holds its own pool)
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1     # (each its own pool)
     router: RouterName = "round-robin"
     block_size: Annotated[int, Field(ge=1, le=1 << 20)] = 16
     num_gpu_blocks: Optional[PoolBlocks] = None

@@ -69,6 +69,7 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     (["--gpu", "b200"], "unknown GPU 'b200'"),
     (["--target-rate", "3"], "not both"),
     (["--max-replicas", "0"], "max-replicas"),
+    (["--max-replicas", "5000"], "--max-replicas must be from 1 to 1024"),
     (["--router", "random"], "Invalid value for '--router': 'random' is not one of"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(args, message, tmp_path):

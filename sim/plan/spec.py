@@ -18,7 +18,7 @@ from kvsim.errors import ConfigError
 from kvsim.workloads import TraceOptions, load_trace
 
 from kvsim.sim.perf._catalog import read_json_object
-from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, RunConfig, build
+from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, MAX_REPLICAS, RunConfig, build
 from kvsim.sim.perf.gpus import list_gpus, resolve_gpu
 from kvsim.sim.perf.models import resolve_model
 from kvsim.sim.serving.router import ROUTERS
@@ -216,9 +216,9 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     resolve_model(base.model)
     if base.router not in ROUTERS:
         raise ConfigError(f"unknown router; known: {', '.join(sorted(ROUTERS))}", field="router")
-    if max_replicas < 1 or rate_iterations < 0:
-        raise ConfigError("--max-replicas must be >= 1 and --rate-iterations >= 0",
-                          field="max_replicas")
+    if not 1 <= max_replicas <= MAX_REPLICAS or rate_iterations < 0:
+        raise ConfigError(f"--max-replicas must be from 1 to {MAX_REPLICAS} and "
+                          "--rate-iterations >= 0", field="max_replicas")
     dims = {**dims, "gpu": tuple(dict.fromkeys(resolve_gpu(g).name
                                                for g in dims.get("gpu") or (base.gpu,)))}
     candidates = expand_candidates(base, dims)
