@@ -181,3 +181,15 @@ def test_a_step_too_large_for_the_gpu_names_the_token_budget_not_the_model():
     with pytest.raises(ConfigError, match="raise --tp") as err:
         kv_pool("llama-3-70b", "a100-80gb", tp=1, block_size=16)
     assert err.value.field == "model"
+
+
+def test_a_config_file_without_a_name_is_named_by_its_folder_or_itself(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+           "vocab_size": 128256, "max_position_embeddings": 131072}
+    (tmp_path / "Llama-X").mkdir()
+    downloaded, loose = tmp_path / "Llama-X" / "config.json", tmp_path / "mine.json"
+    for path in (downloaded, loose):
+        path.write_text(json.dumps(cfg))
+    assert resolve_model(downloaded).name == "Llama-X"
+    assert resolve_model(loose).name == str(loose)        # (it was 'custom')

@@ -171,11 +171,17 @@ def model_from_hf_dict(cfg: dict, path: Path) -> ModelSpec:
             raise ConfigError(f"{_architecture_name(cfg)} is not supported; supported model "
                               f"types: {', '.join(dict.fromkeys([*_HF_FAMILIES, *HF_FAMILIES]))}",
                               location=str(path), field="model")
-        name = str(cfg.get("_name_or_path") or Path(path).parent.name or "custom")
-        return spec_from_hf(name, cfg, str(path))
+        return spec_from_hf(_model_name(cfg, path), cfg, str(path))
     build = _opt_fields if family == "opt" else _llama_fields
-    return ModelSpec(name=str(cfg.get("_name_or_path") or Path(path).parent.name or "custom"),
-                     family=family, **build(cfg, path))
+    return ModelSpec(name=_model_name(cfg, path), family=family, **build(cfg, path))
+
+
+def _model_name(cfg: dict, path: Path) -> str:
+    """A config's ``_name_or_path``, else the folder of a ``config.json`` (a downloaded
+    model's), else the file as given (it was 'custom', which told nobody which)."""
+    path = Path(path)
+    folder = path.resolve().parent.name if path.name == "config.json" else ""
+    return str(cfg.get("_name_or_path") or folder or path)
 
 
 def _is_hybrid_config(cfg: dict) -> bool:
