@@ -103,3 +103,9 @@ def test_dtype_and_host_tier_candidates_are_labelled_priced_and_replayable():
     assert gpu_hour_price(prices, configs[1]) == pytest.approx(2.99 + 50 * 0.0042)
     with pytest.raises(ConfigError, match="field 'weight_dtype': expected one of"):
         expand_candidates(base, {"weight_dtype": ("int2",)})
+
+
+def test_latencies_in_reasons_keep_their_digits_below_a_millisecond():
+    from kvsim.sim.plan.bounds import fmt_latency
+    assert [fmt_latency(s) for s in (1e-6, 0.00042, 0.0123, 4.5, None)] == \
+        ["1 µs", "420 µs", "12.3 ms", "4.50 s", "n/a"]

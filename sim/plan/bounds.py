@@ -129,7 +129,10 @@ def _explain(floors, metric: str, pct: float, target: float, floor: float) -> st
 
 
 def fmt_latency(seconds: float | None) -> str:
-    """Seconds as ``12.3 ms`` below a second, else ``1.23 s`` (``n/a`` for None)."""
+    """Seconds as ``12.3 ms`` below a second (``1 µs`` below a millisecond: it showed
+    ``0.0 ms``), else ``1.23 s`` (``n/a`` for None)."""
     if seconds is None:
         return "n/a"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} µs"
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
