@@ -38,6 +38,7 @@ from kvsim.errors import ConfigError
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.perf.cost_model import CostModel
+from kvsim.sim.perf.profile import load_profile
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.serving.runner import RunResult, simulate
 
@@ -162,6 +163,8 @@ def validate(requests: Iterable, job: ValidateJob,
     if not reqs:
         raise ConfigError("the trace has no requests", field="trace")
     config = run_config(job, model.sim_model, None)
+    if job.profile:     # checked now, naming the file (it failed after the real run)
+        load_profile(config.gpu, job.profile)
     tee, real, profile, replayed = _real_side(job, model, config, reqs, progress)
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)

@@ -166,3 +166,16 @@ def test_steps_that_differ_under_timed_arrivals_are_explained(offline, said):
     assert lines[0] == "cache decisions (real/sim): DIFFERENT; steps 2043/2028; batch_size " \
                        "2803/2803"
     assert (len(lines) == 3 and lines[2].startswith("(timed arrivals:")) == said
+
+
+def test_a_bad_profile_file_is_refused_before_the_real_run(tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"gemmm": {"compute_efficiency": 0.5}}))
+    done = subprocess.run([sys.executable, "-m", "kvsim.cli", "validate", "sample:azure-conv",
+                           "--limit", "5", "--device", "cpu", "--model", "tiny-llama",
+                           "--profile", str(profile)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2
+    assert done.stderr == (f"kvsim: error: {profile}: field 'gemmm': unknown section; did you "
+                           "mean 'gemm'?\n")
+    assert "real run" not in done.stderr       # (it failed only after the real run)
