@@ -94,6 +94,17 @@ def test_burstgpt_drops_failed_rows_and_filters_by_model(tmp_path):
     assert [(r.request_id, r.arrival_s, r.output_tokens) for r in gpt4] == [(0, 0.0, 10)]
 
 
+def test_a_burstgpt_file_of_failed_rows_only_says_so(tmp_path):
+    from kvsim.errors import TraceError
+    header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    path = write(tmp_path, "b.csv", header + "5,ChatGPT,100,0,100,Conversation log\n"
+                 "6,GPT-4,50,0,50,Conversation log\n")
+    with pytest.raises(TraceError) as err:
+        read_trace(path)          # (it said "the trace has no data lines")
+    assert err.value.message == ("no requests: all 2 rows are failed requests (Response tokens "
+                                 "0), which kvsim leaves out")
+
+
 def test_bom_crlf_and_blank_lines_are_accepted(tmp_path):
     text = '\n\r\n{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\r\n' \
            '   \r\n{"timestamp": 4, "input_length": 10, "output_length": 1, "hash_ids": [0]}\r\n'

@@ -89,15 +89,21 @@ def azure_requests(lines, path) -> Iterator[tuple[int, Request]]:
 def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per successful BurstGPT row of ``model`` (all models if None)."""
     wanted = None if model is None else model.strip().lower()
+    kept = failed = 0
     for line_no, loc, (stamp, name, request, response) in rows(lines, path, BURSTGPT_COLUMNS):
         t = F.number(stamp, BURSTGPT_TIME_FIELD, loc, text=True)
         if F.integer(response, "Response tokens", loc, text=True) == 0:
+            failed += 1
             continue
         if wanted is not None and name.lower() != wanted:
             continue
+        kept += 1
         yield line_no, Request(-1, t, F.length(request, "Request tokens", loc, text=True),
                                F.length(response, "Response tokens", loc, text=True),
                                may_be_continued=False)
+    if failed and not kept and wanted is None:
+        raise TraceError(f"no requests: all {failed} rows are failed requests (Response tokens "
+                         "0), which kvsim leaves out", location=str(path))
 
 
 def wallclock_seconds(text: str, name: str, loc: str) -> float:
