@@ -3,8 +3,8 @@
 :func:`replacing` is the one way kvsim writes a file: into a temporary file beside the
 target, renamed over it once complete (so a reader never sees half a file, and an error or an
 interrupt leaves the target as it was). A target that exists and is not a regular file (a
-device such as ``/dev/null``, a named pipe) is written directly instead: renaming over it
-would replace the device with a file. A target that is a directory, or an empty path, is bad
+device such as ``/dev/null``, a named pipe) or is a link (``/dev/stdout``) is written
+directly instead: renaming over it would replace the device or the link with a file. A target that is a directory, or an empty path, is bad
 input: a :class:`~kvsim.errors.KvsimError`.
 """
 
@@ -63,8 +63,9 @@ def _checked(path: str | os.PathLike) -> Path:
 
 
 def _is_special(target: Path) -> bool:
-    """Whether ``target`` exists and is not a regular file (a device, a pipe, a socket)."""
+    """Whether ``target`` exists and is not a regular file (a device, a pipe, a socket), or is
+    a link (``/dev/stdout``: renaming over it would replace the link)."""
     try:
-        return not stat.S_ISREG(target.stat().st_mode)
+        return target.is_symlink() or not stat.S_ISREG(target.stat().st_mode)
     except OSError:
         return False

@@ -56,15 +56,28 @@ def read_config_file(path: str) -> dict:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"not valid TOML: {' '.join(str(e).split())}",
                           location=path) from None
-    if "run" not in data:
-        return data
-    if not isinstance(data["run"], dict):
-        raise ConfigError("must be a table ([run]) of settings", location=path, field="run")
-    extra = sorted(set(data) - {"run"})
-    if extra:
-        raise ConfigError("settings go inside the [run] table (or all at the top level)",
-                          location=path, field=extra[0])
-    return dict(data["run"])
+    if "run" in data:
+        if not isinstance(data["run"], dict):
+            raise ConfigError("must be a table ([run]) of settings", location=path,
+                              field="run")
+        extra = sorted(set(data) - {"run"})
+        if extra:
+            raise ConfigError("settings go inside the [run] table (or all at the top level)",
+                              location=path, field=extra[0])
+        data = dict(data["run"])
+    _refuse_twice(data, path)
+    return data
+
+
+def _refuse_twice(settings: dict, path: str) -> None:
+    """A setting spelt with '-' and with '_' in one file is an error (the last one won)."""
+    seen: set = set()
+    for key in settings:
+        name = str(key).replace("-", "_")
+        if name in seen:
+            raise _at_line(ConfigError("given twice (spelt with '-' and with '_')",
+                                       location=path, field=str(key)), path)
+        seen.add(name)
 
 
 def _at_line(error: ConfigError, path: str) -> ConfigError:
@@ -122,7 +135,9 @@ def config_from_sources(trace: str | None, config_file: str | None,
         raise _at_line(e, config_file) from None
     _look_up_names(in_toml, set(settings) - set(options), config_file)
     where = f"{config_file} with the command line" if config_file else "command line"
-    return RunConfig.from_dict({**in_toml.to_dict(), **options}, where), path
+    config = RunConfig.from_dict({**in_toml.to_dict(), **options}, where)
+    config.check_tier_options(where)
+    return config, path
 
 
 def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,

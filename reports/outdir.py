@@ -6,7 +6,8 @@ same directory fails at once). A directory holds one command's result at a time:
 
 - a command that succeeds removes the result files of an earlier one it did not write again;
 - a command that ends in an error or an interrupt before writing leaves the directory as it
-  found it (an earlier result stays whole);
+  found it (an earlier result stays whole), except a compare's (``subdirs``): its runs write
+  their own directories one by one, so its earlier result files go when it starts;
 - one that ends so after it began writing removes every result file, its own and the earlier
   ones, so that nothing partial is left looking complete.
 """
@@ -56,6 +57,9 @@ class OutputDir:
         for tmp in self.path.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         self._before = self._results()
+        if self.subdirs:    # (its runs rewrite their own directories one by one: an earlier
+            self._remove(self._before)     # result would mix with them if this one died)
+            self._before = {}
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -81,6 +85,8 @@ class OutputDir:
 
     def _left(self, began: bool) -> str:
         """What the aborted command left, in words."""
+        if not self.path.exists():
+            return "nothing was written"
         if began:
             return f"{self.path}/ holds no result (nothing partial left)"
         if self._before:

@@ -66,6 +66,8 @@ def plotly_head_script(mode: str, page_path: Path) -> str:
     shared = folder / PLOTLY_JS_FILE
     if not shared.is_file() or shared.stat().st_size != len(js.encode("utf-8")):
         write_text_atomic(shared, js)
+    else:       # kept: touched, so that the --out directory counts it as this result's
+        os.utime(shared)
     return f'<script type="text/javascript" src="{src}"></script>'
 
 

@@ -119,9 +119,6 @@ class RunConfig:
         clean = {}
         for key, value in values.items():
             name = str(key).replace("-", "_")
-            if name in clean:
-                raise ConfigError("given twice (spelt with '-' and with '_')", location=source,
-                                  field=str(key))
             if name == "cpu_offload_gb":
                 raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
             if name not in known:
@@ -177,20 +174,22 @@ class RunConfig:
         if self.preemption_mode == "swap" and self.offload_write == "native":
             raise ConfigError("swap preemption is a kvsim extension (vLLM v1 has none): it "
                               "needs --offload-write back or through", field="preemption_mode")
-        self._validate_offload_options()
 
-    def _validate_offload_options(self) -> None:
-        """A CPU tier's options need the tier, and the native tier's need it native (they
-        were ignored silently)."""
+    def check_tier_options(self, source: str | None = None) -> None:
+        """A CPU tier's options need the tier, and the native tier's need it native: one run's
+        settings that set them otherwise are a mistake (they were ignored silently). Not part of
+        :meth:`validate`: a compare grid that spans tiers sets them for every point."""
         for name, default in (("offload_write", "native"), ("offload_eviction_policy", "lru"),
                               ("offload_store_threshold", 0)):
             if getattr(self, name) != default and not self.has_host_tier:
-                raise ConfigError("sets up a CPU tier that is not there: give "
-                                  "--kv-offloading-size or --num-cpu-blocks", field=name)
+                raise located(ConfigError("sets up a CPU tier that is not there: give "
+                                          "--kv-offloading-size or --num-cpu-blocks",
+                                          field=name), source)
         for name, default in (("offload_eviction_policy", "lru"), ("offload_store_threshold", 0)):
             if getattr(self, name) != default and self.offload_write != "native":
-                raise ConfigError("belongs to vLLM's native CPU tier; --offload-write "
-                                  f"{self.offload_write} does not use it", field=name)
+                raise located(ConfigError("belongs to vLLM's native CPU tier; --offload-write "
+                                          f"{self.offload_write} does not use it", field=name),
+                              source)
 
 
 def _checked_init(init):

@@ -164,3 +164,10 @@ def test_plan_ranks_candidates_and_checks_its_targets(tmp_path):
         kvsim.plan("sample:azure-conv", slo={"ttft_p95_s": 5})
     with pytest.raises(kvsim.ConfigError, match="field 'gpus': not a plan setting"):
         kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 5}, gpus=["h200"])
+
+
+def test_a_keyword_setting_overrides_the_config_files_dashed_spelling(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('model = "llama-2-7b"\nmax-num-seqs = 128\n')
+    result = kvsim.run("sample:azure-conv", config=str(config), max_num_seqs=64, limit=5)
+    assert result.summary["config"]["max_num_seqs"] == 64   # (it was 'given twice')

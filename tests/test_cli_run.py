@@ -151,6 +151,11 @@ def test_gen_refuses_a_directory_and_writes_through_a_device(tmp_path):
                           "to write\n"
     assert kvsim("gen", "chat", "-n", "5", "--out", "/dev/null").returncode == 0
     assert Path("/dev/null").is_char_device()
+    target, link = tmp_path / "trace.jsonl", tmp_path / "latest.jsonl"
+    target.write_text("")
+    link.symlink_to(target)            # (as /dev/stdout is: it was replaced by a file)
+    assert kvsim("gen", "chat", "-n", "5", "--out", str(link)).returncode == 0
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 5
 
 
 @pytest.mark.parametrize("args, message", [
@@ -215,3 +220,12 @@ def test_a_bad_line_read_from_stdin_is_named_as_stdin(tmp_path):
     assert done.returncode == 2
     assert done.stderr == ("kvsim: error: <stdin>:1: field 'output_tokens': expected an "
                            "integer, got a string ('x')\n")
+
+
+def test_tier_options_without_a_tier_refuse_one_run_but_not_a_grid_spanning_tiers():
+    from kvsim.errors import ConfigError
+    from kvsim.sim.config import RunConfig
+    config = RunConfig(offload_write="back")
+    config.validate()               # (a compare point without a tier: as before)
+    with pytest.raises(ConfigError, match="sets up a CPU tier that is not there"):
+        config.check_tier_options()

@@ -61,3 +61,33 @@ def test_a_complete_result_is_remembered_for_a_late_interrupt(tmp_path):
     with OutputDir(tmp_path / "o", FILES):
         (tmp_path / "o" / "summary.json").write_text("new")
     assert outdir.completed[-1] == tmp_path / "o"
+
+
+def test_a_directory_made_for_a_command_that_fails_while_writing_is_removed(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(OSError) as failed:
+        with OutputDir(out, FILES):
+            (out / "summary.json").write_text("new")
+            raise OSError("disk full")
+    assert failed.value.left == "nothing was written" and not out.exists()
+
+
+def test_a_shared_plotly_file_kept_unchanged_stays_with_the_new_result(tmp_path):
+    from kvsim.reports.page import PLOTLY_JS_FILE, plotly_head_script
+    out = tmp_path / "o"
+    for _ in range(2):          # (the second run keeps the file as it is: it was removed)
+        with OutputDir(out, ("report.html", PLOTLY_JS_FILE)):
+            plotly_head_script("sibling", out / "report.html")
+            (out / "report.html").write_text("page")
+    assert names(out) == [PLOTLY_JS_FILE, "report.html"]
+
+
+def test_a_compare_directory_loses_its_earlier_result_when_it_starts(tmp_path):
+    out = tmp_path / "o"
+    earlier_result(out)
+    (out / "01_run").mkdir()
+    (out / "01_run" / "summary.json").write_text("earlier")
+    with pytest.raises(ValueError):
+        with OutputDir(out, FILES, subdirs=True):     # (its runs rewrite their directories
+            raise ValueError("killed")                # one by one: no mix of old and new)
+    assert names(out) == ["01_run", "notes.txt"] and names(out / "01_run") == []

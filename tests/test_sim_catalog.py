@@ -193,3 +193,15 @@ def test_a_config_file_without_a_name_is_named_by_its_folder_or_itself(tmp_path)
         path.write_text(json.dumps(cfg))
     assert resolve_model(downloaded).name == "Llama-X"
     assert resolve_model(loose).name == str(loose)        # (it was 'custom')
+
+
+def test_a_hugging_face_snapshot_is_named_by_its_folder_not_by_the_blob_it_links(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+           "vocab_size": 128256, "max_position_embeddings": 131072}
+    blob, snapshot = tmp_path / "blobs" / "f00", tmp_path / "snapshots" / "abc123"
+    blob.parent.mkdir()
+    snapshot.mkdir(parents=True)
+    blob.write_text(json.dumps(cfg))
+    (snapshot / "config.json").symlink_to(blob)
+    assert resolve_model(snapshot / "config.json").name == "abc123"

@@ -151,6 +151,13 @@ def test_an_id_beyond_64_bits_is_the_one_named(tmp_path):
                            "(beyond 64 bits)")
 
 
+def test_ids_that_no_one_64_bit_type_holds_are_named_so(tmp_path):
+    err = trace_error(tmp_path, lines({"prompt_tokens": 20, "output_tokens": 1,
+                                       "block_hashes": [-1, 2**63], "hash_block_size": 16}))
+    assert err.message == ("expected 64-bit integers of one kind: it mixes negative ids with "
+                           "ids of 2**63 or more")
+
+
 def test_timestamps_going_backwards_unless_sort(tmp_path):
     text = lines(MOON, {**MOON, "timestamp": 2000}, {**MOON, "timestamp": 1000})
     err = trace_error(tmp_path, text)

@@ -114,8 +114,11 @@ def id_array(value, name: str, loc: str) -> np.ndarray:
                 or not -2**63 <= v < 2**64), value[0])
     if isinstance(bad, list):
         raise fail(loc, name, "expected a flat list of integers, found a nested list")
-    if isinstance(bad, int) and not isinstance(bad, bool):
+    if isinstance(bad, int) and not isinstance(bad, bool) and not -2**63 <= bad < 2**64:
         raise fail(loc, name, f"expected a list of 64-bit integers, found {bad} (beyond 64 bits)")
+    if isinstance(bad, int) and not isinstance(bad, bool):     # (each fits, not together)
+        raise fail(loc, name, "expected 64-bit integers of one kind: it mixes negative ids with "
+                              "ids of 2**63 or more")
     raise fail(loc, name, f"expected a list of 64-bit integers, found {_show(bad)}")
 
 

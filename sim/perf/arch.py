@@ -180,7 +180,8 @@ def _model_name(cfg: dict, path: Path) -> str:
     """A config's ``_name_or_path``, else the folder of a ``config.json`` (a downloaded
     model's), else the file as given (it was 'custom', which told nobody which)."""
     path = Path(path)
-    folder = path.resolve().parent.name if path.name == "config.json" else ""
+    folder = path.absolute().parent.name if path.name == "config.json" else ""  # (no link
+    # followed: a Hugging Face snapshot's config.json links into blobs/)
     return str(cfg.get("_name_or_path") or folder or path)
 
 

@@ -84,13 +84,27 @@ def _run_pool(fn, items, workers: int, report: Progress) -> list:
 
 def _stop_workers(pool: ProcessPoolExecutor, wait_s: float = 30.0) -> None:
     """Stop the pool's workers (SIGTERM: each ends its task as an interrupted one, so a run's
-    ``--out`` is cleaned up) and wait for them to be gone."""
-    processes = list((pool._processes or {}).values())
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        process.join(wait_s)
-    pool.shutdown(wait=False, cancel_futures=True)
+    ``--out`` is cleaned up) and wait for them to be gone; a second Ctrl-C meanwhile waits
+    too (the parent cleans up only after them)."""
+    held = _hold_signals()
+    try:
+        processes = list((pool._processes or {}).values())
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(wait_s)
+        pool.shutdown(wait=False, cancel_futures=True)
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+
+
+def _hold_signals() -> dict:
+    """Ignore SIGINT and SIGTERM for a while (the main thread only); the handlers to put back."""
+    try:
+        return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:      # (not the main thread: nothing held)
+        return {}
 
 
 class _Stopped(BaseException):
@@ -107,21 +121,24 @@ def _worker_signals() -> None:
 
 
 def _on_stop(signum, frame) -> None:
-    if _running_task:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # (once: a second one would cut the
+    if _running_task:                                 # cleanup short)
         raise _Stopped       # unwinds the task (its --out cleaned up); _in_worker then exits
     os._exit(128 + signum)
 
 
 def _in_worker(fn: Callable[[Any], Any], item: Any) -> Any:
-    """``fn(item)`` in a worker; a stop ends the worker once the task has unwound."""
+    """``fn(item)`` in a worker; a stop ends the worker once the task has unwound (also one
+    that lands as the task returns)."""
     global _running_task
-    _running_task = True
     try:
-        return fn(item)
+        _running_task = True
+        try:
+            return fn(item)
+        finally:
+            _running_task = False
     except _Stopped:
         os._exit(128 + signal.SIGTERM)
-    finally:
-        _running_task = False
 
 
 def import_ray():
