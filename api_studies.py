@@ -63,13 +63,13 @@ class Comparison:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
-        from kvsim.grid import COMPARE_FILE, COMPARE_FILES, compare_result
+        from kvsim.grid import COMPARE_FILE, COMPARE_FILES, compare_result, run_dirs
         from kvsim.reports.html import render_compare_report
         from kvsim.reports.io import write_json_atomic
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
         out = Path(out_dir)
-        with OutputDir(out, COMPARE_FILES, subdirs=True):
+        with OutputDir(out, COMPARE_FILES, subdirs=run_dirs(out, self.points)):
             for point, r in zip(self.points, self.runs):
                 write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
                                   r.timeline, html=html, plotlyjs="parent")

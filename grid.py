@@ -18,6 +18,7 @@ settings would (apart from ``wall_time_s``).
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import typing
 from dataclasses import dataclass, fields, replace
@@ -193,6 +194,23 @@ def grid_points(spec: CompareSpec) -> list[GridPoint]:
     return points
 
 
+def run_dirs(out_dir: Path, points: Sequence[GridPoint]) -> list[str]:
+    """The run directories a compare into ``out_dir`` writes, and those of the compare there
+    before (its ``compare.json``, if it can be read): its :class:`OutputDir` owns these only."""
+    names = [p.job.out_dir.name for p in points]
+    try:
+        earlier = json.loads((Path(out_dir) / COMPARE_FILE).read_text())["runs"]
+        names += [run["dir"] for run in earlier if _plain_name(run["dir"])]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass        # (none, or not one kvsim wrote: no earlier runs to own)
+    return names
+
+
+def _plain_name(name) -> bool:
+    """A directory name of its own (not a path that leads elsewhere)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
+
+
 def run_point(point: GridPoint):
     """Run one configuration and write its outputs (module level: runs in a worker)."""
     return run_job_frames(point.job, quiet=True)
@@ -220,7 +238,7 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     from kvsim.sim.plan.sweep import SweepOptions, run_tasks
     from kvsim.reports.outdir import OutputDir
     points = grid_points(spec)
-    with OutputDir(spec.out_dir, COMPARE_FILES, subdirs=True):
+    with OutputDir(spec.out_dir, COMPARE_FILES, subdirs=run_dirs(spec.out_dir, points)):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
         if spec.html:

@@ -6,8 +6,10 @@ same directory fails at once). A directory holds one command's result at a time:
 
 - a command that succeeds removes the result files of an earlier one it did not write again;
 - a command that ends in an error or an interrupt before writing leaves the directory as it
-  found it (an earlier result stays whole), except a compare's (``subdirs``): its runs write
-  their own directories one by one, so its earlier result files go when it starts;
+  found it (an earlier result stays whole), except a compare's: its runs write their own
+  directories one by one (``subdirs``: those it writes, and those of the earlier compare), so
+  its earlier result files go when it starts. Sub-directories it does not name are left alone
+  (a user's own folders under the same ``--out``);
 - one that ends so after it began writing removes every result file, its own and the earlier
   ones, so that nothing partial is left looking complete.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import Iterable
 from stat import S_ISREG
 
 from kvsim.errors import KvsimError
@@ -32,11 +35,11 @@ class OutputDir:
     consists of."""
 
     def __init__(self, path: str | os.PathLike, files: tuple[str, ...],
-                 subdirs: bool = False) -> None:
+                 subdirs: Iterable[str] = ()) -> None:
         self.given = os.fspath(path)
         self.path = Path(path)
         self.files = files
-        self.subdirs = subdirs      # results also live in sub-directories (compare, plan)
+        self.subdirs = sorted(set(subdirs))  # results also live in these (a compare's runs)
         self.left = ""              # what an aborted command left behind, in words
         self._lock = None
         self._created = False
@@ -96,8 +99,7 @@ class OutputDir:
     def _results(self) -> dict[Path, tuple]:
         """The result files there now, each with its stat (a rewritten file's differs)."""
         paths = [self.path / name for name in self.files]
-        if self.subdirs:
-            paths += [child / "summary.json" for child in self.path.iterdir() if child.is_dir()]
+        paths += [self.path / name / "summary.json" for name in self.subdirs]
         return {p: stat for p in paths if (stat := _stat(p)) is not None}
 
     @staticmethod
@@ -132,17 +134,35 @@ def check_writable_dir(path: Path) -> None:
 
 
 def _lock(path: Path):
-    fh = open(path / LOCK_FILE, "a")
+    """An exclusive lock on ``path``'s lock file, held open. The file is locked, then checked to
+    be the one the name still points at (the holder before may have removed it meanwhile)."""
+    for _ in range(100):
+        fh = open(path / LOCK_FILE, "a")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise KvsimError("another kvsim process is writing to this directory; wait for it "
+                             "or choose another --out", location=str(path), field="out") from None
+        if _same_file(fh, path / LOCK_FILE):
+            return fh
+        fh.close()          # (removed by the holder that just left: lock the new one)
+    raise KvsimError("cannot lock it: its lock file keeps changing", location=str(path),
+                     field="out")
+
+
+def _same_file(fh, path: Path) -> bool:
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise KvsimError("another kvsim process is writing to this directory; wait for it or "
-                         "choose another --out", location=str(path), field="out") from None
-    return fh
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fh.fileno())
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _unlock(path: Path, fh) -> None:
+    """Remove the lock file, then give the lock up (a process that opened the file before and
+    locks it now finds it removed: :func:`_lock` then tries again, on a new file)."""
     if fh is None:
         return
     (path / LOCK_FILE).unlink(missing_ok=True)

@@ -111,3 +111,18 @@ def test_a_bad_value_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == \
         "kvsim: error: field 'max_num_seqs': expected an integer, got 'lots'"
+
+
+def test_a_second_compare_into_the_same_out_keeps_the_users_folders(tmp_path):
+    out = tmp_path / "results"
+    first = kvsim("compare", "sample:mooncake", "--eviction", "lru,lfu", *COMMON,
+                  "--out", str(out), "--quiet")
+    assert first.returncode == 0, first.stderr
+    earlier = [run["dir"] for run in json.loads((out / "compare.json").read_text())["runs"]]
+    (out / "baseline").mkdir()
+    (out / "baseline" / "summary.json").write_text("{}")     # (a user's own run)
+    second = kvsim("compare", "sample:mooncake", "--block-size", "32,64", *COMMON,
+                   "--out", str(out), "--quiet")
+    assert second.returncode == 0, second.stderr
+    assert (out / "baseline" / "summary.json").read_text() == "{}"
+    assert not any((out / name / "summary.json").exists() for name in earlier)

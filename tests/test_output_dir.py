@@ -88,6 +88,35 @@ def test_a_compare_directory_loses_its_earlier_result_when_it_starts(tmp_path):
     (out / "01_run").mkdir()
     (out / "01_run" / "summary.json").write_text("earlier")
     with pytest.raises(ValueError):
-        with OutputDir(out, FILES, subdirs=True):     # (its runs rewrite their directories
+        with OutputDir(out, FILES, subdirs=["01_run"]):  # (its runs rewrite their directories
             raise ValueError("killed")                # one by one: no mix of old and new)
     assert names(out) == ["01_run", "notes.txt"] and names(out / "01_run") == []
+
+
+def test_a_compare_leaves_sub_directories_it_does_not_name_alone(tmp_path):
+    out = tmp_path / "o"
+    earlier_result(out)
+    for name in ("01_run", "mine"):
+        (out / name).mkdir()
+        (out / name / "summary.json").write_text("earlier")
+    with OutputDir(out, FILES, subdirs=["01_run", "02_run"]):
+        (out / "02_run").mkdir()
+        (out / "02_run" / "summary.json").write_text("new")
+    assert names(out / "01_run") == [] and names(out / "02_run") == ["summary.json"]
+    assert (out / "mine" / "summary.json").read_text() == "earlier"
+
+
+def test_a_lock_file_removed_while_being_locked_is_locked_anew(tmp_path, monkeypatch):
+    from kvsim.reports import outdir
+    real_flock, calls = outdir.fcntl.flock, []
+
+    def flock(fh, op):      # (the holder before leaves between this open and this lock)
+        calls.append(fh.name)
+        if len(calls) == 1:
+            (tmp_path / outdir.LOCK_FILE).unlink()
+        real_flock(fh, op)
+    monkeypatch.setattr(outdir.fcntl, "flock", flock)
+    fh = outdir._lock(tmp_path)
+    assert len(calls) == 2 and outdir._same_file(fh, tmp_path / outdir.LOCK_FILE)
+    outdir._unlock(tmp_path, fh)
+    assert names(tmp_path) == []
