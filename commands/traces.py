@@ -71,7 +71,8 @@ def gen_command(
 def hitrate_command(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
     capacity: Optional[str] = opt("Cache capacities in blocks, comma-separated "
-                                  "(e.g. 1000,5000,20000).", "--capacity"),
+                                  "(e.g. 1000,5000,20000). This or --capacity-tokens is "
+                                  "required.", "--capacity"),
     capacity_tokens: Optional[str] = opt("Cache capacities in tokens instead.",
                                          "--capacity-tokens"),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per block."),
