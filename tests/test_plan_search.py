@@ -105,6 +105,24 @@ def test_dtype_and_host_tier_candidates_are_labelled_priced_and_replayable():
         expand_candidates(base, {"weight_dtype": ("int2",)})
 
 
+def test_a_swept_candidate_vllm_refuses_is_infeasible_unless_every_one_is():
+    from kvsim.sim.config import RunConfig
+    from kvsim.sim.plan.planner import evaluate_task
+    from kvsim.sim.plan.spec import build_spec, expand_candidates
+    from kvsim.workloads import TraceOptions
+    from kvsim.workloads.loader import sample_path
+    base = RunConfig(max_num_batched_tokens=256)
+    assert len(expand_candidates(base, {"max_num_seqs": (64, 512)})) == 2
+    with pytest.raises(ConfigError, match="256 is below max_num_seqs") as err:
+        expand_candidates(base, {"max_num_seqs": (512, 1024)})
+    assert err.value.field == "max_num_batched_tokens"
+    spec = build_spec(sample_path("mooncake"), "sample:mooncake", TraceOptions(limit=5), base,
+                      {"ttft_p99_s": 100.0}, {"max_num_seqs": (64, 512)})
+    row = evaluate_task((spec, 1))
+    assert not row["feasible"] and row["label"].endswith("seqs 512")
+    assert row["reason"].startswith("max_num_batched_tokens 256 is below max_num_seqs (512)")
+
+
 def test_latencies_in_reasons_keep_their_digits_below_a_millisecond():
     from kvsim.sim.plan.bounds import fmt_latency
     assert [fmt_latency(s) for s in (1e-6, 0.00042, 0.0123, 4.5, None)] == \

@@ -43,7 +43,7 @@ from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import floor_percentiles, fmt_latency, impossible_reason, latency_floors
 from kvsim.sim.plan.bounds import suggested_block_size
 from kvsim.sim.plan.search import fewest_passing, largest_passing
-from kvsim.sim.plan.spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, reported_keys
+from kvsim.sim.plan.spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, refusal, reported_keys
 from kvsim.sim.plan.stop import SloStop
 from kvsim.workloads.truncate import truncate
 
@@ -102,6 +102,9 @@ def evaluate_task(task: tuple[PlanSpec, int]) -> dict:
     spec, index = task
     config = spec.candidates[index]
     row = _row_head(spec, index, config)
+    refused = refusal(config)
+    if refused is not None:
+        return _infeasible(row, f"{refused.field} {refused.message}")
     try:
         deployment = resolve_deployment(config)
     except ConfigError as e:

@@ -134,9 +134,19 @@ def expand_candidates(base: RunConfig, dims: dict[str, tuple]) -> tuple[RunConfi
     names = [d for d in SWEEP_DIMS if dims.get(d)]
     combos = itertools.product(*(dims[n] for n in names))
     configs = tuple(replace(base, replicas=1, **dict(zip(names, combo))) for combo in combos)
-    for config in configs:
-        config.validate()
+    refusals = [refusal(config) for config in configs]
+    if all(refusals):       # (one refused among others is an infeasible row, with its reason)
+        raise refusals[0]
     return configs
+
+
+def refusal(config: RunConfig) -> ConfigError | None:
+    """Why ``config``'s settings do not go together (:meth:`RunConfig.validate`), or None."""
+    try:
+        config.validate()
+    except ConfigError as e:
+        return e
+    return None
 
 
 def load_prices(path: str | None = None) -> dict[str, float | None]:
