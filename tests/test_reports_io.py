@@ -274,3 +274,18 @@ def test_the_request_log_holds_the_logged_columns_of_the_contract():
     assert tuple(LOG_COLUMNS) == frames.LOGGED_REQUEST_COLUMNS
     assert set(frames.LOGGED_REQUEST_COLUMNS) | set(frames.DERIVED_REQUEST_COLUMNS) == \
         set(frames.REQUEST_COLUMNS)
+
+
+def test_docs_name_every_summary_key_a_run_writes():
+    import kvsim.api as api
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "frames.md").read_text()
+    section = doc.split("## summary.json")[1].split("\n## ")[0]
+    named = set(section.split("`")[1::2])
+    summary = api.run("sample:mooncake", limit=5, kv_offloading_size=1).summary
+
+    def keys(d, depth):     # (config's settings and the model's moe shape are named by kind)
+        for key, value in d.items():
+            yield key
+            if isinstance(value, dict) and depth and key not in ("config", "moe"):
+                yield from keys(value, depth - 1)
+    assert sorted(set(keys(summary, 1)) - named) == []
