@@ -136,48 +136,47 @@ class DecodeRun:
     def num_left(self) -> int:
         return self.max_steps - self.num_committed
 
-    def batches(self, start: int = 0, members: np.ndarray | None = None):
+    def batches(self):
         """Yield ``(num_steps, num_seqs, context tokens at its first step)`` for each stretch
-        of the run's steps with one batch from ``start`` (``members``: the requests taking
-        part then, all by default), in order (a stretch ends with a step where some finish);
-        lazily, as a caller often needs the first few only."""
-        finish, computed = self.finish_step, self.num_computed
-        if members is not None:
-            finish, computed = finish[members], computed[members]
-        order = np.argsort(finish, kind="stable")
-        ends = (finish[order] + 1).tolist()
-        computed = computed[order].tolist()
-        num_seqs, context, i = len(ends), sum(computed), 0
-        while start < self.max_steps:
-            end = min(ends[i], self.max_steps)
-            yield end - start, num_seqs, context + start * num_seqs
-            while i < len(ends) and ends[i] == end:
-                context -= computed[i]
-                num_seqs -= 1
-                i += 1
-            start = end
+        of the run's steps with one batch, in order (a stretch ends with a step where some
+        finish); lazily, as a caller often needs the first few only."""
+        members = sorted(zip(self.finish_step.tolist(), self.num_computed.tolist()))
+        return _stretches(members, 0, self.max_steps)
 
     def stretches(self, start: int):
         """For a run whose last admission is at step ``start``: yield ``(num_steps, num_seqs,
         context tokens at its first step, prompt tokens)`` for that step (``num_seqs``
         counting the decodes beside the prompt), then for each stretch after it with one
-        batch (0 prompt tokens); lazily."""
+        batch (0 prompt tokens); lazily. (On lists: a run holds a few dozen requests, for
+        which a loop costs less than numpy's calls.)"""
         step, seq = self.admissions[-1]
         if step != start:
             raise ValueError(f"step {start} admits no request last (step {step} does)")
-        decoding = self.finish_step[:-1] >= start     # (all but it joined before)
-        num_seqs = int(np.count_nonzero(decoding))
-        yield (1, num_seqs, int(self.num_computed[:-1][decoding].sum()) + start * num_seqs,
-               seq.num_prompt_tokens)
-        staying = self.finish_step > start         # (it does: it decodes after)
-        num_seqs, after = int(np.count_nonzero(staying)), start + 1
-        end = min(int(self.finish_step[staying].min()) + 1, self.max_steps)
-        if after < end:     # (until the first finish; the rest as batches)
-            yield (end - after, num_seqs,
-                   int(self.num_computed[staying].sum()) + after * num_seqs, 0)
-        if end < self.max_steps:
-            for stretch in self.batches(end, np.flatnonzero(self.finish_step >= end)):
-                yield (*stretch, 0)
+        finishes, computed = self.finish_step.tolist(), self.num_computed.tolist()
+        num_seqs = context = 0
+        for finish, tokens in zip(finishes[:-1], computed[:-1]):   # (all but it joined
+            if finish >= start:                                      # before)
+                num_seqs += 1
+                context += tokens
+        yield 1, num_seqs, context + start * num_seqs, seq.num_prompt_tokens
+        staying = sorted(pair for pair in zip(finishes, computed) if pair[0] > start)
+        for stretch in _stretches(staying, start + 1, self.max_steps):   # (it decodes after)
+            yield (*stretch, 0)
+
+
+def _stretches(members: list[tuple[int, int]], start: int, max_steps: int):
+    """Yield ``(num_steps, num_seqs, context tokens at its first step)`` for each stretch with
+    one batch from step ``start`` to ``max_steps`` of ``members``, ``(finish step, computed
+    tokens before step 0)`` in finish order, all taking part at ``start``."""
+    num_seqs, context, i = len(members), sum(tokens for _, tokens in members), 0
+    while start < max_steps:
+        end = min(members[i][0] + 1, max_steps)
+        yield end - start, num_seqs, context + start * num_seqs
+        while i < len(members) and members[i][0] < end:
+            context -= members[i][1]
+            num_seqs -= 1
+            i += 1
+        start = end
 
 
 @dataclass(slots=True)
