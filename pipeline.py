@@ -66,7 +66,22 @@ def read_config_file(path: str) -> dict:
                               location=path, field=extra[0])
         data = dict(data["run"])
     _refuse_twice(data, path)
-    return data
+    return _beside(data, Path(path).parent)
+
+
+#: Settings naming a file; a relative path in a TOML file is read from the file's folder.
+PATH_SETTINGS = ("trace", "profile")
+
+
+def _beside(settings: dict, folder: Path) -> dict:
+    """``settings`` with each relative path of :data:`PATH_SETTINGS` made relative to
+    ``folder`` (a TOML file's), as a configuration file's paths are read."""
+    for name in PATH_SETTINGS:
+        value = settings.get(name)
+        if (isinstance(value, str) and value.strip() and value != "-"
+                and not value.startswith("sample:") and not Path(value).is_absolute()):
+            settings[name] = str(folder / value)
+    return settings
 
 
 def _refuse_twice(settings: dict, path: str) -> None:
@@ -121,12 +136,13 @@ def config_from_sources(trace: str | None, config_file: str | None,
         raise ConfigError(f"expected a string, got {in_file!r}", location=config_file,
                           field="trace")
     try:
-        path, label = resolve_trace(trace or in_file)
+        path, label = resolve_trace(trace if trace is not None else in_file)
     except TraceError as e:
-        if trace:
+        if trace is not None:
             raise
-        raise ConfigError(f"{e.location}: {e.message}", location=config_file,
-                          field="trace") from None
+        where = f"{e.location}: " if e.location else ""
+        raise _at_line(ConfigError(where + e.message, location=config_file, field="trace"),
+                       config_file) from None
     options = {k: v for k, v in given.items() if v is not None}
     try:
         in_toml = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "",

@@ -102,11 +102,38 @@ def test_a_bad_value_in_a_config_file_names_its_line(tmp_path):
     config.write_text('trace = "nope.jsonl"\n')
     done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr == f"kvsim: error: {config}: field 'trace': nope.jsonl: no such file\n"
+    assert done.stderr == (f"kvsim: error: {config}:1: field 'trace': {tmp_path}/nope.jsonl: "
+                           "no such file\n")     # (read from the TOML file's folder)
     config.write_text('max_num_seqs = 8\ngpu = "rtx4090"\n')
     done = kvsim("run", "--config", str(config), "--out", str(tmp_path / "o"))
     assert done.stderr.startswith(f"kvsim: error: {config}:2: field 'gpu': unknown GPU "
                                   "'rtx4090'")
+
+
+def test_a_relative_trace_in_a_config_file_is_read_from_the_files_folder(tmp_path):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "t.jsonl").write_text(
+        '{"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5}\n')
+    (tmp_path / "exp" / "run.toml").write_text('trace = "t.jsonl"\n')
+    done = kvsim("run", "--config", "exp/run.toml", "--out", "o", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["config"]["trace"] == "exp/t.jsonl" and summary["num_completed"] == 1
+    (tmp_path / "exp" / "run.toml").write_text('trace = ""\n')
+    done = kvsim("run", "--config", "exp/run.toml", "--out", "o", "-q", cwd=tmp_path)
+    assert done.stderr == ("kvsim: error: exp/run.toml:1: field 'trace': is empty: give a trace "
+                           "file, - for standard input, or sample:NAME (or no trace for the "
+                           "default sample)\n")
+
+
+def test_an_empty_trace_argument_is_refused_not_the_default_sample(tmp_path):
+    for command in (("run", ""), ("trace-stats", ""), ("hitrate", "", "--capacity", "10")):
+        done = kvsim(*command, "--out", str(tmp_path / "o")) if command[0] != "trace-stats" \
+            else kvsim(*command)
+        assert (done.returncode, done.stdout) == (2, ""), command
+        assert done.stderr == ("kvsim: error: field 'trace': is empty: give a trace file, - "
+                               "for standard input, or sample:NAME (or no trace for the "
+                               "default sample)\n")
 
 
 def test_a_bad_trace_line_writes_nothing(tmp_path):

@@ -23,6 +23,9 @@ def resolve_trace(trace: str | None) -> tuple[Path, str]:
     path, which must be a regular file (not a FIFO, a device or a directory)."""
     if trace is None:
         return sample_path(DEFAULT_SAMPLE), f"sample:{DEFAULT_SAMPLE}"
+    if not trace.strip():
+        raise TraceError("is empty: give a trace file, - for standard input, or sample:NAME "
+                         "(or no trace for the default sample)", field="trace")
     if trace.startswith("sample:"):
         return sample_path(trace.split(":", 1)[1]), trace
     if trace == "-":
