@@ -155,6 +155,14 @@ def test_profile_overrides_from_dict_and_file(tmp_path, a100):
 @pytest.mark.parametrize("profile, field, message", [
     ({"gemmm": {"memory_efficiency": 0.4}}, "gemmm", "unknown section; did you mean 'gemm'?"),
     ({"kind": "weird"}, "kind", "unknown profile kind 'weird'; expected 'fitted'"),
+    ({"gemm": {"compute_efficiancy": 0.01}}, "gemm.compute_efficiancy",
+     "unknown key; did you mean 'compute_efficiency'?"),
+    ({"elementwise": {"mlp_act": {"min_time": 1e-6}}}, "elementwise.mlp_act.min_time",
+     "unknown key; did you mean 'min_time_s'?"),
+    ({"all_reduce": {"measured": {"2": {"latency_s": 1e-5, "bus_bw": 1e11}}}},
+     "all_reduce.measured.2.bus_bw", "unknown key; known: latency_s, bus_bandwidth_bytes_per_s"),
+    ({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}, "profile",
+     "holds no calibration: none of the sections gemm, elementwise"),
 ])
 def test_a_misspelt_profile_is_refused_not_ignored(tmp_path, profile, field, message):
     path = tmp_path / "p.json"

@@ -189,6 +189,7 @@ def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Pro
     if profile is not None:
         override = profile if isinstance(profile, dict) else _read(Path(profile))
         check_sections(override, where)
+        check_keys(override, where)
         check_numbers(override, where)
         _overlay(data, override)
     try:
@@ -215,6 +216,57 @@ def check_sections(d: dict, where: str | None) -> None:
         if isinstance(value, dict) and key not in NUMBER_SECTIONS and near:
             raise ConfigError(f"unknown section; did you mean '{near[0]}'?", location=where,
                               field=str(key))
+
+
+_ELEMENT_KEYS = ("memory_efficiency", "min_time_s", "row_s_per_byte", "smoothness")
+_ALL_REDUCE_KEYS = ("latency_s", "bus_bandwidth_bytes_per_s")
+#: The keys each section of a profile may hold (``None``: any key, here a tensor-parallel
+#: size); :func:`_build` reads these and no others.
+PROFILE_KEYS: dict = {
+    "gemm": {**dict.fromkeys(("compute_efficiency", "memory_efficiency", "latency_s",
+                              "tile_tokens", "tile_padding", "num_sms", "wave_tail",
+                              "memory_latency_s", "smoothness")),
+             "efficiency_curve": dict.fromkeys(("tokens", "rows")),
+             "tiles": dict.fromkeys(("tile_m", "tile_n", "efficiency"))},
+    "elementwise": {op: dict.fromkeys(_ELEMENT_KEYS) for op in ELEMENTWISE_OPS},
+    "attention": dict.fromkeys(("prefill_compute_efficiency", "decode_memory_efficiency",
+                                "latency_s")),
+    "all_reduce": {"latency_s": None, "link_efficiency": None,
+                   "measured": {None: dict.fromkeys(_ALL_REDUCE_KEYS)}},
+    "transfers": dict.fromkeys(("pcie_efficiency", "copy_memory_efficiency")),
+    "overhead": dict.fromkeys(("step_s", "per_seq_s")),
+    "fitted": dict.fromkeys((*FITTED_TERMS, "per_batch_s", "per_batch_slope_s")),
+}
+
+
+def check_keys(d: dict, where: str | None) -> None:
+    """Every key inside a section is one the profile is read for (a misspelt one was ignored
+    silently: the run used the default value), and a file holds at least one section (or is
+    a fitted profile); keys starting with ``_`` are notes."""
+    if not any(key in PROFILE_KEYS for key in d) and d.get("kind") != "fitted":
+        raise ConfigError("holds no calibration: none of the sections "
+                          f"{', '.join(NUMBER_SECTIONS)} (is it a profile written by kvsim "
+                          "profile or validate-real --fit?)", location=where, field="profile")
+    for section in PROFILE_KEYS:
+        if isinstance(d.get(section), dict):
+            _check_known(d[section], PROFILE_KEYS[section], section, where)
+
+
+def _check_known(d: dict, known: dict, prefix: str, where: str | None) -> None:
+    for key, value in d.items():
+        if str(key).startswith("_"):
+            continue
+        if None in known:       # (any key: measured tensor-parallel sizes)
+            inner = known[None]
+        elif key in known:
+            inner = known[key]
+        else:
+            near = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+            hint = f"; did you mean '{near[0]}'?" if near else \
+                f"; known: {', '.join(known)}"
+            raise ConfigError("unknown key" + hint, location=where, field=f"{prefix}.{key}")
+        if inner is not None and isinstance(value, dict):
+            _check_known(value, inner, f"{prefix}.{key}", where)
 
 
 def check_numbers(d: dict, where: str | None, prefix: str = "") -> None:
