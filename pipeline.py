@@ -16,6 +16,7 @@ from kvsim.errors import ConfigError, TraceError
 from kvsim.reports.frames import RUN_FILES
 from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
+from kvsim.reports.style import long_prompt_advice
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.terminal import ProgressLines, RunProgress
 from kvsim.sim.serving import results
@@ -178,7 +179,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and scan.num_long:
-            say(long_prompt_note(scan, job.config, deployment.max_model_len))
+            say(long_prompt_note(scan, job.config, deployment))
         show = None if quiet else (
             RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
             else ProgressLines("simulating", scan.num_requests))
@@ -217,16 +218,18 @@ def scan_trace(job: RunJob, max_model_len: int) -> TraceScan:
     return TraceScan(count, span, long, longest)
 
 
-def long_prompt_note(scan: TraceScan, config: RunConfig, max_model_len: int) -> str:
-    """One line saying how many prompts do not fit ``max_model_len``, what happens to them and
-    what to do about it."""
+def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
+    """One line saying how many prompts do not fit the deployment's ``max_model_len``, what
+    happens to them and what to do about it."""
+    max_model_len = deployment.max_model_len
     share = f"{scan.num_long:,} of {scan.num_requests:,} requests"
     fit = (f"have prompts of {max_model_len:,} tokens or more (max_model_len; the longest "
            f"has {scan.longest_prompt:,})")
     if config.long_prompt == "truncate":
         return f"{share} {fit}: truncating them (--long-prompt truncate)"
-    return (f"{share} {fit} and will be rejected; raise --max-model-len or pass "
-            "--long-prompt truncate")
+    advice = long_prompt_advice(max_model_len, deployment.num_gpu_blocks * config.block_size,
+                                config.num_gpu_blocks is not None)
+    return f"{share} {fit} and will be rejected; {advice}"
 
 
 def say(message: str) -> None:

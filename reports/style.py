@@ -134,9 +134,21 @@ def rejected_text(summary: dict) -> str:
         return ""
     limit = get(summary, "kv", "max_model_len")
     limit_text = f" {fmt_num(limit)}" if limit else ""
+    pool = (get(summary, "kv", "num_gpu_blocks") or 0) * (get(summary, "kv", "block_size") or 0)
+    given = get(summary, "config", "num_gpu_blocks") is not None
     return (f"{fmt_num(n)} of {fmt_num(summary.get('num_requests'))} requests: prompt of "
-            f"max_model_len{limit_text} tokens or more (raise --max-model-len, or "
-            "--long-prompt truncate)")
+            f"max_model_len{limit_text} tokens or more ({long_prompt_advice(limit, pool, given)})")
+
+
+def long_prompt_advice(max_model_len, pool_tokens: int, blocks_given: bool) -> str:
+    """What to do about prompts of ``max_model_len`` tokens or more: raise it, unless the KV
+    pool (``pool_tokens``, ``--num-gpu-blocks`` when ``blocks_given``) is what limits it."""
+    if not (is_number(max_model_len) and pool_tokens and max_model_len >= pool_tokens):
+        return "raise --max-model-len, or pass --long-prompt truncate"
+    more = "raise --num-gpu-blocks" if blocks_given else (
+        "give the KV cache more memory: a larger --gpu, more --tp or a higher "
+        "--gpu-memory-utilization")
+    return f"the KV pool holds no longer request: {more}, or pass --long-prompt truncate"
 
 
 def truncated_text(summary: dict) -> str:

@@ -122,3 +122,20 @@ def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
         "llama-3.1-8b on 1 x l4 (tp 1), bf16, int4 weights"
     assert deployment_text({**config, "weight_dtype": "bf16"}) == \
         "llama-3.1-8b on 1 x l4 (tp 1), bf16"
+
+
+def test_rejections_are_explained_by_what_limits_max_model_len():
+    from kvsim.reports.style import rejected_text
+    summary = {"num_rejected": 9, "num_requests": 100, "config": {"num_gpu_blocks": None},
+               "kv": {"max_model_len": 34880, "num_gpu_blocks": 2180, "block_size": 16}}
+    assert rejected_text(summary) == (
+        "9 of 100 requests: prompt of max_model_len 34,880 tokens or more (the KV pool holds "
+        "no longer request: give the KV cache more memory: a larger --gpu, more --tp or a "
+        "higher --gpu-memory-utilization, or pass --long-prompt truncate)")
+    summary["config"]["num_gpu_blocks"] = 2180
+    assert "(the KV pool holds no longer request: raise --num-gpu-blocks, or pass" in \
+        rejected_text(summary)
+    summary["kv"]["max_model_len"] = 8000          # (below the pool: a limit of its own)
+    assert rejected_text(summary).endswith(
+        "8,000 tokens or more (raise --max-model-len, or pass --long-prompt truncate)")
+    assert rejected_text({"num_rejected": 0}) == ""
