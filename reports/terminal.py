@@ -62,7 +62,8 @@ def summary_table(summary: dict) -> Table:
                         f"{fmt_num(get(summary, 'swapped_in_blocks'))} blocks)"),
         ("KV usage mean/peak", f"{fmt_pct(get(summary, 'kv', 'mean_usage'))} / "
                                f"{fmt_pct(get(summary, 'kv', 'peak_usage'))} of "
-                               f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
+                               f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"
+                               f"{_per_replica(summary)}"),
         ("cached idle KV", _idle_text(summary)),
         ("KV pool shares", _frag_text(frag)),
         *_tiering_rows(summary),
@@ -86,14 +87,23 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
 
 
 def deployment_text(cfg: dict) -> str:
-    """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16`` (``, int4 weights`` when the weights
-    are stored otherwise than the KV cache)."""
-    text = (f"{cfg.get('model', '?')} on {cfg.get('replicas', 1)} x {cfg.get('gpu', '?')} "
-            f"(tp {cfg.get('tp', 1)}), {cfg.get('dtype', '?')}")
+    """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16``: every GPU counted (``on 8 x
+    a100-80gb (2 replicas of tp 4)``), ``, int4 weights`` when the weights are stored
+    otherwise than the KV cache."""
+    replicas, tp = cfg.get("replicas", 1), cfg.get("tp", 1)
+    gpus = replicas * tp if is_number(replicas) and is_number(tp) else "?"
+    shape = f"{replicas} replicas of tp {tp}" if replicas != 1 else f"tp {tp}"
+    text = (f"{cfg.get('model', '?')} on {gpus} x {cfg.get('gpu', '?')} ({shape}), "
+            f"{cfg.get('dtype', '?')}")
     weights = cfg.get("weight_dtype")
     if weights and weights != cfg.get("dtype"):
         text += f", {weights} weights"
     return text
+
+
+def _per_replica(summary: dict) -> str:
+    """`` per replica`` where the pool is one of several."""
+    return " per replica" if get(summary, "config", "replicas", default=1) != 1 else ""
 
 
 def _tiering_rows(summary: dict) -> list[tuple[str, str]]:
