@@ -175,10 +175,17 @@ class RunConfig:
             raise ConfigError("swap preemption is a kvsim extension (vLLM v1 has none): it "
                               "needs --offload-write back or through", field="preemption_mode")
 
-    def check_tier_options(self, source: str | None = None) -> None:
-        """A CPU tier's options need the tier, and the native tier's need it native: one run's
-        settings that set them otherwise are a mistake (they were ignored silently). Not part of
-        :meth:`validate`: a compare grid that spans tiers sets them for every point."""
+    def check_unused_options(self, source: str | None = None) -> None:
+        """A layout's options need that layout, a CPU tier's options need the tier, and the
+        native tier's need it native: one run's settings that set them otherwise are a mistake
+        (they were ignored silently). Not part of :meth:`validate`: a compare grid that spans
+        layouts or tiers sets them for every point."""
+        for name, default, layouts in (("reserve", "max", ("contiguous", "hybrid")),
+                                       ("hybrid_threshold", 256, ("hybrid",))):
+            if getattr(self, name) != default and self.layout not in layouts:
+                raise located(ConfigError(
+                    f"applies to --layout {' or '.join(layouts)} only (the {self.layout} "
+                    "layout does not use it)", field=name), source)
         for name, default in (("offload_write", "native"), ("offload_eviction_policy", "lru"),
                               ("offload_store_threshold", 0)):
             if getattr(self, name) != default and not self.has_host_tier:

@@ -255,4 +255,18 @@ def test_tier_options_without_a_tier_refuse_one_run_but_not_a_grid_spanning_tier
     config = RunConfig(offload_write="back")
     config.validate()               # (a compare point without a tier: as before)
     with pytest.raises(ConfigError, match="sets up a CPU tier that is not there"):
-        config.check_tier_options()
+        config.check_unused_options()
+
+
+@pytest.mark.parametrize("option, layout, message", [
+    (("--reserve", "pow2"), "paged", "applies to --layout contiguous or hybrid only (the paged "
+                                     "layout does not use it)"),
+    (("--hybrid-threshold", "100"), "contiguous", "applies to --layout hybrid only (the "
+                                                  "contiguous layout does not use it)"),
+])
+def test_a_layout_option_the_layout_does_not_use_is_refused(tmp_path, option, layout, message):
+    done = kvsim("run", "--limit", "3", *option, "--layout", layout, "--out",
+                 str(tmp_path / "o"))
+    assert done.returncode == 2
+    field = option[0][2:].replace("-", "_")
+    assert done.stderr == f"kvsim: error: command line: field '{field}': {message}\n"

@@ -290,3 +290,16 @@ def test_writing_into_a_missing_directory_is_a_user_error(tmp_path):
     with pytest.raises(KvsimError, match="cannot write there") as info:
         write_workload("chat", tmp_path / "missing" / "x.jsonl", GenConfig(num_requests=2))
     assert info.value.field == "out"
+
+
+@pytest.mark.parametrize("settings, field", [
+    ({"arrival_trace": "t.jsonl"}, "arrival_trace"),     # (poisson: the file is not read)
+    ({"cv": 3.0}, "cv"),
+    ({"cv": 3.0, "arrival": "trace", "arrival_trace": "t.jsonl"}, "cv"),
+])
+def test_an_arrival_option_of_another_process_is_refused_not_ignored(settings, field):
+    from kvsim.errors import ConfigError
+    from kvsim.workloads.generators import GenConfig
+    with pytest.raises(ConfigError) as err:
+        GenConfig(**settings).checked()
+    assert err.value.field == field

@@ -65,6 +65,12 @@ class GenConfig:
         if not 0.0 <= self.high_priority_fraction <= 1.0:
             raise ConfigError(f"must be between 0 and 1, got {self.high_priority_fraction}",
                               field="high_priority_fraction")
+        if self.arrival_trace is not None and self.arrival != "trace":
+            raise ConfigError("reuses a trace's timestamps with --arrival trace only (the "
+                              f"arrivals are {self.arrival})", field="arrival_trace")
+        if self.cv != 1.0 and self.arrival != "gamma":
+            raise ConfigError(f"shapes gamma arrivals only (--arrival gamma; the arrivals are "
+                              f"{self.arrival})", field="cv")
         return self
 
 
