@@ -51,14 +51,29 @@ def replacing(path: str | os.PathLike, binary: bool = False,
         raise
 
 
-def _checked(path: str | os.PathLike) -> Path:
+def check_output_file(path: str | os.PathLike, field: str = "out") -> Path:
+    """``path`` as a :class:`Path`, checked before a long command starts (``field``: its
+    option): refused when it is empty, names a directory, or lies under a file or a directory
+    that cannot be written to."""
+    target = _checked(path, field)
+    probe = target.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not a directory" if not probe.is_dir() else "is not writable"
+        raise KvsimError(f"cannot write there: {probe} {why}", location=str(target),
+                         field=field)
+    return target
+
+
+def _checked(path: str | os.PathLike, field: str = "out") -> Path:
     """``path`` as a :class:`Path`, refused when it is empty or names a directory."""
     if not os.fspath(path).strip():
-        raise KvsimError("an empty path; give a file to write", field="out")
+        raise KvsimError("an empty path; give a file to write", field=field)
     target = Path(path)
     if target.is_dir():
         raise KvsimError("is a directory; give a file to write", location=str(target),
-                         field="out")
+                         field=field)
     return target
 
 

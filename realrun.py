@@ -300,7 +300,10 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     fitted profile and the error table of a run with it. ``settings`` override the run's."""
     from kvsim.api import run
     from kvsim.reports.io import write_json_atomic
+    from kvsim.output_file import check_output_file
     from kvsim.sim.perf.models import resolve_model
+    if fit is not None:
+        check_output_file(fit, "fit")
     real = read_real_run(result, trace)
     chosen = {**real.settings, **(settings or {})}
     first = run(real.requests, **chosen)

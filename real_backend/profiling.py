@@ -345,7 +345,9 @@ def render_fit(profile: dict) -> str:
 def profile_job(settings, limits: Limits, out: str, quick: bool = False,
                 progress: Callable[[str], None] = quiet) -> dict:
     """``kvsim profile``: profile, write the JSON atomically to ``out``, return the profile."""
+    from kvsim.output_file import check_output_file
     from kvsim.reports.io import write_json_atomic
+    check_output_file(out)          # (before minutes of profiling)
     profile = run_profile(settings, limits, quick, progress)
     profile["path"] = str(write_json_atomic(out, profile))
     return profile

@@ -177,3 +177,14 @@ def test_a_bad_vllm_result_is_one_line_and_writes_nothing(tmp_path):
     assert done.stderr == (f"kvsim: error: {path}: field 'input_lens': entry 0 is -5; "
                            "expected a whole number >= 1\n")
     assert not (tmp_path / "fit.json").exists()
+
+
+def test_a_fit_file_that_cannot_be_written_is_refused_before_the_replay(tmp_path):
+    timed = Path(__file__).parent / "fixtures" / "vllm_timed" / "timed_chat.vllm.json"
+    (tmp_path / "afile").write_text("x")
+    for target, why in ((tmp_path, "is a directory; give a file to write"),
+                        (tmp_path / "afile" / "p.json",
+                         f"cannot write there: {tmp_path}/afile is not a directory")):
+        done = kvsim("validate-real", str(timed), "--fit", str(target))
+        assert (done.returncode, done.stdout) == (2, "")      # (no table: nothing replayed)
+        assert done.stderr == f"kvsim: error: {target}: field 'fit': {why}\n"
