@@ -140,13 +140,15 @@ class Result:
 def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     """(label, source) of ``run``'s ``trace`` argument: the source is a trace file's path, or
     the list of requests given."""
+    from kvsim.workloads.request_list import checked_requests
     from kvsim.workloads.sources import resolve_trace
     if trace is None or isinstance(trace, (str, os.PathLike)):
         return resolve_trace(None if trace is None else os.fspath(trace))[::-1]
+    requests = checked_requests(trace)
     if reading:
         raise ConfigError("trace options apply to a trace file; filter the requests in "
                           "Python instead", location="kvsim.run", field=sorted(reading)[0])
-    return getattr(trace, "label", "python"), list(trace)
+    return getattr(trace, "label", "python"), requests
 
 
 def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,

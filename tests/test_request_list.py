@@ -1,0 +1,43 @@
+"""Requests given to kvsim.run as a Python list get a trace file's checks, one line each."""
+
+import numpy as np
+import pytest
+
+import kvsim
+from kvsim.errors import TraceError
+from kvsim.workloads import Request
+
+
+def req(request_id=0, arrival_s=0.0, prompt_tokens=100, output_tokens=10, **more):
+    return Request(request_id=request_id, arrival_s=arrival_s, prompt_tokens=prompt_tokens,
+                   output_tokens=output_tokens, **more)
+
+
+@pytest.mark.parametrize("trace, message", [
+    ([req(0, 1.0), req(1, 0.0)], "requests[1]: field 'arrival_s': time goes backwards (0 after "
+                                 "1); sort the list by arrival_s"),
+    ([req(arrival_s=-5.0)], "requests[0]: field 'arrival_s': must not be negative, got -5.0"),
+    ([req(arrival_s=float("nan"))], "requests[0]: field 'arrival_s': must be a finite number"),
+    ([req(prompt_tokens=0)], "requests[0]: field 'prompt_tokens': must be a positive number of "
+                             "tokens, got 0"),
+    ([req(0), req(0, 0.1)], "requests[1]: field 'request_id': 0 is also the id of requests[0]"),
+    ([req("a")], "requests[0]: field 'request_id': expected an integer, got a string ('a')"),
+    ([{"prompt_tokens": 10, "output_tokens": 5}], "requests[0]: expected a "
+                                                   "kvsim.workloads.Request, got dict"),
+    ([req(prefix_hashes=np.arange(3), hash_block_size=16)],
+     "requests[0]: field 'prefix_hashes': 3 ids for 100 prompt tokens; expected "
+     "ceil(100/16) = 7"),
+    (5, "requests: expected a trace file, sample:NAME or a list of Request objects, got int"),
+    ([], "requests: no requests: the list is empty"),
+])
+def test_a_bad_request_list_is_one_line_naming_the_entry_and_field(trace, message):
+    with pytest.raises(TraceError) as err:
+        kvsim.run(trace)
+    assert str(err.value).startswith(message)
+
+
+def test_numpy_numbers_in_a_request_are_taken_as_pythons():
+    request = req(np.int64(7), np.float64(0.5), np.int64(100), np.int32(10))
+    result = kvsim.run([request])
+    assert result.summary["num_completed"] == 1
+    assert type(request.prompt_tokens) is int and type(request.request_id) is int
