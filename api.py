@@ -151,6 +151,15 @@ def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     return getattr(trace, "label", "python"), requests
 
 
+def checked_slo(slo: dict | None, call: str = "kvsim.run") -> dict | None:
+    """``slo`` checked (:func:`~kvsim.sim.plan.spec.checked_slo`), naming the API ``call``."""
+    from kvsim.sim.plan.spec import checked_slo as check
+    try:
+        return None if slo is None else check(slo)
+    except ConfigError as e:
+        raise located(e, call) from None
+
+
 def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
         keep_steps: bool = False, **settings: Any) -> Result:
     """Simulate ``trace`` (a file, ``sample:NAME``, ``None`` for the default sample, a
@@ -167,6 +176,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     from kvsim.workloads import load_trace as read
     from kvsim.workloads.sharing import scan_trace_sharing
     reading, settings = split_keywords(settings)
+    slo = checked_slo(slo)
     label, source = _source(trace, reading)
     run_cfg = run_config(label, settings, config)
     options = None if isinstance(source, list) else trace_options(reading, run_cfg.seed)

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from kvsim.api import Result, Trace, load_trace, run_config, run_frames, split_keywords, \
-    trace_options
+from kvsim.api import (Result, Trace, checked_slo, load_trace, run_config, run_frames,
+                       split_keywords, trace_options)
 from kvsim.errors import ConfigError
 from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL
 
@@ -111,6 +111,7 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     from kvsim.grid import CompareSpec, grid_points
     from kvsim.sim.plan.sweep import SweepOptions, run_tasks
     reading, settings = split_keywords(settings)
+    slo = checked_slo(slo, "kvsim.compare")
     path, options = _trace_file(trace, reading, "kvsim.compare")
     dims = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in settings.items()}
     if any(not v for v in dims.values()):

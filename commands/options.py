@@ -158,14 +158,25 @@ def trace_options(reading: dict, **more):
 
 # --- SLO targets --------------------------------------------------------------------------------
 
+def _slo(values: dict) -> dict:
+    """The targets, checked, an error naming the option (``--slo-ttft-p99``)."""
+    from kvsim.errors import ConfigError
+    from kvsim.sim.plan.spec import checked_slo
+    try:
+        return checked_slo({k: x for k, x in (("ttft_p99_s", values["slo_ttft_p99"]),
+                                              ("tpot_p99_s", values["slo_tpot_p99"]))
+                            if x is not None})
+    except ConfigError as e:
+        raise ConfigError(e.message, field=f"--slo-{e.field[:-2].replace('_', '-')}") from None
+
+
 SLO_TARGETS = OptionGroup({
     "slo_ttft_p99": (Optional[float], opt("TTFT p99 target (s), drawn in the report.",
-                                          "--slo-ttft-p99", min=0.0)),
+                                          "--slo-ttft-p99")),
     "slo_tpot_p99": (Optional[float], opt("TPOT p99 target (s), drawn in the report.",
-                                          "--slo-tpot-p99", min=0.0)),
-}, lambda v: {k: x for k, x in (("ttft_p99_s", v["slo_ttft_p99"]),
-                                ("tpot_p99_s", v["slo_tpot_p99"])) if x is not None})
-"""The ``--slo-*`` targets given, keyed as the summary names them."""
+                                          "--slo-tpot-p99")),
+}, _slo)
+"""The ``--slo-*`` targets given, keyed as the summary names them (checked)."""
 
 
 # --- run settings (the RunConfig schema) --------------------------------------------------------

@@ -96,16 +96,28 @@ def reported_keys(slo: dict) -> list[tuple[str, str, float]]:
 
 def build_slo(**targets: float | None) -> dict:
     """``build_slo(ttft_p99_s=0.5, tpot_p99_s=None)`` → ``{'ttft_p99_s': 0.5}``; at least one
-    target, every one a finite number > 0."""
-    slo = {k: float(v) for k, v in targets.items() if v is not None}
+    target (:func:`checked_slo`)."""
+    slo = {k: v for k, v in targets.items() if v is not None}
     if not slo:
         raise ConfigError("give at least one SLO target (--slo-ttft-p99, --slo-tpot-p99, ...)",
                           field="slo")
+    return checked_slo(slo)
+
+
+def checked_slo(slo) -> dict:
+    """SLO targets (``{'ttft_p99_s': 0.5}``; the one check of ``kvsim run``, ``compare``,
+    ``plan`` and the API): keys ``ttft|tpot|e2e_pNN_s``, each target a finite number of
+    seconds > 0."""
+    if not isinstance(slo, dict):
+        raise ConfigError(f"expected targets such as {{'ttft_p99_s': 2.0}}, got "
+                          f"{type(slo).__name__}", field="slo")
     for key, value in slo.items():
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"must be a number of seconds > 0, got {value}", field=key)
-    slo_targets(slo)
-    return slo
+        if _SLO_KEY.match(str(key)) is None:
+            raise ConfigError("expected ttft|tpot|e2e_pNN_s", field=str(key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"must be a number of seconds > 0, got {value!r}", field=key)
+    return {key: float(value) for key, value in slo.items()}
 
 
 def parse_list(text: str | Sequence | None, field: str, cast: Callable = str) -> tuple:
