@@ -108,13 +108,12 @@ class Result:
         """Write the run's files into ``out_dir`` exactly as ``kvsim run --out`` does
         (``output_format`` csv or parquet; ``bench``: also ``bench.json``); returns
         ``{name: path}``."""
-        from kvsim.reports.frames import RUN_FILES
         from kvsim.reports.io import require_parquet
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
         if output_format == "parquet":
             require_parquet()
-        with OutputDir(out_dir, RUN_FILES):
+        with OutputDir(out_dir):
             return write_run_outputs(out_dir, self.summary, self.requests, self.timeline,
                                      html=html, output_format=output_format, bench=bench)
 

@@ -63,13 +63,14 @@ class Comparison:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
-        from kvsim.grid import COMPARE_FILE, COMPARE_FILES, compare_result, run_dirs
+        from kvsim.grid import compare_result, run_dirs
+        from kvsim.reports.frames import COMPARE_FILE
         from kvsim.reports.html import render_compare_report
         from kvsim.reports.io import write_json_atomic
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
         out = Path(out_dir)
-        with OutputDir(out, COMPARE_FILES, subdirs=run_dirs(out, self.points)):
+        with OutputDir(out, subdirs=run_dirs(self.points)):
             for point, r in zip(self.points, self.runs):
                 write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
                                   r.timeline, html=html, plotlyjs="parent")
@@ -162,8 +163,8 @@ class Plan:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
         from kvsim.reports.outdir import OutputDir
-        from kvsim.reports.plan import PLAN_FILES, write_plan_outputs
-        with OutputDir(out_dir, PLAN_FILES):
+        from kvsim.reports.plan import write_plan_outputs
+        with OutputDir(out_dir):
             return write_plan_outputs(out_dir, self.result, html=html)
 
     def report(self, path: str | os.PathLike) -> Path:

@@ -18,7 +18,6 @@ settings would (apart from ``wall_time_s``).
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import typing
 from dataclasses import dataclass, fields, replace
@@ -28,14 +27,11 @@ from typing import Any, Sequence
 from kvsim.errors import ConfigError
 from kvsim.pipeline import RunJob, read_config_file, run_job_frames
 from kvsim.workloads.sources import resolve_trace
+from kvsim.reports.frames import COMPARE_FILE
 from kvsim.reports.grid_table import identical_to, table_metrics
 from kvsim.sim.config import RunConfig
 from kvsim.workloads import TraceOptions
 
-COMPARE_FILE = "compare.json"
-#: The files of a comparison directory besides its run directories: ``report.html`` and the
-#: run pages under it share one ``plotly.min.js`` (share the directory, or zip it).
-COMPARE_FILES = (COMPARE_FILE, "report.html", "plotly.min.js")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 #: RunConfig fields that cannot be a dimension (the trace is the positional argument).
 NOT_DIMENSIONS = ("trace",)
@@ -194,21 +190,9 @@ def grid_points(spec: CompareSpec) -> list[GridPoint]:
     return points
 
 
-def run_dirs(out_dir: Path, points: Sequence[GridPoint]) -> list[str]:
-    """The run directories a compare into ``out_dir`` writes, and those of the compare there
-    before (its ``compare.json``, if it can be read): its :class:`OutputDir` owns these only."""
-    names = [p.job.out_dir.name for p in points]
-    try:
-        earlier = json.loads((Path(out_dir) / COMPARE_FILE).read_text())["runs"]
-        names += [run["dir"] for run in earlier if _plain_name(run["dir"])]
-    except (OSError, ValueError, TypeError, KeyError):
-        pass        # (none, or not one kvsim wrote: no earlier runs to own)
-    return names
-
-
-def _plain_name(name) -> bool:
-    """A directory name of its own (not a path that leads elsewhere)."""
-    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
+def run_dirs(points: Sequence[GridPoint]) -> list[str]:
+    """The run directories a compare of ``points`` writes (under its ``--out``)."""
+    return [p.job.out_dir.name for p in points]
 
 
 def run_point(point: GridPoint):
@@ -238,7 +222,7 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     from kvsim.sim.plan.sweep import SweepOptions, run_tasks
     from kvsim.reports.outdir import OutputDir
     points = grid_points(spec)
-    with OutputDir(spec.out_dir, COMPARE_FILES, subdirs=run_dirs(spec.out_dir, points)):
+    with OutputDir(spec.out_dir, subdirs=run_dirs(points)):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
         if spec.html:

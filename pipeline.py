@@ -13,7 +13,6 @@ from functools import partial
 from pathlib import Path
 
 from kvsim.errors import ConfigError, TraceError
-from kvsim.reports.frames import RUN_FILES
 from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.style import long_prompt_advice
@@ -175,7 +174,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
     bar = not quiet and (progress if progress is not None else console.is_terminal)
     if job.output_format == "parquet":
         require_parquet()
-    with OutputDir(job.out_dir, RUN_FILES):
+    with OutputDir(job.out_dir):
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and scan.num_long:

@@ -92,7 +92,7 @@ def plan_command(
         path, label, trace_options(reading, rate_scale=rate_scale or 1.0), values)
     options = sweep.SweepOptions(workers or sweep.default_workers(),
                                  use_ray or ray_address is not None, ray_address)
-    with OutputDir(out, plan_report.PLAN_FILES):
+    with OutputDir(out):
         with plan_report.PlanProgress(not (quiet or as_json)) as bar:
             result = planner.plan(spec, options, bar.update)
         plan_report.write_plan_outputs(out, result, html=html)

@@ -21,6 +21,16 @@ OUTPUT_FORMATS = ("csv", "parquet")
 #: The files a run's result may consist of (``kvsim run --out DIR``): a new run removes them.
 RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE, "requests.parquet",
              "timeline.parquet", BENCH_FILE)
+COMPARE_FILE = "compare.json"
+#: The files of a comparison directory besides its run directories (``compare.json``'s
+#: ``runs[].dir``): ``report.html`` and the run pages under it share one ``plotly.min.js``.
+COMPARE_FILES = (COMPARE_FILE, REPORT_FILE, "plotly.min.js")
+PLAN_FILE, PLAN_CSV = "plan.json", "plan.csv"
+#: The files of ``kvsim plan --out DIR``.
+PLAN_FILES = (PLAN_FILE, PLAN_CSV, REPORT_FILE)
+#: Every file name a kvsim result may leave in an ``--out`` directory: a command that succeeds
+#: there leaves its own result only.
+RESULT_FILES = tuple(dict.fromkeys(RUN_FILES + COMPARE_FILES + PLAN_FILES))
 
 #: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (

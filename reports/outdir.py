@@ -4,25 +4,30 @@
 must be creatable and writable) and takes an exclusive lock on it (a second kvsim process on the
 same directory fails at once). A directory holds one command's result at a time:
 
-- a command that succeeds removes the result files of an earlier one it did not write again;
+- a command that succeeds removes every earlier kvsim result it did not write again: result
+  files of any command (:data:`~kvsim.reports.frames.RESULT_FILES`) and the run directories of
+  an earlier compare (those its ``compare.json`` names), so a run into a compare's directory
+  leaves no stale runs beside it, nor a compare stale run files;
 - a command that ends in an error or an interrupt before writing leaves the directory as it
   found it (an earlier result stays whole), except a compare's: its runs write their own
-  directories one by one (``subdirs``: those it writes, and those of the earlier compare), so
-  its earlier result files go when it starts. Sub-directories it does not name are left alone
-  (a user's own folders under the same ``--out``);
+  directories one by one (``subdirs``), so the earlier result goes when it starts;
 - one that ends so after it began writing removes every result file, its own and the earlier
   ones, so that nothing partial is left looking complete.
+
+Files and folders of the user's own (any other name) are left alone.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import Iterable
 from stat import S_ISREG
 
 from kvsim.errors import KvsimError
+from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RUN_FILES
 
 LOCK_FILE = ".kvsim.lock"
 #: The directories that received a complete result in this process (an interrupt that comes
@@ -31,15 +36,14 @@ completed: list[Path] = []
 
 
 class OutputDir:
-    """``with OutputDir(path, files) as out: ...``; ``files`` are the names a complete result
-    consists of."""
+    """``with OutputDir(path) as out: ...``; ``subdirs``: the run directories the command
+    writes there (a compare)."""
 
-    def __init__(self, path: str | os.PathLike, files: tuple[str, ...],
-                 subdirs: Iterable[str] = ()) -> None:
+    def __init__(self, path: str | os.PathLike, subdirs: Iterable[str] = ()) -> None:
         self.given = os.fspath(path)
         self.path = Path(path)
-        self.files = files
         self.subdirs = sorted(set(subdirs))  # results also live in these (a compare's runs)
+        self._owned = list(self.subdirs)     # and those of the compare found there
         self.left = ""              # what an aborted command left behind, in words
         self._lock = None
         self._created = False
@@ -59,6 +63,7 @@ class OutputDir:
                              location=str(self.path), field="out") from None
         for tmp in self.path.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
         self._before = self._results()
         if self.subdirs:    # (its runs rewrite their own directories one by one: an earlier
             self._remove(self._before)     # result would mix with them if this one died)
@@ -70,6 +75,7 @@ class OutputDir:
         try:
             if exc_type is None:
                 self._remove(p for p, stat in self._before.items() if _stat(p) == stat)
+                self._prune()
                 completed.append(self.path)
             elif self._results() != self._before:    # it began writing: nothing partial
                 began = True
@@ -97,15 +103,36 @@ class OutputDir:
         return "nothing was written"
 
     def _results(self) -> dict[Path, tuple]:
-        """The result files there now, each with its stat (a rewritten file's differs)."""
-        paths = [self.path / name for name in self.files]
-        paths += [self.path / name / "summary.json" for name in self.subdirs]
+        """The result files there now, each with its stat (a rewritten file's differs): those
+        of any command, and a run's in each run directory of a compare."""
+        paths = [self.path / name for name in RESULT_FILES]
+        paths += [self.path / run / name for run in self._owned for name in RUN_FILES]
         return {p: stat for p in paths if (stat := _stat(p)) is not None}
+
+    def _prune(self) -> None:
+        """Remove the run directories of an earlier compare left empty."""
+        for run in set(self._owned) - set(self.subdirs):
+            try:
+                (self.path / run).rmdir()
+            except OSError:
+                pass        # (gone already, or holding the user's own files)
 
     @staticmethod
     def _remove(paths) -> None:
         for path in list(paths):
             path.unlink(missing_ok=True)
+
+
+def earlier_run_dirs(path: Path) -> list[str]:
+    """The run directories the compare result in ``path`` names (its ``compare.json``; none if
+    there is none or it cannot be read), each a plain name inside ``path``."""
+    try:
+        runs = json.loads((path / COMPARE_FILE).read_text())["runs"]
+        names = [run["dir"] for run in runs]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    return [n for n in names if isinstance(n, str) and n not in ("", ".", "..")
+            and Path(n).name == n]
 
 
 def _stat(path: Path) -> tuple | None:

@@ -17,13 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvsim.reports.frames import PLAN_CSV, PLAN_FILE, REPORT_FILE
 from kvsim.reports.io import write_csv_atomic, write_json_atomic
 from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
 
-PLAN_FILE, PLAN_CSV, PLAN_REPORT = "plan.json", "plan.csv", "report.html"
-PLAN_FILES = (PLAN_FILE, PLAN_CSV, PLAN_REPORT)
 PLAN_FIGURE_IDS = ("fig-pareto", "fig-max-rate")
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
@@ -224,7 +223,7 @@ def write_plan_outputs(out_dir: str | os.PathLike, result: dict,
     (out / PLAN_FILE).unlink(missing_ok=True)
     written = {"csv": write_csv_atomic(out / PLAN_CSV, plan_frame(result))}
     if html:
-        written["report"] = render_plan_report(result, out / PLAN_REPORT)
+        written["report"] = render_plan_report(result, out / REPORT_FILE)
     written["plan"] = write_json_atomic(out / PLAN_FILE, result)
     return written
 

@@ -125,4 +125,9 @@ def test_a_second_compare_into_the_same_out_keeps_the_users_folders(tmp_path):
                    "--out", str(out), "--quiet")
     assert second.returncode == 0, second.stderr
     assert (out / "baseline" / "summary.json").read_text() == "{}"
-    assert not any((out / name / "summary.json").exists() for name in earlier)
+    assert not any((out / name).exists() for name in earlier)     # (stale runs go whole)
+    run = kvsim("run", "sample:mooncake", *COMMON, "--out", str(out), "--quiet")
+    assert run.returncode == 0, run.stderr          # (a run there: no compare left beside it)
+    assert sorted(p.name for p in out.iterdir()) == ["baseline", "report.html",
+                                                     "requests.csv", "summary.json",
+                                                     "timeline.csv"]

@@ -22,7 +22,7 @@ def test_a_command_that_fails_before_writing_leaves_the_earlier_result(tmp_path)
     out = tmp_path / "o"
     earlier_result(out)
     with pytest.raises(ValueError) as failed:
-        with OutputDir(out, FILES):
+        with OutputDir(out):
             raise ValueError("bad input")
     assert failed.value.left == f"{out}/ is as it was (its earlier result kept)"
     assert [(out / n).read_text() for n in FILES] == ["earlier"] * 3
@@ -32,7 +32,7 @@ def test_a_command_that_fails_while_writing_leaves_no_result_at_all(tmp_path):
     out = tmp_path / "o"
     earlier_result(out)
     with pytest.raises(OSError) as failed:
-        with OutputDir(out, FILES):
+        with OutputDir(out):
             (out / "summary.json").write_text("new")
             raise OSError("disk full")
     assert failed.value.left == f"{out}/ holds no result (nothing partial left)"
@@ -42,7 +42,7 @@ def test_a_command_that_fails_while_writing_leaves_no_result_at_all(tmp_path):
 def test_a_new_result_removes_the_earlier_files_it_does_not_write_again(tmp_path):
     out = tmp_path / "o"
     earlier_result(out)
-    with OutputDir(out, FILES):
+    with OutputDir(out):
         (out / "summary.json").write_text("new")
         (out / "requests.csv").write_text("new")
     assert names(out) == ["notes.txt", "requests.csv", "summary.json"]
@@ -51,14 +51,14 @@ def test_a_new_result_removes_the_earlier_files_it_does_not_write_again(tmp_path
 def test_a_directory_made_for_a_command_that_fails_is_removed(tmp_path):
     out = tmp_path / "o"
     with pytest.raises(ValueError) as failed:
-        with OutputDir(out, FILES):
+        with OutputDir(out):
             raise ValueError("bad input")
     assert failed.value.left == "nothing was written" and not out.exists()
 
 
 def test_a_complete_result_is_remembered_for_a_late_interrupt(tmp_path):
     from kvsim.reports import outdir
-    with OutputDir(tmp_path / "o", FILES):
+    with OutputDir(tmp_path / "o"):
         (tmp_path / "o" / "summary.json").write_text("new")
     assert outdir.completed[-1] == tmp_path / "o"
 
@@ -66,7 +66,7 @@ def test_a_complete_result_is_remembered_for_a_late_interrupt(tmp_path):
 def test_a_directory_made_for_a_command_that_fails_while_writing_is_removed(tmp_path):
     out = tmp_path / "o"
     with pytest.raises(OSError) as failed:
-        with OutputDir(out, FILES):
+        with OutputDir(out):
             (out / "summary.json").write_text("new")
             raise OSError("disk full")
     assert failed.value.left == "nothing was written" and not out.exists()
@@ -76,7 +76,7 @@ def test_a_shared_plotly_file_kept_unchanged_stays_with_the_new_result(tmp_path)
     from kvsim.reports.page import PLOTLY_JS_FILE, plotly_head_script
     out = tmp_path / "o"
     for _ in range(2):          # (the second run keeps the file as it is: it was removed)
-        with OutputDir(out, ("report.html", PLOTLY_JS_FILE)):
+        with OutputDir(out):
             plotly_head_script("sibling", out / "report.html")
             (out / "report.html").write_text("page")
     assert names(out) == [PLOTLY_JS_FILE, "report.html"]
@@ -88,7 +88,7 @@ def test_a_compare_directory_loses_its_earlier_result_when_it_starts(tmp_path):
     (out / "01_run").mkdir()
     (out / "01_run" / "summary.json").write_text("earlier")
     with pytest.raises(ValueError):
-        with OutputDir(out, FILES, subdirs=["01_run"]):  # (its runs rewrite their directories
+        with OutputDir(out, subdirs=["01_run"]):  # (its runs rewrite their directories
             raise ValueError("killed")                # one by one: no mix of old and new)
     assert names(out) == ["01_run", "notes.txt"] and names(out / "01_run") == []
 
@@ -99,7 +99,7 @@ def test_a_compare_leaves_sub_directories_it_does_not_name_alone(tmp_path):
     for name in ("01_run", "mine"):
         (out / name).mkdir()
         (out / name / "summary.json").write_text("earlier")
-    with OutputDir(out, FILES, subdirs=["01_run", "02_run"]):
+    with OutputDir(out, subdirs=["01_run", "02_run"]):
         (out / "02_run").mkdir()
         (out / "02_run" / "summary.json").write_text("new")
     assert names(out / "01_run") == [] and names(out / "02_run") == ["summary.json"]
@@ -120,3 +120,20 @@ def test_a_lock_file_removed_while_being_locked_is_locked_anew(tmp_path, monkeyp
     assert len(calls) == 2 and outdir._same_file(fh, tmp_path / outdir.LOCK_FILE)
     outdir._unlock(tmp_path, fh)
     assert names(tmp_path) == []
+
+
+def test_a_command_that_succeeds_leaves_no_earlier_result_of_another_kind(tmp_path):
+    import json
+    out = tmp_path / "o"
+    earlier_result(out)                                 # (a run's, and a compare's below)
+    (out / "compare.json").write_text(json.dumps({"runs": [{"dir": "01_a"}, {"dir": "../x"}]}))
+    (out / "01_a").mkdir()
+    (out / "01_a" / "summary.json").write_text("earlier")
+    (out / "01_a" / "timeline.csv").write_text("earlier")
+    (out / "mine").mkdir()
+    (out / "mine" / "summary.json").write_text("the user's")
+    with OutputDir(out):                                # (a plan: its own three files)
+        for name in ("plan.json", "plan.csv", "report.html"):
+            (out / name).write_text("new")
+    assert names(out) == ["mine", "notes.txt", "plan.csv", "plan.json", "report.html"]
+    assert (out / "mine" / "summary.json").read_text() == "the user's"
