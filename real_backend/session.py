@@ -59,7 +59,38 @@ def prepare_device(settings: BackendSettings) -> BackendModel:
         torch.set_num_interop_threads(settings.threads)
     except RuntimeError:  # may only be set once per process
         pass
-    return resolve_backend_model(settings.model)
+    model = resolve_backend_model(settings.model)
+    check_memory(model, settings.dtype, settings.device)
+    return model
+
+
+def check_memory(model: BackendModel, dtype: str, device: str) -> None:
+    """Refuse a model whose random weights do not fit where they are built (drawn in fp32,
+    then cast to ``dtype``), before minutes of drawing them end in the kernel's OOM killer."""
+    params = model.spec.num_params
+    cast = resolve_dtype(dtype)
+    need = params * (4 + (0 if cast == torch.float32 else cast.itemsize))
+    drawn = "in fp32" if cast == torch.float32 else f"drawn in fp32, then cast to {dtype}"
+    free, where = _free_memory(device)
+    if free is not None and need > free:
+        raise ConfigError(
+            f"{model.spec.name} has {params / 1e9:.1f}B parameters: its random weights need about "
+            f"{need / 2**30:,.0f} GiB to build ({drawn}), and {where} has "
+            f"{free / 2**30:,.0f} GiB free; the real backend runs small models (tiny-llama, "
+            "or a config.json of a few hundred million parameters)", field="model")
+
+
+def _free_memory(device: str) -> tuple[int | None, str]:
+    """Bytes free on ``device`` (None: unknown) and its name in words."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0], "the GPU"
+    try:
+        for line in open("/proc/meminfo", encoding="utf-8"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "this machine"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, "this machine"
 
 
 def build_runner(settings: BackendSettings, model: BackendModel, num_blocks: int,

@@ -179,3 +179,15 @@ def test_a_bad_profile_file_is_refused_before_the_real_run(tmp_path):
     assert done.stderr == (f"kvsim: error: {profile}: field 'gemmm': unknown section; did you "
                            "mean 'gemm'?\n")
     assert "real run" not in done.stderr       # (it failed only after the real run)
+
+
+def test_a_model_too_big_to_build_is_refused_before_its_weights_are_drawn(monkeypatch):
+    from kvsim.errors import ConfigError
+    from kvsim.real_backend import session
+    monkeypatch.setattr(session, "_free_memory", lambda device: (16 * 2**30, "this machine"))
+    with pytest.raises(ConfigError) as err:
+        session.prepare_device(BackendSettings(model="llama-3-8b", dtype="bf16"))
+    assert err.value.field == "model" and str(err.value).startswith(
+        "field 'model': llama-3-8b has 8.0B parameters: its random weights need about 45 GiB "
+        "to build (drawn in fp32, then cast to bf16), and this machine has 16 GiB free")
+    assert session.prepare_device(BackendSettings(model="tiny-llama")).spec.num_layers > 0
