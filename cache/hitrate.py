@@ -184,16 +184,18 @@ def parse_capacities(blocks: str | None, tokens: str | None, block_size: int) ->
     if (blocks is None) == (tokens is None):
         raise ConfigError("give exactly one of --capacity (blocks) and --capacity-tokens",
                           field="capacity")
-    text, per = (blocks, 1) if blocks is not None else (tokens, block_size)
-    items = _items(text, "capacity")
+    text, per, field = ((blocks, 1, "capacity") if blocks is not None
+                        else (tokens, block_size, "capacity_tokens"))
+    items = _items(text, field)
     try:
         values = [int(v.strip().replace("_", "")) // per for v in items]
     except ValueError:
         raise ConfigError(f"expected comma-separated integers, got {text!r}",
-                          field="capacity") from None
+                          field=field) from None
     if min(values) < 1 or max(values) > MAX_POOL_BLOCKS:
-        raise ConfigError(f"capacities must be from one block to {MAX_POOL_BLOCKS:,}, got "
-                          f"{text!r}", field="capacity")
+        unit = "" if per == 1 else f" of {per} tokens (--block-size)"
+        raise ConfigError(f"capacities must be from one block{unit} to {MAX_POOL_BLOCKS:,} "
+                          f"blocks, got {text!r}", field=field)
     return sorted(set(values))
 
 

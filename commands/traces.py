@@ -13,6 +13,16 @@ from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit
 from kvsim.workloads.generators.presets import PresetName
 
 
+def _lengths(text: str, kind: str, option: str):
+    """A length distribution from ``option``'s text, an error naming the option."""
+    from kvsim.errors import ConfigError
+    from kvsim.workloads.generators import parse_lengths
+    try:
+        return parse_lengths(text, kind)
+    except ConfigError as e:
+        raise ConfigError(e.message, location=e.location, field=option) from None
+
+
 @with_groups
 def trace_stats_command(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any supported "
@@ -56,12 +66,12 @@ def gen_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Generate a synthetic workload as native JSONL (same seed, same file)."""
-    from kvsim.workloads.generators import GenConfig, parse_lengths, write_workload
+    from kvsim.workloads.generators import GenConfig, write_workload
     config = GenConfig(
         num_requests=num_requests, seed=seed, arrival=arrival, rate=rate, cv=cv,
         arrival_trace=arrival_trace, high_priority_fraction=high_priority,
-        input_tokens=input_len and parse_lengths(input_len, "prompt"),
-        output_tokens=output_len and parse_lengths(output_len, "output"),
+        input_tokens=input_len and _lengths(input_len, "prompt", "--input-len"),
+        output_tokens=output_len and _lengths(output_len, "output", "--output-len"),
         hash_block_size=hash_block_size, token_ids=with_token_ids)
     emit(write_workload(preset, out, config), as_json,
          lambda r: typer.echo(f"wrote {r['num_requests']} {r['preset']} requests to {r['path']}"))

@@ -8,6 +8,8 @@ pydantic dataclass in strict mode: ``"4"`` is not an integer, ``1.5`` is not a b
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Annotated, Literal, Optional, get_args, get_origin
@@ -272,6 +274,9 @@ def validation_error(error: ValidationError, source: str | None = None) -> Confi
 
 def _message(err: dict) -> str:
     kind, ctx = err.get("type", ""), err.get("ctx") or {}
+    value = err.get("input")
+    if isinstance(value, float) and not math.isfinite(value):     # (no bound holds for nan)
+        return "expected a finite number"
     if kind == "literal_error":
         return f"expected one of {ctx.get('expected', '').replace(' or ', ', ')}"
     bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),

@@ -187,6 +187,11 @@ CLI = [
     (["trace-stats", "sample:nope"], "sample"), (["gen", "chat", "--out", "g.jsonl",
                                                   "--arrival", "x"], "--arrival"),
     (["gen", "nope", "--out", "g.jsonl"], "'PRESET': 'nope' is not one of"),
+    (["run", "--gpu-memory-utilization", "nan"], "'gpu_memory_utilization': expected a finite "
+                                                 "number, got nan"),
+    (["hitrate", "sample:mooncake", "--capacity-tokens", "10"],
+     "'capacity_tokens': capacities must be from one block of 16 tokens (--block-size)"),
+    (["gen", "chat", "--input-len", "fixed:0", "--out", "g.jsonl"], "field '--input-len'"),
 ]
 
 

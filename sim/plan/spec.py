@@ -238,9 +238,12 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     resolve_model(base.model)
     if base.router not in ROUTERS:
         raise ConfigError(f"unknown router; known: {', '.join(sorted(ROUTERS))}", field="router")
-    if not 1 <= max_replicas <= MAX_REPLICAS or rate_iterations < 0:
-        raise ConfigError(f"--max-replicas must be from 1 to {MAX_REPLICAS} and "
-                          "--rate-iterations >= 0", field="max_replicas")
+    if not 1 <= max_replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--max-replicas must be from 1 to {MAX_REPLICAS}, got "
+                          f"{max_replicas}", field="max_replicas")
+    if rate_iterations < 0:
+        raise ConfigError(f"--rate-iterations must be 0 or more, got {rate_iterations}",
+                          field="rate_iterations")
     dims = {**dims, "gpu": tuple(dict.fromkeys(resolve_gpu(g).name
                                                for g in dims.get("gpu") or (base.gpu,)))}
     candidates = expand_candidates(base, dims)
