@@ -21,10 +21,11 @@ import pandas as pd
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import replacing
-from kvsim.reports.frames import (INTEGER, NUMBER, NUMBER_COLUMNS, OBJECT, PHASE_COLUMNS,
-                                  REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE, SUMMARY_OPTIONAL,
-                                  SUMMARY_SHAPE, TEXT, TIMELINE_COLUMNS, TIMELINE_FILE,
-                                  TIMELINE_SUM_COLUMNS, add_phase_columns)
+from kvsim.reports.frames import (COMPARE_FILE, INTEGER, NUMBER, NUMBER_COLUMNS, OBJECT,
+                                  PHASE_COLUMNS, PLAN_FILE, REQUEST_COLUMNS, REQUESTS_FILE,
+                                  SUMMARY_FILE, SUMMARY_OPTIONAL, SUMMARY_SHAPE, TEXT,
+                                  TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS,
+                                  add_phase_columns)
 
 DEFAULT_MAX_POINTS = 2000
 
@@ -290,6 +291,12 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
     if not out.is_dir():
         raise KvsimError("not a directory; expected a kvsim run directory (kvsim run --out)"
                          if out.exists() else "no such run directory", location=str(out))
+    for kind, found in (("kvsim compare", COMPARE_FILE), ("kvsim plan", PLAN_FILE)):
+        if not (out / SUMMARY_FILE).exists() and (out / found).is_file():
+            raise KvsimError(f"holds a {kind} result ({found}), not a run's: its report.html "
+                             "is the report" + ("; kvsim report takes one of its run "
+                                                "directories" if found == COMPARE_FILE else ""),
+                             location=str(out))
     summary = check_summary(read_summary(out / SUMMARY_FILE), out / SUMMARY_FILE)
     older = tuple(c for c in REQUEST_COLUMNS if c not in PHASE_COLUMNS)  # before the phases
     requests = _read_frame(out / REQUESTS_FILE, older)

@@ -4,7 +4,7 @@ and nothing observable changes."""
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.request_state import RequestState, RequestStatus
 from kvsim.workloads import Request, read_trace
-from kvsim.workloads.loader import sample_path
+from kvsim.workloads import sample_path
 
 
 def seq(request_id, prompt, output, continues=None):

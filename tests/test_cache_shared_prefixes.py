@@ -11,7 +11,7 @@ from kvsim.cache.eviction import make_policy
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.request_state import RequestState, RequestStatus
 from kvsim.workloads import Request, TraceOptions, load_trace
-from kvsim.workloads.loader import sample_path
+from kvsim.workloads import sample_path
 from kvsim.workloads.sharing import SharedPrefixes, read_scanned, scan_trace_sharing
 
 

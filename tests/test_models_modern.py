@@ -253,7 +253,7 @@ def test_chunked_local_group_frees_the_blocks_before_the_current_chunk():
 def test_a_simulated_hybrid_run_gives_every_block_back():
     from kvsim.sim.config import RunConfig
     from kvsim.sim.serving.runner import simulate
-    from kvsim.workloads.loader import read_trace, sample_path
+    from kvsim.workloads import read_trace, sample_path
     from kvsim.workloads.options import TraceOptions
     requests = read_trace(sample_path("mooncake"), TraceOptions(limit=60))
     result = simulate(requests, RunConfig(model="gpt-oss-20b", gpu="h100-80gb",

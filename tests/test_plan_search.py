@@ -110,7 +110,7 @@ def test_a_swept_candidate_vllm_refuses_is_infeasible_unless_every_one_is():
     from kvsim.sim.plan.planner import evaluate_task
     from kvsim.sim.plan.spec import build_spec, expand_candidates
     from kvsim.workloads import TraceOptions
-    from kvsim.workloads.loader import sample_path
+    from kvsim.workloads import sample_path
     base = RunConfig(max_num_batched_tokens=256)
     assert len(expand_candidates(base, {"max_num_seqs": (64, 512)})) == 2
     with pytest.raises(ConfigError, match="256 is below max_num_seqs") as err:

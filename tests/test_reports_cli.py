@@ -128,3 +128,10 @@ def test_report_of_a_file_says_it_is_not_a_directory(tmp_path):
     proc = kvsim("report", str(tmp_path / "afile"))
     _refused(proc, f"{tmp_path / 'afile'}: not a directory; expected a kvsim run directory "
              "(kvsim run --out)")
+
+
+def test_report_of_a_compare_directory_points_at_its_runs(tmp_path):
+    (tmp_path / "compare.json").write_text('{"runs": []}')
+    proc = kvsim("report", str(tmp_path))
+    _refused(proc, f"{tmp_path}: holds a kvsim compare result (compare.json), not a run's: its "
+             "report.html is the report; kvsim report takes one of its run directories")

@@ -53,3 +53,12 @@ def test_gen_writes_the_same_file_twice_and_nothing_on_error(tmp_path):
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1
     assert "uniform:9:1: LO is above HI" in failed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+
+
+def test_a_bundled_sample_is_named_by_its_name_in_messages(tmp_path):
+    from clirun import kvsim
+    done = kvsim("run", "sample:azure-conv", "--start", "1e9", "--out", str(tmp_path / "o"))
+    assert done.stderr == ("kvsim: error: sample:azure-conv: no request left after the time "
+                           "window (--start, --end)\n")
+    done = kvsim("run", "sample:mooncake", "--format", "azure", "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith("kvsim: error: sample:mooncake:1: field 'TIMESTAMP'")

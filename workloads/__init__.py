@@ -17,7 +17,7 @@ from importlib import import_module
 _EXPORTS = {
     "FORMATS": "options", "TraceOptions": "options", "Request": "request",
     "detect_format": "loader", "load_trace": "loader", "read_trace": "loader",
-    "sample_path": "loader",
+    "sample_path": "bundled",
 }
 
 __all__ = sorted(_EXPORTS)

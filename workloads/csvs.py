@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Iterator
 
 from kvsim.errors import TraceError
+from kvsim.workloads.bundled import shown
 from kvsim.workloads import fields as F
 from kvsim.workloads.request import Request
 
@@ -65,10 +66,11 @@ def column_index(header: str, wanted: tuple[str, ...], loc: str) -> list[int]:
 def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[str]]]:
     """``(line_no, loc, cells)`` for each data row, the ``wanted`` columns in order."""
     line_no, header = next(lines)
-    cols = column_index(header, wanted, f"{path}:{line_no}")
+    name = shown(path)
+    cols = column_index(header, wanted, f"{name}:{line_no}")
     width = max(cols) + 1
     for line_no, text in lines:
-        loc = f"{path}:{line_no}"
+        loc = f"{name}:{line_no}"
         cells = split_row(text)
         if len(cells) < width:
             missing = wanted[next(i for i, c in enumerate(cols) if c >= len(cells))]
@@ -103,7 +105,7 @@ def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Req
                                may_be_continued=False)
     if failed and not kept and wanted is None:
         raise TraceError(f"no requests: all {failed} rows are failed requests (Response tokens "
-                         "0), which kvsim leaves out", location=str(path))
+                         "0), which kvsim leaves out", location=shown(path))
 
 
 def wallclock_seconds(text: str, name: str, loc: str) -> float:

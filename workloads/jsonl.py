@@ -44,6 +44,7 @@ from typing import Iterator
 
 from kvsim.errors import TraceError
 from kvsim.workloads import fields as F
+from kvsim.workloads.bundled import shown
 from kvsim.workloads.lines import numbered_lines
 from kvsim.workloads.links import Links, count_continuations
 from kvsim.workloads.request import Request
@@ -100,9 +101,9 @@ def _check_depth(record: dict, loc: str) -> None:
 
 def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per Mooncake line; ``arrival_s`` is the absolute timestamp in s."""
-    links = _links(path)
+    links, name = _links(path), shown(path)
     for line_no, text in lines:
-        loc = f"{path}:{line_no}"
+        loc = f"{name}:{line_no}"
         record = parse_object(text, loc)
         request = mooncake_request(record, loc)
         links.read(record, loc, line_no, request)
@@ -125,9 +126,9 @@ def mooncake_request(record: dict, loc: str) -> Request:
 
 def native_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per native line; ``arrival_s`` as written in the file."""
-    links = _links(path)
+    links, name = _links(path), shown(path)
     for line_no, text in lines:
-        loc = f"{path}:{line_no}"
+        loc = f"{name}:{line_no}"
         record = parse_object(text, loc)
         request = native_request(record, loc)
         links.read(record, loc, line_no, request)

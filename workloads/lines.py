@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kvsim.errors import TraceError
+from kvsim.workloads.bundled import shown
 
 BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 64 << 20
@@ -20,8 +21,8 @@ data (``/dev/zero``, a binary file) instead of being read into memory whole."""
 
 
 def where(path, line_no: int | None = None) -> str:
-    """``file:line`` (or just ``file``) as errors print it."""
-    return str(path) if line_no is None else f"{path}:{line_no}"
+    """``file:line`` (or just ``file``) as errors print it (a bundled sample by its name)."""
+    return shown(path) if line_no is None else f"{shown(path)}:{line_no}"
 
 
 def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:

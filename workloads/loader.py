@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from pathlib import Path
 from typing import Iterable, Iterator
 
 from kvsim.errors import TraceError
@@ -26,11 +25,6 @@ from kvsim.workloads.request import Request
 TIME_FIELDS = {"native": jsonl.NATIVE_TIME_FIELD, "mooncake": jsonl.MOONCAKE_TIME_FIELD,
                "azure": csvs.AZURE_TIME_FIELD, "burstgpt": csvs.BURSTGPT_TIME_FIELD}
 
-SAMPLES = {
-    "mooncake": "mooncake_conversation_300.jsonl",
-    "azure-conv": "azure_conv_300.csv",
-}
-"""Bundled trace slices (see ``workloads/samples/README.md`` for source and license)."""
 
 
 def load_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> Iterator[Request]:
@@ -56,23 +50,22 @@ def load_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> Ite
     for count, request in enumerate(_transform(ordered, opts), start=1):
         yield request
     if count == 0:
-        filtered = (opts.start_s, opts.end_s, opts.model_filter) != (None, None, None)
-        raise TraceError("no request left after the time window and model filter" if filtered
-                         else "no requests: the trace has no data lines", location=where(path))
+        raise TraceError(_none_left(opts), location=where(path))
+
+
+def _none_left(opts: TraceOptions) -> str:
+    """Why a trace gave no request: its filters (those given), or no data lines."""
+    filters = [text for text, given in (
+        ("the time window (--start, --end)", (opts.start_s, opts.end_s) != (None, None)),
+        ("the model filter (--trace-model)", opts.model_filter is not None)) if given]
+    if filters:
+        return f"no request left after {' and '.join(filters)}"
+    return "no requests: the trace has no data lines"
 
 
 def read_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> list[Request]:
     """All requests of :func:`load_trace` as a list (for small traces and tests)."""
     return list(load_trace(path, opts))
-
-
-def sample_path(name: str) -> Path:
-    """Path of a bundled sample trace: ``"mooncake"`` (300 Mooncake conversation requests) or
-    ``"azure-conv"`` (300 rows of the Azure 2023 conversation trace)."""
-    if name not in SAMPLES:
-        raise TraceError(f"unknown sample {name!r}; expected one of {', '.join(SAMPLES)}",
-                         field="sample")
-    return Path(__file__).resolve().parent / "samples" / SAMPLES[name]
 
 
 def detect_format(first_line: str, loc: str) -> str:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kvsim.errors import TraceError
-from kvsim.workloads.loader import sample_path
+from kvsim.workloads.bundled import sample_path
 
 DEFAULT_SAMPLE = "mooncake"
 

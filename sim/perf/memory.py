@@ -123,9 +123,11 @@ def _check_settings(tp: int, block_size: int, utilization: float) -> None:
 
 def _no_room(model, gpu, tp, util, usable, weights, reserve, per_block,
              step_too_big: bool = False) -> str:
+    fits_whole = weights + reserve + per_block <= gpu.memory_bytes    # (at utilization 1)
     advice = ("lower --max-num-batched-tokens or --max-num-seqs (a step's activations)"
               if step_too_big else
-              "raise --tp, use a larger GPU or raise --gpu-memory-utilization")
+              "raise --tp, use a larger GPU or raise --gpu-memory-utilization" if fits_whole
+              else "raise --tp or use a larger GPU (they need more than the whole GPU)")
     return (f"{model.name} does not fit on {gpu.name} with tp={tp}: "
             f"{util:g} x {_gib(gpu.memory_bytes)} = {_gib(usable)} usable per GPU, "
             f"weights need {_gib(weights)} and activations {_gib(reserve)}, leaving "
