@@ -127,6 +127,9 @@ def run_command(
     job = pipeline.RunJob(config, path, trace_options(reading, seed=config.seed), Path(out),
                           slo or None, html=html, output_format=output_format, bench=bench_json)
     summary = pipeline.run_job(job, quiet=quiet or as_json, notes=not quiet)
+    if quiet and summary["num_rejected"]:   # (a warning, not progress or summary: told after)
+        from kvsim.reports.style import rejected_text
+        pipeline.say(f"rejected {rejected_text(summary)}")
     emit(summary, as_json, None if quiet else lambda s: show_run(s, out, job))
 
 

@@ -270,3 +270,12 @@ def test_a_layout_option_the_layout_does_not_use_is_refused(tmp_path, option, la
     assert done.returncode == 2
     field = option[0][2:].replace("-", "_")
     assert done.stderr == f"kvsim: error: command line: field '{field}': {message}\n"
+
+
+def test_quiet_still_warns_of_rejected_requests(tmp_path):
+    done = kvsim("run", "sample:mooncake", "--model", "llama-3-70b", "--gpu", "h100-80gb",
+                 "--tp", "4", "--limit", "50", "--quiet", "--out", str(tmp_path / "o"))
+    assert (done.returncode, done.stdout) == (0, "")
+    assert done.stderr == ("kvsim: rejected 24 of 50 requests: prompt of max_model_len 8,192 "
+                           "tokens or more (raise --max-model-len, or pass --long-prompt "
+                           "truncate)\n")
