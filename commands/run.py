@@ -130,6 +130,8 @@ def run_command(
     if quiet and summary["num_rejected"]:   # (a warning, not progress or summary: told after)
         from kvsim.reports.style import rejected_text
         pipeline.say(f"rejected {rejected_text(summary)}")
+    if as_json and not quiet:       # (stdout is the JSON alone: where the files went, on stderr)
+        pipeline.say(written(out, job))
     emit(summary, as_json, None if quiet else lambda s: show_run(s, out, job))
 
 
@@ -137,11 +139,16 @@ def show_run(summary: dict, out: str, job=None) -> None:
     """The summary table and the files written, for people."""
     from kvsim.reports.terminal import print_summary
     print_summary(summary)
+    typer.echo(written(out, job))
+
+
+def written(out: str, job=None) -> str:
+    """``wrote DIR/summary.json, requests.csv, ...``: the files a run wrote."""
     ext = job.output_format if job is not None else "csv"
     names = [f"requests.{ext}", f"timeline.{ext}"]
     names += ["bench.json"] * bool(job is not None and job.bench)
     names += ["report.html"] * bool(job is None or job.html)
-    typer.echo(f"wrote {Path(out) / 'summary.json'}, {', '.join(names)}")
+    return f"wrote {Path(out) / 'summary.json'}, {', '.join(names)}"
 
 
 def report_command(

@@ -36,6 +36,8 @@ def test_json_prints_only_the_summary(tmp_path):
     assert set(summary["fragmentation"]) == {"token_states", "reservation", "internal",
                                              "external", "free"}
     assert sum(summary["fragmentation"].values()) == pytest.approx(1.0)
+    assert done.stderr == (f"kvsim: wrote {tmp_path}/summary.json, requests.csv, timeline.csv, "
+                           "report.html\n")      # (where the files went, beside the JSON)
 
 
 def test_same_inputs_and_seed_give_the_same_summary(tmp_path):
