@@ -201,10 +201,21 @@ def _read_frame(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return _check_frame(df, columns, parquet)
 
 
+def _ends_a_line(path: Path) -> bool:
+    """Whether ``path`` is empty or ends with a line end (as every CSV kvsim writes)."""
+    with open(path, "rb") as fh:
+        if fh.seek(0, os.SEEK_END) == 0:
+            return True
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) in (b"\n", b"\r")
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise KvsimError(f"missing {path.name}; is this a kvsim run directory?",
                          location=str(path))
+    if not _ends_a_line(path):
+        raise KvsimError("ends in the middle of a row: the file was cut short", location=str(path))
     try:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -302,6 +313,10 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
     requests = _read_frame(out / REQUESTS_FILE, older)
     if not set(PHASE_COLUMNS) <= set(requests.columns):
         requests = add_phase_columns(requests)[list(REQUEST_COLUMNS)]
+    if isinstance(summary.get("num_requests"), int) and len(requests) != summary["num_requests"]:
+        raise KvsimError(f"holds {len(requests):,} requests; summary.json counts "
+                         f"{summary['num_requests']:,} (a file cut short, or of another run)",
+                         location=str(out / REQUESTS_FILE))
     timeline = _read_frame(out / TIMELINE_FILE, TIMELINE_COLUMNS)
     return summary, requests, timeline
 

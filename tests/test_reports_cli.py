@@ -135,3 +135,17 @@ def test_report_of_a_compare_directory_points_at_its_runs(tmp_path):
     proc = kvsim("report", str(tmp_path))
     _refused(proc, f"{tmp_path}: holds a kvsim compare result (compare.json), not a run's: its "
              "report.html is the report; kvsim report takes one of its run directories")
+
+
+def test_report_refuses_frames_cut_short(tmp_path):
+    run_dir = tmp_path / "r"
+    assert kvsim("run", "--limit", "3", "--out", str(run_dir), "-q").returncode == 0
+    timeline = (run_dir / "timeline.csv").read_bytes()
+    (run_dir / "timeline.csv").write_bytes(timeline[:-20])
+    _refused(kvsim("report", str(run_dir)), f"{run_dir / 'timeline.csv'}: ends in the middle of "
+             "a row: the file was cut short")
+    (run_dir / "timeline.csv").write_bytes(timeline)
+    requests = (run_dir / "requests.csv").read_text().splitlines(keepends=True)
+    (run_dir / "requests.csv").write_text("".join(requests[:2]))
+    _refused(kvsim("report", str(run_dir)), f"{run_dir / 'requests.csv'}: holds 1 requests; "
+             "summary.json counts 3 (a file cut short, or of another run)")
