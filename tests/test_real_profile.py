@@ -87,9 +87,19 @@ def test_fitted_profile_sets_the_cost_model_directly():
     assert decode.tolist() == [cm.step_duration(p) for p in plans]   # skip-ahead bit for bit
 
 
-def test_fitted_profile_refuses_another_model():
-    with pytest.raises(ConfigError, match="fitted profile"):
+def test_fitted_profile_refuses_another_model_and_names_the_one_of_its_shape():
+    with pytest.raises(ConfigError) as err:
         CostModel("llama-2-7b", "a100-80gb", profile=fitted_profile(step_s=0.01))
+    assert str(err.value).startswith("field 'profile': the fitted profile was measured on "
+                                     "another model than llama-2-7b: num_layers 2 (not 32)")
+    assert str(err.value).endswith("; give --model the config.json of the model it was "
+                                   "measured on")
+    shape = {k: getattr(CostModel("llama-3-8b", "a100-80gb").model, k) for k in MODEL_SHAPE_KEYS}
+    profile = {**fitted_profile(step_s=0.01), "model_shape": shape}
+    with pytest.raises(ConfigError) as err:
+        CostModel("llama-2-7b", "a100-80gb", tp=2, profile=profile)
+    assert str(err.value).endswith("tp 1 (not 2); run it with --model llama-3-8b or "
+                                   "llama-3.1-8b and --tp 1")
 
 
 def test_profile_command_writes_a_profile_that_run_accepts(tmp_path):

@@ -44,7 +44,8 @@ from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepP
 from kvsim.errors import ConfigError
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.perf.gpus import GpuSpec, resolve_gpu
-from kvsim.sim.perf.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
+from kvsim.sim.perf.models import (ModelSpec, dtype_bytes, list_models, resolve_model,
+                                   weight_dtype_bytes)
 from kvsim.sim.perf.profile import ELEMENTWISE_OPS, Profile, Roofline, load_profile
 from kvsim.sim.perf import moe
 
@@ -174,6 +175,19 @@ def _with_attention(c: _Coeffs, t, kv_tokens, attn_units, maximum=np.maximum):
     """``t`` (:func:`_time_without_attention`) plus the attention and KV terms, in order."""
     t = t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
     return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
+
+
+def _other_shape(fitted: dict, shape: dict, name: str, tp: int) -> str:
+    """Why a fitted profile does not fit this run: the shape and tp it was measured at, and
+    the catalog model of that shape, if one is."""
+    differ = [f"{k} {fitted[k]:,} (not {shape[k]:,})" for k in fitted if fitted[k] != shape[k]]
+    differ += [f"tp 1 (not {tp})"] * (tp != 1)
+    same = [m for m in list_models()
+            if {k: getattr(resolve_model(m), k) for k in fitted} == fitted]
+    use = (f"run it with --model {' or '.join(same)}" if same else
+           "give --model the config.json of the model it was measured on")
+    return (f"the fitted profile was measured on another model than {name}: "
+            f"{', '.join(differ)}; {use}" + (" and --tp 1" if tp != 1 else ""))
 
 
 class CostModel(Executor):
@@ -359,8 +373,7 @@ class CostModel(Executor):
         """A fitted profile's measured coefficients (linear terms only; tp must be 1)."""
         shape = {k: getattr(self.model, k) for k in f.model_shape}
         if shape != f.model_shape or self.tp != 1:
-            raise ConfigError(f"the fitted profile was measured on a model shaped "
-                              f"{f.model_shape} at tp=1; this run has {shape} at tp={self.tp}",
+            raise ConfigError(_other_shape(f.model_shape, shape, self.model.name, self.tp),
                               field="profile")
         return _Coeffs(fixed_s=f.step_s, per_seq_s=f.per_seq_s, gemm_flop_s=f.per_token_s,
                        gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
