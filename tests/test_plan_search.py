@@ -127,3 +127,16 @@ def test_latencies_in_reasons_keep_their_digits_below_a_millisecond():
     from kvsim.sim.plan.bounds import fmt_latency
     assert [fmt_latency(s) for s in (1e-6, 0.00042, 0.0123, 4.5, None)] == \
         ["1 µs", "420 µs", "12.3 ms", "4.50 s", "n/a"]
+
+
+def test_the_max_rate_cell_says_when_no_limit_was_found():
+    from kvsim.reports.plan import table_rows
+    rows = [{"rank": 1, "label": "a", "feasible": True, "max_rate": found, "replicas": 1,
+             "gpus": 1, "cost_per_hour_usd": 1.0, "latency": {}, "min_headroom": 0.5,
+             "hit_rate": 0.0}
+            for found in ({"request_rate_per_s": 12.5, "failing_request_rate_per_s": 13.0},
+                          {"request_rate_per_s": 1696.33, "failing_request_rate_per_s": None},
+                          {"request_rate_per_s": None, "failing_request_rate_per_s": 0.5})]
+    cells = [row["Max req/s (1 replica)"]
+             for row in table_rows({"candidates": rows, "slo": {"ttft_p99_s": 1.0}})]
+    assert cells == ["12.50", "≥ 1,696.33", "< 0.5"]

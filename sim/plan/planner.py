@@ -292,7 +292,10 @@ def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
                 + (f"; {ties} of {spec.num_requests} requests arrive together with the one "
                    "before, which no rate scale separates" if ties else ""))
     elif boundary.failing is None:
-        note = f"one replica meets the SLOs up to rate scale {boundary.passing:.3g}, the most tried"
+        at = rate(boundary.passing)
+        note = (f"one replica meets the SLOs up to rate scale {boundary.passing:.3g}"
+                + (f" ({at:,.2f} req/s)" if at is not None else "")
+                + ", the most tried: its limit lies beyond")
     return {"rate_scale": boundary.passing, "request_rate_per_s": rate(boundary.passing),
             "failing_rate_scale": boundary.failing,
             "failing_request_rate_per_s": rate(boundary.failing), "note": note}
