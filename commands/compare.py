@@ -50,6 +50,10 @@ def compare_command(
 
 
 def _table(result: dict) -> str:
+    """The comparison table, in blocks as wide as the terminal (whole when piped)."""
+    import shutil
+    import sys
     from kvsim.reports.grid_table import render_compare_table
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     return render_compare_table([run["label"] for run in result["runs"]],
-                                [run["summary"] for run in result["runs"]])
+                                [run["summary"] for run in result["runs"]], width)

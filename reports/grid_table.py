@@ -93,8 +93,11 @@ HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hi
            "preempt", "batch", "frag tok/int/ext", "moved", "rejected")
 
 
-def render_compare_table(labels: Sequence[str], summaries: Sequence[dict]) -> str:
-    """One header line and one line per run, in the given order, columns padded to fit."""
+def render_compare_table(labels: Sequence[str], summaries: Sequence[dict],
+                         width: int | None = None) -> str:
+    """One header line and one line per run, in the given order, columns padded to fit;
+    wider than ``width`` (a terminal's columns), the columns come in blocks that fit, each
+    led by the configuration (as pandas prints a wide frame)."""
     headers = list(HEADERS)
     rows = [[str(label), *_cells(table_metrics(s))] for label, s in zip(labels, summaries)]
     same = identical_to(labels, summaries)
@@ -102,10 +105,30 @@ def render_compare_table(labels: Sequence[str], summaries: Sequence[dict]) -> st
         headers.append("identical to")
         rows = [[*row, other or ""] for row, other in zip(rows, same)]
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    blocks = _column_blocks(widths, width)
+    return "\n\n".join(_block(headers, rows, widths, columns) for columns in blocks)
 
+
+def _column_blocks(widths: list[int], width: int | None) -> list[list[int]]:
+    """The columns after the first, in blocks that fit ``width`` beside it (all in one when
+    ``width`` is None or the whole table fits; a column too wide for any block stands alone)."""
+    blocks, current, used = [], [], widths[0]
+    for i, w in enumerate(widths[1:], start=1):
+        if width is not None and current and used + 2 + w > width:
+            blocks.append(current)
+            current, used = [], widths[0]
+        current.append(i)
+        used += 2 + w
+    return blocks + [current]
+
+
+def _block(headers: list[str], rows: list[list[str]], widths: list[int],
+           columns: list[int]) -> str:
+    """The table's first column and ``columns``: header, rule, one line per run."""
     left = {0, len(HEADERS)}           # labels: the configuration and "identical to"
+    shown = [0, *columns]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(cells[i].ljust(widths[i]) if i in left else cells[i].rjust(widths[i])
+                         for i in shown).rstrip()
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])

@@ -109,3 +109,16 @@ def test_the_table_has_a_header_a_rule_and_one_line_per_run_in_order():
     assert "1,234.5" in lines[2] and "50.0 ms / 500.0 ms" in lines[2]
     assert "90%/2%/0%" in lines[2] and "12.2" in lines[2] and "0 B" in lines[2]
     assert table_metrics({})["throughput_output_tokens_per_s"] is None
+
+
+def test_a_table_wider_than_the_terminal_comes_in_blocks_led_by_the_configuration():
+    labels = ["eviction=lru block_size=16", "eviction=lfu block_size=16"]
+    whole = render_compare_table(labels, [SUMMARY, {}])
+    blocks = render_compare_table(labels, [SUMMARY, {}], width=80).split("\n\n")
+    assert len(whole.splitlines()[0]) > 80 and len(blocks) > 1
+    for block in blocks:
+        lines = block.splitlines()
+        assert max(map(len, lines)) <= 80 and lines[0].startswith("configuration")
+        assert [line.split("  ")[0] for line in lines[2:]] == labels
+    headers = " ".join(block.splitlines()[0] for block in blocks)
+    assert all(h in headers for h in ("out tok/s", "TPOT p50 / p99", "moved", "rejected"))
