@@ -133,7 +133,8 @@ class GridPoint:
 
 
 def _text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A setting's value as the command line spells it (``true``, ``none``)."""
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
 
 
 def point_label(settings: dict, varying: Sequence[str]) -> str:

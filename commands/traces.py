@@ -44,7 +44,8 @@ def gen_command(
     preset: PresetName = typer.Argument(..., metavar="PRESET", help="Workload preset."),
     out: str = typer.Option(
         ..., "--out", metavar="FILE", callback=given_path, help="Native JSONL file to write."),
-    num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1),
+    num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1,
+                                     help="Requests to generate."),
     seed: int = SEED_OPTION,
     arrival: Literal["poisson", "gamma", "trace"] = typer.Option(
         "poisson", "--arrival", help="Arrival process."),
@@ -60,7 +61,8 @@ def gen_command(
                                             "lognormal:MEAN:SIGMA or trace:FILE."),
     output_len: Optional[str] = typer.Option(None, "--output-len", metavar="SPEC",
                                              help="Output lengths (same forms)."),
-    hash_block_size: int = typer.Option(16, "--hash-block-size", min=1),
+    hash_block_size: int = typer.Option(16, "--hash-block-size", min=1, help="Tokens per "
+                                        "block_hashes id written (prefix identity)."),
     with_token_ids: bool = typer.Option(False, "--token-ids", help="Write prompt_token_ids "
                                         "(for vllm-oracle; small workloads)."),
     as_json: bool = JSON_OPTION,

@@ -70,6 +70,12 @@ def test_grid_order_is_first_dimension_slowest_with_labels_and_dirs(tmp_path):
     assert all(p.job.config.trace == "sample:mooncake" for p in points)
 
 
+def test_a_setting_left_unset_reads_none_as_typed(tmp_path):
+    points = compare.grid_points(spec({"max_model_len": [None, 4096]}, tmp_path))
+    assert [p.label for p in points] == ["max_model_len=none", "max_model_len=4096"]
+    assert points[0].job.out_dir.name == "01_max-model-len-none"
+
+
 def test_shared_settings_come_from_the_config_file_and_dimensions_override_them(tmp_path):
     points = compare.grid_points(spec({"seed": [3], "block_size": [32]}, tmp_path,
                                       base={"block_size": 64, "model": "llama-2-7b"}))
