@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import KvsimError
+from kvsim.reports.terminal import deployment_text
 from kvsim.realrun_checks import bench_completed, bench_count, bench_duration, bench_starts
 from kvsim.workloads import Request
 
@@ -309,6 +310,7 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     first = run(real.requests, **chosen)
     out = {"real": real.label, "kind": real.kind, "num_requests": len(real.requests),
            "settings": {k: first.summary["config"][k] for k in sorted(chosen)},
+           "deployment": deployment_text(first.summary["config"]),
            "before": error_rows(real, first.summary, first.requests)}
     if fit is not None:
         if real.steps is None:
@@ -326,7 +328,8 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
 def render_validation(result: dict) -> str:
     """The terminal text of :func:`validate_real`."""
     head = f"{result['real']} ({result['kind']}, {result['num_requests']} requests)"
-    text = render_error_table(result["before"], f"kvsim vs {head}")
+    text = f"kvsim ran {result['deployment']}\n" if result.get("deployment") else ""
+    text += render_error_table(result["before"], f"kvsim vs {head}")
     if "after" in result:
         text += "\n\n" + render_error_table(result["after"], f"after fitting ({result['profile']})")
     return text

@@ -259,7 +259,8 @@ def render_hitrate_table(result: dict) -> str:
     """The rows as a text table: one line per capacity, one column per policy (hit rate %)."""
     policies, caps = result["policies"], result["capacities_blocks"]
     rate = {(r["policy"], r["capacity_blocks"]): r["hit_rate"] for r in result["rows"]}
-    lines = [f"prefix hit rate, {result['num_requests']:,} requests, "
+    trace = f"{result['trace']}: " if result.get("trace") else ""
+    lines = [f"prefix hit rate of {trace}{result['num_requests']:,} requests, "
              f"{result['prompt_tokens']:,} prompt tokens, block size {result['block_size']}",
              f"{'blocks':>10} {'tokens':>12} " + " ".join(f"{p:>9}" for p in policies)]
     for c in caps:

@@ -58,6 +58,7 @@ def test_the_timed_oracle_run_before_and_after_fitting(oracle):
     result, _ = oracle
     assert result["kind"] == "vllm-oracle" and result["num_requests"] == 40
     assert result["settings"]["num_gpu_blocks"] == 256 and result["settings"]["block_size"] == 32
+    assert result["deployment"].endswith("tiny-llama.json on 1 x a100-80gb (tp 1), bf16")
     before, after = errors(result["before"]), errors(result["after"])
     # kvsim's default A100 roofline is ~40x faster than vLLM's CPU build
     assert before["TPOT p50"] < -0.9 and before["E2E p50"] < -0.9

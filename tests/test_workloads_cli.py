@@ -62,3 +62,9 @@ def test_a_bundled_sample_is_named_by_its_name_in_messages(tmp_path):
                            "window (--start, --end)\n")
     done = kvsim("run", "sample:mooncake", "--format", "azure", "--out", str(tmp_path / "o"))
     assert done.stderr.startswith("kvsim: error: sample:mooncake:1: field 'TIMESTAMP'")
+
+
+def test_the_hitrate_table_names_its_trace():
+    from clirun import kvsim
+    done = kvsim("hitrate", "sample:mooncake", "--capacity", "1000", "--eviction", "lru")
+    assert done.stdout.startswith("prefix hit rate of sample:mooncake: 300 requests, ")
