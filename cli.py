@@ -18,6 +18,7 @@ import typer
 
 from kvsim import __version__
 from kvsim.commands.backend import profile_command, validate_command, validate_real_command
+from kvsim.commands.catalog import gpus_command, models_command
 from kvsim.commands.compare import compare_command
 from kvsim.commands.plan import plan_command
 from kvsim.commands.run import report_command, run_command
@@ -61,6 +62,8 @@ app.command("compare", options_metavar="TRACE --FIELD V1,V2,... [OPTIONS]",
 app.command("profile")(profile_command)
 app.command("validate")(validate_command)
 app.command("validate-real")(validate_real_command)
+app.command("models")(models_command)
+app.command("gpus")(gpus_command)
 
 
 class Interrupted(BaseException):

@@ -1,0 +1,26 @@
+"""`kvsim models` and `kvsim gpus`: the catalogs --model and --gpu name."""
+
+import json
+
+from clirun import kvsim
+
+
+def test_models_lists_every_catalog_model_with_its_shape():
+    from kvsim.sim.perf.models import list_models
+    done = kvsim("models")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[0].split()[:3] == ["model", "family", "params"]
+    assert [line.split()[0] for line in lines[1:]] == list_models()
+    row = next(line for line in lines if line.startswith("llama-2-7b "))
+    assert row.split()[1:7] == ["llama", "6.7B", "6.7B", "32", "mha", "4,096"]
+    listed = json.loads(kvsim("models", "--json").stdout)
+    assert {m["name"]: m["kv_bytes_per_token"] for m in listed}["llama-2-7b"] == 524288
+
+
+def test_gpus_lists_memory_bandwidth_and_price():
+    done = kvsim("gpus")
+    row = next(line for line in done.stdout.splitlines() if line.startswith("h100-80gb "))
+    assert row.split() == ["h100-80gb", "80", "GiB", "3.35", "TB/s", "989", "TFLOP/s",
+                           "nvlink4", "2.99"]
+    assert "h100" in {g["name"]: g["aliases"] for g in
+                      json.loads(kvsim("gpus", "--json").stdout)}["h100-80gb"]
