@@ -121,9 +121,10 @@ def recommendation_text(result: dict) -> str:
 
 def block_size_lines(result: dict) -> list[str]:
     """Per GPU: the L2 rule's block size beside the best block size of the sweep."""
-    return [f"block size on {b['gpu']}: L2 rule {b['l2_cache_bytes']:,} B / (2 x "
-            f"{b['hidden_size']:,} x {b['dtype_bytes']} B) = {b['tokens']:,.0f} tokens "
-            f"(power of two {b['power_of_two']:,}); best in sweep "
+    return [f"block size on {b['gpu']}: the tokens whose K and V fill its L2 cache, "
+            f"{b['l2_cache_bytes']:,} B / (2 x {b['hidden_size']:,} x {b['dtype_bytes']} B) = "
+            f"{b['tokens']:,.0f} (power of two {b['power_of_two']:,}; a rule of thumb, "
+            "not simulated); best in sweep "
             f"{b['best_block_size'] if b['best_block_size'] is not None else '—'} "
             f"(swept {', '.join(map(str, b['swept_block_sizes']))})"
             for b in result["block_size"]]

@@ -57,7 +57,8 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Recommended: h100-80gb TP1" in done.stdout and "$10.00" in done.stdout
     assert "[2] l4 TP1: TTFT p99 can never meet" in done.stdout
-    assert "L2 rule" in done.stdout and "best in sweep 16" in done.stdout
+    assert "the tokens whose K and V fill its L2 cache" in done.stdout
+    assert "best in sweep 16" in done.stdout
     command = json.loads((tmp_path / "o" / "plan.json").read_text())["recommended"]["kvsim_run"]
     assert len(command) > 80 and f"  reproduce: {command}\n" in done.stdout   # one line: pastes
     assert done.stderr.startswith("kvsim: plan: [1/2] ")     # each candidate as it finishes
