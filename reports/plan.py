@@ -189,7 +189,7 @@ class PlanProgress:
             return
         if self._task is None:
             self._task = self._progress.add_task("plan", total=total)
-        self._progress.update(self._task, completed=done)
+        self._progress.update(self._task, completed=done, refresh=True)   # (with its line)
 
 
 def candidate_line(row: dict) -> str:
