@@ -75,11 +75,12 @@ class OutputDir:
         try:
             if exc_type is None:
                 self._remove(p for p, stat in self._before.items() if _stat(p) == stat)
-                self._prune()
+                self._prune(set(self._owned) - set(self.subdirs))
                 completed.append(self.path)
-            elif self._results() != self._before:    # it began writing: nothing partial
-                began = True
-                self._remove(self._results())
+            else:
+                began = self._results() != self._before     # (then nothing partial stays)
+                self._remove(self._results() if began else ())
+                self._prune(self._owned)      # (those left empty: a compare's new ones too)
                 for tmp in self.path.glob(".*.tmp"):
                     tmp.unlink(missing_ok=True)
         finally:
@@ -106,16 +107,18 @@ class OutputDir:
         """The result files there now, each with its stat (a rewritten file's differs): those
         of any command, and a run's in each run directory of a compare."""
         paths = [self.path / name for name in RESULT_FILES]
-        paths += [self.path / run / name for run in self._owned for name in RUN_FILES]
+        paths += [self.path / run / name for run in self._owned for name in RUN_FILES
+                  if not (self.path / run).is_symlink()]    # (its files lie elsewhere)
         return {p: stat for p in paths if (stat := _stat(p)) is not None}
 
-    def _prune(self) -> None:
-        """Remove the run directories of an earlier compare left empty."""
-        for run in set(self._owned) - set(self.subdirs):
-            try:
-                (self.path / run).rmdir()
-            except OSError:
-                pass        # (gone already, or holding the user's own files)
+    def _prune(self, runs) -> None:
+        """Remove those of the run directories ``runs`` left empty."""
+        for run in runs:
+            if not (self.path / run).is_symlink():
+                try:
+                    (self.path / run).rmdir()
+                except OSError:
+                    pass        # (gone already, or holding the user's own files)
 
     @staticmethod
     def _remove(paths) -> None:

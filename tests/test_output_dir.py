@@ -90,7 +90,7 @@ def test_a_compare_directory_loses_its_earlier_result_when_it_starts(tmp_path):
     with pytest.raises(ValueError):
         with OutputDir(out, subdirs=["01_run"]):  # (its runs rewrite their directories
             raise ValueError("killed")                # one by one: no mix of old and new)
-    assert names(out) == ["01_run", "notes.txt"] and names(out / "01_run") == []
+    assert names(out) == ["notes.txt"]       # (its run directory, left empty, goes too)
 
 
 def test_a_compare_leaves_sub_directories_it_does_not_name_alone(tmp_path):
@@ -137,3 +137,27 @@ def test_a_command_that_succeeds_leaves_no_earlier_result_of_another_kind(tmp_pa
             (out / name).write_text("new")
     assert names(out) == ["mine", "notes.txt", "plan.csv", "plan.json", "report.html"]
     assert (out / "mine" / "summary.json").read_text() == "the user's"
+
+
+def test_a_run_directory_that_is_a_link_is_not_followed(tmp_path):
+    import json
+    out, victim = tmp_path / "o", tmp_path / "victim"
+    out.mkdir()
+    victim.mkdir()
+    (victim / "summary.json").write_text("the user's")
+    (out / "01_a").symlink_to(victim)
+    (out / "compare.json").write_text(json.dumps({"runs": [{"dir": "01_a"}]}))
+    with OutputDir(out):
+        (out / "summary.json").write_text("new")
+    assert (victim / "summary.json").read_text() == "the user's"
+
+
+def test_an_interrupted_compare_leaves_no_empty_run_directories(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(KeyboardInterrupt):
+        with OutputDir(out, subdirs=["01_a", "02_b"]):
+            (out / "01_a").mkdir()
+            (out / "01_a" / "summary.json").write_text("new")
+            (out / "02_b").mkdir()
+            raise KeyboardInterrupt
+    assert not out.exists()
