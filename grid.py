@@ -168,8 +168,8 @@ def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: T
     """A :class:`CompareSpec` from the grid arguments and the explicit options."""
     trace, dims = parse_grid_args(args)
     base = read_config_file(config_file) if config_file else {}
-    trace = trace or base.pop("trace", None)
-    base.pop("trace", None)
+    in_file = base.pop("trace", None)
+    trace = trace if trace is not None else in_file
     return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html)
 
 

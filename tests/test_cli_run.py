@@ -129,7 +129,8 @@ def test_a_relative_trace_in_a_config_file_is_read_from_the_files_folder(tmp_pat
 
 
 def test_an_empty_trace_argument_is_refused_not_the_default_sample(tmp_path):
-    for command in (("run", ""), ("trace-stats", ""), ("hitrate", "", "--capacity", "10")):
+    for command in (("run", ""), ("trace-stats", ""), ("hitrate", "", "--capacity", "10"),
+                    ("compare", "", "--max-num-seqs", "4,8")):
         done = kvsim(*command, "--out", str(tmp_path / "o")) if command[0] != "trace-stats" \
             else kvsim(*command)
         assert (done.returncode, done.stdout) == (2, ""), command
