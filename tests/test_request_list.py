@@ -64,3 +64,25 @@ def test_slo_targets_given_to_the_api_are_checked_as_plans_are(slo, message):
         kvsim.run([req()], slo=slo)
     assert err.value.location == "kvsim.run"
     assert kvsim.run([req()], slo={"ttft_p98_s": 1}).summary["slo"] == {"ttft_p98_s": 1.0}
+
+
+def test_continues_is_a_request_before_this_one_and_never_a_loop():
+    parent = req(0)
+    loop_a, loop_b = req(5), req(6)
+    loop_a.continues, loop_b.continues = loop_b, loop_a
+    for trace, message in (
+            ([req(0, continues=5)], "requests[0]: field 'continues': must be a Request before "
+                                    "this one"),
+            ([parent, req(1, 1.0, prompt_tokens=20, continues=parent)],
+             "requests[1]: field 'prompt_tokens': 20 is shorter than the request it continues: "
+             "its prompt + output is 110 tokens"),
+            ([req(0, prompt_tokens=300, continues=loop_a)],
+             "requests[0]: field 'continues': leads back to a request already in its chain"),
+            ([req(0, output_tokens=2, output_token_ids=np.array([1, 2, 3]))],
+             "requests[0]: field 'output_token_ids': 3 ids for output_tokens 2")):
+        with pytest.raises(TraceError) as err:
+            kvsim.run(trace)
+        assert str(err.value).startswith(message)
+    outside = req(7)           # (a parent left out of the list: as a filtered trace's)
+    assert kvsim.run([req(0, prompt_tokens=200, continues=outside)]).summary[
+        "num_completed"] == 1

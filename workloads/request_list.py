@@ -23,10 +23,12 @@ def checked_requests(requests: Any, where: str = "requests") -> list[Request]:
     if not found:
         raise TraceError("no requests: the list is empty", location=where)
     seen: dict[int, int] = {}
+    position = {id(request): i for i, request in enumerate(found)}     # (for continues)
     last = float("-inf")
     for i, request in enumerate(found):
         loc = f"{where}[{i}]"
         _check_request(request, loc)
+        _check_parent(request, i, position, loc, where)
         if request.request_id in seen:
             raise F.fail(loc, "request_id", f"{request.request_id} is also the id of "
                          f"{where}[{seen[request.request_id]}]; each request needs its own")
@@ -62,10 +64,47 @@ def _check_request(request: Any, loc: str) -> None:
     ids, hashes = request.prompt_token_ids, request.prefix_hashes
     if ids is not None and hashes is not None:
         raise F.fail(loc, "prefix_hashes", "give prompt_token_ids or prefix_hashes, not both")
-    if ids is not None and len(ids) != request.prompt_tokens:
-        raise F.fail(loc, "prompt_token_ids", f"{len(ids)} ids for prompt_tokens "
-                     f"{request.prompt_tokens}; give one id per prompt token")
+    _check_ids(ids, request.prompt_tokens, "prompt_token_ids", "prompt_tokens", loc)
+    _check_ids(request.output_token_ids, request.output_tokens, "output_token_ids",
+               "output_tokens", loc)
     if hashes is not None:
         F.length(request.hash_block_size, "hash_block_size", loc)
         F.hash_count(np.asarray(hashes), request.prompt_tokens, request.hash_block_size,
                      "prefix_hashes", loc)
+
+
+def _check_ids(ids, count: int, name: str, counted: str, loc: str) -> None:
+    """Token ids, when given: ``count`` non-negative integers."""
+    if ids is None:
+        return
+    array = np.asarray(ids)
+    if array.ndim != 1 or array.dtype.kind not in "iu" or (len(array) and array.min() < 0):
+        raise F.fail(loc, name, "expected a flat list or array of non-negative integer ids")
+    if len(array) != count:
+        raise F.fail(loc, name, f"{len(array)} ids for {counted} {count}; give one id per "
+                     "token")
+
+
+def _check_parent(request: Request, i: int, position: dict[int, int], loc: str,
+                  where: str) -> None:
+    """``continues``, when given: a Request arriving before this one (earlier in the list, or
+    not in it: left out by a filter), whose prompt and output this prompt holds, and no chain
+    of them leading back to it."""
+    parent = request.continues
+    if parent is None:
+        return
+    if not isinstance(parent, Request) or position.get(id(parent), -1) >= i:
+        raise F.fail(loc, "continues", "must be a Request before this one (the one whose "
+                     "prompt and output this prompt starts with)")
+    if request.prompt_token_ids is not None:
+        raise F.fail(loc, "continues", "give prompt_token_ids or continues, not both")
+    whole = parent.prompt_tokens + parent.output_tokens
+    if request.prompt_tokens < whole:
+        raise F.fail(loc, "prompt_tokens", f"{request.prompt_tokens} is shorter than the "
+                     f"request it continues: its prompt + output is {whole} tokens")
+    chain, node = {id(request)}, parent
+    while node is not None:
+        if id(node) in chain:
+            raise F.fail(loc, "continues", "leads back to a request already in its chain")
+        chain.add(id(node))
+        node = node.continues
