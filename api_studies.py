@@ -185,7 +185,8 @@ def _plan_values(slo: dict, candidates: dict, extra: dict) -> dict:
                           location="kvsim.plan", field=unknown[0])
     bad = sorted(set(slo) - set(PLAN_SLO_KEYS))
     if bad or not slo:
-        raise ConfigError(f"SLO targets are some of {', '.join(PLAN_SLO_KEYS)}",
+        raise ConfigError(f"SLO targets are some of {', '.join(PLAN_SLO_KEYS)}" if bad else
+                          f"give at least one SLO target ({', '.join(PLAN_SLO_KEYS)})",
                           location="kvsim.plan", field=bad[0] if bad else "slo")
     values = {**PLAN_DEFAULTS, **candidates, **extra}
     for name in _LISTS:

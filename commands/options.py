@@ -167,7 +167,18 @@ def _slo(values: dict) -> dict:
                                               ("tpot_p99_s", values["slo_tpot_p99"]))
                             if x is not None})
     except ConfigError as e:
-        raise ConfigError(e.message, field=f"--slo-{e.field[:-2].replace('_', '-')}") from None
+        raise slo_option_error(e) from None
+
+
+def slo_option_error(error):
+    """An SLO target's error naming its option (``ttft_p99_s``: ``--slo-ttft-p99``); any
+    other error as it is."""
+    from kvsim.errors import ConfigError
+    from kvsim.sim.plan.spec import is_slo_key
+    if not is_slo_key(error.field):
+        return error
+    return ConfigError(error.message, location=error.location,
+                       field=f"--slo-{error.field[:-2].replace('_', '-')}")
 
 
 SLO_TARGETS = OptionGroup({

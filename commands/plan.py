@@ -10,7 +10,8 @@ import typer
 
 from kvsim.commands.options import (CPU_OFFLOAD_GB_OPTION, JSON_OPTION, LONG_PROMPT_OPTION,
                           MAX_MODEL_LEN_OPTION, TRACE_MODEL_OPTION, OptionGroup, emit, given_path,
-                          opt, trace_options, trace_reading, with_groups)
+                          opt, slo_option_error, trace_options, trace_reading, with_groups)
+from kvsim.errors import ConfigError
 from kvsim.sim.config import LongPrompt, RouterName
 
 #: The search space and targets of ``kvsim plan`` (comma-separated candidates), as
@@ -90,8 +91,11 @@ def plan_command(
     path, label = resolve_trace(trace)
     rate_scale = reading["rate_scale"]
     values = {**search, "rate_scale": rate_scale, "seed": reading["seed"]}
-    spec = plan_spec.spec_from_options(
-        path, label, trace_options(reading, rate_scale=rate_scale or 1.0), values)
+    try:
+        spec = plan_spec.spec_from_options(
+            path, label, trace_options(reading, rate_scale=rate_scale or 1.0), values)
+    except ConfigError as e:
+        raise slo_option_error(e) from None
     options = sweep.SweepOptions(workers or sweep.default_workers(),
                                  use_ray or ray_address is not None, ray_address)
     with OutputDir(out):

@@ -178,7 +178,7 @@ CLI = [
     (["compare", "sample:azure-conv", "--workers", "0", "--eviction", "lru,lfu"], "--workers"),
     (["compare", "sample:azure-conv", "--no-such", "1,2"], "no-such"),
     (["compare", "sample:azure-conv", "--tp", "1,x"], "tp"),
-    (["plan", "sample:azure-conv", "--slo-ttft-p99", "-1"], "ttft_p99"),
+    (["plan", "sample:azure-conv", "--slo-ttft-p99", "-1"], "--slo-ttft-p99"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--tp", "0"], "tp"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--workers", "0"], "--workers"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--router", "x"], "--router"),

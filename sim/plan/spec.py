@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import re
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -104,6 +105,11 @@ def build_slo(**targets: float | None) -> dict:
     return checked_slo(slo)
 
 
+def is_slo_key(key) -> bool:
+    """Whether ``key`` is an SLO target's name (``ttft_p99_s``)."""
+    return isinstance(key, str) and _SLO_KEY.match(key) is not None
+
+
 def checked_slo(slo) -> dict:
     """SLO targets (``{'ttft_p99_s': 0.5}``; the one check of ``kvsim run``, ``compare``,
     ``plan`` and the API): keys ``ttft|tpot|e2e_pNN_s``, each target a finite number of
@@ -112,9 +118,12 @@ def checked_slo(slo) -> dict:
         raise ConfigError(f"expected targets such as {{'ttft_p99_s': 2.0}}, got "
                           f"{type(slo).__name__}", field="slo")
     for key, value in slo.items():
-        if _SLO_KEY.match(str(key)) is None:
+        found = _SLO_KEY.match(str(key))
+        if found is None:
             raise ConfigError("expected ttft|tpot|e2e_pNN_s", field=str(key))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+        if not 0 < float(found.group(2)) <= 100:
+            raise ConfigError("the percentile must be above 0 and at most 100", field=key)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                 or not (math.isfinite(value) and value > 0):
             raise ConfigError(f"must be a number of seconds > 0, got {value!r}", field=key)
     return {key: float(value) for key, value in slo.items()}
