@@ -178,6 +178,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     slo = checked_slo(slo)
     label, source = _source(trace, reading)
     run_cfg = run_config(label, settings, config)
+    run_cfg.check_unused_options("kvsim.run")
     options = None if isinstance(source, list) else trace_options(reading, run_cfg.seed)
     try:
         resolve_deployment(run_cfg)           # model, GPU, TP and pool, before the trace

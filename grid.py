@@ -188,7 +188,23 @@ def grid_points(spec: CompareSpec) -> list[GridPoint]:
                      spec.out_dir / point_dir(i, settings, varying), spec.slo,
                      html=spec.html, plotlyjs="parent")   # one plotly.js for the directory
         points.append(GridPoint(point_label(settings, varying), settings, job))
+    _check_options_used(points)
     return points
+
+
+def _check_options_used(points: list[GridPoint]) -> None:
+    """Refuse options no configuration of the grid uses (a layout's or a CPU tier's options
+    where no point has that layout or tier: :meth:`RunConfig.check_unused_options`); an
+    option some points use and others ignore is fine."""
+    refusals = []
+    for point in points:
+        try:
+            point.job.config.check_unused_options("compare options")
+            return
+        except ConfigError as e:
+            refusals.append(e)
+    if refusals:
+        raise refusals[0]
 
 
 def run_dirs(points: Sequence[GridPoint]) -> list[str]:

@@ -128,3 +128,12 @@ def test_a_table_wider_than_the_terminal_comes_in_blocks_led_by_the_configuratio
         assert [line.split("  ")[0] for line in lines[2:]] == labels
     headers = " ".join(block.splitlines()[0] for block in blocks)
     assert all(h in headers for h in ("out tok/s", "TPOT p50 / p99", "moved", "rejected"))
+
+
+def test_an_option_no_configuration_uses_is_refused_one_some_use_is_kept(tmp_path):
+    from kvsim.errors import ConfigError
+    with pytest.raises(ConfigError, match="applies to --layout contiguous or hybrid only"):
+        compare.grid_points(spec({"max_num_seqs": [4, 8], "reserve": ["pow2"]}, tmp_path))
+    points = compare.grid_points(spec({"layout": ["paged", "contiguous"],
+                                       "reserve": ["pow2"]}, tmp_path))
+    assert [p.job.config.layout for p in points] == ["paged", "contiguous"]

@@ -88,3 +88,9 @@ def test_continues_is_a_request_before_this_one_and_never_a_loop():
     outside = req(7)           # (a parent left out of the list: as a filtered trace's)
     assert kvsim.run([req(0, prompt_tokens=200, continues=outside)]).summary[
         "num_completed"] == 1
+
+
+def test_the_api_refuses_an_option_the_run_would_ignore():
+    from kvsim.errors import ConfigError
+    with pytest.raises(ConfigError, match="field 'reserve': applies to --layout contiguous"):
+        kvsim.run([req()], reserve="pow2")
