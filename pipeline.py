@@ -75,11 +75,13 @@ PATH_SETTINGS = ("trace", "profile")
 
 def _beside(settings: dict, folder: Path) -> dict:
     """``settings`` with each relative path of :data:`PATH_SETTINGS` made relative to
-    ``folder`` (a TOML file's), as a configuration file's paths are read."""
-    for name in PATH_SETTINGS:
+    ``folder`` (a TOML file's), as a configuration file's paths are read; so is ``model``
+    where it names a file or folder there (else it is a catalog name or a Hugging Face id)."""
+    for name in (*PATH_SETTINGS, "model"):
         value = settings.get(name)
         if (isinstance(value, str) and value.strip() and value != "-"
-                and not value.startswith("sample:") and not Path(value).is_absolute()):
+                and not value.startswith("sample:") and not Path(value).is_absolute()
+                and (name != "model" or (folder / value).exists())):
             settings[name] = str(folder / value)
     return settings
 

@@ -318,6 +318,11 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
                          f"{summary['num_requests']:,} (a file cut short, or of another run)",
                          location=str(out / REQUESTS_FILE))
     timeline = _read_frame(out / TIMELINE_FILE, TIMELINE_COLUMNS)
+    steps = summary.get("num_steps")
+    if isinstance(steps, int) and len(timeline) and timeline["num_steps"].sum() != steps:
+        raise KvsimError(f"holds {int(timeline['num_steps'].sum()):,} steps in all; "
+                         f"summary.json counts {steps:,} (a file cut short, or of another run)",
+                         location=str(out / TIMELINE_FILE))
     return summary, requests, timeline
 
 

@@ -144,6 +144,10 @@ def test_report_refuses_frames_cut_short(tmp_path):
     (run_dir / "timeline.csv").write_bytes(timeline[:-20])
     _refused(kvsim("report", str(run_dir)), f"{run_dir / 'timeline.csv'}: ends in the middle of "
              "a row: the file was cut short")
+    lines = timeline.decode().splitlines(keepends=True)
+    (run_dir / "timeline.csv").write_text("".join(lines[:-1]))    # (cut at a line end)
+    proc = kvsim("report", str(run_dir))
+    assert proc.returncode == 2 and "steps in all; summary.json counts" in proc.stderr
     (run_dir / "timeline.csv").write_bytes(timeline)
     requests = (run_dir / "requests.csv").read_text().splitlines(keepends=True)
     (run_dir / "requests.csv").write_text("".join(requests[:2]))
