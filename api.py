@@ -150,6 +150,15 @@ def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     return getattr(trace, "label", "python"), requests
 
 
+def _toml_trace(config: Any) -> str | None:
+    """The trace a TOML ``config`` names (None: none, or ``config`` is no file), as
+    ``kvsim run --config`` reads it."""
+    if config is None or isinstance(config, (dict, RunConfig)):
+        return None
+    from kvsim.pipeline import read_config_file
+    return read_config_file(os.fspath(config)).get("trace")
+
+
 def checked_slo(slo: dict | None, call: str = "kvsim.run") -> dict | None:
     """``slo`` checked (:func:`~kvsim.sim.plan.spec.checked_slo`), naming the API ``call``."""
     from kvsim.sim.plan.spec import checked_slo as check
@@ -176,7 +185,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     from kvsim.workloads.sharing import scan_trace_sharing
     reading, settings = split_keywords(settings)
     slo = checked_slo(slo)
-    label, source = _source(trace, reading)
+    label, source = _source(trace if trace is not None else _toml_trace(config), reading)
     run_cfg = run_config(label, settings, config)
     run_cfg.check_unused_options("kvsim.run")
     options = None if isinstance(source, list) else trace_options(reading, run_cfg.seed)

@@ -94,3 +94,12 @@ def test_the_api_refuses_an_option_the_run_would_ignore():
     from kvsim.errors import ConfigError
     with pytest.raises(ConfigError, match="field 'reserve': applies to --layout contiguous"):
         kvsim.run([req()], reserve="pow2")
+
+
+def test_a_toml_config_names_the_trace_as_kvsim_run_config_reads_it(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"arrival_s": 0, "prompt_tokens": 10, '
+                                      '"output_tokens": 5}\n' * 3)
+    (tmp_path / "run.toml").write_text('trace = "t.jsonl"\nmax_num_seqs = 8\n')
+    result = kvsim.run(config=tmp_path / "run.toml")
+    assert result.summary["num_requests"] == 3
+    assert result.summary["config"]["trace"] == str(tmp_path / "t.jsonl")
