@@ -56,14 +56,23 @@ def check_output_file(path: str | os.PathLike, field: str = "out") -> Path:
     option): refused when it is empty, names a directory, or lies under a file or a directory
     that cannot be written to."""
     target = _checked(path, field)
-    probe = target.parent
+    why = blocked(target.parent)
+    if why:
+        raise KvsimError(why, location=str(target), field=field)
+    return target
+
+
+def blocked(folder: Path) -> str | None:
+    """Why nothing can be written in ``folder`` (made first where missing), or None: the
+    nearest existing ancestor is a file, or not writable."""
+    probe = folder
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not a directory" if not probe.is_dir() else "is not writable"
-        raise KvsimError(f"cannot write there: {probe} {why}", location=str(target),
-                         field=field)
-    return target
+    if not probe.is_dir():
+        return f"cannot create it: {probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"cannot write there: {probe} is not writable"
+    return None
 
 
 def _checked(path: str | os.PathLike, field: str = "out") -> Path:

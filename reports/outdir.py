@@ -27,6 +27,7 @@ from typing import Iterable
 from stat import S_ISREG
 
 from kvsim.errors import KvsimError
+from kvsim.output_file import blocked
 from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RUN_FILES
 
 LOCK_FILE = ".kvsim.lock"
@@ -152,15 +153,9 @@ def check_writable_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise KvsimError("exists and is not a directory; --out needs a directory",
                          location=str(path), field="out")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise KvsimError(f"cannot create it: {probe} is not a directory", location=str(path),
-                         field="out")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise KvsimError(f"cannot write there: {probe} is not writable", location=str(path),
-                         field="out")
+    why = blocked(path)
+    if why:
+        raise KvsimError(why, location=str(path), field="out")
 
 
 def _lock(path: Path):

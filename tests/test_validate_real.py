@@ -185,7 +185,7 @@ def test_a_fit_file_that_cannot_be_written_is_refused_before_the_replay(tmp_path
     (tmp_path / "afile").write_text("x")
     for target, why in ((tmp_path, "is a directory; give a file to write"),
                         (tmp_path / "afile" / "p.json",
-                         f"cannot write there: {tmp_path}/afile is not a directory")):
+                         f"cannot create it: {tmp_path}/afile is not a directory")):
         done = kvsim("validate-real", str(timed), "--fit", str(target))
         assert (done.returncode, done.stdout) == (2, "")      # (no table: nothing replayed)
         assert done.stderr == f"kvsim: error: {target}: field 'fit': {why}\n"
