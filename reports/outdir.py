@@ -23,8 +23,8 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Iterable
 from stat import S_ISREG
+from typing import Iterable
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import blocked

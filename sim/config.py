@@ -9,7 +9,6 @@ pydantic dataclass in strict mode: ``"4"`` is not an integer, ``1.5`` is not a b
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Annotated, Literal, Optional, get_args, get_origin
