@@ -79,14 +79,11 @@ class PlanSpec:
 
 
 def slo_targets(slo: dict) -> list[tuple[str, str, float, float]]:
-    """``{'ttft_p99_s': 0.5}`` → ``[('ttft_p99_s', 'ttft_s', 99.0, 0.5)]``; bad keys raise."""
-    out = []
-    for key, target in slo.items():
-        m = _SLO_KEY.match(key)
-        if m is None:
-            raise ConfigError("expected ttft|tpot|e2e_pNN_s", field=key)
-        out.append((key, f"{m.group(1)}_s", float(m.group(2)), float(target)))
-    return out
+    """``{'ttft_p99_s': 0.5}`` → ``[('ttft_p99_s', 'ttft_s', 99.0, 0.5)]``; bad ones raise
+    (:func:`checked_slo`)."""
+    return [(key, f"{found.group(1)}_s", float(found.group(2)), target)
+            for key, target in checked_slo(slo).items()
+            for found in (_SLO_KEY.match(key),)]
 
 
 def reported_keys(slo: dict) -> list[tuple[str, str, float]]:
