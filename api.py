@@ -113,7 +113,7 @@ class Result:
         from kvsim.reports.outdir import OutputDir
         if output_format == "parquet":
             require_parquet()
-        with OutputDir(out_dir):
+        with OutputDir(out_dir, option="out_dir"):
             return write_run_outputs(out_dir, self.summary, self.requests, self.timeline,
                                      html=html, output_format=output_format, bench=bench)
 

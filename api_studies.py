@@ -70,7 +70,7 @@ class Comparison:
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
         out = Path(out_dir)
-        with OutputDir(out, subdirs=run_dirs(self.points)):
+        with OutputDir(out, subdirs=run_dirs(self.points), option="out_dir"):
             for point, r in zip(self.points, self.runs):
                 write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
                                   r.timeline, html=html, plotlyjs="parent")
@@ -164,7 +164,7 @@ class Plan:
         """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
         from kvsim.reports.outdir import OutputDir
         from kvsim.reports.plan import write_plan_outputs
-        with OutputDir(out_dir):
+        with OutputDir(out_dir, option="out_dir"):
             return write_plan_outputs(out_dir, self.result, html=html)
 
     def report(self, path: str | os.PathLike) -> Path:
@@ -233,11 +233,10 @@ class HitRates:
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``hitrate.json`` and ``hitrate.html`` as ``kvsim hitrate --out``."""
-        from kvsim.reports.io import write_json_atomic
-        out = Path(out_dir)
-        written = {"report": self.report(out / "hitrate.html")} if html else {}
-        written["json"] = write_json_atomic(out / "hitrate.json", self.result)
-        return written
+        from kvsim.reports.html import write_hitrate_outputs
+        from kvsim.reports.outdir import check_writable_dir
+        check_writable_dir(Path(out_dir), "out_dir")
+        return write_hitrate_outputs(self.result, Path(out_dir), html)
 
     def report(self, path: str | os.PathLike) -> Path:
         from kvsim.reports.html import render_hitrate_report

@@ -116,15 +116,7 @@ def hitrate_command(
     result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s),
               "trace": label}
     if out is not None:
-        _write_hitrate(result, Path(out), html)
+        from kvsim.reports.html import write_hitrate_outputs
+        write_hitrate_outputs(result, Path(out), html)
     emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
 
-
-def _write_hitrate(result: dict, out: Path, html: bool) -> None:
-    import pandas as pd
-    from kvsim.reports.html import render_hitrate_report
-    from kvsim.reports.io import write_json_atomic
-    if html:
-        render_hitrate_report(pd.DataFrame(result["rows"]), out / "hitrate.html",
-                              config={k: v for k, v in result.items() if k != "rows"})
-    write_json_atomic(out / "hitrate.json", result)

@@ -232,3 +232,16 @@ def render_hitrate_report(curves: pd.DataFrame, path: str | os.PathLike, *,
         panel("Hit rate by capacity", cmp.hitrate_table(curves)),
     ]
     return render_page(path, title=title, header=header, body="".join(body), plotlyjs=plotlyjs)
+
+
+def write_hitrate_outputs(result: dict, out: Path, html: bool = True) -> dict[str, Path]:
+    """``hitrate.json`` (and ``hitrate.html``) of a hit-rate replay's ``result`` into ``out``,
+    as ``kvsim hitrate --out`` writes them; ``{name: path}``."""
+    from kvsim.reports.io import write_json_atomic
+    written = {}
+    if html:
+        written["report"] = render_hitrate_report(
+            pd.DataFrame(result["rows"]), out / "hitrate.html",
+            config={k: v for k, v in result.items() if k != "rows"})
+    written["json"] = write_json_atomic(out / "hitrate.json", result)
+    return written

@@ -38,10 +38,13 @@ completed: list[Path] = []
 
 class OutputDir:
     """``with OutputDir(path) as out: ...``; ``subdirs``: the run directories the command
-    writes there (a compare)."""
+    writes there (a compare); ``option``: what the user gave ``path`` as, for the errors
+    (``--out``, or a Python argument such as ``out_dir``)."""
 
-    def __init__(self, path: str | os.PathLike, subdirs: Iterable[str] = ()) -> None:
+    def __init__(self, path: str | os.PathLike, subdirs: Iterable[str] = (),
+                 option: str = "--out") -> None:
         self.given = os.fspath(path)
+        self.option = option
         self.path = Path(path)
         self.subdirs = sorted(set(subdirs))  # results also live in these (a compare's runs)
         self._owned = list(self.subdirs)     # and those of the compare found there
@@ -52,16 +55,16 @@ class OutputDir:
 
     def __enter__(self) -> "OutputDir":
         if not self.given.strip():
-            raise KvsimError("is empty; --out needs a directory", location="--out",
-                             field="out")
-        check_writable_dir(self.path)
+            raise KvsimError(f"is empty; {self.option} needs a directory",
+                             location=self.option)
+        check_writable_dir(self.path, self.option)
         self._created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._lock = _lock(self.path)
+            self._lock = _lock(self.path, self.option)
         except OSError as e:
             raise KvsimError(f"cannot use it as the output directory: {e.strerror}",
-                             location=str(self.path), field="out") from None
+                             location=str(self.path), field=_field(self.option)) from None
         for tmp in self.path.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
@@ -148,17 +151,23 @@ def _stat(path: Path) -> tuple | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size) if S_ISREG(st.st_mode) else None
 
 
-def check_writable_dir(path: Path) -> None:
-    """A :class:`KvsimError` unless ``path`` is (or can be made) a writable directory."""
+def check_writable_dir(path: Path, option: str = "--out") -> None:
+    """A :class:`KvsimError` unless ``path`` (given as ``option``) is (or can be made) a
+    writable directory."""
     if path.exists() and not path.is_dir():
-        raise KvsimError("exists and is not a directory; --out needs a directory",
-                         location=str(path), field="out")
+        raise KvsimError(f"exists and is not a directory; {option} needs a directory",
+                         location=str(path), field=_field(option))
     why = blocked(path)
     if why:
-        raise KvsimError(why, location=str(path), field="out")
+        raise KvsimError(why, location=str(path), field=_field(option))
 
 
-def _lock(path: Path):
+def _field(option: str) -> str:
+    """The field an error names for ``option``: ``out`` for ``--out``, else the argument."""
+    return option.removeprefix("--").replace("-", "_")
+
+
+def _lock(path: Path, option: str = "--out"):
     """An exclusive lock on ``path``'s lock file, held open. The file is locked, then checked to
     be the one the name still points at (the holder before may have removed it meanwhile)."""
     for _ in range(100):
@@ -168,12 +177,13 @@ def _lock(path: Path):
         except BlockingIOError:
             fh.close()
             raise KvsimError("another kvsim process is writing to this directory; wait for it "
-                             "or choose another --out", location=str(path), field="out") from None
+                             f"or choose another {option}", location=str(path),
+                             field=_field(option)) from None
         if _same_file(fh, path / LOCK_FILE):
             return fh
         fh.close()          # (removed by the holder that just left: lock the new one)
     raise KvsimError("cannot lock it: its lock file keeps changing", location=str(path),
-                     field="out")
+                     field=_field(option))
 
 
 def _same_file(fh, path: Path) -> bool:

@@ -111,6 +111,18 @@ def test_write_and_report_write_only_when_asked(result, tmp_path):
     assert "ttfts" not in bench and bench["completed"] == 30
 
 
+def test_write_errors_name_the_python_argument_not_the_cli_option(result, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    with pytest.raises(kvsim.KvsimError) as e:
+        result.write(a_file)
+    assert str(e.value) == (f"{a_file}: field 'out_dir': exists and is not a directory; "
+                            "out_dir needs a directory")
+    with pytest.raises(kvsim.KvsimError, match="^out_dir: is empty; out_dir needs a dir"):
+        result.write("")
+    assert a_file.read_text() == "mine"
+
+
 def test_a_toml_config_sits_under_the_keywords(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('model = "llama-2-7b"\nmax_num_seqs = 8\nblock_size = 32\n')
@@ -153,6 +165,17 @@ def test_hitrate_equals_kvsim_hitrate():
     assert done.returncode == 0, done.stderr
     assert ours.result == json.loads(done.stdout)
     assert list(ours.table["policy"]) == ["lru", "lru", "lfu", "lfu"]
+
+
+def test_hitrate_write_is_the_cli_files_and_refuses_a_file(tmp_path):
+    rates = kvsim.hitrate("sample:mooncake", capacity=[100], limit=20)
+    written = rates.write(tmp_path / "new" / "dir")
+    assert sorted(written) == ["json", "report"]
+    assert json.loads(written["json"].read_text()) == rates.result
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    with pytest.raises(kvsim.KvsimError, match="field 'out_dir': exists and is not a dir"):
+        rates.write(a_file)
 
 
 def test_plan_ranks_candidates_and_checks_its_targets(tmp_path):
