@@ -20,7 +20,8 @@ def _lengths(text: str, kind: str, option: str):
     try:
         return parse_lengths(text, kind)
     except ConfigError as e:
-        raise ConfigError(e.message, location=e.location, field=option) from None
+        raise ConfigError(e.message, location=e.location or "command line",
+                          field=option) from None
 
 
 @with_groups
@@ -68,6 +69,7 @@ def gen_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Generate a synthetic workload as native JSONL (same seed, same file)."""
+    from kvsim.errors import ConfigError
     from kvsim.workloads.generators import GenConfig, write_workload
     config = GenConfig(
         num_requests=num_requests, seed=seed, arrival=arrival, rate=rate, cv=cv,
@@ -75,7 +77,14 @@ def gen_command(
         input_tokens=input_len and _lengths(input_len, "prompt", "--input-len"),
         output_tokens=output_len and _lengths(output_len, "output", "--output-len"),
         hash_block_size=hash_block_size, token_ids=with_token_ids)
-    emit(write_workload(preset, out, config), as_json,
+    try:
+        written = write_workload(preset, out, config)
+    except ConfigError as e:
+        if e.location is not None or e.field is None:
+            raise
+        raise ConfigError(e.message, location="command line",     # a setting: name its option
+                          field="--" + e.field.replace("_", "-")) from None
+    emit(written, as_json,
          lambda r: typer.echo(f"wrote {r['num_requests']} {r['preset']} requests to {r['path']}"))
 
 

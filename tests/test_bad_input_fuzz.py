@@ -191,7 +191,14 @@ CLI = [
                                                  "number, got nan"),
     (["hitrate", "sample:mooncake", "--capacity-tokens", "10"],
      "'capacity_tokens': capacities must be from one block of 16 tokens (--block-size)"),
-    (["gen", "chat", "--input-len", "fixed:0", "--out", "g.jsonl"], "field '--input-len'"),
+    (["gen", "chat", "--input-len", "fixed:0", "--out", "g.jsonl"],
+     "command line: field '--input-len'"),
+    (["gen", "chat", "--cv", "2", "--out", "g.jsonl"], "command line: field '--cv': shapes "
+                                                       "gamma arrivals only (--arrival gamma"),
+    (["gen", "chat", "--arrival", "trace", "--out", "g.jsonl"],
+     "command line: field '--arrival-trace': trace arrivals need a trace path"),
+    (["gen", "chat", "--high-priority-fraction", "2", "--out", "g.jsonl"],
+     "command line: field '--high-priority-fraction': must be between 0 and 1, got 2.0"),
 ]
 
 
