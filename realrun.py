@@ -68,8 +68,11 @@ def read_real_run(path: str | os.PathLike, trace: str | os.PathLike | None = Non
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         if isinstance(e, KvsimError):
             raise
-        what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())
-        raise KvsimError(f"malformed result ({what})", location=str(path)) from None
+        if isinstance(e, KeyError):
+            raise KvsimError("missing from the result", location=str(path),
+                             field=str(e.args[0])) from None
+        raise KvsimError(f"malformed result ({' '.join(str(e).split())})",
+                         location=str(path)) from None
 
 
 def _read_real_run(p: Path, trace) -> RealRun:

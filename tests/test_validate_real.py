@@ -109,6 +109,16 @@ def test_bad_results_are_one_line(tmp_path):
     assert "field 'trace': a vllm-oracle result needs its input trace" in done.stderr
 
 
+def test_an_oracle_replay_missing_a_field_names_it(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    del data["summary"]["wall_s"]
+    broken = tmp_path / "r.vllm.json"
+    broken.write_text(json.dumps(data))
+    with pytest.raises(KvsimError) as e:
+        read_real_run(broken, FIXTURE.with_name("timed_chat.jsonl"))
+    assert str(e.value) == f"{broken}: field 'wall_s': missing from the result"
+
+
 def test_the_fit_keeps_every_term_non_negative():
     import numpy as np
     from kvsim.realrun import nonnegative_lstsq
