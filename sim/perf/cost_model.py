@@ -190,6 +190,10 @@ def _other_shape(fitted: dict, shape: dict, name: str, tp: int) -> str:
             f"{', '.join(differ)}; {use}" + (" and --tp 1" if tp != 1 else ""))
 
 
+_SCALAR_STEPS = 32      # decode_steps: steps of a stretch taken one by one, then in batches of
+_BATCH_STEPS = 256      # this many
+
+
 class CostModel(Executor):
     """Predicts step durations for ``model`` on a group of ``tp`` ``gpu``\\ s."""
 
@@ -249,20 +253,54 @@ class CostModel(Executor):
         out = _with_attention(self._c, base, kv, 2 * kv)
         return np.asarray(out, dtype=np.float64)
 
+    def decode_steps(self, stretches):
+        """:meth:`Executor.decode_steps`: a stretch's first steps one by one on python floats
+        (the same operations as :meth:`decode_durations`, so the same values), the rest of a
+        long one in numpy batches. A run usually reaches the next arrival within a few dozen
+        steps, where a numpy call per stretch costs more than the steps."""
+        c = self._c
+        for num_steps, num_seqs, context, prompt in stretches:
+            if prompt and num_steps == 1:      # (a run's admitting step)
+                yield self._prefill_step(num_seqs, context, 0, prompt)
+                continue
+            if prompt:
+                yield from self._durations_with_prefill(num_seqs, context, num_steps, 0,
+                                                        prompt).tolist()
+                continue
+            base, kv = self._base(float(num_seqs), float(num_seqs)), context + num_seqs
+            for _ in range(min(num_steps, _SCALAR_STEPS)):
+                x = float(kv)
+                yield _with_attention(c, base, x, 2 * x, max)
+                kv += num_seqs
+            for done in range(_SCALAR_STEPS, num_steps, _BATCH_STEPS):
+                yield from self.decode_durations(num_seqs, context + done * num_seqs,
+                                                 min(_BATCH_STEPS, num_steps - done)).tolist()
+
     def _durations_with_prefill(self, num_seqs: int, total_context_tokens: int,
                                 num_steps: int, computed: int, new: int) -> np.ndarray:
         """:meth:`decode_durations` with a prefill of ``new`` tokens a step beside: its sums
         ``c + q`` and ``q * (2c + q + 1)``, ``c`` growing by ``q`` per step (exact integers)."""
-        base = self._base(float(num_seqs + new), float(num_seqs + 1))
-        kv = total_context_tokens + num_seqs + computed + new
-        units = 2 * (total_context_tokens + num_seqs) + new * (2 * computed + new + 1)
         if num_steps == 1:  # (a run's admitting step: the scalar path, the same operations)
-            return np.array([_with_attention(self._c, base, float(kv), float(units), max)])
+            return np.array([self._prefill_step(num_seqs, total_context_tokens, computed, new)])
+        base, kv, units = self._prefill_sums(num_seqs, total_context_tokens, computed, new)
         step = np.arange(num_steps, dtype=np.int64)
         kv = step * (num_seqs + new) + kv
         units = step * (2 * num_seqs + 2 * new * new) + units
         out = _with_attention(self._c, base, kv.astype(np.float64), units.astype(np.float64))
         return np.asarray(out, dtype=np.float64)
+
+    def _prefill_step(self, num_seqs: int, total_context_tokens: int, computed: int,
+                      new: int) -> float:
+        """The first step of :meth:`_durations_with_prefill`, on python floats."""
+        base, kv, units = self._prefill_sums(num_seqs, total_context_tokens, computed, new)
+        return _with_attention(self._c, base, float(kv), float(units), max)
+
+    def _prefill_sums(self, num_seqs: int, total_context_tokens: int, computed: int,
+                      new: int) -> tuple[float, int, int]:
+        """The first step's time without attention, KV tokens and attention units."""
+        base = self._base(float(num_seqs + new), float(num_seqs + 1))
+        kv = total_context_tokens + num_seqs + computed + new
+        return base, kv, 2 * (total_context_tokens + num_seqs) + new * (2 * computed + new + 1)
 
     def _base(self, tokens: float, seqs: float) -> float:
         """:func:`_time_without_attention` of a step of ``tokens`` tokens over ``seqs``

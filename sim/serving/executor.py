@@ -42,3 +42,12 @@ class Executor(Protocol):
         Called only when ``supports_decode_runs`` is true."""
         raise NotImplementedError(f"{type(self).__name__} does not predict decode runs "
                                   "(supports_decode_runs is False)")
+
+    def decode_steps(self, stretches):
+        """The durations of the steps of ``stretches``, one float at a time, lazily (a run
+        stops asking at the next arrival): for each ``(num_steps, num_seqs, context tokens,
+        prompt tokens)``, the :meth:`decode_durations` of ``num_steps`` decode steps, beside a
+        whole prompt of that many tokens computed from nothing when there is one."""
+        for num_steps, num_seqs, context, prompt in stretches:
+            yield from self.decode_durations(num_seqs, context, num_steps,
+                                             prefill=(0, prompt) if prompt else None).tolist()

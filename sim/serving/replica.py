@@ -171,16 +171,15 @@ class Replica:
             return False
         now = self.env.now
         horizon = self.env.peek() if self._arrivals is None else self._arrivals.time_s
-        compute = self._durations(run, now, horizon)
+        compute, n, end = self._steps_before(run, now, horizon)
         if run.has_transfers:
             facts, durations, moved = self._commit_with_copies(run, compute, now, horizon)
         else:
-            n, end = num_steps_before(now, compute, horizon, run.finish_step)
             compute, n = self._admit_arrivals(run, compute, n, end)
             if n < 2:           # (a run that took an arrival has two steps or more)
                 return False
-            facts, durations, moved = (self.scheduler.commit_decode_run(run, n), compute[:n],
-                                       np.zeros(n))
+            facts, durations, moved = (self.scheduler.commit_decode_run(run, n),
+                                       np.array(compute[:n]), np.zeros(n))
         self.num_decode_runs += 1
         self.num_skipped_steps += len(facts)
         rows = self._rows(now, durations, moved, facts)
@@ -200,27 +199,31 @@ class Replica:
         self.outstanding_tokens -= tokens[-1]
         return True
 
-    def _durations(self, run: DecodeRun, now: float, horizon: float,
-                   start: int = 0) -> np.ndarray:
-        """The run's step durations from step 0, or from ``start`` where it admits a
-        request last (its prompt as a prefill), at ``now``, batch by batch until the steps
-        pass ``horizon`` (the sum is rounded: a few steps more or less only change where the
-        run ends)."""
+    def _steps_before(self, run: DecodeRun, now: float, horizon: float,
+                      start: int = 0) -> tuple[list[float], int, float]:
+        """The run's steps from step 0, or from ``start`` where it admits a request last (its
+        prompt as a prefill), run back to back from ``now``: their durations up to the first
+        that ends at or after ``horizon`` (or the run's end); how many of them start before
+        ``horizon``, less that last one if requests finish at its end (an arrival then must
+        see them still running); and when those end (SimPy's sum, one step at a time)."""
         if run.prefill is not None:     # (such a run ends with its first finish)
-            return self.executor.decode_durations(
+            steps = self.executor.decode_durations(
                 run.num_seqs, int(run.num_computed.sum()), run.max_steps,
-                prefill=(run.prefill.num_computed, run.prefill.num_new))
-        parts, end = [], now
-        stretches = run.stretches(start) if start else ((*b, 0) for b in run.batches())
-        for steps, num_seqs, context, prompt in stretches:
-            parts.append(self.executor.decode_durations(
-                num_seqs, context, steps, prefill=(0, prompt) if prompt else None))
-            end += float(parts[-1].sum())
-            if end > horizon:
+                prefill=(run.prefill.num_computed, run.prefill.num_new)).tolist()
+        else:
+            steps = run.stretches(start) if start else ((*b, 0) for b in run.batches())
+            steps = self.executor.decode_steps(steps)
+        durations, end, before = [], now, now
+        for duration in steps:
+            durations.append(duration)
+            before, end = end, end + duration
+            if end >= horizon:
+                if start + len(durations) - 1 in run.finish_step:
+                    return durations, len(durations) - 1, before
                 break
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return durations, len(durations), end
 
-    def _admit_arrivals(self, run: DecodeRun, compute: np.ndarray, n: int, start: float):
+    def _admit_arrivals(self, run: DecodeRun, compute: list[float], n: int, start: float):
         """Extend ``run``, which the next arrival cuts at step ``n`` (at ``start``), through
         the arrivals it can admit itself: while that request is handed over
         (:meth:`NextArrival.hand_over`), arrived before step ``n`` starts with the one after
@@ -228,7 +231,7 @@ class Replica:
         (:meth:`~kvsim.cache.Scheduler.admit_in_run`), the run takes it and goes on to the
         arrival after it. Returns the durations and how many steps start before the (new)
         next arrival."""
-        arrivals, parts = self._arrivals, [compute[:n]]
+        arrivals, taken = self._arrivals, None
         while arrivals is not None and n < run.max_steps:
             seq = arrivals.hand_over(self)
             horizon = arrivals.following_s()
@@ -237,17 +240,15 @@ class Replica:
             saved = run.snapshot()
             if not self.scheduler.admit_in_run(run, n, seq):
                 break
-            later = self._durations(run, start, horizon, n)
-            m, end = num_steps_before(start, later, horizon, run.finish_step - n)
+            later, m, end = self._steps_before(run, start, horizon, n)
             if not m:       # (its admitting step would be left out: it finishes requests)
                 run.restore(saved)
                 break
             arrivals.take()
-            parts.append(later[:m])
+            taken = compute[:n] if taken is None else taken
+            taken += later[:m]
             start, n = end, n + m
-        if len(parts) == 1:
-            return compute, n
-        return np.concatenate(parts), n
+        return (compute, n) if taken is None else (taken, n)
 
     def _log_admissions(self, run: DecodeRun, rows: np.ndarray) -> None:
         """Log when each request the run admitted was scheduled and emitted its first token
@@ -271,7 +272,7 @@ class Replica:
         if done < len(durations):
             yield from self._wait(now, durations[done:])
 
-    def _commit_with_copies(self, run: DecodeRun, compute: np.ndarray, now: float,
+    def _commit_with_copies(self, run: DecodeRun, compute: list[float], now: float,
                             horizon: float):
         """Commit the run step by step while steps start before ``horizon``, each lengthened
         by the executor's time for the copies it asks for."""
@@ -359,19 +360,6 @@ class NextArrival:
 
     def take(self) -> RequestState:
         raise ValueError("no request was handed over")
-
-
-def num_steps_before(now: float, durations: np.ndarray, horizon: float,
-                     finish_step: np.ndarray) -> tuple[int, float]:
-    """Steps of ``durations``, run back to back from ``now``, that start before ``horizon``
-    (the first always does: it starts now), less the last one if requests finish at its end
-    and that end is not before ``horizon`` (an arrival then must see them still running);
-    and when they end (SimPy's sum, one duration at a time)."""
-    ends = np.add.accumulate(np.concatenate(([now], durations)))
-    n = 1 + int(np.searchsorted(ends[1:-1], horizon, side="left"))
-    if ends[n] >= horizon and (finish_step == n - 1).any():
-        n -= 1
-    return n, float(ends[n])
 
 
 def exact_delay(now: float, end: float) -> float | None:
