@@ -196,11 +196,12 @@ def _plan_values(slo: dict, candidates: dict, extra: dict) -> dict:
     return values
 
 
-def plan(trace: Any = None, *, slo: dict, target_rate: float | None = None,
+def plan(trace: Any = None, *, slo: dict | None = None, target_rate: float | None = None,
          price_table: str | None = None, max_replicas: int = 32, rate_iterations: int = 8,
-         workers: int = 1, **candidates: Any) -> Plan:
+         burst: bool = False, workers: int = 1, **candidates: Any) -> Plan:
     """The cheapest deployment meeting ``slo`` (``{"ttft_p99_s": 2, "tpot_p99_s": 0.1}``) for
-    ``trace`` at its own rate (``rate_scale=`` scales it) or at ``target_rate`` requests/s.
+    ``trace`` at its own rate (``rate_scale=`` scales it) or at ``target_rate`` requests/s,
+    as a sustained rate (``burst=True``: the trace is the whole load, however short).
     Candidate settings take a value or a list (``gpu=["a100-80gb", "h100-80gb"], tp=[1, 2]``);
     see :data:`PLAN_DEFAULTS`."""
     from kvsim.sim.plan import spec as plan_spec
@@ -210,10 +211,13 @@ def plan(trace: Any = None, *, slo: dict, target_rate: float | None = None,
     path, options = _trace_file(trace, reading, "kvsim.plan")
     from kvsim.workloads.sources import resolve_trace
     file, label = resolve_trace(path)
+    if not isinstance(burst, bool):
+        raise ConfigError(f"expected True or False, got {burst!r}", location="kvsim.plan",
+                          field="burst")
     extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
-                 rate_iterations=rate_iterations,
+                 rate_iterations=rate_iterations, burst=burst,
                  rate_scale=reading.get("rate_scale"))
-    values = _plan_values(slo, candidates, extra)
+    values = _plan_values(slo or {}, candidates, extra)
     spec = plan_spec.spec_from_options(file, label, options, values)
     return Plan(planner.plan(spec, SweepOptions(workers=workers)))
 

@@ -41,6 +41,10 @@ PLAN_SEARCH = OptionGroup({
     "slo_e2e_p99": (Optional[float], opt("E2E p99 target (s).", "--slo-e2e-p99")),
     "target_rate": (Optional[float], opt("Plan for this many requests/s (instead of "
                                          "--rate-scale).", "--target-rate")),
+    "burst": (bool, typer.Option(False, "--burst", help="The trace is the whole load, a "
+                                 "burst to absorb: judge it however short its arrivals "
+                                 "(default: it stands for a sustained rate, and must last "
+                                 "10x the largest TTFT/E2E target).")),
     "max_replicas": (int, typer.Option(32, "--max-replicas", help="Most replicas to try.")),
     "rate_iterations": (int, typer.Option(8, "--rate-iterations", help="Bisection steps of "
                                           "the sustainable-rate search.")),

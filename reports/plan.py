@@ -131,11 +131,12 @@ def block_size_lines(result: dict) -> list[str]:
 
 
 def load_text(result: dict) -> str:
-    """``60 requests at rate scale 8 (15.9 req/s)``."""
+    """``60 requests at rate scale 8 (15.9 req/s)``, ``... as one burst`` (``--burst``)."""
     load = result["load"]
     rate = load["request_rate_per_s"]
     return (f"{load['num_requests']:,} requests at rate scale {load['rate_scale']:.4g}"
-            + ("" if rate is None else f" ({rate:,.2f} req/s)"))
+            + ("" if rate is None else f" ({rate:,.2f} req/s)")
+            + (" as one burst" if load.get("kind") == "burst" else ""))
 
 
 def slo_text(result: dict) -> str:

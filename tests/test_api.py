@@ -180,7 +180,8 @@ def test_hitrate_write_is_the_cli_files_and_refuses_a_file(tmp_path):
 
 def test_plan_ranks_candidates_and_checks_its_targets(tmp_path):
     p = kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 5}, limit=30, model="llama-2-7b",
-                   gpu=["a100-80gb", "h100-80gb"], max_replicas=2, rate_iterations=1)
+                   gpu=["a100-80gb", "h100-80gb"], max_replicas=2, rate_iterations=1,
+                   burst=True)
     assert p.recommended is not None and list(p.table["rank"]) == [1, 2]
     assert sorted(p.write(tmp_path)) == ["csv", "plan", "report"]
     with pytest.raises(kvsim.ConfigError, match="field 'ttft_p95_s': SLO targets are some of"):

@@ -182,6 +182,12 @@ CLI = [
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--tp", "0"], "tp"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--workers", "0"], "--workers"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--router", "x"], "--router"),
+    (["plan", "sample:azure-conv", "--slo-ttft-p99", "2", "--target-rate", "500"],
+     "sample:azure-conv: field 'load': at 500 req/s the trace's 300 requests arrive within "
+     "0.6 s, too short to tell a sustained load from a burst that ends in time; judging the "
+     "latency targets needs 20 s of arrivals (10x the largest TTFT/E2E target): give at least "
+     "10,000 requests, or plan for at most 15 req/s (or plan these arrivals alone as a burst: "
+     "--burst)"),
     (["hitrate", "sample:mooncake", "--capacity", "0"], "capacity"),
     (["hitrate", "sample:mooncake", "--capacity", "x"], "capacity"),
     (["trace-stats", "sample:nope"], "sample"), (["gen", "chat", "--out", "g.jsonl",

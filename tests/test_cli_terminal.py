@@ -56,7 +56,7 @@ def test_run_finishes_in_a_terminal_and_shows_what_ran(tmp_path):
     ["hitrate", "sample:mooncake", "--capacity", "100,1000", "--eviction", "lru,lfu"],
     ["compare", "sample:azure-conv", "--limit", "20", "--eviction", "lru,lfu", "--workers", "1",
      "--out", "cmp"],
-    ["plan", "sample:azure-conv", "--limit", "40", "--tp", "1", "--slo-ttft-p99", "5",
+    ["plan", "sample:azure-conv", "--limit", "40", "--burst", "--tp", "1", "--slo-ttft-p99", "5",
      "--workers", "1", "--rate-iterations", "1", "--max-replicas", "2", "--out", "pl"],
 ])
 def test_other_commands_finish_in_a_terminal(tmp_path, args):
@@ -66,7 +66,8 @@ def test_other_commands_finish_in_a_terminal(tmp_path, args):
 
 
 def test_plan_prints_each_candidate_as_it_finishes(tmp_path):
-    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--tp", "1,2", "--slo-ttft-p99",
+    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--burst", "--tp", "1,2",
+                 "--slo-ttft-p99",
                  "5", "--workers", "1", "--rate-iterations", "1", "--max-replicas", "2",
                  "--out", tmp_path / "pl", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

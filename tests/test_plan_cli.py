@@ -8,7 +8,7 @@ import pytest
 from plotly.offline import get_plotlyjs
 from clirun import kvsim
 
-SWEEP = ["plan", "sample:azure-conv", "--limit", "40", "--rate-scale", "8",
+SWEEP = ["plan", "sample:azure-conv", "--limit", "40", "--rate-scale", "8", "--burst",
          "--gpu", "h100-80gb,l4", "--tp", "1", "--slo-ttft-p99", "0.5",
          "--slo-tpot-p99", "0.05"]
 
@@ -90,7 +90,7 @@ def test_a_plan_needs_an_slo(tmp_path):
 def test_host_tier_and_dtype_are_candidates_and_host_memory_is_priced(tmp_path):
     prices = tmp_path / "prices.json"
     prices.write_text('{"h100": 2.0, "host-memory-gib": 0.01}')
-    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--gpu", "h100-80gb",
+    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--burst", "--gpu", "h100-80gb",
                  "--dtype", "bf16,fp8", "--kv-offloading-size", "0,100", "--slo-ttft-p99", "5",
                  "--price-table", str(prices), "--out", str(tmp_path / "p"), "--json")
     assert done.returncode == 0, done.stderr

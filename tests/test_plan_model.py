@@ -1,6 +1,7 @@
 """The planner against the simulator, on small slices of the bundled traces."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from kvsim import pipeline
+from kvsim.errors import ConfigError
 from kvsim.sim.plan import planner
 from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import latency_floors
@@ -22,6 +24,9 @@ MODEL = "llama-3.1-8b"
 
 
 def make_spec(slo, gpus=("a100-80gb",), tps=(1,), limit=60, rate_scale=16.0, **kw):
+    """A plan of the first ``limit`` Azure requests at ``rate_scale``, as one burst (seconds
+    of arrivals: the search stories need no sustained load)."""
+    kw.setdefault("burst", True)
     return build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=limit,
                       rate_scale=rate_scale), RunConfig(model=MODEL, router=DEFAULT_ROUTER),
                       build_slo(**slo), {"gpu": gpus, "tp": tps}, **kw)
@@ -86,7 +91,7 @@ def test_an_impossible_slo_says_why():
 def test_a_model_that_does_not_fit_says_why():
     spec = build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=20),
                       RunConfig(model="llama-3-70b"), build_slo(ttft_p99_s=5.0),
-                      {"gpu": ("l4",), "tp": (1,)})
+                      {"gpu": ("l4",), "tp": (1,)}, burst=True)
     row = planner.plan(spec)["candidates"][0]
     assert not row["feasible"]
     assert "does not fit on l4 with tp=1" in row["reason"]
@@ -135,7 +140,8 @@ def write_native(path, n=24, gap=0.5, burst=1):
 
 def native_spec(path, **slo):
     return build_spec(path, str(path), TraceOptions(), RunConfig(model=MODEL,
-                      router=DEFAULT_ROUTER), build_slo(**slo), {"gpu": ("h100-80gb",)})
+                      router=DEFAULT_ROUTER), build_slo(**slo), {"gpu": ("h100-80gb",)},
+                      burst=True)
 
 
 def test_a_native_trace_plans_with_prefix_hits_and_a_sustainable_rate(tmp_path):
@@ -153,10 +159,35 @@ def test_simultaneous_arrivals_are_named_when_no_rate_is_sustainable(tmp_path):
     assert "39 of 40 requests arrive together" in row["max_rate"]["note"]
 
 
+def test_a_sustained_plan_judges_no_rate_its_trace_is_too_short_for():
+    """100 requests arrive over 42.7 s at rate scale 1: a TTFT target of 2 s (20 s of
+    arrivals needed) can be judged up to rate scale 2.13 (5 req/s), where one H100 still
+    passes."""
+    spec = build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100),
+                      RunConfig(model=MODEL, router=DEFAULT_ROUTER), build_slo(ttft_p99_s=2.0),
+                      {"gpu": ("h100-80gb",)}, rate_iterations=1)
+    span = spec.num_requests / spec.native_rate_per_s
+    assert spec.max_judged_scale == pytest.approx(span / 20.0)
+    found = planner.plan(spec)["candidates"][0]["max_rate"]
+    assert found["rate_scale"] == spec.max_judged_scale and found["failing_rate_scale"] is None
+    assert found["note"].endswith("its limit lies beyond, where the trace's arrivals last "
+                                  "less than 10x the largest TTFT/E2E target, too short to "
+                                  "judge a sustained rate (a longer trace can)")
+    with pytest.raises(ConfigError, match="field 'load': at 5.05 req/s the trace's 100 "
+                                          "requests arrive within 19.8 s, too short .* give "
+                                          "at least 101 requests, or plan for at most 5 req/s"):
+        build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100,
+                   rate_scale=spec.max_judged_scale * 1.01), RunConfig(model=MODEL),
+                   build_slo(ttft_p99_s=2.0), {})
+    as_burst = build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100, rate_scale=50.0),
+                          RunConfig(model=MODEL), build_slo(ttft_p99_s=2.0), {}, burst=True)
+    assert as_burst.max_judged_scale == math.inf
+
+
 def test_a_target_rate_sets_the_rate_scale(tmp_path):
     path = write_native(tmp_path / "t.jsonl", n=11, gap=1.0)
     spec = build_spec(path, "t", TraceOptions(), RunConfig(), build_slo(ttft_p99_s=1.0), {},
-                      target_rate=5.5)
+                      target_rate=5.5, burst=True)
     assert spec.native_rate_per_s == pytest.approx(11 / 10)
     assert spec.trace_options.rate_scale == pytest.approx(5.0)
     assert spec.request_rate_per_s == pytest.approx(5.5)

@@ -62,7 +62,7 @@ def small_spec(**kw):
                       RunConfig(model="llama-3.1-8b", router=DEFAULT_ROUTER),
                       build_slo(ttft_p99_s=0.5, tpot_p99_s=0.05),
                       {"gpu": ("a100-80gb", "h100-80gb"), "tp": (1, 2)}, rate_iterations=4,
-                      **kw)
+                      burst=True, **kw)
 
 
 def test_pruning_gives_the_same_plan_with_fewer_engine_steps():

@@ -16,7 +16,7 @@ def test_ray_tasks_give_the_process_pools_plan():
                       TraceOptions(limit=30, rate_scale=8.0),
                       RunConfig(router=DEFAULT_ROUTER), build_slo(ttft_p99_s=0.5,
                                                                   tpot_p99_s=0.05),
-                      {"gpu": ("h100-80gb", "a100-80gb", "l4"), "tp": (1,)})
+                      {"gpu": ("h100-80gb", "a100-80gb", "l4"), "tp": (1,)}, burst=True)
     pooled = planner.plan(spec, SweepOptions(workers=2))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

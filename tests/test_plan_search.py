@@ -8,7 +8,7 @@ import pytest
 from kvsim.errors import ConfigError
 from kvsim.reports.plan import pareto_front
 from kvsim.sim.plan.bounds import suggested_block_size
-from kvsim.sim.plan.search import fewest_passing, largest_passing
+from kvsim.sim.plan.search import Boundary, fewest_passing, largest_passing
 from kvsim.sim.plan.spec import build_slo, load_prices, parse_list
 
 
@@ -47,6 +47,21 @@ def test_largest_passing_reports_one_sided_results():
     assert largest_passing(lambda x: False, 1.0, bracket_steps=3).passing is None
     always = largest_passing(lambda x: True, 1.0, bracket_steps=3)
     assert always.passing == 8.0 and always.failing is None
+
+
+def test_largest_passing_never_asks_past_its_limit():
+    asked = []
+
+    def ok(x):
+        asked.append(x)
+        return x <= 2.5
+    b = largest_passing(ok, 1.0, iterations=3, limit=3.0)
+    assert asked[:3] == [1.0, 2.0, 3.0] and max(asked) == 3.0
+    assert b.passing <= 2.5 < b.failing <= 3.0
+    assert largest_passing(lambda x: True, 1.0, limit=3.0) == Boundary(3.0, None)
+    assert largest_passing(lambda x: True, 3.0, limit=3.0) == Boundary(3.0, None)
+    with pytest.raises(ValueError, match="0 < start <= limit"):
+        largest_passing(lambda x: True, 4.0, limit=3.0)
 
 
 def test_pareto_front_keeps_only_undominated_points_cheapest_first():

@@ -43,7 +43,8 @@ from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import floor_percentiles, fmt_latency, impossible_reason, latency_floors
 from kvsim.sim.plan.bounds import suggested_block_size
 from kvsim.sim.plan.search import fewest_passing, largest_passing
-from kvsim.sim.plan.spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, refusal, reported_keys
+from kvsim.sim.plan.spec import SUSTAINED_SPANS, SWEEP_DIMS, PlanSpec, gpu_hour_price, refusal
+from kvsim.sim.plan.spec import reported_keys
 from kvsim.sim.plan.stop import SloStop
 from kvsim.workloads.truncate import truncate
 
@@ -54,7 +55,9 @@ SUSTAINABLE = ("A request rate is sustainable for one replica when the trace, re
                "replica at that rate (the trace's mean rate x rate scale), completes every "
                "request and meets every SLO target. The maximum is found by geometric "
                "bisection over the rate scale; the reported rate passed, a rate higher by "
-               "the stated ratio failed.")
+               "the stated ratio failed. Rates at which the trace's arrivals last less than "
+               f"{SUSTAINED_SPANS}x the largest TTFT/E2E target are not tried (nor planned "
+               "for): over so short a span a burst passes that no replica could sustain.")
 HEADROOM = "Per SLO target: 1 - reached / target (0.25: the percentile is 25% below the target)."
 COST = ("replicas x TP x price per GPU-hour, host-tier memory included (editable: "
         "--price-table).")
@@ -70,7 +73,8 @@ def plan(spec: PlanSpec, options: SweepOptions = SweepOptions(), progress=None) 
         "trace": spec.trace_label, "model": spec.base.model, "slo": spec.slo,
         "load": {"rate_scale": spec.trace_options.rate_scale, "num_requests": spec.num_requests,
                  "trace_rate_per_s": spec.native_rate_per_s,
-                 "request_rate_per_s": spec.request_rate_per_s},
+                 "request_rate_per_s": spec.request_rate_per_s,
+                 "kind": "burst" if spec.burst else "sustained"},
         "search": {"max_replicas": spec.max_replicas, "rate_iterations": spec.rate_iterations,
                    "router": spec.base.router, "swept": _swept(spec)},
         "definitions": {"sustainable": SUSTAINABLE, "headroom": HEADROOM, "cost": COST},
@@ -231,13 +235,17 @@ def _search(spec: PlanSpec, config: RunConfig, row: dict, ties: int) -> dict:
     at the same time as the one before (no rate scale separates them). Pruning, the rate
     search comes first and its sustainable rate gives the replica search its first guess."""
     points, load = _Points(spec, config), spec.trace_options.rate_scale
+
+    def max_rate():
+        return largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations,
+                               limit=spec.max_judged_scale)
     if spec.prune:
-        boundary = largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations)
+        boundary = max_rate()
         fewest = fewest_passing(lambda n: points.meets(n, load), spec.max_replicas,
                                 replica_guess(load, boundary))
     else:
         fewest = fewest_passing(lambda n: points.meets(n, load), spec.max_replicas)
-        boundary = largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations)
+        boundary = max_rate()
     row["evaluations"] = points.at_scale(load)
     row["max_rate"] = _max_rate(spec, boundary, ties)
     row.update(num_simulations=len(points.memo), num_stopped_early=points.num_stopped,
@@ -295,7 +303,11 @@ def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
         at = rate(boundary.passing)
         note = (f"one replica meets the SLOs up to rate scale {boundary.passing:.3g}"
                 + (f" ({at:,.2f} req/s)" if at is not None else "")
-                + ", the most tried: its limit lies beyond")
+                + (", the most tried: its limit lies beyond"
+                   if boundary.passing < spec.max_judged_scale else
+                   f": its limit lies beyond, where the trace's arrivals last less than "
+                   f"{SUSTAINED_SPANS}x the largest TTFT/E2E target, too short to judge a "
+                   "sustained rate (a longer trace can)"))
     return {"rate_scale": boundary.passing, "request_rate_per_s": rate(boundary.passing),
             "failing_rate_scale": boundary.failing,
             "failing_request_rate_per_s": rate(boundary.failing), "note": note}

@@ -11,8 +11,9 @@ the predicate, so every point is simulated once.
   guess spares the larger (and slower to simulate) counts above it.
 - :func:`largest_passing`: the largest ``x > 0`` with ``ok(x)``, assuming ``ok`` never turns
   true as ``x`` grows (a higher request rate never helps). From ``start`` it doubles (or halves)
-  at most ``bracket_steps`` times to bracket the boundary, then bisects the bracket
-  geometrically a fixed ``iterations`` times.
+  at most ``bracket_steps`` times to bracket the boundary, never past ``limit`` (the highest
+  ``x`` that can be judged), then bisects the bracket geometrically a fixed ``iterations``
+  times.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ class Boundary:
 
 
 def largest_passing(ok: Callable[[float], bool], start: float, iterations: int = 8,
-                    bracket_steps: int = 10) -> Boundary:
-    """The largest passing ``x`` to a ratio of ``2 ** (2 ** -iterations)`` of the truth."""
-    if not start > 0:
-        raise ValueError(f"start must be > 0, got {start}")
-    lo, hi = _bracket(ok, start, bracket_steps)
+                    bracket_steps: int = 10, limit: float = math.inf) -> Boundary:
+    """The largest passing ``x`` up to ``limit``, to a ratio of ``2 ** (2 ** -iterations)``
+    of the truth (``failing`` None: ``passing`` is ``limit``, or the most the bracket tried)."""
+    if not 0 < start <= limit:
+        raise ValueError(f"need 0 < start <= limit, got {start} and {limit}")
+    lo, hi = _bracket(ok, start, bracket_steps, limit)
     if lo is None or hi is None:
         return Boundary(lo, hi)
     for _ in range(iterations):
@@ -73,14 +75,18 @@ def largest_passing(ok: Callable[[float], bool], start: float, iterations: int =
     return Boundary(lo, hi)
 
 
-def _bracket(ok: Callable[[float], bool], start: float, steps: int):
-    """(passing, failing) neighbours a factor of two apart, either ``None`` when not found."""
+def _bracket(ok: Callable[[float], bool], start: float, steps: int, limit: float):
+    """(passing, failing) neighbours at most a factor of two apart, either ``None`` when not
+    found (``limit`` passing: no failing one)."""
     if ok(start):
         lo = start
         for _ in range(steps):
-            if not ok(2 * lo):
-                return lo, 2 * lo
-            lo *= 2
+            if lo >= limit:
+                break
+            up = min(2 * lo, limit)
+            if not ok(up):
+                return lo, up
+            lo = up
         return lo, None
     hi = start
     for _ in range(steps):

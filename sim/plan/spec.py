@@ -34,6 +34,11 @@ HOST_MEMORY_KEY = "host-memory-gib"
 DEFAULT_HOST_GIB_HOUR_USD = 0.0042
 #: Latencies every evaluation reports, besides those the SLO names.
 REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
+#: A load is judged sustained over at least this many times the largest TTFT or E2E target
+#: of arrivals: an overload by a factor ``r`` delays the last requests by about ``(1 - 1/r)``
+#: of the span, so a span of 10 targets reveals overloads above about 11 %; over a shorter
+#: span a burst that ends in time passes though the rate could not be kept up.
+SUSTAINED_SPANS = 10
 #: The planner's router: load-aware routing keeps p99 TTFT and E2E close to monotone in the
 #: replica count (round-robin can put two long prompts on one replica as replicas are added).
 DEFAULT_ROUTER = "least-outstanding-tokens"
@@ -47,6 +52,8 @@ class PlanSpec:
     ``trace_options.rate_scale`` is the load to plan for; ``native_rate_per_s`` is the trace's
     mean request rate at rate scale 1 (requests / time span, after the window and limit).
     ``prices`` maps GPU catalog names to USD per GPU-hour (``None``: unknown).
+    ``burst``: the trace is the whole load (a burst to absorb), judged however short its
+    arrivals; by default it stands for a sustained rate (:data:`SUSTAINED_SPANS`).
     ``prune`` (default) lets the planner stop a simulation once its SLO verdict is certain and
     start each replica search from an estimate (:mod:`kvsim.sim.plan.planner`); False simulates
     every point to the end and searches from one replica, as before issue 15.
@@ -65,6 +72,7 @@ class PlanSpec:
     max_replicas: int = 32
     rate_iterations: int = 8
     prune: bool = True
+    burst: bool = False
 
     @property
     def targets(self) -> list[tuple[str, str, float, float]]:
@@ -76,6 +84,42 @@ class PlanSpec:
         """The planned request rate (the trace's mean rate times the rate scale)."""
         rate = self.native_rate_per_s
         return None if rate is None else rate * self.trace_options.rate_scale
+
+    @property
+    def max_judged_scale(self) -> float:
+        """The highest rate scale at which the trace's arrivals last :data:`SUSTAINED_SPANS`
+        times the largest TTFT/E2E target (``inf`` without such a target or a rate, or for
+        a burst)."""
+        if self.burst:
+            return math.inf
+        return judged_scale(self.native_rate_per_s, self.num_requests, self.slo)
+
+
+def judged_scale(native_rate_per_s: float | None, num_requests: int, slo: dict) -> float:
+    """:attr:`PlanSpec.max_judged_scale` of a trace of ``num_requests`` at that native rate."""
+    queueing = [t for _, metric, _, t in slo_targets(slo) if metric != "tpot_s"]
+    if not queueing or not native_rate_per_s:
+        return math.inf
+    return (num_requests / native_rate_per_s) / (SUSTAINED_SPANS * max(queueing))
+
+
+def check_sustained(opts: TraceOptions, native_rate_per_s: float | None, num_requests: int,
+                    slo: dict, where: str) -> None:
+    """Refuse a planned load whose arrivals are over too soon to tell it from a burst."""
+    cap = judged_scale(native_rate_per_s, num_requests, slo)
+    if opts.rate_scale <= cap:
+        return
+    rate = native_rate_per_s * opts.rate_scale
+    needed = SUSTAINED_SPANS * max(t for _, m, _, t in slo_targets(slo) if m != "tpot_s")
+    raise ConfigError(
+        f"at {rate:,.3g} req/s the trace's {num_requests:,} requests arrive within "
+        f"{num_requests / rate:.3g} s, too short to tell a sustained load from a burst that "
+        f"ends in time; judging the latency targets needs {needed:g} s of arrivals "
+        f"({SUSTAINED_SPANS}x the largest TTFT/E2E target): give at least "
+        f"{math.ceil(needed * rate):,} requests, or plan for at most "
+        f"{native_rate_per_s * cap:,.3g} req/s (or plan these arrivals alone as a burst: "
+        "--burst)",
+        location=where, field="load")
 
 
 def slo_targets(slo: dict) -> list[tuple[str, str, float, float]]:
@@ -239,7 +283,7 @@ def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
 def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig, slo: dict,
                dims: dict[str, tuple], *, target_rate: float | None = None,
                price_table: str | None = None, max_replicas: int = 32,
-               rate_iterations: int = 8, prune: bool = True) -> PlanSpec:
+               rate_iterations: int = 8, prune: bool = True, burst: bool = False) -> PlanSpec:
     """Check every input and build the plan's :class:`PlanSpec` (see the module doc)."""
     resolve_model(base.model)
     if base.router not in ROUTERS:
@@ -255,9 +299,11 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     candidates = expand_candidates(base, dims)
     varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
     opts, native, count = resolve_load(str(trace_path), opts, target_rate)
+    if not burst:
+        check_sustained(opts, native, count, slo, trace_label)
     return PlanSpec(str(trace_path), trace_label, opts, base, slo, candidates, varying,
                     load_prices(price_table), native, count, max_replicas, rate_iterations,
-                    prune)
+                    prune, burst)
 
 
 def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
@@ -296,4 +342,4 @@ def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
                       price_table=values.get("price_table"),
                       max_replicas=values["max_replicas"],
                       rate_iterations=values["rate_iterations"],
-                      prune=values.get("prune", True))
+                      prune=values.get("prune", True), burst=bool(values.get("burst")))
