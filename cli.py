@@ -1,13 +1,14 @@
 """The ``kvsim`` command line: the app, its commands and the entry point. Wiring only.
 
-Each command lives in a module beside this one, by what it wires: :mod:`.cli_traces`
-(trace-stats, gen, hitrate), :mod:`.cli_run` (run, report), :mod:`.cli_compare`,
-:mod:`.cli_plan` and :mod:`.cli_backend` (profile, validate, validate-real); the option groups
-they share are defined once in :mod:`.cli_options`.
+Each command lives in a module of :mod:`kvsim.commands`, by what it wires: ``traces``
+(trace-stats, gen, hitrate), ``run`` (run, report), ``compare``, ``plan``, ``backend``
+(profile, validate, validate-real) and ``catalog`` (models, gpus); the option groups they
+share are defined once in ``options``.
 
 Conventions every command follows:
 - ``--json`` prints the command's machine-readable result on stdout and nothing else;
-- a :class:`kvsim.errors.KvsimError` becomes one line on stderr and exit status 2.
+- a :class:`kvsim.errors.KvsimError` becomes one line on stderr and exit status 2;
+- a command's ``typer.Exit(n)`` is exit status ``n`` (``kvsim plan``: 3, no deployment).
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ def main() -> None:
     # through every imported module, on the Mooncake trace), every 20,000 a quarter of that.
     gc.set_threshold(20_000, 20, 20)
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False)     # (a command's typer.Exit(n) returns n)
         for sig in (signal.SIGINT, signal.SIGTERM):     # done: a late signal changes nothing
             signal.signal(sig, signal.SIG_IGN)
+        if isinstance(status, int) and status:
+            sys.exit(status)
     except Interrupted as e:
         from kvsim.reports.outdir import completed
         left = getattr(e, "left", "") or (f"{completed[-1]}/ holds its complete result"
@@ -112,6 +115,9 @@ def main() -> None:
     except Exception as e:
         if not _is_usage_error(e):
             raise
+        if type(e).__name__ == "NoArgsIsHelpError":    # plain `kvsim`: the help, as it is
+            sys.stderr.write(e.format_message() + "\n")
+            sys.exit(e.exit_code)
         text = " ".join(e.format_message().split()).replace("Value error, ", "")
         sys.stderr.write(f"kvsim: error: {text}\n")
         sys.exit(e.exit_code)

@@ -61,6 +61,8 @@ PLAN_SEARCH = OptionGroup({
                                        "(and 'host-memory-gib': USD per GiB-hour).",
                                        "--price-table")),
 })
+#: kvsim plan's exit status when no candidate meets every SLO (its files are written).
+NO_DEPLOYMENT = 3
 PLAN_RATE_SCALE = (Optional[float], typer.Option(
     None, "--rate-scale", help="Load: request-rate multiplier of the trace (default 1)."))
 
@@ -109,3 +111,8 @@ def plan_command(
     emit(result, as_json, None if quiet else lambda r: (
         plan_report.print_plan(r),
         typer.echo(f"wrote {Path(out) / 'plan.json'}, plan.csv" + ", report.html" * html)))
+    if result["recommended"] is None:       # (a complete answer, but not a deployment)
+        if quiet or as_json:
+            typer.echo("kvsim: plan: no candidate meets every SLO (the reasons are in "
+                       f"{Path(out) / 'plan.json'})", err=True)
+        raise typer.Exit(NO_DEPLOYMENT)

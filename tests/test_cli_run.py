@@ -27,6 +27,15 @@ def test_run_without_a_trace_runs_the_bundled_sample(tmp_path):
     assert "throughput" in done.stdout
 
 
+def test_kvsim_alone_prints_its_help_as_it_is():
+    done = kvsim()
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("Usage: ") and lines[0].endswith(" [OPTIONS] COMMAND [ARGS]...")
+    assert "Commands:" in lines
+    assert any(line.split()[:1] == ["run"] for line in lines)
+
+
 def test_json_prints_only_the_summary(tmp_path):
     done = kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "50",
                  "--out", str(tmp_path), "--json")

@@ -82,6 +82,20 @@ def test_bad_input_is_one_line_and_exit_status_2(args, message, tmp_path):
     assert done.stdout == ""
 
 
+def test_no_deployment_meeting_the_slos_is_exit_status_3_with_its_files(tmp_path):
+    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--gpu", "a100-80gb",
+                 "--slo-ttft-p99", "0.001", "--out", str(tmp_path / "p"), "--json")
+    assert done.returncode == 3, done.stderr
+    assert json.loads(done.stdout)["recommended"] is None
+    assert done.stderr.splitlines()[-1] == (
+        f"kvsim: plan: no candidate meets every SLO (the reasons are in {tmp_path}/p/plan.json)")
+    assert {p.name for p in (tmp_path / "p").iterdir()} >= {"plan.json", "plan.csv"}
+    done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--gpu", "a100-80gb",
+                 "--slo-ttft-p99", "0.001", "--out", str(tmp_path / "p"))
+    assert done.returncode == 3 and "No candidate meets every SLO" in done.stdout
+    assert "no candidate meets" not in done.stderr      # (the table said it)
+
+
 def test_a_plan_needs_an_slo(tmp_path):
     done = kvsim("plan", "sample:azure-conv", "--out", str(tmp_path))
     assert done.returncode == 2 and "at least one SLO" in done.stderr
