@@ -196,6 +196,9 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     requests = (lambda: iter(source)) if options is None else (lambda: read(source, options))
     frames = run_frames(simulate(requests(), run_cfg, keep_steps=keep_steps,
                                  sharing=scan_trace_sharing(requests)))
+    if options is not None:
+        from kvsim.reports.frames import recorded_trace_options
+        frames[0]["config"]["trace_options"] = recorded_trace_options(options)
     if slo:
         frames[0]["slo"] = dict(slo)
     return Result(*frames, config=run_cfg)

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from kvsim.errors import ConfigError, TraceError
+from kvsim.reports.frames import recorded_trace_options
 from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.style import long_prompt_advice
@@ -190,6 +191,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
             result = simulate(requests, job.config, progress=show.update if show else None,
                               sharing=sharing)
         summary, requests_df, timeline_df = run_outputs(result)
+        summary["config"]["trace_options"] = recorded_trace_options(job.trace_options)
         if job.slo:
             summary["slo"] = job.slo
         write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html,

@@ -98,6 +98,19 @@ SUMMARY_SHAPE = {
                "block_size": INTEGER, "eviction": TEXT, "layout": TEXT},
     "slo": OBJECT,
 }
+#: ``config.trace_options`` of a run's summary: how the trace was read, key -> (the
+#: :class:`~kvsim.workloads.TraceOptions` attribute, the command-line option).
+TRACE_OPTIONS = {"format": ("format_name", "--format"), "limit": ("limit", "--limit"),
+                 "start_s": ("start_s", "--start"), "end_s": ("end_s", "--end"),
+                 "rate_scale": ("rate_scale", "--rate-scale"), "sort": ("sort", "--sort"),
+                 "trace_model": ("model_filter", "--trace-model")}
+
+
+def recorded_trace_options(options) -> dict:
+    """``config.trace_options`` of a trace read with ``options`` (a ``TraceOptions``)."""
+    return {key: getattr(options, attribute) for key, (attribute, _) in TRACE_OPTIONS.items()}
+
+
 #: Keys (``section.key``) a summary may lack, or hold null in: added after the first release
 #: (a summary written before renders without them), or written only by some runs (``slo``).
 SUMMARY_OPTIONAL = frozenset({

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
+from kvsim.reports.frames import TRACE_OPTIONS
 from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text,
                     tier_text, truncated_text)
 
@@ -79,11 +80,22 @@ def summary_table(summary: dict) -> Table:
 def run_rows(summary: dict) -> list[tuple[str, str]]:
     """What ran (trace, model, deployment) and which requests did not run as asked."""
     cfg = summary.get("config") or {}
-    rows = [("trace", str(cfg.get("trace", "?"))),
+    rows = [("trace", trace_text(cfg)),
             ("deployment", deployment_text(cfg))]
     return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
                                                      ("truncated", truncated_text(summary)))
                    if text]
+
+
+def trace_text(cfg: dict) -> str:
+    """``sample:azure-conv`` and how it was read, where not whole and as written:
+    ``sample:azure-conv (--limit 50, --start 5, --rate-scale 3)``."""
+    given = [(TRACE_OPTIONS[name][1] if name in TRACE_OPTIONS else name, value)
+             for name, value in (cfg.get("trace_options") or {}).items()
+             if value not in (None, False) and not (name == "rate_scale" and value == 1)]
+    shown = ", ".join(name if value is True else f"{name} {value:g}" if is_number(value)
+                      else f"{name} {value}" for name, value in given)
+    return str(cfg.get("trace", "?")) + (f" ({shown})" if shown else "")
 
 
 def deployment_text(cfg: dict) -> str:

@@ -49,6 +49,17 @@ def test_json_prints_only_the_summary(tmp_path):
                            "report.html\n")      # (where the files went, beside the JSON)
 
 
+def test_the_summary_and_the_terminal_say_how_the_trace_was_read(tmp_path):
+    args = ("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "50", "--start",
+            "5", "--rate-scale", "3", "--out", str(tmp_path))
+    summary = json.loads(kvsim(*args, "--json").stdout)
+    assert summary["config"]["trace_options"] == {
+        "format": None, "limit": 50, "start_s": 5.0, "end_s": None, "rate_scale": 3.0,
+        "sort": False, "trace_model": None}
+    shown = kvsim(*args).stdout
+    assert "sample:azure-conv (--limit 50, --start 5, --rate-scale 3)" in shown
+
+
 def test_same_inputs_and_seed_give_the_same_summary(tmp_path):
     runs = []
     for name in ("a", "b"):
