@@ -44,7 +44,8 @@ def trace_stats_command(
 def gen_command(
     preset: PresetName = typer.Argument(..., metavar="PRESET", help="Workload preset."),
     out: str = typer.Option(
-        ..., "--out", metavar="FILE", callback=given_path, help="Native JSONL file to write."),
+        ..., "--out", metavar="FILE", callback=given_path, help="Native JSONL file to write "
+        "('-': standard output)."),
     num_requests: int = typer.Option(1000, "--num-requests", "-n", min=1,
                                      help="Requests to generate."),
     seed: int = SEED_OPTION,
@@ -71,6 +72,10 @@ def gen_command(
     """Generate a synthetic workload as native JSONL (same seed, same file)."""
     from kvsim.errors import ConfigError
     from kvsim.workloads.generators import GenConfig, write_workload
+    if out == "-" and as_json:
+        raise ConfigError("--json prints the summary on standard output, where --out - "
+                          "writes the trace; give --out a file", location="command line",
+                          field="--json")
     config = GenConfig(
         num_requests=num_requests, seed=seed, arrival=arrival, rate=rate, cv=cv,
         arrival_trace=arrival_trace, high_priority_fraction=high_priority,
@@ -84,8 +89,9 @@ def gen_command(
             raise
         raise ConfigError(e.message, location="command line",     # a setting: name its option
                           field="--" + e.field.replace("_", "-")) from None
-    emit(written, as_json,
-         lambda r: typer.echo(f"wrote {r['num_requests']} {r['preset']} requests to {r['path']}"))
+    emit(written, as_json, lambda r: typer.echo(
+        f"wrote {r['num_requests']} {r['preset']} requests to "
+        + ("standard output" if out == "-" else r['path']), err=out == "-"))
 
 
 @with_groups

@@ -55,6 +55,18 @@ def test_gen_writes_the_same_file_twice_and_nothing_on_error(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
 
 
+def test_gen_out_dash_writes_the_trace_on_stdout_as_the_readers_take_it(tmp_path):
+    done = kvsim("gen", "chat", "-n", "5", "--seed", "3", "--out", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "wrote 5 chat requests to standard output\n"
+    assert not (tmp_path / "-").exists()
+    kvsim("gen", "chat", "-n", "5", "--seed", "3", "--out", tmp_path / "c.jsonl")
+    assert done.stdout == (tmp_path / "c.jsonl").read_text()
+    refused = kvsim("gen", "chat", "-n", "5", "--out", "-", "--json", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "field '--json': --json prints the summary on standard output" in refused.stderr
+
+
 def test_a_bundled_sample_is_named_by_its_name_in_messages(tmp_path):
     from clirun import kvsim
     done = kvsim("run", "sample:azure-conv", "--start", "1e9", "--out", str(tmp_path / "o"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from contextlib import nullcontext
 from typing import Iterable
 
 from kvsim.output_file import replacing
@@ -50,10 +52,10 @@ def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike
     many were written.
 
     The file appears whole or not at all: lines go to a temporary file beside ``path`` that
-    replaces it only once every request is written.
+    replaces it only once every request is written. ``"-"``: standard output, as they come.
     """
     count = 0
-    with replacing(path, parents=False) as f:
+    with nullcontext(sys.stdout) if str(path) == "-" else replacing(path, parents=False) as f:
         for count, (request, continued) in enumerate(records, start=1):
             f.write(json.dumps(native_record(request, continued), separators=(", ", ": ")) + "\n")
     return count
