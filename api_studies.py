@@ -238,9 +238,7 @@ class HitRates:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``hitrate.json`` and ``hitrate.html`` as ``kvsim hitrate --out``."""
         from kvsim.reports.html import write_hitrate_outputs
-        from kvsim.reports.outdir import check_writable_dir
-        check_writable_dir(Path(out_dir), "out_dir")
-        return write_hitrate_outputs(self.result, Path(out_dir), html)
+        return write_hitrate_outputs(self.result, Path(out_dir), html, option="out_dir")
 
     def report(self, path: str | os.PathLike) -> Path:
         from kvsim.reports.html import render_hitrate_report

@@ -28,9 +28,12 @@ COMPARE_FILES = (COMPARE_FILE, REPORT_FILE, "plotly.min.js")
 PLAN_FILE, PLAN_CSV = "plan.json", "plan.csv"
 #: The files of ``kvsim plan --out DIR``.
 PLAN_FILES = (PLAN_FILE, PLAN_CSV, REPORT_FILE)
+HITRATE_FILE, HITRATE_REPORT = "hitrate.json", "hitrate.html"
+#: The files of ``kvsim hitrate --out DIR``.
+HITRATE_FILES = (HITRATE_FILE, HITRATE_REPORT)
 #: Every file name a kvsim result may leave in an ``--out`` directory: a command that succeeds
 #: there leaves its own result only.
-RESULT_FILES = tuple(dict.fromkeys(RUN_FILES + COMPARE_FILES + PLAN_FILES))
+RESULT_FILES = tuple(dict.fromkeys(RUN_FILES + COMPARE_FILES + PLAN_FILES + HITRATE_FILES))
 
 #: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (

@@ -19,7 +19,9 @@ import pandas as pd
 from kvsim.reports import across_runs as cmp
 from kvsim.reports import figures as figs
 from kvsim.reports import phases
-from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample
+from kvsim.reports.frames import HITRATE_FILE, HITRATE_REPORT
+from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample, write_json_atomic
+from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text, tier_text,
                     truncated_text)
@@ -234,14 +236,16 @@ def render_hitrate_report(curves: pd.DataFrame, path: str | os.PathLike, *,
     return render_page(path, title=title, header=header, body="".join(body), plotlyjs=plotlyjs)
 
 
-def write_hitrate_outputs(result: dict, out: Path, html: bool = True) -> dict[str, Path]:
-    """``hitrate.json`` (and ``hitrate.html``) of a hit-rate replay's ``result`` into ``out``,
-    as ``kvsim hitrate --out`` writes them; ``{name: path}``."""
-    from kvsim.reports.io import write_json_atomic
+def write_hitrate_outputs(result: dict, out: Path, html: bool = True,
+                          option: str = "--out") -> dict[str, Path]:
+    """``hitrate.json`` (and ``hitrate.html``) of a hit-rate replay's ``result`` into the
+    output directory ``out`` (given as ``option``), as ``kvsim hitrate --out`` writes them;
+    ``{name: path}``."""
     written = {}
-    if html:
-        written["report"] = render_hitrate_report(
-            pd.DataFrame(result["rows"]), out / "hitrate.html",
-            config={k: v for k, v in result.items() if k != "rows"})
-    written["json"] = write_json_atomic(out / "hitrate.json", result)
+    with OutputDir(out, option=option):
+        if html:
+            written["report"] = render_hitrate_report(
+                pd.DataFrame(result["rows"]), out / HITRATE_REPORT,
+                config={k: v for k, v in result.items() if k != "rows"})
+        written["json"] = write_json_atomic(out / HITRATE_FILE, result)
     return written

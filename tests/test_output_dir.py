@@ -161,3 +161,18 @@ def test_an_interrupted_compare_leaves_no_empty_run_directories(tmp_path):
             (out / "02_b").mkdir()
             raise KeyboardInterrupt
     assert not out.exists()
+
+
+def test_a_hitrate_result_replaces_a_run_and_a_run_replaces_it(tmp_path):
+    from kvsim.reports.html import write_hitrate_outputs
+    out = tmp_path / "o"
+    earlier_result(out)
+    rows = [{"policy": "lru", "capacity_blocks": 10, "capacity_tokens": 160, "hit_tokens": 0,
+             "hit_rate": 0.0}]
+    written = write_hitrate_outputs({"rows": rows, "trace": "t"}, out)
+    assert sorted(written) == ["json", "report"]
+    assert names(out) == ["hitrate.html", "hitrate.json", "notes.txt"]
+    with OutputDir(out):                                # (a run after it)
+        for name in FILES:
+            (out / name).write_text("new")
+    assert names(out) == ["notes.txt", "report.html", "requests.csv", "summary.json"]
