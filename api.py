@@ -46,8 +46,18 @@ class Trace(list):
         return f"<kvsim.Trace {self.label}: {len(self)} requests>"
 
 
+def checked_flag(value: Any, name: str, call: str) -> bool:
+    """``value`` if it is True or False, else a :class:`ConfigError` naming ``call``'s
+    argument ``name`` (a string such as ``"no"`` would pass as true)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"expected True or False, got {value!r}", location=call, field=name)
+    return value
+
+
 def trace_options(values: dict, seed: int = 0) -> TraceOptions:
     """:class:`TraceOptions` from :data:`TRACE_KEYWORDS`, checked."""
+    if "sort" in values:
+        checked_flag(values["sort"], "sort", "trace options")
     return TraceOptions(fmt=values.get("format"), limit=values.get("limit"),
                         start_s=values.get("start"), end_s=values.get("end"),
                         rate_scale=values.get("rate_scale", 1.0), sort=values.get("sort", False),
@@ -111,6 +121,8 @@ class Result:
         from kvsim.reports.io import require_parquet
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
+        for name, flag in (("html", html), ("bench", bench)):
+            checked_flag(flag, name, "Result.write")
         if output_format == "parquet":
             require_parquet()
         with OutputDir(out_dir, option="out_dir"):
@@ -160,12 +172,20 @@ def _toml_trace(config: Any) -> str | None:
 
 
 def checked_slo(slo: dict | None, call: str = "kvsim.run") -> dict | None:
-    """``slo`` checked (:func:`~kvsim.sim.plan.spec.checked_slo`), naming the API ``call``."""
-    from kvsim.sim.plan.spec import checked_slo as check
+    """``slo`` checked (:func:`~kvsim.sim.plan.spec.checked_slo`), naming the API ``call``:
+    a run's targets are percentiles its summary holds (:data:`SUMMARY_PERCENTILES`)."""
+    from kvsim.reports.frames import SUMMARY_PERCENTILES
+    from kvsim.sim.plan.spec import checked_slo as check, slo_targets
     try:
-        return None if slo is None else check(slo)
+        slo = None if slo is None else check(slo)
     except ConfigError as e:
         raise located(e, call) from None
+    for key, _, pct, _ in slo_targets(slo or {}):
+        if pct not in SUMMARY_PERCENTILES:
+            held = ", ".join(f"p{p}" for p in SUMMARY_PERCENTILES)
+            raise ConfigError(f"a target's percentile must be one a run's summary holds "
+                              f"({held})", location=call, field=key)
+    return slo
 
 
 def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
@@ -185,6 +205,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     from kvsim.workloads.sharing import scan_trace_sharing
     reading, settings = split_keywords(settings)
     slo = checked_slo(slo)
+    checked_flag(keep_steps, "keep_steps", "kvsim.run")
     label, source = _source(trace if trace is not None else _toml_trace(config), reading)
     run_cfg = run_config(label, settings, config)
     run_cfg.check_unused_options("kvsim.run")

@@ -8,6 +8,7 @@ Like :func:`kvsim.run`: every input is checked before any work (a one-line
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -16,12 +17,11 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from kvsim.api import (Result, Trace, checked_slo, load_trace, run_config, run_frames,
-                       split_keywords, trace_options)
+from kvsim.api import (TRACE_KEYWORDS, Result, Trace, checked_flag, checked_slo, load_trace,
+                       run_config, run_frames, split_keywords, trace_options)
+from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
 from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL
-
-_DEFAULT_POLICIES = ("lru", "lfu", "priority", "hybrid", "belady")
 
 
 def _trace_file(trace: Any, reading: dict, where: str) -> tuple[str | None, Any]:
@@ -63,6 +63,7 @@ class Comparison:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
+        checked_flag(html, "html", "Comparison.write")
         from kvsim.grid import compare_result, run_dirs
         from kvsim.reports.frames import COMPARE_FILE
         from kvsim.reports.html import render_compare_report
@@ -162,6 +163,7 @@ class Plan:
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
+        checked_flag(html, "html", "Plan.write")
         from kvsim.reports.outdir import OutputDir
         from kvsim.reports.plan import write_plan_outputs
         with OutputDir(out_dir, option="out_dir"):
@@ -211,9 +213,7 @@ def plan(trace: Any = None, *, slo: dict | None = None, target_rate: float | Non
     path, options = _trace_file(trace, reading, "kvsim.plan")
     from kvsim.workloads.sources import resolve_trace
     file, label = resolve_trace(path)
-    if not isinstance(burst, bool):
-        raise ConfigError(f"expected True or False, got {burst!r}", location="kvsim.plan",
-                          field="burst")
+    checked_flag(burst, "burst", "kvsim.plan")
     extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
                  rate_iterations=rate_iterations, burst=burst,
                  rate_scale=reading.get("rate_scale"))
@@ -237,6 +237,7 @@ class HitRates:
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``hitrate.json`` and ``hitrate.html`` as ``kvsim hitrate --out``."""
+        checked_flag(html, "html", "HitRates.write")
         from kvsim.reports.html import write_hitrate_outputs
         return write_hitrate_outputs(self.result, Path(out_dir), html, option="out_dir")
 
@@ -256,16 +257,27 @@ def _csv(values: Sequence | int | str | None) -> str | None:
 
 def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
             capacity_tokens: Sequence[int] | int | None = None, block_size: int = 16,
-            eviction: Sequence[str] | str = _DEFAULT_POLICIES, **reading: Any) -> HitRates:
-    """Prefix hit rate of each eviction policy at each cache capacity (blocks, or
-    ``capacity_tokens``), replaying the cache only (no timing). ``trace`` as in
+            eviction: Sequence[str] | str | None = None, lookahead_s: float = 30.0,
+            **reading: Any) -> HitRates:
+    """Prefix hit rate of each eviction policy (default: every one, as ``kvsim hitrate``) at
+    each cache capacity (blocks, or ``capacity_tokens``), replaying the cache only (no
+    timing); ``lookahead_s``: the lookahead policy's window. ``trace`` as in
     :func:`kvsim.run`, or a list of requests."""
     from kvsim.cache import hitrate as hr
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"must be a positive integer, got {block_size!r}",
                           location="kvsim.hitrate", field="block_size")
+    if isinstance(lookahead_s, bool) or not isinstance(lookahead_s, (int, float)) \
+            or not 0 <= lookahead_s < math.inf:
+        raise ConfigError(f"must be a number of seconds >= 0, got {lookahead_s!r}",
+                          location="kvsim.hitrate", field="lookahead_s")
+    unknown = sorted(set(reading) - set(TRACE_KEYWORDS))
+    if unknown:
+        raise ConfigError(f"not a hitrate setting or trace option; trace options: "
+                          f"{', '.join(TRACE_KEYWORDS)}", location="kvsim.hitrate",
+                          field=unknown[0])
     caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)
-    policies = hr.parse_policies(_csv(eviction))
+    policies = hr.parse_policies(_csv(eviction) or ",".join(POLICY_NAMES))
     requests = trace if isinstance(trace, list) else load_trace(trace, **reading)
-    result = hr.hitrate_curves(iter(requests), caps, policies, block_size)
+    result = hr.hitrate_curves(iter(requests), caps, policies, block_size, float(lookahead_s))
     return HitRates({**result, "trace": getattr(requests, "label", "python")})

@@ -8,6 +8,7 @@ from typing import Literal, Optional
 
 import typer
 
+from kvsim.cache.policies import POLICY_NAMES
 from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, given_path, opt,
                           trace_options, trace_reading, with_groups)
 from kvsim.workloads.generators.presets import PresetName
@@ -103,8 +104,8 @@ def hitrate_command(
     capacity_tokens: Optional[str] = opt("Cache capacities in tokens instead.",
                                          "--capacity-tokens"),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per block."),
-    eviction: str = typer.Option("lru,lfu,priority,hybrid,arc,s3fifo,lookahead,belady",
-                                 "--eviction", help="Policies to compare, comma-separated."),
+    eviction: str = typer.Option(",".join(POLICY_NAMES), "--eviction",
+                                 help="Policies to compare, comma-separated."),
     out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out",
                              callback=given_path),
     lookahead_s: float = typer.Option(30.0, "--lookahead-s", min=0,

@@ -79,7 +79,9 @@ NUMBER_COLUMNS = frozenset(REQUEST_COLUMNS + TIMELINE_COLUMNS) - TEXT_COLUMNS
 
 #: The kinds of value :data:`SUMMARY_SHAPE` names (the words of an error).
 INTEGER, NUMBER, TEXT, OBJECT = "an integer", "a number or null", "a string", "an object"
-_LATENCY = dict.fromkeys(("mean", "p50", "p90", "p99"), NUMBER)
+#: The percentiles of each latency in a run's summary (``ttft_s.p50``, ...).
+SUMMARY_PERCENTILES = (50, 90, 99)
+_LATENCY = dict.fromkeys(("mean", *(f"p{p}" for p in SUMMARY_PERCENTILES)), NUMBER)
 #: What the run report reads from summary.json (docs/frames.md), key by key: a kind, or a
 #: dict, an object of the keys it lists (others are not looked at). Every key is required but
 #: those of :data:`SUMMARY_OPTIONAL`.

@@ -111,6 +111,21 @@ def test_write_and_report_write_only_when_asked(result, tmp_path):
     assert "ttfts" not in bench and bench["completed"] == 30
 
 
+def test_flags_take_true_or_false_and_slo_percentiles_the_summary_holds(result, tmp_path):
+    with pytest.raises(kvsim.ConfigError, match="field 'keep_steps': expected True or False"):
+        kvsim.run("sample:azure-conv", limit=5, keep_steps="yes")
+    with pytest.raises(kvsim.ConfigError, match="field 'sort': expected True or False, got 'x"):
+        kvsim.run("sample:azure-conv", limit=5, sort="x")
+    with pytest.raises(kvsim.ConfigError, match="^Result.write: field 'html': expected True"):
+        result.write(tmp_path / "w", html="no")
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(kvsim.ConfigError, match="field 'ttft_p98_s': a target's percentile "
+                                                r"must be one a run's summary holds \(p50, "):
+        kvsim.run("sample:azure-conv", limit=5, slo={"ttft_p98_s": 1.0})
+    with pytest.raises(kvsim.ConfigError, match="^kvsim.plan: field 'burst': expected True"):
+        kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 5}, burst="yes")
+
+
 def test_write_errors_name_the_python_argument_not_the_cli_option(result, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("mine")
@@ -165,6 +180,14 @@ def test_hitrate_equals_kvsim_hitrate():
     assert done.returncode == 0, done.stderr
     assert ours.result == json.loads(done.stdout)
     assert list(ours.table["policy"]) == ["lru", "lru", "lfu", "lfu"]
+    every = kvsim.hitrate("sample:mooncake", capacity=300, limit=40, lookahead_s=5)
+    done = kvsim_cli("hitrate", "sample:mooncake", "--capacity", "300", "--limit", "40",
+                     "--lookahead-s", "5", "--json")
+    assert every.result == json.loads(done.stdout)
+    assert list(every.table["policy"]) == ["lru", "lfu", "priority", "hybrid", "arc", "s3fifo",
+                                           "lookahead", "belady"]
+    with pytest.raises(kvsim.ConfigError, match="^kvsim.hitrate: field 'model': not a "):
+        kvsim.hitrate("sample:mooncake", capacity=300, model="llama-2-7b")
 
 
 def test_hitrate_write_is_the_cli_files_and_refuses_a_file(tmp_path):

@@ -8,7 +8,8 @@ import pandas as pd
 
 from kvsim.sim.perf.model_summary import kv_extra, model_info
 from kvsim.sim.perf.models import resolve_model
-from kvsim.reports.frames import PHASE_COLUMNS, REQUEST_COLUMNS, TIMELINE_COLUMNS
+from kvsim.reports.frames import PHASE_COLUMNS, REQUEST_COLUMNS, SUMMARY_PERCENTILES
+from kvsim.reports.frames import TIMELINE_COLUMNS
 
 from kvsim.sim.serving.recorder import FINISH_REASONS
 from kvsim.sim.serving.recorder import REQUEST_COLUMNS as LOG_COLUMNS
@@ -42,10 +43,11 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
 
 def _percentiles(values: pd.Series) -> dict:
     v = values.dropna().to_numpy()
+    names = [f"p{p}" for p in SUMMARY_PERCENTILES]
     if not len(v):
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(v, [50, 90, 99])
-    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+        return dict.fromkeys(["mean", *names])
+    found = np.percentile(v, list(SUMMARY_PERCENTILES))
+    return {"mean": float(v.mean()), **{n: float(x) for n, x in zip(names, found)}}
 
 
 def _fragmentation(steps: StepTotals, pool_slots: int) -> dict:
