@@ -5,6 +5,7 @@ Here and not in ``cli.py`` so tests (and notebooks) can run a job without a shel
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from contextlib import nullcontext
@@ -180,6 +181,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
     with OutputDir(job.out_dir):
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
+        if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):
+            say(beyond_context_note(job.config, deployment))
         if notes and scan.num_long:
             say(long_prompt_note(scan, job.config, deployment))
         show = None if quiet else (
@@ -233,6 +236,15 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     advice = long_prompt_advice(max_model_len, deployment.num_gpu_blocks * config.block_size,
                                 config.num_gpu_blocks is not None)
     return f"{share} {fit} and will be rejected; {advice}"
+
+
+def beyond_context_note(config: RunConfig, deployment) -> str:
+    """One line: ``--max-model-len`` is above the model's own context, as vLLM allows only on
+    request."""
+    return (f"--max-model-len {deployment.max_model_len:,} is above {config.model}'s context "
+            f"of {deployment.model_max_len:,} tokens: vLLM refuses that unless "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; kvsim runs it, its costs extrapolated past the "
+            "lengths the model was made for")
 
 
 def say(message: str) -> None:

@@ -298,6 +298,18 @@ def test_a_layout_option_the_layout_does_not_use_is_refused(tmp_path, option, la
     assert done.stderr == f"kvsim: error: command line: field '{field}': {message}\n"
 
 
+def test_a_max_model_len_above_the_models_context_is_noted_as_vllm_refuses_it(tmp_path):
+    args = ("run", "sample:mooncake", "--model", "llama-3-70b", "--gpu", "h100-80gb", "--tp",
+            "4", "--limit", "10", "--out", str(tmp_path))
+    done = kvsim(*args, "--max-model-len", "131072")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "kvsim: --max-model-len 131,072 is above llama-3-70b's context of 8,192 tokens: vLLM "
+        "refuses that unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; kvsim runs it, its costs "
+        "extrapolated past the lengths the model was made for")
+    assert "context of" not in kvsim(*args, "--max-model-len", "8192").stderr
+
+
 def test_quiet_still_warns_of_rejected_requests(tmp_path):
     done = kvsim("run", "sample:mooncake", "--model", "llama-3-70b", "--gpu", "h100-80gb",
                  "--tp", "4", "--limit", "50", "--quiet", "--out", str(tmp_path / "o"))

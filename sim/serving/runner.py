@@ -42,6 +42,7 @@ class Deployment:
     pool_explanation: str
     num_cpu_blocks: int = 0
     layout: KvLayout | None = None
+    model_max_len: int | None = None    # the model's own context (max_position_embeddings)
 
     @property
     def multi_group(self) -> bool:
@@ -105,7 +106,7 @@ def resolve_deployment(config: RunConfig) -> Deployment:
         raise ConfigError(f"{config.kv_offloading_size:g} GiB makes {host:,} CPU blocks of "
                           f"{config.block_size} tokens: give between 1 and {MAX_POOL_BLOCKS:,}",
                           field="kv_offloading_size")
-    return Deployment(blocks, max_len, text, host, layout)
+    return Deployment(blocks, max_len, text, host, layout, model.max_model_len)
 
 
 def _check_multi_group(config: RunConfig, name: str) -> None:
