@@ -112,6 +112,21 @@ def test_bom_crlf_and_blank_lines_are_accepted(tmp_path):
     assert [r.arrival_s for r in read_trace(path)] == [0.0, 0.004]
 
 
+def test_a_gzip_trace_reads_as_its_text_and_a_cut_one_names_its_line(tmp_path):
+    import gzip
+    from kvsim.errors import TraceError
+    text = sample_path("mooncake").read_bytes()
+    packed = tmp_path / "mooncake.jsonl.gz"
+    packed.write_bytes(gzip.compress(text))
+    requests, expected = read_trace(packed), read_trace(sample_path("mooncake"))
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests] == [
+        (r.arrival_s, r.prompt_tokens, r.output_tokens) for r in expected]
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(gzip.compress(text)[:2000])
+    with pytest.raises(TraceError, match=r"cut.gz:\d+: read error: Compressed file ended"):
+        read_trace(cut)
+
+
 def test_format_can_be_forced(tmp_path):
     path = write(tmp_path, "f.jsonl", jsonl(
         {"timestamp": 0, "prompt_tokens": 3, "output_tokens": 1, "arrival_s": 1}))

@@ -1,13 +1,16 @@
 """Numbered text lines of a trace file, read as a stream.
 
-Accepts a UTF-8 byte-order mark, CRLF or LF line ends and blank lines (skipped). Rejects a
+Accepts a UTF-8 byte-order mark, CRLF or LF line ends, blank lines (skipped) and gzip
+compression (public traces often ship as ``.gz``: read as they are). Rejects a
 missing or unreadable file, an empty file and bytes that are not UTF-8, each with a
 :class:`~kvsim.errors.TraceError` that names the file and line.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -15,6 +18,7 @@ from kvsim.errors import TraceError
 from kvsim.workloads.bundled import shown
 
 BOM = b"\xef\xbb\xbf"
+GZIP_MAGIC = b"\x1f\x8b"
 MAX_LINE_BYTES = 64 << 20
 """Longest line read (64 MiB: a prompt of ~8M token ids); a longer one is taken for corrupt
 data (``/dev/zero``, a binary file) instead of being read into memory whole."""
@@ -32,7 +36,7 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     that is not valid UTF-8. The file is read lazily, one line at a time.
     """
     path = Path(path)
-    empty = True
+    empty, line_no = True, 0
     with _open(path) as f:
         for line_no, raw in enumerate(_raw_lines(f, path), start=1):
             if line_no == 1 and raw.startswith(BOM):
@@ -42,7 +46,8 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
                 empty = False
                 yield line_no, text
     if empty:
-        raise TraceError("empty trace: the file has no lines", location=where(path))
+        raise TraceError("empty trace: the file has no lines" if line_no == 0 else
+                         "empty trace: every line of the file is blank", location=where(path))
 
 
 def _raw_lines(f, path: Path) -> Iterator[bytes]:
@@ -53,8 +58,8 @@ def _raw_lines(f, path: Path) -> Iterator[bytes]:
         line_no += 1
         try:
             raw = f.readline(MAX_LINE_BYTES + 1)
-        except OSError as e:
-            raise TraceError(f"read error: {e.strerror or e}",
+        except (OSError, EOFError, zlib.error) as e:    # (a failing disk, a cut gzip file)
+            raise TraceError(f"read error: {getattr(e, 'strerror', None) or e}",
                              location=where(path, line_no)) from None
         if not raw:
             return
@@ -65,8 +70,12 @@ def _raw_lines(f, path: Path) -> Iterator[bytes]:
 
 
 def _open(path: Path):
+    """The file's bytes; a gzip file's (found by its magic number) uncompressed."""
     try:
-        return open(path, "rb")
+        f = open(path, "rb")
+        if f.peek(2)[:2] == GZIP_MAGIC:
+            return gzip.GzipFile(fileobj=f, mode="rb")
+        return f
     except FileNotFoundError:
         raise TraceError("no such file", location=where(path)) from None
     except IsADirectoryError:
