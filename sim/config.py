@@ -25,6 +25,7 @@ from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 from kvsim.workloads.identity import SAMPLING_MODES
 
+from kvsim.sim.perf.gpus import gpu_name
 from kvsim.sim.perf.models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
 from kvsim.sim.serving.router import ROUTERS
 
@@ -107,6 +108,13 @@ class RunConfig:
     offload_store_threshold: Annotated[int, Field(ge=0, le=1_000_000)] = 0   # native: reuse gate
     preemption_mode: PreemptionMode = "recompute"
     long_prompt: LongPrompt = "reject"
+
+    def __post_init__(self) -> None:
+        # a GPU alias (h100, A100-SXM4-80GB) is kept by its catalog name: one GPU, one name in
+        # summaries, labels and grids (an unknown one is refused where the pool is sized)
+        known = gpu_name(self.gpu)
+        if known is not None and known != self.gpu:
+            object.__setattr__(self, "gpu", known)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -24,3 +24,11 @@ def test_gpus_lists_memory_bandwidth_and_price():
                            "nvlink4", "2.99"]
     assert "h100" in {g["name"]: g["aliases"] for g in
                       json.loads(kvsim("gpus", "--json").stdout)}["h100-80gb"]
+
+
+def test_an_alias_runs_as_its_catalog_name_and_bare_a100_is_ambiguous(tmp_path):
+    done = kvsim("run", "--gpu", "H100", "--limit", "5", "--out", tmp_path, "--json")
+    assert json.loads(done.stdout)["config"]["gpu"] == "h100-80gb"
+    done = kvsim("run", "--gpu", "a100", "--limit", "5", "--out", tmp_path / "b")
+    assert done.returncode == 2 and "unknown GPU 'a100' (did you mean" in done.stderr
+    assert "'a100-80gb'" in done.stderr and "'a100-40gb'" in done.stderr

@@ -42,6 +42,14 @@ def list_gpus() -> list[str]:
     return sorted(load_catalog("gpus.json")["gpus"])
 
 
+def gpu_name(name: str) -> str | None:
+    """The catalog name of ``name`` (itself, or an alias's; case ignored), None if unknown."""
+    try:
+        return resolve_gpu(name).name
+    except ConfigError:
+        return None
+
+
 def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
     """A catalog name (``a100-80gb``) or alias (``h100``, ``A100-SXM4-80GB``), case ignored."""
     if isinstance(name, GpuSpec):
