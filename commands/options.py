@@ -151,9 +151,16 @@ def _trace_keywords(v: dict) -> dict:
 
 
 def trace_options(reading: dict, **more):
-    """The :class:`~kvsim.workloads.TraceOptions` of a :func:`trace_reading` group's value."""
+    """The :class:`~kvsim.workloads.TraceOptions` of a :func:`trace_reading` group's value,
+    checked: a bad one names its option (``--start``, not ``start_s``)."""
+    from kvsim.errors import TraceError
+    from kvsim.reports.frames import TRACE_OPTIONS
     from kvsim.workloads import TraceOptions
-    return TraceOptions(**{**reading, **more})
+    try:
+        return TraceOptions(**{**reading, **more}).checked()
+    except TraceError as e:
+        option = TRACE_OPTIONS.get(e.field, (None, e.field))[1]
+        raise TraceError(e.message, location="command line", field=option) from None
 
 
 # --- SLO targets --------------------------------------------------------------------------------
@@ -175,6 +182,9 @@ def slo_option_error(error):
     other error as it is."""
     from kvsim.errors import ConfigError
     from kvsim.sim.plan.spec import is_slo_key
+    if error.field == "target_rate":
+        return ConfigError(error.message, location=error.location or "command line",
+                           field="--target-rate")
     if not is_slo_key(error.field):
         return error
     return ConfigError(error.message, location=error.location,

@@ -166,8 +166,8 @@ CLI = [
     (["run", "--model", "no-such-model"], "model"), (["run", "--gpu", "tpu"], "gpu"),
     (["run", "missing.jsonl"], "no such file"), (["run", "sample:nope"], "sample"),
     (["run", "."], "directory"), (["run", "/dev/null"], "regular file"),
-    (["run", "--limit", "0"], "--limit"), (["run", "--rate-scale", "0"], "rate_scale"),
-    (["run", "--rate-scale", "-2"], "rate_scale"), (["run", "--format", "xml"], "--format"),
+    (["run", "--limit", "0"], "--limit"), (["run", "--rate-scale", "0"], "--rate-scale"),
+    (["run", "--rate-scale", "-2"], "--rate-scale"), (["run", "--format", "xml"], "--format"),
     (["run", "--start", "10", "--end", "5"], "end"), (["run", "--seed", "x"], "--seed"),
     (["run", "--gpu-memory-utilization", "2"], "gpu_memory_utilization"),
     (["run", "--slo-ttft-p99", "-1"], "--slo-ttft-p99"), (["run", "--slo-ttft-p99", "0"],
@@ -182,6 +182,11 @@ CLI = [
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--tp", "0"], "tp"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--workers", "0"], "--workers"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--router", "x"], "--router"),
+    (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--target-rate", "-5"],
+     "command line: field '--target-rate': must be a request rate > 0, got -5.0"),
+    (["run", "--start", "nan"], "command line: field '--start': must be a finite number, got nan"),
+    (["trace-stats", "sample:mooncake", "--rate-scale", "-1"],
+     "command line: field '--rate-scale': must be a finite number > 0, got -1.0"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "2", "--target-rate", "500"],
      "sample:azure-conv: field 'load': at 500 req/s the trace's 300 requests arrive within "
      "0.6 s, too short to tell a sustained load from a burst that ends in time; judging the "
