@@ -255,27 +255,35 @@ def _hits(reqs, name: str, capacities: Sequence[int], lookahead_s: float) -> lis
     return [policy_hits(reqs, name, c, oracle, lookahead_s) for c in capacities]
 
 
-def render_hitrate_table(result: dict) -> str:
-    """The rows as a text table: one line per capacity, one column per policy (hit rate %)."""
-    policies, caps = result["policies"], result["capacities_blocks"]
-    rate = {(r["policy"], r["capacity_blocks"]): r["hit_rate"] for r in result["rows"]}
+def render_hitrate_table(result: dict, width: int | None = None) -> str:
+    """The rows as a text table: one line per capacity, one column per policy (hit rate %);
+    with a ``width`` (a terminal's), the policies in blocks of columns that fit it."""
+    policies = result["policies"]
     trace = f"{result['trace']}: " if result.get("trace") else ""
     lines = [f"prefix hit rate of {trace}{result['num_requests']:,} requests, "
-             f"{result['prompt_tokens']:,} prompt tokens, block size {result['block_size']}",
-             f"{'blocks':>10} {'tokens':>12} " + " ".join(f"{p:>9}" for p in policies)]
-    for c in caps:
-        cells = " ".join(f"{100 * rate[p, c]:>8.2f}%" for p in policies)
-        lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
-    share = {(r["policy"], r["capacity_blocks"]): r.get("belady_share") for r in result["rows"]}
-    if any(v is not None for v in share.values()):
-        lines.append("share of Belady's gain over LRU (0 = LRU, 1 = Belady)")
-        for c in caps:
-            cells = " ".join(f"{_share(share[p, c]):>9}" for p in policies)
-            lines.append(f"{c:>10,} {c * result['block_size']:>12,} {cells}")
+             f"{result['prompt_tokens']:,} prompt tokens, block size {result['block_size']}"]
+    per_block = len(policies) if width is None else max(1, (width - 24) // 10)
+    for first in range(0, len(policies), per_block):
+        lines += _policy_block(result, policies[first:first + per_block])
     if "lookahead" in policies:
         lines.append(f"lookahead sees as queued the requests arriving within "
                      f"{result.get('lookahead_s', DEFAULT_LOOKAHEAD_S):g} s after each one")
     return "\n".join(lines)
+
+
+def _policy_block(result: dict, policies: list[str]) -> list[str]:
+    """The table's lines for ``policies``: hit rates, then shares of Belady's gain if any."""
+    caps, size = result["capacities_blocks"], result["block_size"]
+    rate = {(r["policy"], r["capacity_blocks"]): r["hit_rate"] for r in result["rows"]}
+    share = {(r["policy"], r["capacity_blocks"]): r.get("belady_share") for r in result["rows"]}
+    lines = [f"{'blocks':>10} {'tokens':>12} " + " ".join(f"{p:>9}" for p in policies)]
+    lines += [f"{c:>10,} {c * size:>12,} "
+              + " ".join(f"{100 * rate[p, c]:>8.2f}%" for p in policies) for c in caps]
+    if any(share[p, c] is not None for p in policies for c in caps):
+        lines.append("share of Belady's gain over LRU (0 = LRU, 1 = Belady)")
+        lines += [f"{c:>10,} {c * size:>12,} "
+                  + " ".join(f"{_share(share[p, c]):>9}" for p in policies) for c in caps]
+    return lines
 
 
 def _share(value: float | None) -> str:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -134,5 +136,6 @@ def hitrate_command(
     if out is not None:
         from kvsim.reports.html import write_hitrate_outputs
         write_hitrate_outputs(result, Path(out), html)
-    emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r)))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r, width)))
 

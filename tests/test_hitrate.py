@@ -121,6 +121,10 @@ def test_curves_table_and_json_shape():
                   ("belady", 4): 8 / 27}
     table = render_hitrate_table(result)
     assert "29.63%" in table and table.splitlines()[1].split()[-2:] == ["lru", "belady"]
+    narrow = render_hitrate_table(result, width=40).splitlines()
+    assert [line.split()[-1] for line in narrow if line.split()[0] == "blocks"] == [
+        "lru", "belady"]                                    # (a block of columns each)
+    assert all(len(line) <= 40 for line in narrow[1:])
 
 
 def test_capacities_and_policies_are_parsed_and_checked():
