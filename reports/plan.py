@@ -22,6 +22,7 @@ from kvsim.reports.io import write_csv_atomic, write_json_atomic
 from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
+from kvsim.reports.terminal import print_table
 
 PLAN_FIGURE_IDS = ("fig-pareto", "fig-max-rate")
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
@@ -149,7 +150,7 @@ def print_plan(result: dict, console: Optional[Console] = None) -> None:
     text = dict(highlight=False, soft_wrap=True)    # (unwrapped: the reproduce line pastes)
     console.print(f"trace {result['trace']} · model {result['model']} · {load_text(result)} · "
                   f"SLO {slo_text(result)}", **text)
-    console.print(plan_table(result))
+    print_table(plan_table(result), console)
     for line in reason_lines(result) + rate_notes(result):
         console.print(line, **text)
     console.print(recommendation_text(result), **text)

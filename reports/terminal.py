@@ -128,7 +128,18 @@ def _tiering_rows(summary: dict) -> list[tuple[str, str]]:
 
 def print_summary(summary: dict, console: Optional[Console] = None) -> None:
     """Print the compact summary table of a run to ``console`` (stdout by default)."""
-    (console or Console()).print(summary_table(summary))
+    print_table(summary_table(summary), console or Console())
+
+
+def print_table(table, console: Console) -> None:
+    """Print a rich table; to a file or pipe without the spaces that pad its lines to the
+    console's width (a terminal shows none of them anyway)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 class RunProgress:

@@ -36,6 +36,12 @@ def test_kvsim_alone_prints_its_help_as_it_is():
     assert any(line.split()[:1] == ["run"] for line in lines)
 
 
+def test_a_piped_summary_has_no_padding_spaces(tmp_path):
+    done = kvsim("run", "--limit", "5", "--out", str(tmp_path))
+    lines = done.stdout.splitlines()
+    assert lines[0] == "kvsim run summary" and all(ln == ln.rstrip() for ln in lines)
+
+
 def test_json_prints_only_the_summary(tmp_path):
     done = kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "50",
                  "--out", str(tmp_path), "--json")
