@@ -120,8 +120,9 @@ def _explain(floors, metric: str, pct: float, target: float, floor: float) -> st
             f"it is {fmt_latency(floor)}")
     if metric == "ttft_s":
         i = int(np.nanargmax(floors["ttft_s"]))
-        text += (f" (one request's prefill alone, {int(floors['prompt_tokens'][i]):,} prompt "
-                 f"tokens of which {int(floors['cached_tokens'][i]):,} cacheable, takes "
+        text += (f" (the slowest, one request's prefill alone: "
+                 f"{int(floors['prompt_tokens'][i]):,} prompt tokens of which "
+                 f"{int(floors['cached_tokens'][i]):,} cacheable take "
                  f"{fmt_latency(float(floors['ttft_s'][i]))})")
     elif metric == "tpot_s":
         text += " (one decode step with a batch of one)"
