@@ -234,7 +234,7 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     if config.long_prompt == "truncate":
         return f"{share} {fit}: truncating them (--long-prompt truncate)"
     advice = long_prompt_advice(max_model_len, deployment.num_gpu_blocks * config.block_size,
-                                config.num_gpu_blocks is not None)
+                                config.num_gpu_blocks is not None, deployment.model_max_len)
     return f"{share} {fit} and will be rejected; {advice}"
 
 

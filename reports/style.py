@@ -136,13 +136,20 @@ def rejected_text(summary: dict) -> str:
     limit_text = f" {fmt_num(limit)}" if limit else ""
     pool = (get(summary, "kv", "num_gpu_blocks") or 0) * (get(summary, "kv", "block_size") or 0)
     given = get(summary, "config", "num_gpu_blocks") is not None
+    advice = long_prompt_advice(limit, pool, given, get(summary, "model", "max_model_len"))
     return (f"{fmt_num(n)} of {fmt_num(summary.get('num_requests'))} requests: prompt of "
-            f"max_model_len{limit_text} tokens or more ({long_prompt_advice(limit, pool, given)})")
+            f"max_model_len{limit_text} tokens or more ({advice})")
 
 
-def long_prompt_advice(max_model_len, pool_tokens: int, blocks_given: bool) -> str:
+def long_prompt_advice(max_model_len, pool_tokens: int, blocks_given: bool,
+                       model_context=None) -> str:
     """What to do about prompts of ``max_model_len`` tokens or more: raise it, unless the KV
-    pool (``pool_tokens``, ``--num-gpu-blocks`` when ``blocks_given``) is what limits it."""
+    pool (``pool_tokens``, ``--num-gpu-blocks`` when ``blocks_given``) or the model's own
+    context (``model_context``) is what limits it."""
+    if is_number(max_model_len) and max_model_len == model_context and pool_tokens \
+            and max_model_len < pool_tokens:
+        return ("that is the model's own context: pass --long-prompt truncate or choose a "
+                "model with a longer one; vLLM refuses a --max-model-len above it")
     if not (is_number(max_model_len) and pool_tokens and max_model_len >= pool_tokens):
         return "raise --max-model-len, or pass --long-prompt truncate"
     more = "raise --num-gpu-blocks" if blocks_given else (

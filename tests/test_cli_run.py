@@ -321,5 +321,6 @@ def test_quiet_still_warns_of_rejected_requests(tmp_path):
                  "--tp", "4", "--limit", "50", "--quiet", "--out", str(tmp_path / "o"))
     assert (done.returncode, done.stdout) == (0, "")
     assert done.stderr == ("kvsim: rejected 24 of 50 requests: prompt of max_model_len 8,192 "
-                           "tokens or more (raise --max-model-len, or pass --long-prompt "
-                           "truncate)\n")
+                           "tokens or more (that is the model's own context: pass "
+                           "--long-prompt truncate or choose a model with a longer one; vLLM "
+                           "refuses a --max-model-len above it)\n")

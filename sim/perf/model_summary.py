@@ -23,7 +23,8 @@ def model_info(cfg) -> dict:
     m = resolve_model(cfg.model)
     out = {"name": m.name, "family": m.family, "num_layers": m.num_layers,
            "num_params": m.num_params, "active_params": m.active_params,
-           "attention": "mla" if m.is_mla else "mha" if m.num_kv_heads == m.num_heads else "gqa"}
+           "attention": "mla" if m.is_mla else "mha" if m.num_kv_heads == m.num_heads else "gqa",
+           "max_model_len": m.max_model_len}
     if m.is_moe:
         out["moe"] = {"num_experts": m.num_experts, "experts_per_token": m.experts_per_token,
                       "num_moe_layers": m.num_moe_layers,
