@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, TraceError
 from kvsim.sim.config import RunConfig, located
 from kvsim.workloads import Request, TraceOptions
 
@@ -54,14 +54,20 @@ def checked_flag(value: Any, name: str, call: str) -> bool:
     return value
 
 
-def trace_options(values: dict, seed: int = 0) -> TraceOptions:
-    """:class:`TraceOptions` from :data:`TRACE_KEYWORDS`, checked."""
+def trace_options(values: dict, seed: int = 0, call: str = "kvsim.run") -> TraceOptions:
+    """:class:`TraceOptions` from :data:`TRACE_KEYWORDS`, checked: a bad one names its
+    keyword and ``call``."""
     if "sort" in values:
-        checked_flag(values["sort"], "sort", "trace options")
-    return TraceOptions(fmt=values.get("format"), limit=values.get("limit"),
-                        start_s=values.get("start"), end_s=values.get("end"),
-                        rate_scale=values.get("rate_scale", 1.0), sort=values.get("sort", False),
-                        seed=seed, model_filter=values.get("trace_model")).checked()
+        checked_flag(values["sort"], "sort", call)
+    try:
+        return TraceOptions(fmt=values.get("format"), limit=values.get("limit"),
+                            start_s=values.get("start"), end_s=values.get("end"),
+                            rate_scale=values.get("rate_scale", 1.0),
+                            sort=values.get("sort", False), seed=seed,
+                            model_filter=values.get("trace_model")).checked()
+    except TraceError as e:
+        keyword = {"start_s": "start", "end_s": "end"}.get(e.field, e.field)
+        raise TraceError(e.message, location=call, field=keyword) from None
 
 
 def split_keywords(keywords: dict) -> tuple[dict, dict]:
@@ -81,7 +87,7 @@ def load_trace(trace: str | os.PathLike | None = None, **reading: Any) -> Trace:
     from kvsim.workloads.sources import resolve_trace
     from kvsim.workloads import load_trace as read
     path, label = resolve_trace(None if trace is None else os.fspath(trace))
-    options = trace_options(reading)
+    options = trace_options(reading, call="kvsim.load_trace")
     return Trace(read(path, options), path, label, options)
 
 
@@ -215,11 +221,9 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     except ConfigError as e:
         raise located(e, "kvsim.run") from None
     requests = (lambda: iter(source)) if options is None else (lambda: read(source, options))
+    read_with = options if options is not None else getattr(trace, "options", None)
     frames = run_frames(simulate(requests(), run_cfg, keep_steps=keep_steps,
-                                 sharing=scan_trace_sharing(requests)))
-    if options is not None:
-        from kvsim.reports.frames import recorded_trace_options
-        frames[0]["config"]["trace_options"] = recorded_trace_options(options)
+                                 sharing=scan_trace_sharing(requests), trace_options=read_with))
     if slo:
         frames[0]["slo"] = dict(slo)
     return Result(*frames, config=run_cfg)

@@ -19,9 +19,10 @@ import pandas as pd
 
 from kvsim.api import (TRACE_KEYWORDS, Result, Trace, checked_flag, checked_slo, load_trace,
                        run_config, run_frames, split_keywords, trace_options)
+from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
-from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL
+from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, located
 
 
 def _trace_file(trace: Any, reading: dict, where: str) -> tuple[str | None, Any]:
@@ -36,7 +37,7 @@ def _trace_file(trace: Any, reading: dict, where: str) -> tuple[str | None, Any]
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
         raise ConfigError("needs a trace file: a path, sample:NAME or a Trace from "
                           "kvsim.load_trace", location=where, field="trace")
-    return (None if trace is None else os.fspath(trace)), trace_options(reading)
+    return (None if trace is None else os.fspath(trace)), trace_options(reading, call=where)
 
 
 # --- compare ------------------------------------------------------------------------------------
@@ -101,8 +102,8 @@ def _simulate_point(point) -> tuple:
     from kvsim.workloads import load_trace as read
     from kvsim.workloads.sharing import scan_trace_sharing
     requests = partial(read, point.job.trace_path, point.job.trace_options)
-    return run_frames(simulate(requests(), point.job.config,
-                               sharing=scan_trace_sharing(requests)))
+    return run_frames(simulate(requests(), point.job.config, sharing=scan_trace_sharing(requests),
+                               trace_options=point.job.trace_options))
 
 
 def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
@@ -257,7 +258,7 @@ def _csv(values: Sequence | int | str | None) -> str | None:
 
 def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
             capacity_tokens: Sequence[int] | int | None = None, block_size: int = 16,
-            eviction: Sequence[str] | str | None = None, lookahead_s: float = 30.0,
+            eviction: Sequence[str] | str | None = None, lookahead_s: float = DEFAULT_LOOKAHEAD_S,
             **reading: Any) -> HitRates:
     """Prefix hit rate of each eviction policy (default: every one, as ``kvsim hitrate``) at
     each cache capacity (blocks, or ``capacity_tokens``), replaying the cache only (no
@@ -276,8 +277,12 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
         raise ConfigError(f"not a hitrate setting or trace option; trace options: "
                           f"{', '.join(TRACE_KEYWORDS)}", location="kvsim.hitrate",
                           field=unknown[0])
-    caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)
-    policies = hr.parse_policies(_csv(eviction) or ",".join(POLICY_NAMES))
+    try:
+        caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)
+        policies = hr.parse_policies(",".join(POLICY_NAMES) if eviction is None
+                                     else _csv(eviction))
+    except ConfigError as e:
+        raise located(e, "kvsim.hitrate") from None
     requests = trace if isinstance(trace, list) else load_trace(trace, **reading)
     result = hr.hitrate_curves(iter(requests), caps, policies, block_size, float(lookahead_s))
     return HitRates({**result, "trace": getattr(requests, "label", "python")})

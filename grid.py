@@ -30,6 +30,7 @@ from kvsim.workloads.sources import resolve_trace
 from kvsim.reports.frames import COMPARE_FILE
 from kvsim.reports.grid_table import identical_to, table_metrics
 from kvsim.sim.config import RunConfig
+from kvsim.sim.perf.gpus import gpu_name
 from kvsim.workloads import TraceOptions
 
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
@@ -176,10 +177,13 @@ def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: T
 def grid_points(spec: CompareSpec) -> list[GridPoint]:
     """The jobs of the grid in grid order (first dimension slowest); each is validated."""
     path, label = resolve_trace(spec.trace)
-    names = list(spec.dims)
-    varying = [n for n in names if len(spec.dims[n]) > 1]
+    dims = {**spec.dims}
+    if "gpu" in dims:           # (an alias is its catalog name: one GPU, one label, one run)
+        dims["gpu"] = list(dict.fromkeys(gpu_name(g) or g for g in dims["gpu"]))
+    names = list(dims)
+    varying = [n for n in names if len(dims[n]) > 1]
     points = []
-    for i, values in enumerate(itertools.product(*(spec.dims[n] for n in names)), start=1):
+    for i, values in enumerate(itertools.product(*(dims[n] for n in names)), start=1):
         settings = dict(zip(names, values))
         config = RunConfig.from_dict({**spec.base, **settings, "trace": label},
                                      source="compare options")

@@ -14,7 +14,6 @@ from functools import partial
 from pathlib import Path
 
 from kvsim.errors import ConfigError, TraceError
-from kvsim.reports.frames import recorded_trace_options
 from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.style import long_prompt_advice
@@ -192,9 +191,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
             requests, sharing = read_scanned(partial(load_trace, job.trace_path,
                                                      job.trace_options))
             result = simulate(requests, job.config, progress=show.update if show else None,
-                              sharing=sharing)
+                              sharing=sharing, trace_options=job.trace_options)
         summary, requests_df, timeline_df = run_outputs(result)
-        summary["config"]["trace_options"] = recorded_trace_options(job.trace_options)
         if job.slo:
             summary["slo"] = job.slo
         write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html,

@@ -12,7 +12,7 @@ model of that GPU:
   (the per-row term is the small-token region: a kernel that gives each token's row to one
   thread block takes longer for wider rows; q rounds the knee);
 - each GEMM (``attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj``) on its own times,
-  by its matrix shape (``kvsim.sim.perf.cost_model.gemm_time``): the soft maximum of a memory side
+  by its matrix shape (``kvsim.sim.perf.gemm.gemm_time``): the soft maximum of a memory side
   ``memory_latency + bytes / (bw * memory_eff)`` and a compute side ``latency + waves * tile
   FLOPs / (SM peak * tile eff)`` for the fastest of the output tiles :data:`TILES`, with
   ``ceil(tokens / tile_m) * ceil(N / tile_n)`` tiles over the GPU's SMs (:data:`NUM_SMS`) and

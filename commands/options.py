@@ -178,13 +178,13 @@ def _slo(values: dict) -> dict:
 
 
 def slo_option_error(error):
-    """An SLO target's error naming its option (``ttft_p99_s``: ``--slo-ttft-p99``); any
-    other error as it is."""
+    """An SLO target's or the planned load's error naming its option (``ttft_p99_s``:
+    ``--slo-ttft-p99``; ``target_rate``: ``--target-rate``); any other error as it is."""
     from kvsim.errors import ConfigError
     from kvsim.sim.plan.spec import is_slo_key
-    if error.field == "target_rate":
+    if error.field in ("target_rate", "rate_scale"):      # (the load, as plan sets it)
         return ConfigError(error.message, location=error.location or "command line",
-                           field="--target-rate")
+                           field="--" + error.field.replace("_", "-"))
     if not is_slo_key(error.field):
         return error
     return ConfigError(error.message, location=error.location,

@@ -43,8 +43,8 @@ PLAN_SEARCH = OptionGroup({
                                          "--rate-scale).", "--target-rate")),
     "burst": (bool, typer.Option(False, "--burst", help="The trace is the whole load, a "
                                  "burst to absorb: judge it however short its arrivals "
-                                 "(default: it stands for a sustained rate, and must last "
-                                 "10x the largest TTFT/E2E target).")),
+                                 "(default: it stands for a sustained rate, and its arrivals "
+                                 "must last long enough for a 10% overload to show).")),
     "max_replicas": (int, typer.Option(32, "--max-replicas", help="Most replicas to try.")),
     "rate_iterations": (int, typer.Option(8, "--rate-iterations", help="Bisection steps of "
                                           "the sustainable-rate search.")),
@@ -97,9 +97,10 @@ def plan_command(
     path, label = resolve_trace(trace)
     rate_scale = reading["rate_scale"]
     values = {**search, "rate_scale": rate_scale, "seed": reading["seed"]}
+    given = 1.0 if rate_scale is None else rate_scale
     try:
         spec = plan_spec.spec_from_options(
-            path, label, trace_options(reading, rate_scale=rate_scale or 1.0), values)
+            path, label, trace_options(reading, rate_scale=given), values)
     except ConfigError as e:
         raise slo_option_error(e) from None
     options = sweep.SweepOptions(workers or sweep.default_workers(),

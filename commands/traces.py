@@ -10,10 +10,18 @@ from typing import Literal, Optional
 
 import typer
 
+from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, given_path, opt,
                           trace_options, trace_reading, with_groups)
 from kvsim.workloads.generators.presets import PresetName
+
+
+#: gen's settings (:class:`~kvsim.workloads.generators.GenConfig` fields) by their options.
+GEN_OPTIONS = {"num_requests": "--num-requests", "arrival": "--arrival", "rate": "--rate",
+               "cv": "--cv", "arrival_trace": "--arrival-trace", "preset": "PRESET",
+               "high_priority_fraction": "--high-priority-fraction",
+               "hash_block_size": "--hash-block-size"}
 
 
 def _lengths(text: str, kind: str, option: str):
@@ -88,10 +96,10 @@ def gen_command(
     try:
         written = write_workload(preset, out, config)
     except ConfigError as e:
-        if e.location is not None or e.field is None:
+        if e.location is not None or e.field not in GEN_OPTIONS:
             raise
         raise ConfigError(e.message, location="command line",     # a setting: name its option
-                          field="--" + e.field.replace("_", "-")) from None
+                          field=GEN_OPTIONS[e.field]) from None
     emit(written, as_json, lambda r: typer.echo(
         f"wrote {r['num_requests']} {r['preset']} requests to "
         + ("standard output" if out == "-" else r['path']), err=out == "-"))
@@ -110,7 +118,7 @@ def hitrate_command(
                                  help="Policies to compare, comma-separated."),
     out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out",
                              callback=given_path),
-    lookahead_s: float = typer.Option(30.0, "--lookahead-s", min=0,
+    lookahead_s: float = typer.Option(DEFAULT_LOOKAHEAD_S, "--lookahead-s", min=0,
                                       help="lookahead policy: requests arriving within this "
                                       "many seconds count as queued (a queueing delay)."),
     reading: dict = trace_reading(rate_scale=None),

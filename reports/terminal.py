@@ -93,8 +93,8 @@ def trace_text(cfg: dict) -> str:
     given = [(TRACE_OPTIONS[name][1] if name in TRACE_OPTIONS else name, value)
              for name, value in (cfg.get("trace_options") or {}).items()
              if value not in (None, False) and not (name == "rate_scale" and value == 1)]
-    shown = ", ".join(name if value is True else f"{name} {value:g}" if is_number(value)
-                      else f"{name} {value}" for name, value in given)
+    shown = ", ".join(name if value is True else f"{name} {value:.15g}"
+                      if isinstance(value, float) else f"{name} {value}" for name, value in given)
     return str(cfg.get("trace", "?")) + (f" ({shown})" if shown else "")
 
 

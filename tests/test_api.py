@@ -76,7 +76,8 @@ def test_keep_steps_returns_every_engine_step(result):
     (dict(model="nope"), "kvsim.run: field 'model': unknown model 'nope'"),
     (dict(tp=3), "kvsim.run: field 'tp': llama-3.1-8b has 32 attention heads, which do not "
      "divide over 3 GPUs (vLLM refuses this)"),
-    (dict(limit=0), "field 'limit': must be a positive integer, got 0"),
+    (dict(limit=0), "kvsim.run: field 'limit': must be a positive integer, got 0"),
+    (dict(start=float("nan")), "kvsim.run: field 'start': must be a finite number, got nan"),
 ])
 def test_bad_settings_fail_before_any_work_in_one_line(settings, message, monkeypatch):
     import kvsim.sim.serving.runner as runner

@@ -188,11 +188,12 @@ CLI = [
     (["trace-stats", "sample:mooncake", "--rate-scale", "-1"],
      "command line: field '--rate-scale': must be a finite number > 0, got -1.0"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "2", "--target-rate", "500"],
-     "sample:azure-conv: field 'load': at 500 req/s the trace's 300 requests arrive within "
-     "0.6 s, too short to tell a sustained load from a burst that ends in time; judging the "
-     "latency targets needs 20 s of arrivals (10x the largest TTFT/E2E target): give at least "
-     "10,000 requests, or plan for at most 15 req/s (or plan these arrivals alone as a burst: "
-     "--burst)"),
+     "sample:azure-conv: field '--target-rate': at 500 req/s (rate scale 140) the trace's 300 "
+     "requests arrive within 0.6 s, too short for a 10% overload to show against the TTFT/E2E "
+     "targets (a burst that ends in time passes): judging TTFT p99 <= 2 s as a sustained load "
+     "needs 20.2 s of arrivals. Give at least 10,102 requests (a longer trace), plan for at "
+     "most 14.8 req/s (rate scale 4.15), or plan these arrivals as one burst (--burst; "
+     "burst=True in Python)"),
     (["hitrate", "sample:mooncake", "--capacity", "0"], "capacity"),
     (["hitrate", "sample:mooncake", "--capacity", "x"], "capacity"),
     (["trace-stats", "sample:nope"], "sample"), (["gen", "chat", "--out", "g.jsonl",

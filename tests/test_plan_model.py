@@ -160,28 +160,48 @@ def test_simultaneous_arrivals_are_named_when_no_rate_is_sustainable(tmp_path):
 
 
 def test_a_sustained_plan_judges_no_rate_its_trace_is_too_short_for():
-    """100 requests arrive over 42.7 s at rate scale 1: a TTFT target of 2 s (20 s of
-    arrivals needed) can be judged up to rate scale 2.13 (5 req/s), where one H100 still
-    passes."""
+    """100 requests arrive over 42.7 s at rate scale 1. A 10% overload delays the request at
+    the 99th percentile of the span by 0.1 x 0.99 of it, so judging TTFT p99 <= 2 s needs
+    20.2 s of arrivals: rate scale 2.11 (4.95 req/s) at most, where one H100 still passes."""
     spec = build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100),
                       RunConfig(model=MODEL, router=DEFAULT_ROUTER), build_slo(ttft_p99_s=2.0),
                       {"gpu": ("h100-80gb",)}, rate_iterations=1)
     span = spec.num_requests / spec.native_rate_per_s
-    assert spec.max_judged_scale == pytest.approx(span / 20.0)
+    assert spec.max_judged_scale == pytest.approx(span / (10 * 2.0 / 0.99))
     found = planner.plan(spec)["candidates"][0]["max_rate"]
     assert found["rate_scale"] == spec.max_judged_scale and found["failing_rate_scale"] is None
-    assert found["note"].endswith("its limit lies beyond, where the trace's arrivals last "
-                                  "less than 10x the largest TTFT/E2E target, too short to "
-                                  "judge a sustained rate (a longer trace can)")
-    with pytest.raises(ConfigError, match="field 'load': at 5.05 req/s the trace's 100 "
-                                          "requests arrive within 19.8 s, too short .* give "
-                                          "at least 101 requests, or plan for at most 5 req/s"):
+    assert found["note"].endswith("its limit lies beyond, where the trace's arrivals are over "
+                                  "too short for a 10% overload to show against the TTFT/E2E "
+                                  "targets (a longer trace can tell)")
+    with pytest.raises(ConfigError) as refused:
         build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100,
                    rate_scale=spec.max_judged_scale * 1.01), RunConfig(model=MODEL),
                    build_slo(ttft_p99_s=2.0), {})
+    assert str(refused.value) == (
+        "sample:azure-conv: field 'rate_scale': at 5 req/s (rate scale 2.134) the trace's 100 "
+        "requests arrive within 20 s, too short for a 10% overload to show against the "
+        "TTFT/E2E targets (a burst that ends in time passes): judging TTFT p99 <= 2 s as a "
+        "sustained load needs 20.2 s of arrivals. Give at least 102 requests (raise --limit, "
+        "or a longer trace), plan for at most 4.95 req/s (rate scale 2.11), or plan these "
+        "arrivals as one burst (--burst; burst=True in Python)")
     as_burst = build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100, rate_scale=50.0),
                           RunConfig(model=MODEL), build_slo(ttft_p99_s=2.0), {}, burst=True)
     assert as_burst.max_judged_scale == math.inf
+
+
+def test_the_rate_a_refusal_suggests_is_accepted_and_a_median_target_needs_longer():
+    base = dict(trace_path=AZURE, trace_label="sample:azure-conv", base=RunConfig(model=MODEL),
+                dims={})
+    with pytest.raises(ConfigError, match="plan for at most 42.4 req/s"):
+        build_spec(opts=TraceOptions(limit=300), slo=build_slo(ttft_p99_s=0.7),
+                   target_rate=500, **base)
+    assert build_spec(opts=TraceOptions(limit=300), slo=build_slo(ttft_p99_s=0.7),
+                      target_rate=42.4, **base).request_rate_per_s == pytest.approx(42.4)
+    p99 = build_spec(opts=TraceOptions(limit=300), slo=build_slo(ttft_p99_s=1.0), **base)
+    p50 = build_spec(opts=TraceOptions(limit=300), slo=build_slo(ttft_p50_s=1.0), **base)
+    assert p99.max_judged_scale / p50.max_judged_scale == pytest.approx(99 / 50)
+    tpot = build_spec(opts=TraceOptions(limit=300), slo=build_slo(tpot_p99_s=0.1), **base)
+    assert tpot.max_judged_scale == math.inf        # (a TPOT target sees no queue)
 
 
 def test_a_target_rate_sets_the_rate_scale(tmp_path):

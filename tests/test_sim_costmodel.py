@@ -130,6 +130,24 @@ def test_decode_durations_beside_a_prefill_equal_step_duration_exactly(model, gp
         assert fast.tolist() == slow                      # bit for bit, not approx
 
 
+@pytest.mark.parametrize("model, gpu, tp", [("llama-2-7b", "a100-80gb", 1),
+                                            ("llama-3-70b", "h100-80gb", 4)])
+def test_decode_steps_are_the_decode_durations_of_each_stretch_in_turn(model, gpu, tp):
+    """The run's steps one float at a time (python floats for a stretch's first 32, numpy
+    batches of 256 after): the values decode_durations gives, bit for bit, across those
+    boundaries and for a prompt beside the decodes."""
+    from kvsim.sim.serving.executor import Executor
+    cm, rng = CostModel(model, gpu, tp=tp), np.random.default_rng(3)
+    for _ in range(40):
+        stretches = [(int(rng.choice([1, 2, 31, 32, 33, 287, 288, 289, 600])),
+                      int(rng.integers(1, 200)), int(rng.integers(0, 300_000)), 0)
+                     for _ in range(rng.integers(1, 5))]
+        if rng.random() < 0.5:      # (an admitting step: one step, its prompt beside)
+            stretches.insert(0, (1, int(rng.integers(0, 200)), int(rng.integers(0, 10**5)),
+                                 int(rng.integers(1, 8000))))
+        assert list(cm.decode_steps(stretches)) == list(Executor.decode_steps(cm, stretches))
+
+
 def test_decode_durations_edge_cases(a100):
     assert a100.decode_durations(5, 0, 0).shape == (0,)
     assert a100.decode_durations(1, 0, 1)[0] == a100.step_duration(decode_plan([0]))

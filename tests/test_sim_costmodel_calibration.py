@@ -119,7 +119,7 @@ def test_a_gemm_by_its_shape_pays_whole_tiles_and_part_of_the_last_wave():
     filled wave paid, no latencies, hard maximum. 200 tokens x K=1024 into N=512: 2 x 4 = 8
     tiles = 2 full waves; 129 tokens: the same 8 tiles; 128 tokens: 4 tiles, 1 wave; N=640 at
     128 tokens: 5 tiles = 1.25 waves + 0.5 * 0.75 idle = 1.625 waves."""
-    from kvsim.sim.perf.cost_model import gemm_time
+    from kvsim.sim.perf.gemm import gemm_time
     from kvsim.sim.perf.gpus import GpuSpec
     from kvsim.sim.perf.profile import Roofline
     gpu = GpuSpec("t", "t", 1, 1e18, 4e12, 0, "pcie", 1.0, 1.0)     # memory never binds
@@ -141,7 +141,7 @@ def test_a_gemm_timed_with_python_scalars_is_the_numpy_time_bit_for_bit(gpu_name
     5,000 and some up to 10^6 give the same float."""
     import math
 
-    from kvsim.sim.perf.cost_model import gemm_shapes, gemm_time
+    from kvsim.sim.perf.gemm import gemm_shapes, gemm_time
     from kvsim.sim.perf.gpus import resolve_gpu
     from kvsim.sim.perf.models import resolve_model
     gpu, g = resolve_gpu(gpu_name), load_profile(gpu_name).gemm

@@ -367,6 +367,33 @@ def test_a_long_decode_run_costs_one_event(monkeypatch):
     assert fast.duration_s == slow.duration_s
 
 
+class ProtocolOnly:
+    """A cost model's steps behind the executor protocol alone (no subclassing): no
+    decode_steps of its own, so the loop takes the protocol's."""
+
+    supports_decode_runs = True
+
+    def __init__(self, model):
+        self._model = model
+
+    def step_duration(self, plan):
+        return self._model.step_duration(plan)
+
+    def transfer_time(self, plan):
+        return self._model.transfer_time(plan)
+
+    def decode_durations(self, *args, **kwargs):
+        return self._model.decode_durations(*args, **kwargs)
+
+
+def test_an_executor_following_only_the_protocol_runs_decode_runs_alike():
+    config = RunConfig(model="llama-2-7b", num_gpu_blocks=900, max_num_seqs=48)
+    model = CostModel("llama-2-7b", "a100-80gb")
+    ours, theirs = outputs(config, model), outputs(config, ProtocolOnly(model))
+    assert theirs[0].replicas[0].num_decode_runs == ours[0].replicas[0].num_decode_runs > 10
+    assert theirs[1].equals(ours[1]) and theirs[2].equals(ours[2])
+
+
 def test_a_decode_run_ends_at_the_next_arrival_not_at_another_replicas_step(monkeypatch):
     """Two replicas, each with one request decoding 2,000 tokens (round robin), and a third
     request arriving at 30 s. The replicas' steps alternate in time, yet each replica waits

@@ -72,10 +72,9 @@ def _raw_lines(f, path: Path) -> Iterator[bytes]:
 def _open(path: Path):
     """The file's bytes; a gzip file's (found by its magic number) uncompressed."""
     try:
-        f = open(path, "rb")
-        if f.peek(2)[:2] == GZIP_MAGIC:
-            return gzip.GzipFile(fileobj=f, mode="rb")
-        return f
+        with open(path, "rb") as f:
+            packed = f.peek(2)[:2] == GZIP_MAGIC
+        return gzip.open(path, "rb") if packed else open(path, "rb")
     except FileNotFoundError:
         raise TraceError("no such file", location=where(path)) from None
     except IsADirectoryError:

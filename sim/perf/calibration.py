@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.sim.perf.cost_model import (elementwise_bytes, gemm_params, gemm_shapes, gemm_time,
-                                  smooth_max)
+from kvsim.sim.perf.gemm import (elementwise_bytes, gemm_params, gemm_shapes, gemm_time,
+                                 smooth_max)
 from kvsim.sim.perf.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.perf.models import ModelSpec, resolve_model
 from kvsim.sim.perf.profile import (ELEMENTWISE_OPS, Profile, curve_rows_array, load_profile,
@@ -50,7 +50,7 @@ def load_mlp(root: Path, gpu_dir: str, model_dir: str) -> pd.DataFrame:
 
 def predict_gemm(model: ModelSpec, gpu: GpuSpec, prof: Profile, op: str, n, tp) -> np.ndarray:
     """Seconds of one GEMM of one layer for ``n`` tokens on one of ``tp`` GPUs (bf16): by its
-    matrix shape (:func:`kvsim.sim.perf.cost_model.gemm_time`) where the profile is shaped."""
+    matrix shape (:func:`kvsim.sim.perf.gemm.gemm_time`) where the profile is shaped."""
     w = gemm_params(model)[op] / np.asarray(tp, dtype=float)
     n = np.asarray(n, dtype=float)
     if prof.gemm.shaped:

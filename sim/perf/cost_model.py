@@ -43,71 +43,12 @@ import numpy as np
 from kvsim.cache.step_plan import COMPACT, DEVICE_TO_HOST, HOST_TO_DEVICE, StepPlan
 from kvsim.errors import ConfigError
 from kvsim.sim.serving.executor import Executor
+from kvsim.sim.perf.gemm import elementwise_bytes, gemm_shapes, gemm_time, smooth_max
 from kvsim.sim.perf.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.perf.models import (ModelSpec, dtype_bytes, list_models, resolve_model,
                                    weight_dtype_bytes)
 from kvsim.sim.perf.profile import ELEMENTWISE_OPS, Profile, Roofline, load_profile
 from kvsim.sim.perf import moe
-
-
-def gemm_params(model: ModelSpec) -> dict[str, int]:
-    """Weights of each GEMM of one layer, keyed by Vidur's operator names."""
-    h, i = model.hidden_size, model.intermediate_size
-    return {"attn_pre_proj": h * (model.q_size + 2 * model.kv_size),
-            "attn_post_proj": model.q_size * h,
-            "mlp_up_proj": h * i * (2 if model.gated_mlp else 1),
-            "mlp_down_proj": i * h}
-
-
-def gemm_shapes(model: ModelSpec, tp) -> dict[str, tuple]:
-    """``(N, K)`` of each GEMM of one layer on one of ``tp`` GPUs (``tokens x K`` activations
-    times a ``K x N`` weight shard), keyed like :func:`gemm_params`; ``tp`` may be an array."""
-    h, i = model.hidden_size, model.intermediate_size
-    return {"attn_pre_proj": ((model.q_size + 2 * model.kv_size) / tp, h),
-            "attn_post_proj": (h, model.q_size / tp),
-            "mlp_up_proj": (i * (2 if model.gated_mlp else 1) / tp, h),
-            "mlp_down_proj": (h, i / tp)}
-
-
-def smooth_max(a, b, q: float, maximum=np.maximum):
-    """``(a^q + b^q)^(1/q)``, a rounded maximum of ``a, b >= 0``; ``maximum(a, b)`` when q is 0."""
-    if not q:
-        return maximum(a, b)
-    return (a ** q + b ** q) ** (1.0 / q)
-
-
-def gemm_time(g: Roofline, gpu: GpuSpec, tokens, n, k, weight_bytes: float = 2.0,
-              act_bytes: float = 2.0, ceil=np.ceil, minimum=np.minimum, maximum=np.maximum):
-    """Seconds of one ``tokens x k`` by ``k x n`` GEMM by its shape (a profile with
-    :attr:`Roofline.shaped`; numpy arrays and scalars alike): the soft maximum of
-
-    - memory: ``memory_latency + (weights + activations in and out) / (bw * memory_eff)``;
-    - compute: ``latency +`` the fastest tile shape's ``waves * tile FLOPs / (SM peak * eff)``,
-      with ``ceil(tokens / tile_m) * ceil(n / tile_n)`` tiles over ``num_sms`` SMs and
-      ``waves = tiles / sms + wave_tail * (ceil(tiles / sms) - tiles / sms)`` (the last wave's
-      idle SMs, paid in part).
-
-    ``ceil``, ``minimum`` and ``maximum`` may be python's (``math.ceil``, ``min``, ``max``) for
-    python numbers: the same IEEE operations, three times faster than numpy's scalars."""
-    mem = g.memory_latency_s + (n * k * weight_bytes + tokens * (n + k) * act_bytes) / (
-        gpu.hbm_bandwidth_bytes_per_s * g.memory_efficiency)
-    sm_flops, comp = gpu.dense_bf16_flops / g.num_sms, None
-    for tile_m, tile_n, eff in g.tiles:
-        tiles = ceil(tokens / tile_m) * ceil(n / tile_n) / g.num_sms
-        waves = tiles + g.wave_tail * (ceil(tiles) - tiles)
-        t = waves * 2.0 * tile_m * tile_n * k / (sm_flops * eff)
-        comp = t if comp is None else minimum(comp, t)
-    return smooth_max(mem, g.latency_s + comp, g.smoothness, maximum)
-
-
-def elementwise_bytes(model: ModelSpec, tp: int, dtype: str = "bf16") -> dict[str, float]:
-    """Bytes read + written per token per layer on one GPU by each memory-bound kernel."""
-    b, h = dtype_bytes(dtype), model.hidden_size
-    act_in = (2 if model.gated_mlp else 1) * model.intermediate_size
-    return {"input_layernorm": 2.0 * h * b, "post_attention_layernorm": 2.0 * h * b,
-            "attn_rope": 2.0 * (model.q_size + model.kv_size) * b / tp,
-            "mlp_act": (act_in + model.intermediate_size) * b / tp,
-            "add": 3.0 * h * b}
 
 
 @dataclass(frozen=True)
@@ -175,6 +116,13 @@ def _with_attention(c: _Coeffs, t, kv_tokens, attn_units, maximum=np.maximum):
     """``t`` (:func:`_time_without_attention`) plus the attention and KV terms, in order."""
     t = t + maximum(attn_units * c.attn_flop_s, kv_tokens * c.attn_byte_s)
     return t + kv_tokens * c.kv_tok_s + attn_units * c.attn_unit_s
+
+
+def _decode_step(c: _Coeffs, base: float, kv_tokens: int) -> float:
+    """A decode-only step's time on python floats: ``base`` (its time without attention)
+    with ``kv_tokens`` read and ``2 * kv_tokens`` attention units (one new token each)."""
+    x = float(kv_tokens)
+    return _with_attention(c, base, x, 2 * x, max)
 
 
 def _other_shape(fitted: dict, shape: dict, name: str, tp: int) -> str:
@@ -245,8 +193,7 @@ class CostModel(Executor):
                                                 *prefill)
         base = self._base(float(num_seqs), float(num_seqs))   # the same in every step
         if num_steps == 1:  # (the scalar path, the same operations)
-            kv = float(total_context_tokens + num_seqs)
-            return np.array([_with_attention(self._c, base, kv, 2 * kv, max)])
+            return np.array([_decode_step(self._c, base, total_context_tokens + num_seqs)])
         kv = np.arange(num_steps, dtype=np.float64)
         kv *= num_seqs
         kv += total_context_tokens + num_seqs
@@ -269,8 +216,7 @@ class CostModel(Executor):
                 continue
             base, kv = self._base(float(num_seqs), float(num_seqs)), context + num_seqs
             for _ in range(min(num_steps, _SCALAR_STEPS)):
-                x = float(kv)
-                yield _with_attention(c, base, x, 2 * x, max)
+                yield _decode_step(c, base, kv)
                 kv += num_seqs
             for done in range(_SCALAR_STEPS, num_steps, _BATCH_STEPS):
                 yield from self.decode_durations(num_seqs, context + done * num_seqs,

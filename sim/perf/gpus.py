@@ -58,7 +58,12 @@ def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
     index = {k: k for k in gpus}
     for key, entry in gpus.items():
         index.update({a.lower(): key for a in entry.get("aliases", ())})
-    key = index.get(str(name).lower().replace("_", "-").replace(" ", "-"))
+    typed = str(name).lower().replace("_", "-").replace(" ", "-")
+    key = index.get(typed)
+    both = load_catalog("gpus.json").get("ambiguous", {}).get(typed)
+    if both:
+        raise ConfigError(f"'{name}' names more than one GPU: give {' or '.join(both)}",
+                          field="gpu")
     if key is None:
         hint = close_matches(str(name).lower(), index)
         raise ConfigError(f"unknown GPU '{name}'{hint}; known: {', '.join(sorted(gpus))}",

@@ -40,7 +40,7 @@ class Roofline:
     ``tile_padding`` a, ``tokens + a * (ceil(tokens / T) * T - tokens)`` beyond one tile. Both never decrease,
     so more tokens never take less time; without either, rows = tokens.
 
-    *Shaped* GEMMs (``num_sms`` and ``tiles`` given; see :func:`kvsim.sim.perf.cost_model.gemm_time`)
+    *Shaped* GEMMs (``num_sms`` and ``tiles`` given; see :func:`kvsim.sim.perf.gemm.gemm_time`)
     replace that single curve by each GEMM's own matrix shape: ``tiles`` holds ``(tile_m,
     tile_n, efficiency)`` per output-tile shape the GEMM library may pick (the fastest wins),
     ``wave_tail`` the share of a last, partly filled wave of tiles over ``num_sms`` SMs that is

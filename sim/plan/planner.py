@@ -43,8 +43,8 @@ from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import floor_percentiles, fmt_latency, impossible_reason, latency_floors
 from kvsim.sim.plan.bounds import suggested_block_size
 from kvsim.sim.plan.search import fewest_passing, largest_passing
-from kvsim.sim.plan.spec import SUSTAINED_SPANS, SWEEP_DIMS, PlanSpec, gpu_hour_price, refusal
-from kvsim.sim.plan.spec import reported_keys
+from kvsim.sim.plan.load import TOO_SHORT
+from kvsim.sim.plan.spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, refusal, reported_keys
 from kvsim.sim.plan.stop import SloStop
 from kvsim.workloads.truncate import truncate
 
@@ -55,9 +55,9 @@ SUSTAINABLE = ("A request rate is sustainable for one replica when the trace, re
                "replica at that rate (the trace's mean rate x rate scale), completes every "
                "request and meets every SLO target. The maximum is found by geometric "
                "bisection over the rate scale; the reported rate passed, a rate higher by "
-               "the stated ratio failed. Rates at which the trace's arrivals last less than "
-               f"{SUSTAINED_SPANS}x the largest TTFT/E2E target are not tried (nor planned "
-               "for): over so short a span a burst passes that no replica could sustain.")
+               "the stated ratio failed. Rates at which the trace's arrivals are over "
+               f"{TOO_SHORT} are not tried (nor planned for): over so short a span a burst "
+               "passes that no replica could sustain.")
 HEADROOM = "Per SLO target: 1 - reached / target (0.25: the percentile is 25% below the target)."
 COST = ("replicas x TP x price per GPU-hour, host-tier memory included (editable: "
         "--price-table).")
@@ -305,9 +305,8 @@ def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
                 + (f" ({at:,.2f} req/s)" if at is not None else "")
                 + (", the most tried: its limit lies beyond"
                    if boundary.passing < spec.max_judged_scale else
-                   f": its limit lies beyond, where the trace's arrivals last less than "
-                   f"{SUSTAINED_SPANS}x the largest TTFT/E2E target, too short to judge a "
-                   "sustained rate (a longer trace can)"))
+                   f": its limit lies beyond, where the trace's arrivals are over {TOO_SHORT} "
+                   "(a longer trace can tell)"))
     return {"rate_scale": boundary.passing, "request_rate_per_s": rate(boundary.passing),
             "failing_rate_scale": boundary.failing,
             "failing_request_rate_per_s": rate(boundary.failing), "note": note}

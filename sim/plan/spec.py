@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from kvsim.errors import ConfigError
-from kvsim.workloads import TraceOptions, load_trace
+from kvsim.workloads import TraceOptions
 
 from kvsim.sim.perf._catalog import read_json_object
 from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, MAX_REPLICAS, RunConfig, build
 from kvsim.sim.perf.gpus import list_gpus, resolve_gpu
 from kvsim.sim.perf.models import resolve_model
+from kvsim.sim.plan.load import check_sustained, judged_scale, resolve_load
 from kvsim.sim.serving.router import ROUTERS
 
 #: Settings a plan can sweep, in the order candidates are enumerated.
@@ -34,11 +35,6 @@ HOST_MEMORY_KEY = "host-memory-gib"
 DEFAULT_HOST_GIB_HOUR_USD = 0.0042
 #: Latencies every evaluation reports, besides those the SLO names.
 REPORTED = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
-#: A load is judged sustained over at least this many times the largest TTFT or E2E target
-#: of arrivals: an overload by a factor ``r`` delays the last requests by about ``(1 - 1/r)``
-#: of the span, so a span of 10 targets reveals overloads above about 11 %; over a shorter
-#: span a burst that ends in time passes though the rate could not be kept up.
-SUSTAINED_SPANS = 10
 #: The planner's router: load-aware routing keeps p99 TTFT and E2E close to monotone in the
 #: replica count (round-robin can put two long prompts on one replica as replicas are added).
 DEFAULT_ROUTER = "least-outstanding-tokens"
@@ -53,7 +49,7 @@ class PlanSpec:
     mean request rate at rate scale 1 (requests / time span, after the window and limit).
     ``prices`` maps GPU catalog names to USD per GPU-hour (``None``: unknown).
     ``burst``: the trace is the whole load (a burst to absorb), judged however short its
-    arrivals; by default it stands for a sustained rate (:data:`SUSTAINED_SPANS`).
+    arrivals; by default it stands for a sustained rate (:mod:`kvsim.sim.plan.load`).
     ``prune`` (default) lets the planner stop a simulation once its SLO verdict is certain and
     start each replica search from an estimate (:mod:`kvsim.sim.plan.planner`); False simulates
     every point to the end and searches from one replica, as before issue 15.
@@ -87,39 +83,12 @@ class PlanSpec:
 
     @property
     def max_judged_scale(self) -> float:
-        """The highest rate scale at which the trace's arrivals last :data:`SUSTAINED_SPANS`
-        times the largest TTFT/E2E target (``inf`` without such a target or a rate, or for
-        a burst)."""
+        """The highest rate scale at which the trace's arrivals last long enough to judge the
+        TTFT/E2E targets (:func:`~kvsim.sim.plan.load.judged_scale`; ``inf`` without such a
+        target or a rate, or for a burst)."""
         if self.burst:
             return math.inf
-        return judged_scale(self.native_rate_per_s, self.num_requests, self.slo)
-
-
-def judged_scale(native_rate_per_s: float | None, num_requests: int, slo: dict) -> float:
-    """:attr:`PlanSpec.max_judged_scale` of a trace of ``num_requests`` at that native rate."""
-    queueing = [t for _, metric, _, t in slo_targets(slo) if metric != "tpot_s"]
-    if not queueing or not native_rate_per_s:
-        return math.inf
-    return (num_requests / native_rate_per_s) / (SUSTAINED_SPANS * max(queueing))
-
-
-def check_sustained(opts: TraceOptions, native_rate_per_s: float | None, num_requests: int,
-                    slo: dict, where: str) -> None:
-    """Refuse a planned load whose arrivals are over too soon to tell it from a burst."""
-    cap = judged_scale(native_rate_per_s, num_requests, slo)
-    if opts.rate_scale <= cap:
-        return
-    rate = native_rate_per_s * opts.rate_scale
-    needed = SUSTAINED_SPANS * max(t for _, m, _, t in slo_targets(slo) if m != "tpot_s")
-    raise ConfigError(
-        f"at {rate:,.3g} req/s the trace's {num_requests:,} requests arrive within "
-        f"{num_requests / rate:.3g} s, too short to tell a sustained load from a burst that "
-        f"ends in time; judging the latency targets needs {needed:g} s of arrivals "
-        f"({SUSTAINED_SPANS}x the largest TTFT/E2E target): give at least "
-        f"{math.ceil(needed * rate):,} requests, or plan for at most "
-        f"{native_rate_per_s * cap:,.3g} req/s (or plan these arrivals alone as a burst: "
-        "--burst)",
-        location=where, field="load")
+        return judged_scale(self.native_rate_per_s, self.num_requests, self.targets)
 
 
 def slo_targets(slo: dict) -> list[tuple[str, str, float, float]]:
@@ -259,27 +228,6 @@ def gpu_hour_price(prices: dict, config: RunConfig) -> float | None:
     return gpu + host_gib * prices.get(HOST_MEMORY_KEY, DEFAULT_HOST_GIB_HOUR_USD)
 
 
-def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
-                 ) -> tuple[TraceOptions, float | None, int]:
-    """(options at the planned rate scale, native mean rate, request count).
-
-    Reads the trace once at rate scale 1 (validating every kept line). ``target_rate``
-    (requests/s), when given, replaces ``opts.rate_scale`` by ``target_rate / native rate``.
-    """
-    count, span = 0, 0.0
-    for request in load_trace(path, replace(opts, rate_scale=1.0)):
-        count, span = count + 1, request.arrival_s
-    native = count / span if span > 0 else None
-    if target_rate is None:
-        return opts.checked(), native, count
-    if not (math.isfinite(target_rate) and target_rate > 0):
-        raise ConfigError(f"must be a request rate > 0, got {target_rate}", field="target_rate")
-    if native is None:
-        raise ConfigError("the trace spans no time, so it has no rate to scale to "
-                          "--target-rate", location=str(path))
-    return replace(opts, rate_scale=target_rate / native).checked(), native, count
-
-
 def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig, slo: dict,
                dims: dict[str, tuple], *, target_rate: float | None = None,
                price_table: str | None = None, max_replicas: int = 32,
@@ -300,7 +248,8 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
     opts, native, count = resolve_load(str(trace_path), opts, target_rate)
     if not burst:
-        check_sustained(opts, native, count, slo, trace_label)
+        check_sustained(opts, native, count, slo_targets(slo), trace_label,
+                        target_rate is not None)
     return PlanSpec(str(trace_path), trace_label, opts, base, slo, candidates, varying,
                     load_prices(price_table), native, count, max_replicas, rate_iterations,
                     prune, burst)

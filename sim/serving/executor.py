@@ -19,8 +19,10 @@ class Executor(Protocol):
 
     Decode runs are an optional extension: an executor that sets ``supports_decode_runs``
     predicts a whole run of decode-only steps at once (:meth:`decode_durations`), which lets the
-    loop wait out the run as one event. The default (inherited by an executor that subclasses
-    this protocol) does not support them, and the loop then takes every step one at a time.
+    loop wait out the run as one event; the loop asks for them through :meth:`decode_steps`,
+    which an executor may provide faster (one that does not gets this class's, built on
+    :meth:`decode_durations`). The default (inherited by an executor that subclasses this
+    protocol) does not support them, and the loop then takes every step one at a time.
     """
 
     #: True when :meth:`decode_durations` is implemented (the loop may skip ahead).

@@ -52,6 +52,7 @@ to the CPU again, which every step then does); they still cost one timeout toget
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import simpy
@@ -80,6 +81,9 @@ class Replica:
         self.steps = steps
         self.requests = requests
         self.skip_ahead = skip_ahead and executor.supports_decode_runs
+        # (an executor that only follows the protocol gets its decode_steps from the protocol)
+        self._decode_steps = (getattr(executor, "decode_steps", None)
+                              or partial(Executor.decode_steps, executor))
         self._arrivals = arrivals
         self.outstanding_tokens = 0
         self.num_finished = 0
@@ -212,7 +216,7 @@ class Replica:
                 prefill=(run.prefill.num_computed, run.prefill.num_new)).tolist()
         else:
             steps = run.stretches(start) if start else ((*b, 0) for b in run.batches())
-            steps = self.executor.decode_steps(steps)
+            steps = self._decode_steps(steps)
         durations, end, before = [], now, now
         for duration in steps:
             durations.append(duration)

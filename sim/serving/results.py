@@ -129,7 +129,9 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
         "compaction": _compaction(result),
         "tiering": _tiering(result, steps),
         "fragmentation_under_load": _fragmentation(steps.under_load, pool * cfg.block_size),
-        "config": {**cfg.to_dict(), "max_model_len": dep.max_model_len},
+        "config": {**cfg.to_dict(), "max_model_len": dep.max_model_len,
+                   **({} if result.trace_options is None
+                      else {"trace_options": result.trace_options})},
     }
 
 

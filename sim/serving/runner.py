@@ -22,6 +22,7 @@ from kvsim.cache.tiered import HostTier, TieredKVCacheManager
 from kvsim.errors import ConfigError
 from kvsim.workloads.request import Request
 
+from kvsim.reports.frames import recorded_trace_options
 from kvsim.sim.config import RunConfig
 from kvsim.sim.perf.cost_model import CostModel
 from kvsim.sim.perf.kv_layout import KvLayout, kv_layout, longest_request
@@ -61,6 +62,7 @@ class RunResult:
     replicas: list
     duration_s: float
     wall_time_s: float
+    trace_options: dict | None = None   # how the trace file was read (summary's config)
 
 
 def resolve_deployment(config: RunConfig) -> Deployment:
@@ -129,7 +131,8 @@ def default_executor(config: RunConfig) -> CostModel:
 
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
              progress: Callable[[float, int], None] | None = None,
-             keep_steps: bool = False, stop=None, sharing=None) -> RunResult:
+             keep_steps: bool = False, stop=None, sharing=None,
+             trace_options=None) -> RunResult:
     """Replay ``requests`` (in arrival order; an iterator is read as the run goes) and return
     the logs of the run. ``keep_steps``: also keep every engine step (memory grows with the
     steps; ``kvsim validate`` and tests need them), not just totals and the timeline.
@@ -137,7 +140,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     the run ends after the event at which its ``stopped`` turns True (the planner's
     :class:`~kvsim.sim.plan.stop.SloStop`), leaving partial logs. ``sharing``: the trace's
     :class:`~kvsim.workloads.sharing.SharedPrefixes` (the same results, with less prefix-index
-    work for blocks that only their own request can hit)."""
+    work for blocks that only their own request can hit). ``trace_options``: the
+    ``TraceOptions`` the requests were read with, recorded in the summary."""
     config.validate()
     requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
@@ -158,7 +162,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     _run(env, replicas, progress, stop)
     steps.finish(env.now)
     return RunResult(config, deployment, steps, log, replicas, env.now,
-                     time.perf_counter() - start)
+                     time.perf_counter() - start,
+                     None if trace_options is None else recorded_trace_options(trace_options))
 
 
 def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):

@@ -140,8 +140,9 @@ def _first_drafts(sessions, n: int, rng, high_fraction: float) -> Iterator[tuple
     for session in sessions:
         empty = 0 if session else empty + 1
         if empty >= MAX_EMPTY_SESSIONS:
-            raise ConfigError("the preset makes no requests (does the first prompt exceed "
-                              "max_context_tokens?)", field="preset")
+            raise ConfigError("the preset makes no requests: its first prompts pass the "
+                              "context it keeps a conversation within (max_context_tokens); "
+                              "shorter input lengths (--input-len) would do", field="preset")
         if not session:
             continue
         while pending and pending[0][0] <= session[0].arrival_s:
