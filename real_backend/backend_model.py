@@ -120,6 +120,9 @@ def check_llama_like(spec: ModelSpec) -> None:
         problems.append("linear biases")
     if spec.learned_positions:
         problems.append("learned positions")
+    if any(kind != "full" for kind in spec.layer_kinds):
+        problems.append("sliding-window or chunked attention layers (the backend's attend "
+                        "to every token)")
     if problems:
         raise ConfigError(f"model '{spec.name}' has {', '.join(problems)}; the real backend "
                           f"builds Llama-like decoders only ({', '.join(LLAMA_LIKE)})",

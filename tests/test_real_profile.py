@@ -4,6 +4,7 @@ and the written profile drives the cost model (also through `kvsim run --profile
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,3 +271,15 @@ def test_profile_quality_names_its_source_fit_passes_and_age():
         "passes": 3, "fit_median": 0.03, "fit_max": 0.2, "round_spread": {"median": 0.02},
         "age_s": 600.0}                                         # copies are not step time
     assert profile_quality({}, "quick grid")["age_s"] is None
+
+
+def test_a_sliding_window_model_is_refused_before_the_backend_builds_it(tmp_path):
+    config = json.loads(Path(TINY.sim_model).read_text())
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=128)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="has sliding-window or chunked attention layers"):
+        resolve_backend_model(path)
+    config["sliding_window"] = None                 # (every layer full: built as before)
+    path.write_text(json.dumps(config))
+    assert resolve_backend_model(path).spec.layer_kinds in ((), ("full",) * 2)
