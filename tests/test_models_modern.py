@@ -263,3 +263,19 @@ def test_a_simulated_hybrid_run_gives_every_block_back():
     assert kv.num_free_blocks == 3000 and not kv._requests
     too_long = sum(r.prompt_tokens >= result.deployment.max_model_len for r in requests)
     assert too_long == 2 and result.replicas[0].num_finished == 60 - too_long
+
+
+@pytest.mark.parametrize("rope, context", [
+    (None, 32768),
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),
+    ({"rope_type": "linear", "factor": 2.0}, 65536),
+    ({"rope_type": "dynamic", "factor": 2.0}, 65536),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32768),
+    ({"rope_type": "longrope", "factor": 4.0}, 32768)])
+def test_a_config_json_context_counts_its_rope_scaling_as_vllm_does(tmp_path, rope, context):
+    config = {"model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 16,
+              "num_key_value_heads": 4, "num_hidden_layers": 4, "intermediate_size": 2816,
+              "vocab_size": 32000, "max_position_embeddings": 32768, "rope_scaling": rope}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert resolve_model(str(path)).max_model_len == context

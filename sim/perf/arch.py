@@ -190,6 +190,26 @@ def _is_hybrid_config(cfg: dict) -> bool:
     return cfg.get("model_type") == "mistral" and cfg.get("sliding_window") is not None
 
 
+def _context_len(cfg: dict, path: Path) -> int:
+    """The model's context as vLLM derives it: ``max_position_embeddings``, times a RoPE
+    scaling's ``factor`` (of YaRN's ``original_max_position_embeddings``), except for
+    ``llama3`` and ``longrope`` scalings and Gemma 3 (whose length is scaled already)."""
+    length = _need(cfg, "max_position_embeddings", path)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or "gemma3" in str(cfg.get("model_type", "")):
+        return length
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("su", "longrope", "llama3"):
+        return length
+    if kind == "yarn" and rope.get("original_max_position_embeddings") is not None:
+        length = _size(rope, "original_max_position_embeddings", path)
+    factor = rope.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ConfigError(f"rope_scaling factor must be a number > 0, got {factor!r}",
+                          location=str(path), field="rope_scaling")
+    return int(length * factor)
+
+
 def _need(cfg: dict, key: str, path: Path) -> int:
     if cfg.get(key) is None:
         raise ConfigError(f"config is missing '{key}'", location=str(path), field=key)
@@ -237,7 +257,7 @@ def _llama_fields(cfg: dict, path: Path) -> dict:
                 head_dim=_head_dim(cfg, hidden, heads, path),
                 intermediate_size=_need(cfg, "intermediate_size", path),
                 vocab_size=_need(cfg, "vocab_size", path),
-                max_model_len=_need(cfg, "max_position_embeddings", path), gated_mlp=True,
+                max_model_len=_context_len(cfg, path), gated_mlp=True,
                 qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias")),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
 
