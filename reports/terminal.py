@@ -81,7 +81,7 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
     """What ran (trace, model, deployment) and which requests did not run as asked."""
     cfg = summary.get("config") or {}
     rows = [("trace", trace_text(cfg)),
-            ("deployment", deployment_text(cfg))]
+            ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype")))]
     return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
                                                      ("truncated", truncated_text(summary)))
                    if text]
@@ -98,16 +98,17 @@ def trace_text(cfg: dict) -> str:
     return str(cfg.get("trace", "?")) + (f" ({shown})" if shown else "")
 
 
-def deployment_text(cfg: dict) -> str:
+def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:
     """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16``: every GPU counted (``on 8 x
     a100-80gb (2 replicas of tp 4)``), ``, int4 weights`` when the weights are stored
-    otherwise than the KV cache."""
+    otherwise than the KV cache (``--weight-dtype``, else the ``checkpoint``'s quantized
+    weights)."""
     replicas, tp = cfg.get("replicas", 1), cfg.get("tp", 1)
     gpus = replicas * tp if is_number(replicas) and is_number(tp) else "?"
     shape = f"{replicas} replicas of tp {tp}" if replicas != 1 else f"tp {tp}"
     text = (f"{cfg.get('model', '?')} on {gpus} x {cfg.get('gpu', '?')} ({shape}), "
             f"{cfg.get('dtype', '?')}")
-    weights = cfg.get("weight_dtype")
+    weights = cfg.get("weight_dtype") or checkpoint
     if weights and weights != cfg.get("dtype"):
         text += f", {weights} weights"
     return text

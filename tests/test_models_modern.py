@@ -279,3 +279,36 @@ def test_a_config_json_context_counts_its_rope_scaling_as_vllm_does(tmp_path, ro
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     assert resolve_model(str(path)).max_model_len == context
+
+
+@pytest.mark.parametrize("quant, weights", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "gptq", "bits": 8}, "int8"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+    ({"quant_method": "mxfp4"}, "int4"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float"}}}}, "fp8")])
+def test_a_quantized_checkpoint_is_sized_by_its_weights_as_stored(tmp_path, quant, weights):
+    config = {
+        "model_type": "llama", "hidden_size": 8192, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "num_hidden_layers": 80, "intermediate_size": 28672,
+        "vocab_size": 128256, "max_position_embeddings": 8192, "quantization_config": quant}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    spec = resolve_model(str(path))
+    assert spec.weight_dtype == weights
+    pool = kv_pool(str(path), "a100-80gb", tp=2)    # (the weights as stored, per GPU)
+    assert pool.weight_bytes == -(-spec.weight_bytes(weights) // 2)
+
+
+def test_an_unknown_quantization_is_refused_not_sized_as_bf16(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 1024,
+                                "num_attention_heads": 16, "num_hidden_layers": 2,
+                                "intermediate_size": 2816, "vocab_size": 32000,
+                                "max_position_embeddings": 4096,
+                                "quantization_config": {"quant_method": "hqq"}}))
+    with pytest.raises(ConfigError, match="field 'quantization_config': quant_method 'hqq' is "
+                                          "not one kvsim can size"):
+        resolve_model(str(path))

@@ -158,11 +158,13 @@ def test_model_too_big_explains_with_numbers():
     text = str(err.value)
     assert "llama-2-70b does not fit on a100-80gb with tp=1" in text
     assert "72.00 GiB usable" in text and "weights need 128.48 GiB" in text
-    assert text.endswith("raise --tp or use a larger GPU (they need more than the whole GPU)")
+    assert text.endswith("raise --tp or use a larger GPU (they need more than the whole GPU), "
+                         "or store the weights quantized (--weight-dtype int4, int8 or fp8)")
     with pytest.raises(ConfigError) as err:     # (it would fit the whole GPU: utilization helps)
         kv_pool("llama-3-8b", "l4", tp=1, gpu_memory_utilization=0.5)
     assert str(err.value).endswith("raise --tp, use a larger GPU or raise "
-                                   "--gpu-memory-utilization")
+                                   "--gpu-memory-utilization, or store the weights quantized "
+                                   "(--weight-dtype int4, int8 or fp8)")
 
 
 def test_activation_estimate_and_kv_offloading_blocks():

@@ -154,7 +154,7 @@ class CostModel(Executor):
         self.model = model if isinstance(model, ModelSpec) else resolve_model(model)
         self.gpu = resolve_gpu(gpu)
         self.tp, self.block_size, self.dtype = tp, block_size, dtype
-        self.weight_dtype = weight_dtype or dtype
+        self.weight_dtype = weight_dtype or self.model.weight_dtype or dtype
         self.profile: Profile = load_profile(self.gpu.name, profile)
         kv_token = self.model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
         self.block_bytes = block_size * kv_token

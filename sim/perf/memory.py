@@ -65,7 +65,7 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     model, gpu = _resolve(model), resolve_gpu(gpu)
     _check_settings(tp, block_size, gpu_memory_utilization)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = -(-model.weight_bytes(weight_dtype or dtype) // tp)
+    weights = -(-model.weight_bytes(weight_dtype or model.weight_dtype or dtype) // tp)
     reserve = activation_reserve
     if reserve is None:
         reserve = estimate_activation_bytes(model, tp, dtype, max_num_batched_tokens, max_num_seqs)
@@ -128,6 +128,8 @@ def _no_room(model, gpu, tp, util, usable, weights, reserve, per_block,
               if step_too_big else
               "raise --tp, use a larger GPU or raise --gpu-memory-utilization" if fits_whole
               else "raise --tp or use a larger GPU (they need more than the whole GPU)")
+    if not step_too_big:
+        advice += ", or store the weights quantized (--weight-dtype int4, int8 or fp8)"
     return (f"{model.name} does not fit on {gpu.name} with tp={tp}: "
             f"{util:g} x {_gib(gpu.memory_bytes)} = {_gib(usable)} usable per GPU, "
             f"weights need {_gib(weights)} and activations {_gib(reserve)}, leaving "

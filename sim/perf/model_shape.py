@@ -59,6 +59,9 @@ class ModelSpec:
     norm: str = "rmsnorm"
     learned_positions: int = 0
     tied_embeddings: bool = False
+    #: How a quantized checkpoint stores its weights (``int4``, ``int8``, ``fp8``; its
+    #: config.json's ``quantization_config``): the default of ``--weight-dtype``.
+    weight_dtype: str | None = None
     aliases: tuple[str, ...] = field(default=(), compare=False)
     # --- attention other than full, MLA, mixture of experts (see kvsim.sim.perf.arch) ---------------
     #: Per layer ``full``, ``sliding`` or ``chunked``; empty: every layer full attention.

@@ -24,7 +24,7 @@ def model_info(cfg) -> dict:
     out = {"name": m.name, "family": m.family, "num_layers": m.num_layers,
            "num_params": m.num_params, "active_params": m.active_params,
            "attention": "mla" if m.is_mla else "mha" if m.num_kv_heads == m.num_heads else "gqa",
-           "max_model_len": m.max_model_len}
+           "max_model_len": m.max_model_len, "weight_dtype": m.weight_dtype}
     if m.is_moe:
         out["moe"] = {"num_experts": m.num_experts, "experts_per_token": m.experts_per_token,
                       "num_moe_layers": m.num_moe_layers,

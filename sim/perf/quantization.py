@@ -1,0 +1,68 @@
+"""The weight storage of a quantized checkpoint, from its ``config.json``'s
+``quantization_config`` (as vLLM picks its ``--quantization`` from it): the weight dtype
+kvsim prices (``int4``, ``int8``, ``fp8``) when ``--weight-dtype`` is not given.
+
+- ``awq``, ``gptq`` (and their marlin kernels): ``bits`` (4 unless given), integer groups;
+- ``mxfp4`` (gpt-oss): 4-bit, counted as ``int4``;
+- ``fp8``, ``fbgemm_fp8``, ``modelopt`` (FP8): ``fp8``;
+- ``bitsandbytes``: ``load_in_4bit`` / ``load_in_8bit``;
+- ``compressed-tensors``: the weights' ``num_bits`` of its first config group (``fp8`` for
+  8-bit floats).
+
+Any other method is refused: its weights' size is unknown, and guessing bf16 sized a
+4-bit 70B model at 131 GiB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+
+_GROUPED = ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin", "gptq_marlin_24")
+_FP8 = ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8")
+
+
+def checkpoint_weight_dtype(cfg: dict, path: Path) -> str | None:
+    """The weight dtype of the checkpoint whose config is ``cfg`` (None: not quantized)."""
+    quant = cfg.get("quantization_config")
+    if quant is None:
+        return None
+    method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
+    found = _by_method(method, quant) if method else None
+    if found is None:
+        raise ConfigError(f"quant_method {method or '(none)'!r} is not one kvsim can size; "
+                          f"known: {', '.join((*_GROUPED, 'mxfp4', *_FP8, 'bitsandbytes'))}"
+                          ", compressed-tensors (remove quantization_config and give "
+                          "--weight-dtype)", location=str(path), field="quantization_config")
+    return found
+
+
+def _by_method(method: str, quant: dict) -> str | None:
+    if method in _GROUPED:
+        return _int_bits(quant.get("bits", 4))
+    if method == "mxfp4":
+        return "int4"
+    if method in _FP8:
+        return "fp8"
+    if method == "bitsandbytes":
+        return "int4" if quant.get("load_in_4bit") else "int8" if quant.get("load_in_8bit") \
+            else None
+    if method == "compressed-tensors":
+        return _compressed(quant)
+    return None
+
+
+def _compressed(quant: dict) -> str | None:
+    groups = quant.get("config_groups")
+    first = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+    weights = first.get("weights") if isinstance(first, dict) else None
+    if not isinstance(weights, dict):
+        return None
+    if weights.get("type") == "float" and weights.get("num_bits") == 8:
+        return "fp8"
+    return _int_bits(weights.get("num_bits"))
+
+
+def _int_bits(bits) -> str | None:
+    return {4: "int4", 8: "int8"}.get(bits)
