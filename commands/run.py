@@ -24,7 +24,8 @@ RUN_SETTINGS = OptionGroup({
                                      "config.json.")),
     "gpu": (Optional[str], setting("gpu", "GPU: a100-40gb, a100-80gb, h100-80gb, h200, l4, "
                                    "l40s.")),
-    "tp": (Optional[int], setting("tp", "Tensor-parallel GPUs per replica.")),
+    "tp": (Optional[int], setting("tp", "Tensor-parallel GPUs per replica.", "--tp",
+                                  "--tensor-parallel-size")),
     "replicas": (Optional[int], setting("replicas", "Replicas behind the router.")),
     "router": (Optional[RouterName], setting("router", "How requests are spread over "
                                              "replicas.")),
