@@ -182,7 +182,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):
             say(beyond_context_note(job.config, deployment))
-        if notes and scan.num_long:
+        if notes and (scan.num_long or job.config.long_prompt == "truncate"
+                      and scan.num_overflowing):
             say(long_prompt_note(scan, job.config, deployment))
         show = None if quiet else (
             RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
@@ -209,17 +210,19 @@ class TraceScan:
     span_s: float
     num_long: int
     longest_prompt: int
+    num_overflowing: int = 0    # prompt and output together longer than max_model_len
 
 
 def scan_trace(job: RunJob, max_model_len: int) -> TraceScan:
     """Count the job's requests, their span and those whose prompt is ``max_model_len`` tokens
     or more (vLLM rejects those)."""
-    count = span = long = longest = 0
+    count = span = long = longest = over = 0
     for request in load_trace(job.trace_path, job.trace_options):
         count, span = count + 1, request.arrival_s
         longest = max(longest, request.prompt_tokens)
         long += request.prompt_tokens >= max_model_len
-    return TraceScan(count, span, long, longest)
+        over += request.prompt_tokens + request.output_tokens > max_model_len
+    return TraceScan(count, span, long, longest, over)
 
 
 def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
@@ -230,7 +233,8 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     fit = (f"have prompts of {max_model_len:,} tokens or more (max_model_len; the longest "
            f"has {scan.longest_prompt:,})")
     if config.long_prompt == "truncate":
-        return f"{share} {fit}: truncating them (--long-prompt truncate)"
+        return (f"{share} {fit}; truncating the {scan.num_overflowing:,} whose prompt and "
+                "output together pass it (--long-prompt truncate)")
     advice = long_prompt_advice(max_model_len, deployment.num_gpu_blocks * config.block_size,
                                 config.num_gpu_blocks is not None, deployment.model_max_len)
     return f"{share} {fit} and will be rejected; {advice}"

@@ -9,9 +9,9 @@ from typing import Literal, Optional
 
 import typer
 
-from kvsim.commands.options import (JSON_OPTION, NUM_CPU_BLOCKS_OPTION, OFFLOAD_WRITE_OPTION,
-                          PREEMPTION_MODE_OPTION, SEED_OPTION, OptionGroup, emit, given_path, opt,
-                          progress, trace_options, trace_reading, with_groups)
+from kvsim.commands.options import (JSON_OPTION, OFFLOAD_WRITE_OPTION, PREEMPTION_MODE_OPTION,
+                          SEED_OPTION, OptionGroup, emit, given_path, opt, progress, setting,
+                          trace_options, trace_reading, with_groups)
 
 DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda.")
 BACKEND_MODEL_OPTION = typer.Option("tiny-llama", "--model", help="tiny-llama (bundled), a "
@@ -78,7 +78,8 @@ VALIDATE_ENGINE = OptionGroup({
     "enable_prefix_caching": (bool, typer.Option(
         True, "--enable-prefix-caching/--no-enable-prefix-caching")),
     "scheduling_policy": (str, typer.Option("fcfs", "--scheduling-policy")),
-    "num_cpu_blocks": (Optional[int], NUM_CPU_BLOCKS_OPTION),
+    "num_cpu_blocks": (Optional[int], setting("num_cpu_blocks", "CPU KV tier in blocks per "
+                                              "replica.")),
     "offload_write": (Optional[str], OFFLOAD_WRITE_OPTION),
     "preemption_mode": (Optional[str], PREEMPTION_MODE_OPTION),
 }, _engine_settings)

@@ -8,8 +8,8 @@ from kvsim.commands.options import JSON_OPTION, emit
 
 
 def models_command(as_json: bool = JSON_OPTION) -> None:
-    """List the catalog's models (--model NAME; a Hugging Face id in the local cache or a
-    config.json path works too)."""
+    """List the catalog's models: the names `kvsim run --model` takes (a Hugging Face id in
+    the local cache or a config.json path works too)."""
     from kvsim.sim.perf.models import list_models, resolve_model
     rows = []
     for name in list_models():
@@ -29,7 +29,8 @@ def models_command(as_json: bool = JSON_OPTION) -> None:
 
 
 def gpus_command(as_json: bool = JSON_OPTION) -> None:
-    """List the catalog's GPUs (--gpu NAME; aliases such as h100 work too)."""
+    """List the catalog's GPUs: the names `kvsim run --gpu` takes (aliases such as h100
+    work too)."""
     from kvsim.sim.perf.gpus import list_gpus, resolve_gpu
     rows = []
     for name in list_gpus():

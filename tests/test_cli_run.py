@@ -256,6 +256,9 @@ def test_long_prompts_are_announced_counted_and_can_be_truncated(tmp_path):
     summary = json.loads(cut.stdout)
     assert summary["num_rejected"] == 0 and summary["num_truncated"] >= rejected
     assert summary["num_completed"] == 40
+    assert cut.stderr.startswith(f"kvsim: {rejected} of 40 requests have prompts of 8,192 ")
+    assert (f"; truncating the {summary['num_truncated']} whose prompt and output together "
+            "pass it (--long-prompt truncate)\n") in cut.stderr      # (the count it reports)
 
 
 def test_a_truncated_request_runs_and_counts_as_the_shorter_request(tmp_path):
