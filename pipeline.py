@@ -153,7 +153,8 @@ def config_from_sources(trace: str | None, config_file: str | None,
     except ConfigError as e:
         raise _at_line(e, config_file) from None
     _look_up_names(in_toml, set(settings) - set(options), config_file)
-    where = f"{config_file} with the command line" if config_file else "command line"
+    where = (f"{config_file} with the command line" if config_file and options
+             else config_file or "command line")
     config = RunConfig.from_dict({**in_toml.to_dict(), **options}, where)
     config.check_unused_options(where)
     return config, path

@@ -25,6 +25,7 @@ from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 from kvsim.workloads.identity import SAMPLING_MODES
 
+from kvsim.sim.perf._catalog import close_matches
 from kvsim.sim.perf.gpus import gpu_name
 from kvsim.sim.perf.models import DTYPE_BYTES, WEIGHT_DTYPE_BYTES
 from kvsim.sim.serving.router import ROUTERS
@@ -131,7 +132,8 @@ class RunConfig:
             if name == "cpu_offload_gb":
                 raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
             if name not in known:
-                raise ConfigError(f"unknown setting; known: {', '.join(sorted(known))}",
+                hint = close_matches(name, {k: k for k in known})
+                raise ConfigError(f"unknown setting{hint}; known: {', '.join(sorted(known))}",
                                   location=source, field=str(key))
             clean[name] = value
         config = build(cls, clean, source)
