@@ -112,6 +112,18 @@ def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('modle = "llama-2-7b"\n')
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith(f"kvsim: error: {config}:1: field 'modle': unknown setting "
+                                  "(did you mean 'model'")
+    config.write_text("kv_offloading_size = 8\nnum_cpu_blocks = 100\n")
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr == (f"kvsim: error: {config}: field 'kv_offloading_size': give the host "
+                           "tier in blocks or in GiB, not both\n")
+
+
 def test_a_setting_given_twice_in_a_config_file_is_refused(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("max-num-seqs = 3\nmax_num_seqs = 4\n")
