@@ -95,6 +95,11 @@ def test_fitted_profile_refuses_another_model_and_names_the_one_of_its_shape():
                                      "another model than llama-2-7b: num_layers 2 (not 32)")
     assert str(err.value).endswith("; give --model the config.json of the model it was "
                                    "measured on")
+    named = {**fitted_profile(step_s=0.01), "sim_model": TINY.sim_model}    # (as profile writes)
+    with pytest.raises(ConfigError) as err:
+        CostModel("llama-2-7b", "a100-80gb", profile=named)
+    assert str(err.value).endswith(f"; run it with --model {TINY.sim_model}, the model it was "
+                                   "measured on")
     shape = {k: getattr(CostModel("llama-3-8b", "a100-80gb").model, k) for k in MODEL_SHAPE_KEYS}
     profile = {**fitted_profile(step_s=0.01), "model_shape": shape}
     with pytest.raises(ConfigError) as err:

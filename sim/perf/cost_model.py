@@ -125,14 +125,15 @@ def _decode_step(c: _Coeffs, base: float, kv_tokens: int) -> float:
     return _with_attention(c, base, x, 2 * x, max)
 
 
-def _other_shape(fitted: dict, shape: dict, name: str, tp: int) -> str:
+def _other_shape(fitted: dict, shape: dict, name: str, tp: int, measured: str | None) -> str:
     """Why a fitted profile does not fit this run: the shape and tp it was measured at, and
-    the catalog model of that shape, if one is."""
+    the catalog model of that shape, if one is (else the config.json it names, ``measured``)."""
     differ = [f"{k} {fitted[k]:,} (not {shape[k]:,})" for k in fitted if fitted[k] != shape[k]]
     differ += [f"tp 1 (not {tp})"] * (tp != 1)
     same = [m for m in list_models()
             if {k: getattr(resolve_model(m), k) for k in fitted} == fitted]
     use = (f"run it with --model {' or '.join(same)}" if same else
+           f"run it with --model {measured}, the model it was measured on" if measured else
            "give --model the config.json of the model it was measured on")
     return (f"the fitted profile was measured on another model than {name}: "
             f"{', '.join(differ)}; {use}" + (" and --tp 1" if tp != 1 else ""))
@@ -357,8 +358,8 @@ class CostModel(Executor):
         """A fitted profile's measured coefficients (linear terms only; tp must be 1)."""
         shape = {k: getattr(self.model, k) for k in f.model_shape}
         if shape != f.model_shape or self.tp != 1:
-            raise ConfigError(_other_shape(f.model_shape, shape, self.model.name, self.tp),
-                              field="profile")
+            raise ConfigError(_other_shape(f.model_shape, shape, self.model.name, self.tp,
+                                           self.profile.raw.get("sim_model")), field="profile")
         return _Coeffs(fixed_s=f.step_s, per_seq_s=f.per_seq_s, gemm_flop_s=f.per_token_s,
                        gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
                        elem_tok_s=(), attn_flop_s=0.0, attn_byte_s=0.0, ar_tok_s=0.0,
