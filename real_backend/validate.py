@@ -36,9 +36,8 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.sim.serving import results
-from kvsim.sim.config import RunConfig
+from kvsim.sim.config import RunConfig, located
 from kvsim.sim.perf.cost_model import CostModel
-from kvsim.sim.perf.profile import load_profile
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.serving.runner import RunResult, simulate
 
@@ -164,7 +163,11 @@ def validate(requests: Iterable, job: ValidateJob,
         raise ConfigError("the trace has no requests", field="trace")
     config = run_config(job, model.sim_model, None)
     if job.profile:     # checked now, naming the file (it failed after the real run)
-        load_profile(config.gpu, job.profile)
+        try:
+            CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=job.profile,
+                      dtype=config.dtype)       # (its model's shape against this one's too)
+        except ConfigError as e:
+            raise located(e, str(job.profile)) from None
     tee, real, profile, replayed = _real_side(job, model, config, reqs, progress)
     cost = CostModel(model.sim_model, config.gpu, 1, config.block_size, profile=profile,
                      dtype=config.dtype)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kvsim.reports.frames import VALIDATION_FILE, VALIDATION_REPORT
 from kvsim.reports.io import write_json_atomic
+from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.plot import Figure, scatter
 from kvsim.reports.style import fmt_pct, style_figure
@@ -226,9 +228,11 @@ def write_html(path: str | os.PathLike, report: dict) -> Path:
 
 
 def write_outputs(out_dir: str | os.PathLike, report: dict, html: bool = True) -> dict:
-    """Write ``validation.json`` (and ``validation.html``); returns their paths."""
+    """Write ``validation.json`` (and ``validation.html``) as the output directory's one
+    result (:class:`~kvsim.reports.outdir.OutputDir`); returns their paths."""
     out = Path(out_dir)
-    paths = {"json": str(write_json_atomic(out / "validation.json", report))}
-    if html:
-        paths["html"] = str(write_html(out / "validation.html", report))
+    with OutputDir(out):
+        paths = {"json": str(write_json_atomic(out / VALIDATION_FILE, report))}
+        if html:
+            paths["html"] = str(write_html(out / VALIDATION_REPORT, report))
     return paths

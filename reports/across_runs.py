@@ -9,11 +9,10 @@ import numpy as np
 import pandas as pd
 
 from kvsim.reports.grid_table import identical_to, result_fingerprint
-from kvsim.reports.figures import parse_slo
 from kvsim.reports.page import esc, flatten, fmt_setting
 from kvsim.reports.plot import Figure, make_subplots, scatter
 from kvsim.reports.style import (empty_figure, fmt_num, fmt_pct, fmt_seconds, get, is_number, series_color,
-                    style_figure)
+                    parse_slo, slo_met, style_figure)
 
 Run = tuple[str, dict, pd.DataFrame, pd.DataFrame]
 
@@ -102,11 +101,7 @@ def meets_slo(summary: dict, slo: dict | None) -> bool | None:
     targets = parse_slo(slo)
     if not targets:
         return None
-    for metric, pct, target in targets:
-        value = get(summary, metric, f"p{pct:g}")
-        if not is_number(value) or float(value) > target:
-            return False
-    return True
+    return all(slo_met(summary, metric, pct, target) for metric, pct, target in targets)
 
 
 def rank_runs(runs: Sequence[Run], slo: dict | None = None) -> list[int]:

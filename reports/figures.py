@@ -7,7 +7,6 @@ frames and missing columns, drawing an explanatory empty figure instead.
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import numpy as np
@@ -15,13 +14,17 @@ import pandas as pd
 
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import (FRAG_COLORS, FRAG_KEYS, FRAG_LABELS, KV_COLORS, empty_figure, fmt_pct,
-                    fmt_seconds, is_number, series_color, style_figure)
+                    fmt_seconds, is_number, parse_slo, series_color, style_figure)
 
 LATENCY_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 CDF_MAX_POINTS = 2000
-_SLO_KEY = re.compile(r"^(ttft|tpot|e2e)_p(\d+(?:\.\d+)?)_s$")
 
 Runs = Sequence[tuple[str, pd.DataFrame]]
+
+
+def _num_unfinished(df: pd.DataFrame) -> int:
+    """Requests of a requests frame that never completed (rejected, or cut off)."""
+    return int((df["completed"] == 0).sum()) if "completed" in df.columns else 0
 
 
 def _values(df: pd.DataFrame, col: str) -> np.ndarray:
@@ -44,16 +47,6 @@ def cdf_points(values: np.ndarray, max_points: int = CDF_MAX_POINTS):
         return v, np.arange(1, n + 1) / n
     q = np.linspace(1.0 / n, 1.0, max_points)
     return np.quantile(v, q), q
-
-
-def parse_slo(slo: dict | None) -> list[tuple[str, float, float]]:
-    """``{'ttft_p99_s': 0.5}`` → ``[('ttft_s', 99.0, 0.5)]``; unknown keys are ignored."""
-    out = []
-    for key, target in (slo or {}).items():
-        m = _SLO_KEY.match(str(key))
-        if m and is_number(target):
-            out.append((f"{m.group(1)}_s", float(m.group(2)), float(target)))
-    return out
 
 
 def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> Figure:
@@ -96,9 +89,11 @@ def _add_slo_lines(fig: Figure, runs: Runs, slo: dict | None) -> None:
             continue
         text = f"SLO p{pct:g} ≤ {fmt_seconds(target)}"
         if len(runs) == 1:
-            v = _values(runs[0][1], metric)
-            if len(v):
-                text += f" · {fmt_pct(np.mean(v <= target))} within"
+            v, missed = _values(runs[0][1], metric), _num_unfinished(runs[0][1])
+            if len(v) + missed:     # (a rejected or unfinished request misses every target)
+                text += f" · {fmt_pct(np.count_nonzero(v <= target) / (len(v) + missed))} within"
+            if missed:
+                text += f" ({missed} not completed count as misses)"
         fig.add_vline(x=target, line=dict(color="#dc2626", dash="dash", width=1.5),
                       row=1, col=cols[metric], label=text,
                       label_font=dict(color="#dc2626", size=11))

@@ -31,9 +31,13 @@ PLAN_FILES = (PLAN_FILE, PLAN_CSV, REPORT_FILE)
 HITRATE_FILE, HITRATE_REPORT = "hitrate.json", "hitrate.html"
 #: The files of ``kvsim hitrate --out DIR``.
 HITRATE_FILES = (HITRATE_FILE, HITRATE_REPORT)
+VALIDATION_FILE, VALIDATION_REPORT = "validation.json", "validation.html"
+#: The files of ``kvsim validate --out DIR``.
+VALIDATION_FILES = (VALIDATION_FILE, VALIDATION_REPORT)
 #: Every file name a kvsim result may leave in an ``--out`` directory: a command that succeeds
 #: there leaves its own result only.
-RESULT_FILES = tuple(dict.fromkeys(RUN_FILES + COMPARE_FILES + PLAN_FILES + HITRATE_FILES))
+RESULT_FILES = tuple(dict.fromkeys(RUN_FILES + COMPARE_FILES + PLAN_FILES + HITRATE_FILES
+                                   + VALIDATION_FILES))
 
 #: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (

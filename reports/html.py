@@ -23,8 +23,8 @@ from kvsim.reports.frames import HITRATE_FILE, HITRATE_REPORT
 from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample, write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
-from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text, tier_text,
-                    truncated_text)
+from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, parse_slo, rejected_text, slo_met,
+                    tier_text, truncated_text)
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",
@@ -38,10 +38,9 @@ HITRATE_FIGURE_IDS = ("fig-miss-ratio",)
 
 def _slo_status(summary: dict, metric: str, slo: dict | None) -> str | None:
     """'good'/'bad' for a latency card when an SLO target exists for ``metric``."""
-    for m, pct, target in figs.parse_slo(slo):
+    for m, pct, target in parse_slo(slo):
         if m == metric:
-            value = get(summary, metric, f"p{pct:g}")
-            return "good" if is_number(value) and float(value) <= target else "bad"
+            return "good" if slo_met(summary, metric, pct, target) else "bad"
     return None
 
 
@@ -120,7 +119,7 @@ def _subtitle(summary: dict, config: dict) -> str:
 def run_header(summary: dict, slo: dict | None) -> str:
     """Title, the trace/model/GPU line, summary cards and every setting."""
     config = get(summary, "config", default={}) or {}
-    targets = figs.parse_slo(slo)
+    targets = parse_slo(slo)
     slo_note = ""
     if targets:
         slo_note = ('<p class="note">SLO targets: ' + ", ".join(

@@ -25,7 +25,7 @@ from kvsim.reports.frames import (COMPARE_FILE, INTEGER, NUMBER, NUMBER_COLUMNS,
                                   PHASE_COLUMNS, PLAN_FILE, REQUEST_COLUMNS, REQUESTS_FILE,
                                   SUMMARY_FILE, SUMMARY_OPTIONAL, SUMMARY_SHAPE, TEXT,
                                   TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS,
-                                  add_phase_columns)
+                                  VALIDATION_FILE, add_phase_columns)
 
 DEFAULT_MAX_POINTS = 2000
 
@@ -302,7 +302,8 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
     if not out.is_dir():
         raise KvsimError("not a directory; expected a kvsim run directory (kvsim run --out)"
                          if out.exists() else "no such run directory", location=str(out))
-    for kind, found in (("kvsim compare", COMPARE_FILE), ("kvsim plan", PLAN_FILE)):
+    for kind, found in (("kvsim compare", COMPARE_FILE), ("kvsim plan", PLAN_FILE),
+                        ("kvsim validate", VALIDATION_FILE)):
         if not (out / SUMMARY_FILE).exists() and (out / found).is_file():
             raise KvsimError(f"holds a {kind} result ({found}), not a run's: its report.html "
                              "is the report" + ("; kvsim report takes one of its run "

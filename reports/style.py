@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from kvsim.reports.plot import Figure, template
@@ -162,3 +163,27 @@ def truncated_text(summary: dict) -> str:
     """How many requests were cut to fit ``max_model_len`` (``--long-prompt truncate``)."""
     n = summary.get("num_truncated") or 0
     return f"{fmt_num(n)} requests cut to fit max_model_len (as Vidur does)" if n else ""
+
+
+_SLO_KEY = re.compile(r"^(ttft|tpot|e2e)_p(\d+(?:\.\d+)?)_s$")
+
+
+def parse_slo(slo: dict | None) -> list[tuple[str, float, float]]:
+    """``{'ttft_p99_s': 0.5}`` → ``[('ttft_s', 99.0, 0.5)]``; unknown keys are ignored."""
+    out = []
+    for key, target in (slo or {}).items():
+        m = _SLO_KEY.match(str(key))
+        if m and is_number(target):
+            out.append((f"{m.group(1)}_s", float(m.group(2)), float(target)))
+    return out
+
+
+def slo_met(summary: dict, metric: str, pct: float, target: float) -> bool:
+    """Whether a run meets ``pNN <= target`` on ``metric`` (``ttft_s``): its summary's
+    percentile (of the completed requests) within the target, and no more requests left
+    without one (rejected, unfinished) than the percentile allows: they count as misses."""
+    n, done = summary.get("num_requests") or 0, summary.get("num_completed") or 0
+    if n and (n - done) / n > 1 - pct / 100:
+        return False
+    value = get(summary, metric, f"p{pct:g}")
+    return is_number(value) and float(value) <= target

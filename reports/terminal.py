@@ -11,8 +11,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from kvsim.reports.frames import TRACE_OPTIONS
-from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, rejected_text,
-                    tier_text, truncated_text)
+from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, parse_slo,
+                    rejected_text, slo_met, tier_text, truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -83,8 +83,21 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
     rows = [("trace", trace_text(cfg)),
             ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype")))]
     return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
-                                                     ("truncated", truncated_text(summary)))
+                                                     ("truncated", truncated_text(summary)),
+                                                     ("SLO", slo_verdicts(summary)))
                    if text]
+
+
+def slo_verdicts(summary: dict) -> str:
+    """``TTFT p99 <= 3.00 s: met (2.10 s) · ...`` for the run's SLO targets (``""``: none);
+    requests that never completed count as misses (:func:`slo_met`)."""
+    out = []
+    for metric, pct, target in parse_slo(summary.get("slo")):
+        value = get(summary, metric, f"p{pct:g}")
+        out.append(f"{metric[:-2].upper()} p{pct:g} <= {fmt_seconds(target)}: "
+                   + ("met" if slo_met(summary, metric, pct, target) else "missed")
+                   + f" ({fmt_seconds(value)} of the completed)")
+    return " · ".join(out)
 
 
 def trace_text(cfg: dict) -> str:

@@ -23,7 +23,7 @@ def test_the_worked_example_in_docs_api_md_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(blocks[0], str(DOC), "exec"), {"__name__": "docs_api"})
     out = capsys.readouterr().out
-    assert "kvsim.run: field 'max_num_seq': unknown setting; known: " in out
+    assert "kvsim.run: field 'max_num_seq': unknown setting (did you mean 'max_num_seqs'" in out
     assert list(tmp_path.iterdir()) == []                 # wrote only in its temp directory
 
 
@@ -69,7 +69,7 @@ def test_keep_steps_returns_every_engine_step(result):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(max_num_seq=3), "kvsim.run: field 'max_num_seq': unknown setting; known: "),
+    (dict(max_num_seq=3), "kvsim.run: field 'max_num_seq': unknown setting (did you mean "),
     (dict(block_size="16"), "kvsim.run: field 'block_size': expected an integer, got '16'"),
     (dict(gpu_memory_utilization=1.5), "kvsim.run: field 'gpu_memory_utilization': must be "
      "at most 1.0, got 1.5"),

@@ -176,3 +176,16 @@ def test_a_hitrate_result_replaces_a_run_and_a_run_replaces_it(tmp_path):
         for name in FILES:
             (out / name).write_text("new")
     assert names(out) == ["notes.txt", "report.html", "requests.csv", "summary.json"]
+
+
+def test_a_validation_result_replaces_a_run_and_is_named_by_kvsim_report(tmp_path):
+    pytest.importorskip("torch")
+    from kvsim.errors import KvsimError
+    from kvsim.real_backend.validate_report import write_outputs
+    from kvsim.reports.io import read_run_outputs
+    out = tmp_path / "o"
+    earlier_result(out)
+    write_outputs(out, {"metrics": []}, html=False)
+    assert names(out) == ["notes.txt", "validation.json"]
+    with pytest.raises(KvsimError, match="holds a kvsim validate result"):
+        read_run_outputs(out)

@@ -186,6 +186,13 @@ def test_cdf_points_and_slo_parsing():
     assert parse_slo(None) == []
 
 
+def test_the_slo_line_counts_requests_that_never_completed_as_misses():
+    requests = pd.DataFrame({"ttft_s": [0.5, 1.0, 4.0, np.nan], "completed": [1, 1, 1, 0]})
+    fig = latency_cdf_figure([("run", requests)], {"ttft_p99_s": 2.0})
+    texts = [a["text"] for a in fig.layout["annotations"] if "SLO" in a["text"]]
+    assert texts == ["SLO p99 ≤ 2.00 s · 50.0% within (1 not completed count as misses)"]
+
+
 def test_latency_figure_all_empty_is_a_placeholder():
     fig = latency_cdf_figure([("a", pd.DataFrame({"ttft_s": [np.nan]}))])
     assert len(fig.data) == 0

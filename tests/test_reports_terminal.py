@@ -141,3 +141,17 @@ def test_rejections_are_explained_by_what_limits_max_model_len():
     assert rejected_text(summary).endswith(
         "8,000 tokens or more (raise --max-model-len, or pass --long-prompt truncate)")
     assert rejected_text({"num_rejected": 0}) == ""
+
+
+def test_slo_verdicts_count_requests_that_never_completed_as_misses():
+    from kvsim.reports.terminal import slo_verdicts
+    summary = {"num_requests": 100, "num_completed": 100, "slo": {"ttft_p99_s": 3.0},
+               "ttft_s": {"p99": 2.5}}
+    assert slo_verdicts(summary) == "TTFT p99 <= 3.00 s: met (2.50 s of the completed)"
+    rejected = {**summary, "num_completed": 98}        # (2 of 100 > the 1 a p99 allows)
+    assert slo_verdicts(rejected) == "TTFT p99 <= 3.00 s: missed (2.50 s of the completed)"
+    one = {**summary, "num_completed": 99, "slo": {"ttft_p99_s": 3.0, "tpot_p50_s": 0.01},
+           "tpot_s": {"p50": 0.02}}
+    assert slo_verdicts(one) == ("TTFT p99 <= 3.00 s: met (2.50 s of the completed) · "
+                                 "TPOT p50 <= 10.0 ms: missed (20.0 ms of the completed)")
+    assert slo_verdicts({**summary, "slo": None}) == ""

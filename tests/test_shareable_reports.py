@@ -50,7 +50,7 @@ def test_compare_flags_identical_runs_instead_of_ranking_them_silently(tmp_path)
 
 
 def test_plan_and_hitrate_take_no_html(tmp_path):
-    done = kvsim("plan", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "15",
+    done = kvsim("plan", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "15", "--burst",
                  "--slo-ttft-p99", "5", "--max-replicas", "1", "--rate-iterations", "0",
                  "--workers", "1", "--out", tmp_path / "plan", "--no-html")
     assert done.returncode == 0, done.stderr
