@@ -183,6 +183,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):
             say(beyond_context_note(job.config, deployment))
+        if notes and job.config.profile:
+            say(profile_note(job.config))
         if notes and (scan.num_long or job.config.long_prompt == "truncate"
                       and scan.num_overflowing):
             say(long_prompt_note(scan, job.config, deployment))
@@ -248,6 +250,23 @@ def beyond_context_note(config: RunConfig, deployment) -> str:
             f"of {deployment.model_max_len:,} tokens: vLLM refuses that unless "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; kvsim runs it, its costs extrapolated past the "
             "lengths the model was made for")
+
+
+def profile_note(config: RunConfig) -> str:
+    """One line: where the step times come from with ``--profile``, and what of the run
+    differs from what the profile was measured with (a fitted profile's device, dtype and
+    block size; ``--gpu`` then sizes the memory only)."""
+    import json
+    data = json.loads(Path(config.profile).read_text(encoding="utf-8"))
+    if data.get("kind") != "fitted":
+        return f"step times: the cost model with {config.profile}'s efficiencies"
+    measured = data.get("settings") or {}
+    differ = [f"{name} {measured[key]} (this run: {value})" for name, key, value in (
+        ("dtype", "dtype", config.dtype), ("block size", "block_size", config.block_size))
+        if key in measured and measured[key] != value]
+    return (f"step times: fitted on {data.get('device_name') or data.get('device', '?')} "
+            f"({config.profile}); --gpu {config.gpu} sizes the KV pool only"
+            + (f"; measured with {', '.join(differ)}" if differ else ""))
 
 
 def say(message: str) -> None:

@@ -82,6 +82,8 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
     cfg = summary.get("config") or {}
     rows = [("trace", trace_text(cfg)),
             ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype")))]
+    if cfg.get("profile"):
+        rows.append(("step times", f"from the profile {cfg['profile']}"))
     return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
                                                      ("truncated", truncated_text(summary)),
                                                      ("SLO", slo_verdicts(summary)))

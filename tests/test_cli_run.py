@@ -339,3 +339,16 @@ def test_quiet_still_warns_of_rejected_requests(tmp_path):
                            "tokens or more (that is the model's own context: pass "
                            "--long-prompt truncate or choose a model with a longer one; vLLM "
                            "refuses a --max-model-len above it)\n")
+
+
+def test_a_fitted_profile_run_says_where_its_step_times_come_from(tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({
+        "kind": "fitted", "device": "cpu", "device_name": "a test CPU",
+        "settings": {"dtype": "fp32", "block_size": 32},
+        "model_shape": {"num_layers": 2}}))
+    from kvsim.pipeline import profile_note
+    from kvsim.sim.config import RunConfig
+    assert profile_note(RunConfig(profile=str(profile))) == (
+        f"step times: fitted on a test CPU ({profile}); --gpu a100-80gb sizes the KV pool "
+        "only; measured with dtype fp32 (this run: bf16), block size 32 (this run: 16)")
