@@ -10,7 +10,7 @@ from kvsim.reports.io import write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.plot import Figure, scatter
-from kvsim.reports.style import fmt_pct, style_figure
+from kvsim.reports.style import fmt_pct, fmt_seconds, style_figure
 
 from kvsim.real_backend.breakdown import part_table
 
@@ -24,17 +24,36 @@ def _num(value) -> str:
 
 
 def error_rows(report: dict) -> list[tuple[str, str, str, str]]:
-    """``(quantity, real, sim, error)`` rows: step durations, then the run metrics."""
+    """``(quantity, real, sim, error)`` rows: step durations (unsigned errors, step by step),
+    then the run metrics, their errors signed (``-`` where kvsim is below the real run)."""
     sd = report["step_duration"]
-    rows = [(f"step duration ({k}, {v['steps']} steps)", "", "",
+    rows = [(f"step duration ({k}, {v['steps']} step{'s' * (v['steps'] != 1)})", "", "",
              f"{_pct(v['median_abs_rel_error'])} median, {_pct(v['p90_abs_rel_error'])} p90")
             for k, v in sd.items() if isinstance(v, dict)]
     rows.append(("total busy time", "", "", _pct(sd["total_time_rel_error"])))
     ms = report["mean_step_s"]
-    rows.append(("mean step (s)", _num(ms["real"]), _num(ms["sim"]), ""))
-    for name, m in report["metrics"].items():
-        rows.append((name, _num(m["real"]), _num(m["sim"]), _pct(m["rel_error"])))
+    rows.append(("mean step", fmt_seconds(ms["real"]), fmt_seconds(ms["sim"]),
+                 _signed(_signed_error(ms["sim"], ms["real"]))))
+    for key, m in report["metrics"].items():
+        name, show = _metric(key)
+        rows.append((name, show(m["real"]), show(m["sim"]),
+                     _signed(_signed_error(m["sim"], m["real"]))))
     return rows
+
+
+def _metric(key: str):
+    """A metric's name for people and how to show its values: ``ttft_s.p50`` is
+    ``TTFT p50`` in seconds; a throughput in tokens/s."""
+    metric, _, pct = key.partition(".")
+    if metric == "throughput_output_tokens_per_s":
+        return "output throughput (tok/s)", _num
+    if metric.endswith("_s"):
+        return f"{metric[:-2].upper()} {pct}".strip(), fmt_seconds
+    return metric.replace("_", " "), _num
+
+
+def _signed_error(sim, real) -> float | None:
+    return None if sim is None or real is None or real == 0 else (sim - real) / abs(real)
 
 
 def decision_lines(report: dict) -> list[str]:
