@@ -21,7 +21,7 @@ from kvsim.reports.outdir import OutputDir
 from kvsim.reports.terminal import ProgressLines, RunProgress
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
-from kvsim.sim.serving.runner import resolve_deployment, simulate
+from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
 from kvsim.workloads import TraceOptions, load_trace
 from kvsim.workloads.sharing import read_scanned
 from kvsim.workloads.sources import check_regular_file, resolve_trace
@@ -184,6 +184,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):
             say(beyond_context_note(job.config, deployment))
         if notes and job.config.profile:
+            default_executor(job.config)        # (a bad profile: its error, and no note)
             say(profile_note(job.config))
         if notes and (scan.num_long or job.config.long_prompt == "truncate"
                       and scan.num_overflowing):
@@ -255,7 +256,8 @@ def beyond_context_note(config: RunConfig, deployment) -> str:
 def profile_note(config: RunConfig) -> str:
     """One line: where the step times come from with ``--profile``, and what of the run
     differs from what the profile was measured with (a fitted profile's device, dtype and
-    block size; ``--gpu`` then sizes the memory only)."""
+    block size; ``--gpu`` then sizes the memory only). The profile was loaded once already
+    (:func:`~kvsim.sim.serving.runner.default_executor`): a bad one is refused before."""
     import json
     data = json.loads(Path(config.profile).read_text(encoding="utf-8"))
     if data.get("kind") != "fitted":

@@ -42,8 +42,8 @@ from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import floor_percentiles, fmt_latency, impossible_reason, latency_floors
 from kvsim.sim.plan.bounds import suggested_block_size
-from kvsim.sim.plan.search import fewest_passing, largest_passing
 from kvsim.sim.plan.load import TOO_SHORT
+from kvsim.sim.plan.search import fewest_passing, largest_passing
 from kvsim.sim.plan.spec import SWEEP_DIMS, PlanSpec, gpu_hour_price, refusal, reported_keys
 from kvsim.sim.plan.stop import SloStop
 from kvsim.workloads.truncate import truncate
