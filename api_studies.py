@@ -256,15 +256,8 @@ def _csv(values: Sequence | int | str | None) -> str | None:
     return ",".join(str(v) for v in values)
 
 
-def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
-            capacity_tokens: Sequence[int] | int | None = None, block_size: int = 16,
-            eviction: Sequence[str] | str | None = None, lookahead_s: float = DEFAULT_LOOKAHEAD_S,
-            **reading: Any) -> HitRates:
-    """Prefix hit rate of each eviction policy (default: every one, as ``kvsim hitrate``) at
-    each cache capacity (blocks, or ``capacity_tokens``), replaying the cache only (no
-    timing); ``lookahead_s``: the lookahead policy's window. ``trace`` as in
-    :func:`kvsim.run`, or a list of requests."""
-    from kvsim.cache import hitrate as hr
+def _check_hitrate_args(block_size, lookahead_s, reading: dict) -> None:
+    """:func:`hitrate`'s arguments besides the trace, capacities and policies, checked."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"must be a positive integer, got {block_size!r}",
                           location="kvsim.hitrate", field="block_size")
@@ -277,6 +270,18 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
         raise ConfigError(f"not a hitrate setting or trace option; trace options: "
                           f"{', '.join(TRACE_KEYWORDS)}", location="kvsim.hitrate",
                           field=unknown[0])
+
+
+def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
+            capacity_tokens: Sequence[int] | int | None = None, block_size: int = 16,
+            eviction: Sequence[str] | str | None = None, lookahead_s: float = DEFAULT_LOOKAHEAD_S,
+            **reading: Any) -> HitRates:
+    """Prefix hit rate of each eviction policy (default: every one, as ``kvsim hitrate``) at
+    each cache capacity (blocks, or ``capacity_tokens``), replaying the cache only (no
+    timing); ``lookahead_s``: the lookahead policy's window. ``trace`` as in
+    :func:`kvsim.run`, or a list of requests."""
+    from kvsim.cache import hitrate as hr
+    _check_hitrate_args(block_size, lookahead_s, reading)
     try:
         caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)
         policies = hr.parse_policies(",".join(POLICY_NAMES) if eviction is None
