@@ -19,6 +19,12 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def _fine(value) -> str:
+    """A share as :func:`_pct`, with two decimals below 1% (``0.04%``, not ``0.0%``, beside
+    a ratio of two such shares)."""
+    return "n/a" if value is None else f"{value:.2%}" if abs(value) < 0.01 else _pct(value)
+
+
 def _num(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
@@ -83,7 +89,8 @@ def note_lines(report: dict) -> list[str]:
                  f"{_pct(nf.get('step_median_abs_rel_diff'))} median, throughput "
                  f"{_pct(nf['throughput_rel_diff'])}, total busy time "
                  f"{_pct(nf['total_time_rel_diff'])}")
-    return (lines + verdict_lines(report.get("verdicts", {})) + refit_lines(report)
+    return (lines + verdict_lines(report.get("verdicts", {}), bool(report.get("offline")))
+            + refit_lines(report)
             + breakdown_lines(report))
 
 
@@ -140,15 +147,19 @@ def profile_lines(quality: dict | None) -> list[str]:
 STALE_PROFILE_S = 300.0
 
 
-def verdict_lines(verdicts: dict) -> list[str]:
-    """One line per judged error: the error, the floor, how many floors, the verdict."""
+def verdict_lines(verdicts: dict, offline: bool = True) -> list[str]:
+    """One line per judged error: the error, the floor, how many floors, the verdict; with
+    timed arrivals (not ``offline``) the throughput's says it follows the arrivals."""
     names = {"step_median": "step duration (median)", "throughput": "output throughput"}
     lines = []
     for key, v in verdicts.items():
         times = "" if v["times_floor"] is None else f" = {v['times_floor']:.1f}x the floor"
         extra = " (the floor itself is above the target)" if v["floor_above_target"] else ""
-        lines.append(f"{names.get(key, key)}: error {_pct(v['error'])} against a noise floor "
-                     f"of {_pct(v['noise_floor'])}{times}, target {_pct(v['target'])}: "
+        if key == "throughput" and not offline:
+            extra += (" (timed arrivals: the throughput follows their rate unless the "
+                      "deployment is saturated; --offline judges the model's)")
+        lines.append(f"{names.get(key, key)}: error {_fine(v['error'])} against a noise floor "
+                     f"of {_fine(v['noise_floor'])}{times}, target {_pct(v['target'])}: "
                      f"{v['verdict'].upper()}{extra}")
     return lines
 

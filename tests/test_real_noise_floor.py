@@ -77,13 +77,19 @@ def test_a_validation_judges_step_time_and_throughput_against_its_floor():
 def test_the_printed_notes_say_the_floor_and_each_verdict():
     r = report()
     r["verdicts"] = nf.verdicts(r)
-    r["steps"] = {}
+    r["steps"], r["offline"] = {}, True
     lines = note_lines(r)
     assert lines[0].startswith("noise floor (the real steps replayed once more): step 6.0%")
     assert lines[1] == ("step duration (median): error 4.0% against a noise floor of 6.0% = "
                         "0.7x the floor, target 5.0%: WITHIN NOISE FLOOR (the floor itself is "
                         "above the target)")
     assert lines[2].endswith("target 5.0%: PASS")
+    timed = note_lines({**r, "offline": False})[2]
+    assert timed.endswith("PASS (timed arrivals: the throughput follows their rate unless the "
+                          "deployment is saturated; --offline judges the model's)")
+    tiny = {**r, "verdicts": {"throughput": {**r["verdicts"]["throughput"], "error": 0.0004,
+                                             "noise_floor": 0.0003}}}
+    assert "error 0.04% against a noise floor of 0.03%" in note_lines(tiny)[1]
     r["speed_refit"] = nf.speed_refit([1.2] * 10, [1.0] * 10, fraction=0.5)
     assert note_lines(r)[3] == ("host speed vs profile, refitted on the first 5 steps: x1.200; on "
                                 "the other steps the step error goes 16.7% -> 0.0% (median), "
