@@ -236,6 +236,10 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     share = f"{scan.num_long:,} of {scan.num_requests:,} requests"
     fit = (f"have prompts of {max_model_len:,} tokens or more (max_model_len; the longest "
            f"has {scan.longest_prompt:,})")
+    if config.long_prompt == "truncate" and not scan.num_long:
+        return (f"{scan.num_overflowing:,} of {scan.num_requests:,} requests have prompt and "
+                f"output together past max_model_len {max_model_len:,}: truncating them "
+                "(--long-prompt truncate)")
     if config.long_prompt == "truncate":
         return (f"{share} {fit}; truncating the {scan.num_overflowing:,} whose prompt and "
                 "output together pass it (--long-prompt truncate)")

@@ -21,11 +21,12 @@ import pandas as pd
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import replacing
-from kvsim.reports.frames import (COMPARE_FILE, INTEGER, NUMBER, NUMBER_COLUMNS, OBJECT,
-                                  PHASE_COLUMNS, PLAN_FILE, REQUEST_COLUMNS, REQUESTS_FILE,
-                                  SUMMARY_FILE, SUMMARY_OPTIONAL, SUMMARY_SHAPE, TEXT,
-                                  TIMELINE_COLUMNS, TIMELINE_FILE, TIMELINE_SUM_COLUMNS,
-                                  VALIDATION_FILE, add_phase_columns)
+from kvsim.reports.frames import (COMPARE_FILE, HITRATE_FILE, HITRATE_REPORT, INTEGER, NUMBER,
+                                  NUMBER_COLUMNS, OBJECT, PHASE_COLUMNS, PLAN_FILE, REPORT_FILE,
+                                  REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE, SUMMARY_OPTIONAL,
+                                  SUMMARY_SHAPE, TEXT, TIMELINE_COLUMNS, TIMELINE_FILE,
+                                  TIMELINE_SUM_COLUMNS, VALIDATION_FILE, VALIDATION_REPORT,
+                                  add_phase_columns)
 
 DEFAULT_MAX_POINTS = 2000
 
@@ -302,12 +303,14 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
     if not out.is_dir():
         raise KvsimError("not a directory; expected a kvsim run directory (kvsim run --out)"
                          if out.exists() else "no such run directory", location=str(out))
-    for kind, found in (("kvsim compare", COMPARE_FILE), ("kvsim plan", PLAN_FILE),
-                        ("kvsim validate", VALIDATION_FILE)):
+    for kind, found, page in (("kvsim compare", COMPARE_FILE, REPORT_FILE),
+                              ("kvsim plan", PLAN_FILE, REPORT_FILE),
+                              ("kvsim validate", VALIDATION_FILE, VALIDATION_REPORT),
+                              ("kvsim hitrate", HITRATE_FILE, HITRATE_REPORT)):
         if not (out / SUMMARY_FILE).exists() and (out / found).is_file():
-            raise KvsimError(f"holds a {kind} result ({found}), not a run's: its report.html "
-                             "is the report" + ("; kvsim report takes one of its run "
-                                                "directories" if found == COMPARE_FILE else ""),
+            raise KvsimError(f"holds a {kind} result ({found}), not a run's: its {page} is "
+                             "the report" + ("; kvsim report takes one of its run "
+                                             "directories" if found == COMPARE_FILE else ""),
                              location=str(out))
     summary = check_summary(read_summary(out / SUMMARY_FILE), out / SUMMARY_FILE)
     older = tuple(c for c in REQUEST_COLUMNS if c not in PHASE_COLUMNS)  # before the phases

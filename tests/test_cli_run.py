@@ -352,3 +352,15 @@ def test_a_fitted_profile_run_says_where_its_step_times_come_from(tmp_path):
     assert profile_note(RunConfig(profile=str(profile))) == (
         f"step times: fitted on a test CPU ({profile}); --gpu a100-80gb sizes the KV pool "
         "only; measured with dtype fp32 (this run: bf16), block size 32 (this run: 16)")
+
+
+def test_the_truncate_note_counts_prompt_and_output_past_the_length_when_no_prompt_is():
+    from types import SimpleNamespace
+    from kvsim.pipeline import TraceScan, long_prompt_note
+    from kvsim.sim.config import RunConfig
+    scan = TraceScan(num_requests=300, span_s=60.0, num_long=0, longest_prompt=4000,
+                     num_overflowing=11)
+    note = long_prompt_note(scan, RunConfig(long_prompt="truncate"),
+                            SimpleNamespace(max_model_len=4150))
+    assert note == ("11 of 300 requests have prompt and output together past max_model_len "
+                    "4,150: truncating them (--long-prompt truncate)")

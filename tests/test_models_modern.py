@@ -271,13 +271,18 @@ def test_a_simulated_hybrid_run_gives_every_block_back():
     ({"rope_type": "linear", "factor": 2.0}, 65536),
     ({"rope_type": "dynamic", "factor": 2.0}, 65536),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32768),
-    ({"rope_type": "longrope", "factor": 4.0}, 32768)])
+    ({"rope_type": "longrope", "factor": 4.0}, 32768),
+    ({"rope_type": "yarn", "factor": float("inf")}, None)])
 def test_a_config_json_context_counts_its_rope_scaling_as_vllm_does(tmp_path, rope, context):
     config = {"model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 16,
               "num_key_value_heads": 4, "num_hidden_layers": 4, "intermediate_size": 2816,
               "vocab_size": 32000, "max_position_embeddings": 32768, "rope_scaling": rope}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
+    if context is None:
+        with pytest.raises(ConfigError, match="rope_scaling factor must be a number above 0"):
+            resolve_model(str(path))
+        return
     assert resolve_model(str(path)).max_model_len == context
 
 
@@ -286,6 +291,10 @@ def test_a_config_json_context_counts_its_rope_scaling_as_vllm_does(tmp_path, ro
     ({"quant_method": "gptq", "bits": 8}, "int8"),
     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
     ({"quant_method": "mxfp4"}, "int4"),
+    ({"quant_method": "awq", "w_bit": 8}, "int8"),
+    ({"quant_method": "gptq", "bits": 3}, "int4"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "int4"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
     ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "weights": {"num_bits": 8, "type": "float"}}}}, "fp8")])
@@ -309,6 +318,11 @@ def test_an_unknown_quantization_is_refused_not_sized_as_bf16(tmp_path):
                                 "intermediate_size": 2816, "vocab_size": 32000,
                                 "max_position_embeddings": 4096,
                                 "quantization_config": {"quant_method": "hqq"}}))
-    with pytest.raises(ConfigError, match="field 'quantization_config': quant_method 'hqq' is "
-                                          "not one kvsim can size"):
+    with pytest.raises(ConfigError, match=r"field 'quantization_config': quant_method 'hqq' "
+                                          r"\(known: awq, .*\) is not one kvsim can size"):
+        resolve_model(str(path))
+    config = json.loads(path.read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 5}
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="'gptq' with these settings .* is not one kvsim can"):
         resolve_model(str(path))

@@ -187,5 +187,6 @@ def test_a_validation_result_replaces_a_run_and_is_named_by_kvsim_report(tmp_pat
     earlier_result(out)
     write_outputs(out, {"metrics": []}, html=False)
     assert names(out) == ["notes.txt", "validation.json"]
-    with pytest.raises(KvsimError, match="holds a kvsim validate result"):
+    with pytest.raises(KvsimError, match=r"holds a kvsim validate result \(validation.json\), "
+                                         "not a run's: its validation.html is the report"):
         read_run_outputs(out)

@@ -202,6 +202,11 @@ def test_the_rate_a_refusal_suggests_is_accepted_and_a_median_target_needs_longe
     assert p99.max_judged_scale / p50.max_judged_scale == pytest.approx(99 / 50)
     tpot = build_spec(opts=TraceOptions(limit=300), slo=build_slo(tpot_p99_s=0.1), **base)
     assert tpot.max_judged_scale == math.inf        # (a TPOT target sees no queue)
+    edge = build_spec(opts=TraceOptions(limit=60), slo=build_slo(ttft_p99_s=2.0),
+                      target_rate=2.97, max_replicas=1, rate_iterations=0, **base)
+    assert edge.trace_options.rate_scale > edge.max_judged_scale       # (by a rounding)
+    row = planner.plan(edge)["candidates"][0]       # (the search starts at the load: no error)
+    assert row["max_rate"]["rate_scale"] == edge.trace_options.rate_scale
 
 
 def test_a_target_rate_sets_the_rate_scale(tmp_path):

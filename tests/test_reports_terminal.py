@@ -150,8 +150,12 @@ def test_slo_verdicts_count_requests_that_never_completed_as_misses():
     assert slo_verdicts(summary) == "TTFT p99 <= 3.00 s: met (2.50 s of the completed)"
     rejected = {**summary, "num_completed": 98}        # (2 of 100 > the 1 a p99 allows)
     assert slo_verdicts(rejected) == "TTFT p99 <= 3.00 s: missed (2.50 s of the completed)"
-    one = {**summary, "num_completed": 99, "slo": {"ttft_p99_s": 3.0, "tpot_p50_s": 0.01},
-           "tpot_s": {"p50": 0.02}}
-    assert slo_verdicts(one) == ("TTFT p99 <= 3.00 s: met (2.50 s of the completed) · "
-                                 "TPOT p50 <= 10.0 ms: missed (20.0 ms of the completed)")
+    one = {**summary, "num_completed": 99}     # (one of 100 missing reaches the p99)
+    assert slo_verdicts(one) == "TTFT p99 <= 3.00 s: missed (2.50 s of the completed)"
+    median = {"num_requests": 100, "num_completed": 69, "slo": {"ttft_p50_s": 0.0325},
+              "ttft_s": {"p50": 0.0323, "p90": 0.2}}    # (31 missing: 72.5% of the rest)
+    assert slo_verdicts(median) == "TTFT p50 <= 32.5 ms: missed (32.3 ms of the completed)"
+    assert slo_verdicts({**median, "ttft_s": {"p50": 0.01, "p90": 0.03}}).endswith(": met "
+                                                                                "(10.0 ms of "
+                                                                                "the completed)")
     assert slo_verdicts({**summary, "slo": None}) == ""

@@ -165,6 +165,9 @@ def test_model_too_big_explains_with_numbers():
     assert str(err.value).endswith("raise --tp, use a larger GPU or raise "
                                    "--gpu-memory-utilization, or store the weights quantized "
                                    "(--weight-dtype int4, int8 or fp8)")
+    with pytest.raises(ConfigError) as err:     # (4-bit already: no narrower weights to offer)
+        kv_pool("llama-2-70b", "l4", tp=1, weight_dtype="int4")
+    assert str(err.value).endswith("(they need more than the whole GPU)")
 
 
 def test_activation_estimate_and_kv_offloading_blocks():

@@ -191,6 +191,9 @@ def _is_hybrid_config(cfg: dict) -> bool:
     return cfg.get("model_type") == "mistral" and cfg.get("sliding_window") is not None
 
 
+_MOST_ROPE_FACTOR = 1024       # (YaRN and its kin stretch a context 2-64x)
+
+
 def _context_len(cfg: dict, path: Path) -> int:
     """The model's context as vLLM derives it: ``max_position_embeddings``, times a RoPE
     scaling's ``factor`` (of YaRN's ``original_max_position_embeddings``), except for
@@ -205,9 +208,11 @@ def _context_len(cfg: dict, path: Path) -> int:
     if kind == "yarn" and rope.get("original_max_position_embeddings") is not None:
         length = _size(rope, "original_max_position_embeddings", path)
     factor = rope.get("factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ConfigError(f"rope_scaling factor must be a number > 0, got {factor!r}",
-                          location=str(path), field="rope_scaling")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not 0 < factor <= _MOST_ROPE_FACTOR:
+        raise ConfigError(f"rope_scaling factor must be a number above 0 and at most "
+                          f"{_MOST_ROPE_FACTOR}, got {factor!r}", location=str(path),
+                          field="rope_scaling")
     return int(length * factor)
 
 

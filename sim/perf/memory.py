@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from kvsim.errors import ConfigError
 from kvsim.sim.perf.gpus import GpuSpec, resolve_gpu
 from kvsim.sim.perf.kv_layout import KvLayout, kv_layout
-from kvsim.sim.perf.models import ModelSpec, dtype_bytes, resolve_model
+from kvsim.sim.perf.models import ModelSpec, dtype_bytes, resolve_model, weight_dtype_bytes
 
 GIB = 1 << 30
 
@@ -65,7 +65,8 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     model, gpu = _resolve(model), resolve_gpu(gpu)
     _check_settings(tp, block_size, gpu_memory_utilization)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = -(-model.weight_bytes(weight_dtype or model.weight_dtype or dtype) // tp)
+    stored = weight_dtype or model.weight_dtype or dtype
+    weights = -(-model.weight_bytes(stored) // tp)
     reserve = activation_reserve
     if reserve is None:
         reserve = estimate_activation_bytes(model, tp, dtype, max_num_batched_tokens, max_num_seqs)
@@ -75,7 +76,7 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     if kv < per_block:
         step_too_big = usable - weights >= per_block     # (the weights alone leave room)
         raise ConfigError(_no_room(model, gpu, tp, gpu_memory_utilization, usable, weights,
-                                   reserve, per_block, step_too_big),
+                                   reserve, per_block, step_too_big, stored),
                           field="max_num_batched_tokens" if step_too_big else "model")
     blocks = kv // per_block
     text = (f"{gpu_memory_utilization:g} x {_gib(gpu.memory_bytes)} ({gpu.name}) = {_gib(usable)}"
@@ -122,14 +123,18 @@ def _check_settings(tp: int, block_size: int, utilization: float) -> None:
 
 
 def _no_room(model, gpu, tp, util, usable, weights, reserve, per_block,
-             step_too_big: bool = False) -> str:
+             step_too_big: bool = False, stored: str = "bf16") -> str:
     fits_whole = weights + reserve + per_block <= gpu.memory_bytes    # (at utilization 1)
     advice = ("lower --max-num-batched-tokens or --max-num-seqs (a step's activations)"
               if step_too_big else
               "raise --tp, use a larger GPU or raise --gpu-memory-utilization" if fits_whole
               else "raise --tp or use a larger GPU (they need more than the whole GPU)")
-    if not step_too_big:
-        advice += ", or store the weights quantized (--weight-dtype int4, int8 or fp8)"
+    narrower = [d for d in ("int4", "int8", "fp8")
+                if weight_dtype_bytes(d) < weight_dtype_bytes(stored)]
+    if narrower and not step_too_big:
+        advice += (f", or store the weights quantized (--weight-dtype "
+                   f"{', '.join(narrower[:-1]) + ' or ' if len(narrower) > 1 else ''}"
+                   f"{narrower[-1]})")
     return (f"{model.name} does not fit on {gpu.name} with tp={tp}: "
             f"{util:g} x {_gib(gpu.memory_bytes)} = {_gib(usable)} usable per GPU, "
             f"weights need {_gib(weights)} and activations {_gib(reserve)}, leaving "

@@ -2,9 +2,12 @@
 ``quantization_config`` (as vLLM picks its ``--quantization`` from it): the weight dtype
 kvsim prices (``int4``, ``int8``, ``fp8``) when ``--weight-dtype`` is not given.
 
-- ``awq``, ``gptq`` (and their marlin kernels): ``bits`` (4 unless given), integer groups;
+- ``awq``, ``gptq`` (and their marlin kernels): ``bits`` (AWQ's ``w_bit``; 4 unless given),
+  integer groups; 2 and 3 bits are counted as 4 (their packing is not modelled: a little
+  more memory than they take, never less);
 - ``mxfp4`` (gpt-oss): 4-bit, counted as ``int4``;
-- ``fp8``, ``fbgemm_fp8``, ``modelopt`` (FP8): ``fp8``;
+- ``fp8``, ``fbgemm_fp8``: ``fp8``; ``modelopt`` by its ``quant_algo`` (``FP8``, or
+  ``NVFP4`` counted as ``int4``);
 - ``bitsandbytes``: ``load_in_4bit`` / ``load_in_8bit``;
 - ``compressed-tensors``: the weights' ``num_bits`` of its first config group (``fp8`` for
   8-bit floats).
@@ -20,7 +23,7 @@ from pathlib import Path
 from kvsim.errors import ConfigError
 
 _GROUPED = ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin", "gptq_marlin_24")
-_FP8 = ("fp8", "fbgemm_fp8", "modelopt", "ptpc_fp8")
+_FP8 = ("fp8", "fbgemm_fp8", "ptpc_fp8")
 
 
 def checkpoint_weight_dtype(cfg: dict, path: Path) -> str | None:
@@ -31,20 +34,25 @@ def checkpoint_weight_dtype(cfg: dict, path: Path) -> str | None:
     method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
     found = _by_method(method, quant) if method else None
     if found is None:
-        raise ConfigError(f"quant_method {method or '(none)'!r} is not one kvsim can size; "
-                          f"known: {', '.join((*_GROUPED, 'mxfp4', *_FP8, 'bitsandbytes'))}"
-                          ", compressed-tensors (remove quantization_config and give "
-                          "--weight-dtype)", location=str(path), field="quantization_config")
+        known = (*_GROUPED, "mxfp4", *_FP8, "modelopt", "bitsandbytes", "compressed-tensors")
+        what = (f"{method!r} with these settings (kvsim sizes 2-, 3-, 4- and 8-bit integer, "
+                "FP8 and FP4 weights)" if method in known else
+                f"quant_method {method or '(none)'!r} (known: {', '.join(known)})")
+        raise ConfigError(f"{what} is not one kvsim can size: remove quantization_config and "
+                          "give --weight-dtype", location=str(path), field="quantization_config")
     return found
 
 
 def _by_method(method: str, quant: dict) -> str | None:
     if method in _GROUPED:
-        return _int_bits(quant.get("bits", 4))
+        return _int_bits(quant.get("bits", quant.get("w_bit", 4)))
     if method == "mxfp4":
         return "int4"
     if method in _FP8:
         return "fp8"
+    if method == "modelopt":
+        algo = str(quant.get("quant_algo", "FP8")).upper()
+        return "fp8" if algo == "FP8" else "int4" if algo in ("NVFP4", "FP4") else None
     if method == "bitsandbytes":
         return "int4" if quant.get("load_in_4bit") else "int8" if quant.get("load_in_8bit") \
             else None
@@ -65,4 +73,4 @@ def _compressed(quant: dict) -> str | None:
 
 
 def _int_bits(bits) -> str | None:
-    return {4: "int4", 8: "int8"}.get(bits)
+    return {2: "int4", 3: "int4", 4: "int4", 8: "int8"}.get(bits)

@@ -72,8 +72,10 @@ def check_sustained(opts: TraceOptions, native_rate_per_s: float | None, num_req
         return
     seconds, target = needed_span(targets)
     rate = native_rate_per_s * opts.rate_scale
-    more = (" (raise --limit, or a longer trace)" if opts.limit == num_requests
+    more = (" (raise --limit / limit=, or a longer trace)" if opts.limit == num_requests
             else " (a longer trace)")
+    field = ("target_rate" if by_target_rate else "rate_scale" if opts.rate_scale != 1
+             else "trace")
     raise ConfigError(
         f"at {_rate(rate)} req/s (rate scale {opts.rate_scale:.4g}) the trace's "
         f"{num_requests:,} requests arrive within {num_requests / rate:.3g} s, {TOO_SHORT} "
@@ -82,7 +84,7 @@ def check_sustained(opts: TraceOptions, native_rate_per_s: float | None, num_req
         f"{math.ceil(seconds * rate):,} requests{more}, plan for at most "
         f"{_rate(_down(native_rate_per_s * cap))} req/s (rate scale {_down(cap):g}), or plan "
         "these arrivals as one burst (--burst; burst=True in Python)",
-        location=where, field="target_rate" if by_target_rate else "rate_scale")
+        location=where, field=field)
 
 
 def _down(x: float, digits: int = 3) -> float:
@@ -92,5 +94,5 @@ def _down(x: float, digits: int = 3) -> float:
 
 
 def _rate(x: float) -> str:
-    """A request rate as people write it: ``2,000``, ``42.9``, ``0.123``."""
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.3g}"
+    """A request rate as ``--target-rate`` takes it: ``2000``, ``42.9``, ``0.123``."""
+    return f"{x:.0f}" if x >= 1000 else f"{x:.3g}"

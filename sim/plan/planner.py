@@ -55,9 +55,9 @@ SUSTAINABLE = ("A request rate is sustainable for one replica when the trace, re
                "replica at that rate (the trace's mean rate x rate scale), completes every "
                "request and meets every SLO target. The maximum is found by geometric "
                "bisection over the rate scale; the reported rate passed, a rate higher by "
-               "the stated ratio failed. Rates at which the trace's arrivals are over "
-               f"{TOO_SHORT} are not tried (nor planned for): over so short a span a burst "
-               "passes that no replica could sustain.")
+               "the stated ratio failed. Rates at which the trace's arrivals are "
+               f"{TOO_SHORT} are not tried (nor planned for, unless --burst): over so short a "
+               "span a burst passes that no replica could sustain.")
 HEADROOM = "Per SLO target: 1 - reached / target (0.25: the percentile is 25% below the target)."
 COST = ("replicas x TP x price per GPU-hour, host-tier memory included (editable: "
         "--price-table).")
@@ -236,9 +236,9 @@ def _search(spec: PlanSpec, config: RunConfig, row: dict, ties: int) -> dict:
     search comes first and its sustainable rate gives the replica search its first guess."""
     points, load = _Points(spec, config), spec.trace_options.rate_scale
 
-    def max_rate():
+    def max_rate():     # (the load passed the limit's check, rounding included)
         return largest_passing(lambda s: points.meets(1, s), load, spec.rate_iterations,
-                               limit=spec.max_judged_scale)
+                               limit=max(load, spec.max_judged_scale))
     if spec.prune:
         boundary = max_rate()
         fewest = fewest_passing(lambda n: points.meets(n, load), spec.max_replicas,
@@ -305,7 +305,7 @@ def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
                 + (f" ({at:,.2f} req/s)" if at is not None else "")
                 + (", the most tried: its limit lies beyond"
                    if boundary.passing < spec.max_judged_scale else
-                   f": its limit lies beyond, where the trace's arrivals are over {TOO_SHORT} "
+                   f": its limit lies beyond, where the trace's arrivals are {TOO_SHORT} "
                    "(a longer trace can tell)"))
     return {"rate_scale": boundary.passing, "request_rate_per_s": rate(boundary.passing),
             "failing_rate_scale": boundary.failing,
