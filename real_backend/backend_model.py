@@ -123,10 +123,13 @@ def check_llama_like(spec: ModelSpec) -> None:
     if any(kind != "full" for kind in spec.layer_kinds):
         problems.append("sliding-window or chunked attention layers (the backend's attend "
                         "to every token)")
+    if spec.weight_dtype:
+        problems.append(f"{spec.weight_dtype} weights (quantization_config; the backend "
+                        "builds them unquantized)")
     if problems:
         raise ConfigError(f"model '{spec.name}' has {', '.join(problems)}; the real backend "
-                          f"builds Llama-like decoders only ({', '.join(LLAMA_LIKE)})",
-                          field="model")
+                          f"builds Llama-like decoders ({', '.join(LLAMA_LIKE)}) with full "
+                          "attention and unquantized weights only", field="model")
 
 
 def resolve_backend_model(name_or_path: str | Path) -> BackendModel:

@@ -108,9 +108,16 @@ def trace_text(cfg: dict) -> str:
     given = [(TRACE_OPTIONS[name][1] if name in TRACE_OPTIONS else name, value)
              for name, value in (cfg.get("trace_options") or {}).items()
              if value not in (None, False) and not (name == "rate_scale" and value == 1)]
-    shown = ", ".join(name if value is True else f"{name} {value:.15g}"
-                      if isinstance(value, float) else f"{name} {value}" for name, value in given)
+    shown = ", ".join(name if value is True else f"{name} {_as_given(value)}"
+                      for name, value in given)
     return str(cfg.get("trace", "?")) + (f" ({shown})" if shown else "")
+
+
+def _as_given(value) -> str:
+    """``3`` for 3.0, ``0.1234567`` for itself: a float as short as gives it back exactly."""
+    if isinstance(value, float) and value == float(f"{value:g}"):
+        return f"{value:g}"
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:

@@ -157,6 +157,7 @@ class CostModel(Executor):
         self.tp, self.block_size, self.dtype = tp, block_size, dtype
         self.weight_dtype = weight_dtype or self.model.weight_dtype or dtype
         self.profile: Profile = load_profile(self.gpu.name, profile)
+        self._profile_file = str(profile) if isinstance(profile, (str, Path)) else None
         kv_token = self.model.kv_bytes_per_token_per_gpu(tp, kv_dtype or dtype)
         self.block_bytes = block_size * kv_token
         fitted = self.profile.fitted
@@ -359,7 +360,8 @@ class CostModel(Executor):
         shape = {k: getattr(self.model, k) for k in f.model_shape}
         if shape != f.model_shape or self.tp != 1:
             raise ConfigError(_other_shape(f.model_shape, shape, self.model.name, self.tp,
-                                           self.profile.raw.get("sim_model")), field="profile")
+                                           self.profile.raw.get("sim_model")),
+                              location=self._profile_file, field="profile")
         return _Coeffs(fixed_s=f.step_s, per_seq_s=f.per_seq_s, gemm_flop_s=f.per_token_s,
                        gemm_byte_s=0.0, head_flop_s=0.0, head_byte_s=0.0, elem_min_s=(),
                        elem_tok_s=(), attn_flop_s=0.0, attn_byte_s=0.0, ar_tok_s=0.0,
