@@ -170,8 +170,8 @@ def test_a_sustained_plan_judges_no_rate_its_trace_is_too_short_for():
     assert spec.max_judged_scale == pytest.approx(span / (10 * 2.0 / 0.99))
     found = planner.plan(spec)["candidates"][0]["max_rate"]
     assert found["rate_scale"] == spec.max_judged_scale and found["failing_rate_scale"] is None
-    assert found["note"].endswith("its limit lies beyond, where the trace's arrivals are over "
-                                  "too short for a 10% overload to show against the TTFT/E2E "
+    assert found["note"].endswith("its limit lies beyond, where the trace's arrivals are too "
+                                  "short for a 10% overload to show against the TTFT/E2E "
                                   "targets (a longer trace can tell)")
     with pytest.raises(ConfigError) as refused:
         build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100,
@@ -181,8 +181,8 @@ def test_a_sustained_plan_judges_no_rate_its_trace_is_too_short_for():
         "sample:azure-conv: field 'rate_scale': at 5 req/s (rate scale 2.134) the trace's 100 "
         "requests arrive within 20 s, too short for a 10% overload to show against the "
         "TTFT/E2E targets (a burst that ends in time passes): judging TTFT p99 <= 2 s as a "
-        "sustained load needs 20.2 s of arrivals. Give at least 102 requests (raise --limit, "
-        "or a longer trace), plan for at most 4.95 req/s (rate scale 2.11), or plan these "
+        "sustained load needs 20.2 s of arrivals. Give at least 102 requests (raise --limit / "
+        "limit=, or a longer trace), plan for at most 4.95 req/s (rate scale 2.11), or plan these "
         "arrivals as one burst (--burst; burst=True in Python)")
     as_burst = build_spec(AZURE, "sample:azure-conv", TraceOptions(limit=100, rate_scale=50.0),
                           RunConfig(model=MODEL), build_slo(ttft_p99_s=2.0), {}, burst=True)
