@@ -23,6 +23,7 @@ from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
 from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, located
+from kvsim.sim.perf._catalog import close_matches
 
 
 def _trace_file(trace: Any, reading: dict, where: str) -> tuple[str | None, Any]:
@@ -184,7 +185,8 @@ def _plan_values(slo: dict, candidates: dict, extra: dict) -> dict:
         raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location="kvsim.plan", field="cpu_offload_gb")
     unknown = sorted(set(candidates) - set(PLAN_DEFAULTS))
     if unknown:
-        raise ConfigError(f"not a plan setting; known: {', '.join(PLAN_DEFAULTS)}",
+        hint = close_matches(unknown[0], {k: k for k in PLAN_DEFAULTS})
+        raise ConfigError(f"not a plan setting{hint}; known: {', '.join(PLAN_DEFAULTS)}",
                           location="kvsim.plan", field=unknown[0])
     bad = sorted(set(slo) - set(PLAN_SLO_KEYS))
     if bad or not slo:

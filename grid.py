@@ -30,6 +30,7 @@ from kvsim.workloads.sources import resolve_trace
 from kvsim.reports.frames import COMPARE_FILE
 from kvsim.reports.grid_table import identical_to, table_metrics
 from kvsim.sim.config import RunConfig
+from kvsim.sim.perf._catalog import close_matches
 from kvsim.sim.perf.gpus import gpu_name
 from kvsim.workloads import TraceOptions
 
@@ -110,9 +111,10 @@ def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
         negated = name.startswith("no_") and name not in types and name[3:] in types
         name = name[3:] if negated else name
         if name not in types or name in NOT_DIMENSIONS:
-            raise ConfigError("not a run setting that can vary (those are: "
-                              f"{', '.join(n for n in types if n not in NOT_DIMENSIONS)})",
-                              field=option.lstrip("-"))
+            varied = [n for n in types if n not in NOT_DIMENSIONS]
+            hint = close_matches(name, {n: "--" + n.replace("_", "-") for n in varied})
+            raise ConfigError(f"not a run setting that can vary{hint} (those are: "
+                              f"{', '.join(varied)})", field=option.lstrip("-"))
         is_flag = _base_type(types[name])[0] is bool
         if value is None and is_flag and (negated or not tokens or tokens[0].startswith("--")):
             value = "false" if negated else "true"

@@ -210,7 +210,8 @@ def test_plan_ranks_candidates_and_checks_its_targets(tmp_path):
     assert sorted(p.write(tmp_path)) == ["csv", "plan", "report"]
     with pytest.raises(kvsim.ConfigError, match="field 'ttft_p95_s': SLO targets are some of"):
         kvsim.plan("sample:azure-conv", slo={"ttft_p95_s": 5})
-    with pytest.raises(kvsim.ConfigError, match="field 'gpus': not a plan setting"):
+    with pytest.raises(kvsim.ConfigError, match=r"field 'gpus': not a plan setting \(did you "
+                                                r"mean 'gpu'\?\)"):
         kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 5}, gpus=["h200"])
 
 
