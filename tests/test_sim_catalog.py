@@ -130,13 +130,14 @@ def test_kv_pool_splits_weights_and_kv_heads_over_tp():
 
 
 def test_int4_weights_fit_a_70b_model_on_one_card():
-    # llama-2-70b: 68,976,648,192 weights x 4.25 bits (4-bit + fp16 scale and zero per 128)
-    # = 36,643,844,352 bytes; (77,309,411,328 - 36,643,844,352 - 1 GiB) / (16 x 327,680)
-    # = 7,551.5 -> 7,551 blocks of bf16 KV.
+    # llama-2-70b: 68,451,041,280 GEMM weights x 4.25 bits (4-bit + fp16 scale and zero per
+    # 128) = 36,364,615,680 bytes, plus 525,606,912 embedding, LM-head and norm weights kept
+    # 16-bit (as vLLM's quantization keeps them) = 1,051,213,824: 37,415,829,504 bytes;
+    # (77,309,411,328 - 37,415,829,504 - 1 GiB) / (16 x 327,680) = 7,404.4 -> 7,404 blocks.
     pool = kv_pool("llama-2-70b", "a100-80gb", tp=1, activation_reserve=GIB,
                    weight_dtype="int4")
-    assert pool.weight_bytes == 36_643_844_352
-    assert pool.num_gpu_blocks == 7_551
+    assert pool.weight_bytes == 37_415_829_504
+    assert pool.num_gpu_blocks == 7_404
     with pytest.raises(ConfigError, match="unknown weight dtype 'int3'"):
         kv_pool("llama-2-70b", "a100-80gb", weight_dtype="int3")
 

@@ -153,8 +153,15 @@ class ModelSpec:
         return self.num_params - inactive
 
     def weight_bytes(self, dtype: str = "bf16") -> int:
-        """Bytes of all weights stored in ``dtype`` (``int4`` included, scales counted)."""
-        return int(-(-self.num_params * weight_dtype_bytes(dtype) // 1))
+        """Bytes of all weights stored in ``dtype`` (``int4`` included, scales counted). A
+        quantized dtype (narrower than 16 bits) stores the layers' GEMM weights only: the
+        embeddings, LM head, norms and biases stay 16-bit, as vLLM's quantization methods
+        keep them."""
+        per = weight_dtype_bytes(dtype)
+        if per >= 2:
+            return int(-(-self.num_params * per // 1))
+        kept = self.num_params - self.linear_params_total
+        return int(-(-(self.linear_params_total * per + kept * 2) // 1))
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes
