@@ -184,8 +184,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):
             say(beyond_context_note(job.config, deployment))
         if notes and job.config.profile:
-            default_executor(job.config)        # (a bad profile: its error, and no note)
-            say(profile_note(job.config))
+            # (loaded as the run will: a bad profile gives its error, and no note)
+            say(profile_note(job.config, default_executor(job.config).profile.raw))
         if notes and (scan.num_long or job.config.long_prompt == "truncate"
                       and scan.num_overflowing):
             say(long_prompt_note(scan, job.config, deployment))
@@ -257,13 +257,10 @@ def beyond_context_note(config: RunConfig, deployment) -> str:
             "lengths the model was made for")
 
 
-def profile_note(config: RunConfig) -> str:
-    """One line: where the step times come from with ``--profile``, and what of the run
-    differs from what the profile was measured with (a fitted profile's device, dtype and
-    block size; ``--gpu`` then sizes the memory only). The profile was loaded once already
-    (:func:`~kvsim.sim.serving.runner.default_executor`): a bad one is refused before."""
-    import json
-    data = json.loads(Path(config.profile).read_text(encoding="utf-8"))
+def profile_note(config: RunConfig, data: dict) -> str:
+    """One line: where the step times come from with ``--profile`` (``data``: the profile as
+    loaded), and what of the run differs from what the profile was measured with (a fitted
+    profile's device, dtype and block size; ``--gpu`` then sizes the memory only)."""
     if data.get("kind") != "fitted":
         return f"step times: the cost model with {config.profile}'s efficiencies"
     measured = data.get("settings") or {}

@@ -349,7 +349,8 @@ def test_a_fitted_profile_run_says_where_its_step_times_come_from(tmp_path):
         "model_shape": {"num_layers": 2}}))
     from kvsim.pipeline import profile_note
     from kvsim.sim.config import RunConfig
-    assert profile_note(RunConfig(profile=str(profile))) == (
+    data = json.loads(profile.read_text())
+    assert profile_note(RunConfig(profile=str(profile)), data) == (
         f"step times: fitted on a test CPU ({profile}); --gpu a100-80gb sizes the KV pool "
         "only; measured with dtype fp32 (this run: bf16), block size 32 (this run: 16)")
 
