@@ -3,13 +3,17 @@ adaptive target, driven one batch of blocks at a time."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import compress
-from operator import not_
+import numpy as np
 
-from kvsim.cache.bulk import delete_all, gather, set_all
+from kvsim.cache.bulk import gather
+from kvsim.cache.free_queue import FreeQueue
 from kvsim.cache.ghost import Ghost
 from kvsim.cache.queue_pool import QueuePolicy
+
+
+def _ids(block_ids) -> np.ndarray:
+    """Block ids as an index array."""
+    return np.fromiter(block_ids, np.int64, len(block_ids))
 
 
 class ARCPolicy(QueuePolicy):
@@ -18,7 +22,9 @@ class ARCPolicy(QueuePolicy):
 
     - ``T1``: cached blocks used by one request since they were filled; ``T2``: blocks hit
       again since (a hit in ``T1`` promotes to ``T2``). ``num_t1``/``num_t2`` count held and
-      free blocks; only free ones (kept in release order, oldest first) can be evicted;
+      free blocks; only free ones (kept in release order, oldest first, in a
+      :class:`~kvsim.cache.free_queue.FreeQueue`: a request's blocks are released, taken
+      and evicted a run at a time) can be evicted;
     - ``B1``/``B2``: ghost lists, hashes evicted from ``T1``/``T2``, each at most the pool size;
     - ``target_t1`` (ARC's ``p``): a block filled with a hash found in ``B1`` means ``T1`` was
       too small, ``p`` grows by ``max(1, |B2| / |B1|)``; one found in ``B2`` shrinks it by
@@ -38,19 +44,20 @@ class ARCPolicy(QueuePolicy):
         self.reset()
 
     def reset(self) -> None:
-        self.t1: OrderedDict[int, None] = OrderedDict()      # free T1 blocks, oldest first
-        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.t1 = FreeQueue(self.capacity, filled=False)     # free T1 blocks, oldest first
+        self.t2 = FreeQueue(self.capacity, filled=False)
         self.b1 = Ghost()                                    # ghost hashes, oldest first
         self.b2 = Ghost()
-        self.in_t2 = bytearray(self.capacity)     # 1 or 0; bytes: a small cache footprint
+        self.in_t2 = np.zeros(self.capacity, dtype=bool)
         self.num_t1 = self.num_t2 = 0
         self.target_t1 = 0
 
     def fill_many(self, block_ids, block_hashes):
         b1, b2 = self.b1, self.b2
         if b1.live.isdisjoint(block_hashes) and b2.live.isdisjoint(block_hashes):
-            set_all(self.in_t2, block_ids, False)           # no ghost hit: all into T1
-            self.num_t1 += len(block_ids)
+            if block_ids:                                   # no ghost hit: all into T1
+                self.in_t2[_ids(block_ids)] = False
+                self.num_t1 += len(block_ids)
             return
         for block_id, block_hash in zip(block_ids, block_hashes):
             self._fill(block_id, block_hash)
@@ -71,26 +78,30 @@ class ARCPolicy(QueuePolicy):
         self.num_t2 += 1
 
     def hit_many(self, block_ids):
-        in_t2 = self.in_t2
-        promoted = dict.fromkeys(compress(block_ids, map(not_, gather(in_t2, block_ids))))
-        set_all(in_t2, promoted, True)
-        self.num_t1 -= len(promoted)
-        self.num_t2 += len(promoted)
+        if not block_ids:
+            return
+        ids = _ids(block_ids)
+        promoted = ids[~self.in_t2[ids]]
+        if len(promoted):
+            self.in_t2[promoted] = True
+            num = len(set(promoted.tolist())) if len(promoted) > 1 else 1
+            self.num_t1 -= num
+            self.num_t2 += num
 
     def release_many(self, block_ids):
-        """A plain loop: ``OrderedDict.update`` takes the generic mapping path, twice as
-        slow as item assignments."""
-        t1, t2, in_t2 = self.t1, self.t2, self.in_t2
-        for block_id in block_ids:
-            if in_t2[block_id]:
-                t2[block_id] = None
-            else:
-                t1[block_id] = None
+        self._split(_ids(block_ids), self.t1.extend, self.t2.extend)
 
     def acquire_many(self, block_ids):
-        flags = gather(self.in_t2, block_ids)
-        delete_all(self.t1, compress(block_ids, map(not_, flags)))
-        delete_all(self.t2, compress(block_ids, flags))
+        self._split(_ids(block_ids), self.t1.remove, self.t2.remove)
+
+    def _split(self, ids: np.ndarray, ones, twos) -> None:
+        """``ones(ids of T1 blocks)``, ``twos(ids of T2 blocks)``, each in the order given."""
+        flags = self.in_t2[ids]
+        num_t2 = int(np.count_nonzero(flags))
+        if num_t2 < len(ids):
+            ones(ids if not num_t2 else ids[~flags])
+        if num_t2:
+            twos(ids if num_t2 == len(ids) else ids[flags])
 
     def evicts_t1(self) -> bool:
         """Whether the next victim comes from ``T1``."""
@@ -142,14 +153,13 @@ class ARCPolicy(QueuePolicy):
         self.num_t2 -= n - k1
         return [next(ones) if first else next(twos) for first in from_t1]
 
-    def _pop(self, queue: OrderedDict, ghost: Ghost, n: int) -> list[int]:
+    def _pop(self, queue: FreeQueue, ghost: Ghost, n: int) -> list[int]:
         """The oldest ``min(n, len(queue))`` blocks of ``queue``; their hashes go to ``ghost``
         (each insertion trims the ghost to the pool size)."""
-        popitem = queue.popitem
-        run = [popitem(False)[0] for _ in range(min(n, len(queue)))]
+        run = queue.popleft(min(n, len(queue))).tolist()
         ghost.add(gather(self.pool.block_hashes, run), self.capacity)
         return run
 
     def order(self):
         first, second = (self.t1, self.t2) if self.evicts_t1() else (self.t2, self.t1)
-        return list(first) + list(second)
+        return first.ids().tolist() + second.ids().tolist()

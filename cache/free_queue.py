@@ -43,6 +43,9 @@ class FreeQueue:
     def __len__(self) -> int:
         return self._len
 
+    def __iter__(self):
+        return iter(self.ids().tolist())
+
     def __contains__(self, block_id: int) -> bool:
         return bool(self._serial[block_id] != _NOT_QUEUED)
 

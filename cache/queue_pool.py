@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
-from kvsim.cache.bulk import set_all
+from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.policy_pool import PolicyPool
 
 
@@ -191,16 +191,11 @@ class QueuePool(PolicyPool):
     def _evict_many(self, n: int, fills_before: list[int] | None = None) -> list[int]:
         """The policy's next ``n`` victims, uncached."""
         victims = self.policy.victims(n, fills_before)
-        hashes, index = self.block_hashes, self.index._map
+        found = gather(self.block_hashes, victims)
         if self.evicted is not None:
-            self.evicted.extend([(block_id, hashes[block_id]) for block_id in victims])
-        pop = index.pop
-        for block_id in victims:
-            block_hash, hashes[block_id] = hashes[block_id], None
-            found = pop(block_hash)
-            if found.__class__ is not int:      # several blocks hold it
-                index[block_hash] = found
-                self.index.remove(block_hash, block_id)
+            self.evicted.extend(zip(victims, found))
+        self.index.remove_many(found, victims)
+        set_all(self.block_hashes, victims, None)
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         return victims
