@@ -12,7 +12,7 @@ from kvsim.errors import ConfigError
 from kvsim.sim.perf.cost_model import CostModel
 from kvsim.sim.perf.kv_layout import kv_layout, longest_request
 from kvsim.sim.perf.memory import kv_pool
-from kvsim.sim.perf.models import list_models, resolve_model
+from kvsim.sim.perf.models import list_models, resolve_model, weight_dtype_bytes
 from kvsim.sim.perf.moe import expected_experts
 
 GIB = 1 << 30
@@ -309,6 +309,53 @@ def test_a_quantized_checkpoint_is_sized_by_its_weights_as_stored(tmp_path, quan
     assert spec.weight_dtype == weights
     pool = kv_pool(str(path), "a100-80gb", tp=2)    # (the weights as stored, per GPU)
     assert pool.weight_bytes == -(-spec.weight_bytes(weights) // 2)
+
+
+def test_gpt_oss_keeps_its_attention_and_routers_16_bit():
+    # its quantization_config: MXFP4 experts, modules_to_not_convert self_attn and mlp.router
+    spec = resolve_model("gpt-oss-120b")
+    assert spec.kept_16bit == ("attention", "router")
+    attention = 36 * (2880 * (64 * 64 + 2 * 8 * 64) + 64 * 64 * 2880)     # 26,542,080 a layer
+    routers = 36 * 2880 * 128
+    assert spec.kept_linear_params == attention + routers == 968_785_920
+    quantized = spec.linear_params_total - spec.kept_linear_params
+    int4 = weight_dtype_bytes("int4")
+    assert spec.weight_bytes("int4") == -(-(quantized * int4
+                                            + (spec.num_params - quantized) * 2) // 1)
+    assert spec.weight_bytes("bf16") == spec.num_params * 2       # (16-bit: nothing to keep)
+
+
+@pytest.mark.parametrize("names, kept", [
+    (["model.layers.*.self_attn", "model.layers.*.mlp.router", "lm_head"],
+     ("attention", "router")),
+    (["self_attn"], ("attention",)),
+    (["gate"], ("router",)),                # a dense model has no router: nothing changes
+    (["model.layers.0.self_attn"], ()),     # one layer only: not modelled
+    (["visual", "lm_head", "model.embed_tokens"], ())])
+def test_modules_to_not_convert_keep_whole_parts_16_bit(tmp_path, names, kept):
+    config = {
+        "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "num_hidden_layers": 32, "intermediate_size": 14336,
+        "vocab_size": 128256, "max_position_embeddings": 8192, "quantization_config": {
+            "quant_method": "awq", "bits": 4, "modules_to_not_convert": names}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    spec = resolve_model(str(path))
+    assert spec.kept_16bit == kept
+    attention = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096) if "attention" in kept else 0
+    assert spec.kept_linear_params == attention
+    plain = replace(spec, kept_16bit=())
+    assert spec.weight_bytes("int4") - plain.weight_bytes("int4") == pytest.approx(
+        attention * (2 - weight_dtype_bytes("int4")), abs=1)
+
+
+def test_weights_kept_16_bit_are_read_at_16_bits_every_decode_step():
+    spec = resolve_model("gpt-oss-120b")
+    kept = CostModel(spec, "h100-80gb", weight_dtype="int4")
+    plain = CostModel(replace(spec, kept_16bit=()), "h100-80gb", weight_dtype="int4")
+    extra = spec.kept_linear_params * (2 - weight_dtype_bytes("int4"))
+    hbm = kept.gpu.hbm_bandwidth_bytes_per_s * kept.profile.gemm.memory_efficiency
+    assert kept._c.gemm_byte_s - plain._c.gemm_byte_s == pytest.approx(extra / hbm)
 
 
 def test_an_unknown_quantization_is_refused_not_sized_as_bf16(tmp_path):

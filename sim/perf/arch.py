@@ -20,7 +20,7 @@ from pathlib import Path
 from kvsim.errors import ConfigError
 from kvsim.sim.perf._catalog import read_json_object
 from kvsim.sim.perf.model_shape import ModelSpec
-from kvsim.sim.perf.quantization import checkpoint_weight_dtype
+from kvsim.sim.perf.quantization import checkpoint_weight_dtype, kept_16bit
 
 #: model_type -> the family name kvsim reports.
 HF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
@@ -266,7 +266,7 @@ def _llama_fields(cfg: dict, path: Path) -> dict:
                 max_model_len=_context_len(cfg, path), gated_mlp=True,
                 qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias")),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                weight_dtype=checkpoint_weight_dtype(cfg, path))
+                weight_dtype=checkpoint_weight_dtype(cfg, path), kept_16bit=kept_16bit(cfg))
 
 
 def _opt_fields(cfg: dict, path: Path) -> dict:
@@ -280,4 +280,4 @@ def _opt_fields(cfg: dict, path: Path) -> dict:
                 gated_mlp=False, linear_bias=True, norm="layernorm",
                 learned_positions=max_len + 2,
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                weight_dtype=checkpoint_weight_dtype(cfg, path))
+                weight_dtype=checkpoint_weight_dtype(cfg, path), kept_16bit=kept_16bit(cfg))

@@ -300,7 +300,8 @@ class CostModel(Executor):
         c = _Coeffs(
             fixed_s=fixed, per_seq_s=p.per_seq_overhead_s,
             gemm_flop_s=L * 2 * layer_w / pc,
-            gemm_byte_s=L * layer_w * weight_dtype_bytes(self.weight_dtype) / pm,
+            gemm_byte_s=(L * layer_w * weight_dtype_bytes(self.weight_dtype)
+                         + self._kept_extra_bytes()) / pm,
             head_flop_s=2 * head_w / pc, head_byte_s=head_w * b / pm,
             elem_min_s=tuple(L * (e.min_time_s + elem[op] * e.row_s_per_byte)
                              for op, e in zip(ELEMENTWISE_OPS, ops)),
@@ -315,19 +316,27 @@ class CostModel(Executor):
                 (4 * L + 1) * p.gemm.latency_s if p.gemm.shaped else 0.0)), kv_token)
         return replace(c, **self._shaped_gemms()) if p.gemm.shaped else c
 
+    def _kept_extra_bytes(self) -> float:
+        """Bytes per GPU that the weights a quantized checkpoint keeps 16-bit
+        (``ModelSpec.kept_16bit``) add to one read of the layers' weights."""
+        wb, kept = weight_dtype_bytes(self.weight_dtype), self.model.kept_linear_params
+        return kept / self.tp * (2 - wb) if kept and wb < 2 else 0.0
+
     def _shaped_gemms(self) -> dict:
         """``gemm_s``/``head_s`` of a shaped profile: each GEMM by its own matrix shape
         (:func:`gemm_time`), memoised per token count (steps repeat their sizes)."""
         m, g, tp, L = self.model, self.gpu, self.tp, self.model.num_layers
         p, wb, ab = self.profile.gemm, weight_dtype_bytes(self.weight_dtype), dtype_bytes(self.dtype)
-        shapes = tuple(gemm_shapes(m, tp).values())
+        kept = 2.0 if "attention" in m.kept_16bit and wb < 2 else wb
+        shapes = tuple((n, k, kept if name.startswith("attn") else wb)
+                       for name, (n, k) in gemm_shapes(m, tp).items())
 
         scalar = dict(ceil=math.ceil, minimum=min, maximum=max)
 
         @lru_cache(maxsize=16384)
         def layers(tokens: float) -> float:
-            return float(L * sum(gemm_time(p, g, tokens, n, k, wb, ab, **scalar)
-                                 for n, k in shapes))
+            return float(L * sum(gemm_time(p, g, tokens, n, k, b, ab, **scalar)
+                                 for n, k, b in shapes))
 
         @lru_cache(maxsize=4096)
         def head(seqs: float) -> float:
@@ -348,7 +357,8 @@ class CostModel(Executor):
         full_share = moe.full_attention_layers(m) / m.num_layers
         window_s = moe.windowed_bytes_per_request(m, tp, self.dtype) / attn_bw
         return replace(
-            c, gemm_flop_s=2 * active / tp / pc, gemm_byte_s=always / tp * wb / pm,
+            c, gemm_flop_s=2 * active / tp / pc,
+            gemm_byte_s=(always / tp * wb + self._kept_extra_bytes()) / pm,
             moe_expert_s=per_expert / tp * wb / pm, moe_experts=m.num_experts if m.is_moe else 0,
             moe_top_k=m.experts_per_token, per_seq_s=c.per_seq_s + window_s,
             attn_flop_s=moe.attention_flops_per_unit(m, tp) / (

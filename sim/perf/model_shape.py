@@ -62,6 +62,9 @@ class ModelSpec:
     #: How a quantized checkpoint stores its weights (``int4``, ``int8``, ``fp8``; its
     #: config.json's ``quantization_config``): the default of ``--weight-dtype``.
     weight_dtype: str | None = None
+    #: Layer parts a quantized checkpoint keeps 16-bit in every layer (``attention``,
+    #: ``router``: its ``modules_to_not_convert``), whatever the weight dtype.
+    kept_16bit: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=(), compare=False)
     # --- attention other than full, MLA, mixture of experts (see kvsim.sim.perf.arch) ---------------
     #: Per layer ``full``, ``sliding`` or ``chunked``; empty: every layer full attention.
@@ -156,12 +159,27 @@ class ModelSpec:
         """Bytes of all weights stored in ``dtype`` (``int4`` included, scales counted). A
         quantized dtype (narrower than 16 bits) stores the layers' GEMM weights only: the
         embeddings, LM head, norms and biases stay 16-bit, as vLLM's quantization methods
-        keep them."""
+        keep them, and so do the parts of :attr:`kept_16bit`."""
         per = weight_dtype_bytes(dtype)
         if per >= 2:
             return int(-(-self.num_params * per // 1))
-        kept = self.num_params - self.linear_params_total
-        return int(-(-(self.linear_params_total * per + kept * 2) // 1))
+        quantized = self.linear_params_total - self.kept_linear_params
+        return int(-(-(quantized * per + (self.num_params - quantized) * 2) // 1))
+
+    @property
+    def kept_linear_params(self) -> int:
+        """GEMM weights (whole model) that stay 16-bit when the others are quantized: the
+        parts in :attr:`kept_16bit`."""
+        kept = self.num_layers * attention_params(self) if "attention" in self.kept_16bit else 0
+        if "router" in self.kept_16bit and self.is_moe:
+            kept += self.num_moe_layers * self.hidden_size * self.num_experts
+        return kept
+
+    def linear_weight_bytes(self, params: float, dtype: str, kept: float = 0) -> float:
+        """Bytes of ``params`` GEMM weights of which ``kept`` stay 16-bit (see
+        :attr:`kept_16bit`), the rest stored in ``dtype``."""
+        per = weight_dtype_bytes(dtype)
+        return params * per if per >= 2 else (params - kept) * per + kept * 2
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes

@@ -14,6 +14,12 @@ kvsim prices (``int4``, ``int8``, ``fp8``) when ``--weight-dtype`` is not given.
 
 Any other method is refused: its weights' size is unknown, and guessing bf16 sized a
 4-bit 70B model at 131 GiB.
+
+``modules_to_not_convert`` names modules the checkpoint keeps 16-bit: a name for every layer
+(a wildcard, or no layer number) ending in ``self_attn`` / ``attn`` / ``attention`` keeps the
+attention projections, one ending in ``router`` or ``gate`` (a MoE router) the routers
+(gpt-oss keeps both). Names of one layer, of the embeddings or LM head (16-bit anyway) or of
+parts kvsim does not model (a vision tower) change nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +47,26 @@ def checkpoint_weight_dtype(cfg: dict, path: Path) -> str | None:
         raise ConfigError(f"{what} is not one kvsim can size: remove quantization_config and "
                           "give --weight-dtype", location=str(path), field="quantization_config")
     return found
+
+
+#: The layer parts a checkpoint may keep 16-bit, by the last module name that names them.
+_KEPT_PARTS = {"self_attn": "attention", "attn": "attention", "attention": "attention",
+               "router": "router", "gate": "router"}
+
+
+def kept_16bit(cfg: dict) -> tuple[str, ...]:
+    """The layer parts (``attention``, ``router``) the quantized checkpoint whose config is
+    ``cfg`` keeps 16-bit in every layer: its ``modules_to_not_convert`` (see the module doc)."""
+    quant = cfg.get("quantization_config")
+    names = quant.get("modules_to_not_convert") if isinstance(quant, dict) else None
+    if not isinstance(names, list):
+        return ()
+    parts = []
+    for name in names:
+        path = str(name).split(".")
+        if not any(part.isdigit() for part in path) and path[-1] in _KEPT_PARTS:
+            parts.append(_KEPT_PARTS[path[-1]])
+    return tuple(sorted(set(parts)))
 
 
 def _by_method(method: str, quant: dict) -> str | None:
