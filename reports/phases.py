@@ -33,24 +33,38 @@ def phase_shares(requests: pd.DataFrame) -> dict[str, float]:
 
 def time_split_figure(requests: pd.DataFrame) -> Figure:
     """Mean queueing, prefill and decode seconds of the requests arriving in each of at most
-    :data:`MAX_BARS` arrival-time bins, stacked: a bar's height is their mean E2E latency."""
+    :data:`MAX_BARS` equal arrival-time bins, stacked: a bar's height is their mean E2E
+    latency (bins by time, not by count: requests sharing an arrival time share one bar)."""
     done = completed_phases(requests)
     if done.empty:
         return empty_figure("Where time goes", "no completed requests")
-    bins = min(MAX_BARS, len(done))
-    groups = np.arange(len(done)) * bins // len(done)
-    means = done.groupby(groups)[[c for c, _, _ in PHASES] + ["arrival_s"]].mean()
-    count = done.groupby(groups).size()
+    bins, at = arrival_bins(done["arrival_s"].to_numpy(dtype=float))
+    means = done.groupby(bins)[[c for c, _, _ in PHASES]].mean()
+    count = done.groupby(bins).size()
+    x = at[means.index.to_numpy()]
+    width = float(at[1] - at[0]) * 0.95 if len(at) > 1 else None
     fig = Figure()
     for col, name, color in PHASES:
         fig.add_trace(bar(
-            x=means["arrival_s"], y=means[col], name=name, marker=dict(color=color),
+            x=x, y=means[col], width=width, name=name, marker=dict(color=color),
             customdata=count, hovertemplate=f"{name} %{{y:.3f}} s (mean of %{{customdata}} "
             "requests arriving near %{x:.1f} s)<extra></extra>"))
     fig.update_layout(barmode="stack", bargap=0.05)
     fig.update_xaxes(title=dict(text="arrival time (simulated s)"))
     fig.update_yaxes(title=dict(text="mean time per request (s)"))
     return style_figure(fig, "Where time goes, by arrival time", height=380)
+
+
+def arrival_bins(arrivals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each arrival's bin among at most :data:`MAX_BARS` equal bins of the arrival span, and
+    the bins' centres (one bin when all arrive at once)."""
+    lo, hi = float(arrivals.min()), float(arrivals.max())
+    num = min(MAX_BARS, len(arrivals)) if hi > lo else 1
+    width = (hi - lo) / num
+    if not width:
+        return np.zeros(len(arrivals), dtype=np.int64), np.array([lo])
+    bins = np.minimum(((arrivals - lo) / width).astype(np.int64), num - 1)
+    return bins, lo + (np.arange(num) + 0.5) * width
 
 
 def time_split_note(requests: pd.DataFrame) -> str:

@@ -139,6 +139,21 @@ def test_where_time_goes_splits_the_completed_requests_time():
     assert [t["name"] for t in fig.data] == ["queueing", "prefill", "decode"]
     assert fig.layout["barmode"] == "stack"
     assert fig.layout["yaxis"]["title"]["text"].endswith("(s)")
+    assert len(fig.data[0]["x"]) == len(set(fig.data[0]["x"]))    # one bar per bin
+
+
+def test_where_time_goes_bins_by_arrival_time_so_bars_never_pile_up():
+    from kvsim.reports.phases import arrival_bins
+    bins, centres = arrival_bins(np.array([0.0, 0.0, 0.0, 1.0, 10.0]))
+    assert bins.tolist() == [0, 0, 0, 0, 4]          # five bins of 2 s: [0, 2) ... [8, 10]
+    assert centres.tolist() == [1.0, 3.0, 5.0, 7.0, 9.0]
+    bins, centres = arrival_bins(np.array([5.0, 5.0]))   # all at once: one bin
+    assert bins.tolist() == [0, 0] and centres.tolist() == [5.0]
+
+
+def test_where_time_goes_note_states_the_shares():
+    from kvsim.reports.phases import time_split_note
+    df = three_requests()
     assert time_split_note(df).startswith(
         "Of all completed requests' end-to-end time (mean 240.0 ms): queueing 31.2%, "
         "prefill 52.1%, decode 16.7%.")
