@@ -150,8 +150,9 @@ def long_prompt_advice(max_model_len, pool_tokens: int, blocks_given: bool,
     context (``model_context``) is what limits it."""
     if is_number(max_model_len) and max_model_len == model_context and pool_tokens \
             and max_model_len < pool_tokens:
-        return ("that is the model's own context: pass --long-prompt truncate or choose a "
-                "model with a longer one; vLLM refuses a --max-model-len above it")
+        return ("that is the model's own context: pass --long-prompt truncate, choose a "
+                "model with a longer one, or raise --max-model-len past it (vLLM then needs "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
     if not (is_number(max_model_len) and pool_tokens and max_model_len >= pool_tokens):
         return "raise --max-model-len, or pass --long-prompt truncate"
     more = "raise --num-gpu-blocks" if blocks_given else (
