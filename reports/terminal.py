@@ -81,7 +81,8 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
     """What ran (trace, model, deployment) and which requests did not run as asked."""
     cfg = summary.get("config") or {}
     rows = [("trace", trace_text(cfg)),
-            ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype")))]
+            ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype"))),
+            ("KV cache", cache_text(cfg))]
     if cfg.get("profile"):
         rows.append(("step times", f"from the profile {cfg['profile']}"))
     return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
@@ -134,6 +135,28 @@ def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:
     if weights and weights != cfg.get("dtype"):
         text += f", {weights} weights"
     return text
+
+
+def cache_text(cfg: dict) -> str:
+    """How the KV cache was run: ``paged, 16-token blocks, prefix caching with lru
+    eviction``; a contiguous or hybrid layout with its reserve, allocator and compaction, a
+    swap or priority policy where chosen."""
+    layout = cfg.get("layout", "paged")
+    parts = [f"{layout}, {fmt_num(cfg.get('block_size'))}-token blocks"]
+    if layout != "paged":
+        parts.append(f"{cfg.get('reserve')} reserve, {cfg.get('allocator')} allocator")
+        if layout == "hybrid":
+            parts.append(f"paged past {fmt_num(cfg.get('hybrid_threshold'))} tokens")
+        if cfg.get("compaction_threshold") is not None:
+            parts.append(f"compaction past {fmt_pct(cfg['compaction_threshold'])} "
+                         "unusable free slots")
+    parts.append(f"prefix caching with {cfg.get('eviction', 'lru')} eviction"
+                 if cfg.get("enable_prefix_caching", True) else "no prefix caching")
+    if cfg.get("preemption_mode", "recompute") != "recompute":
+        parts.append(f"{cfg['preemption_mode']} preemption")
+    if cfg.get("scheduling_policy", "fcfs") != "fcfs":
+        parts.append(f"{cfg['scheduling_policy']} scheduling")
+    return ", ".join(parts)
 
 
 def _per_replica(summary: dict) -> str:

@@ -126,6 +126,27 @@ def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
         "llama-3.1-8b on 1 x l4 (tp 1), bf16"
 
 
+def test_the_kv_cache_line_says_how_the_cache_ran():
+    from kvsim.reports.terminal import cache_text
+    config = {"layout": "paged", "block_size": 16, "enable_prefix_caching": True,
+              "eviction": "lru", "preemption_mode": "recompute", "scheduling_policy": "fcfs",
+              "reserve": "max", "allocator": "first-fit", "hybrid_threshold": 256,
+              "compaction_threshold": None}
+    assert cache_text(config) == "paged, 16-token blocks, prefix caching with lru eviction"
+    assert cache_text({**config, "eviction": "belady", "preemption_mode": "swap",
+                       "scheduling_policy": "priority"}) == (
+        "paged, 16-token blocks, prefix caching with belady eviction, swap preemption, "
+        "priority scheduling")
+    assert cache_text({**config, "layout": "contiguous", "reserve": "pow2-output",
+                       "allocator": "buddy", "compaction_threshold": 0.25,
+                       "enable_prefix_caching": False}) == (
+        "contiguous, 16-token blocks, pow2-output reserve, buddy allocator, compaction past "
+        "25.0% unusable free slots, no prefix caching")
+    assert cache_text({**config, "layout": "hybrid"}) == (
+        "hybrid, 16-token blocks, max reserve, first-fit allocator, paged past 256 tokens, "
+        "prefix caching with lru eviction")
+
+
 def test_rejections_are_explained_by_what_limits_max_model_len():
     from kvsim.reports.style import rejected_text
     summary = {"num_rejected": 9, "num_requests": 100, "config": {"num_gpu_blocks": None},
