@@ -122,8 +122,9 @@ def recommendation_text(result: dict) -> str:
 
 def block_size_lines(result: dict) -> list[str]:
     """Per GPU: the L2 rule's block size beside the best block size of the sweep."""
-    return [f"block size on {b['gpu']}: the tokens whose K and V fill its L2 cache, "
-            f"{b['l2_cache_bytes']:,} B / (2 x {b['hidden_size']:,} x {b['dtype_bytes']} B) = "
+    return [f"block size on {b['gpu']}: the tokens whose K and V of one layer fill its L2 "
+            f"cache (tp {b['tp']}), {b['l2_cache_bytes']:,} B / "
+            f"{b['kv_bytes_per_token_per_layer']:,} B = "
             f"{b['tokens']:,.0f} (power of two {b['power_of_two']:,}; a rule of thumb, "
             "not simulated); best in sweep "
             f"{b['best_block_size'] if b['best_block_size'] is not None else '—'} "

@@ -33,7 +33,7 @@ def test_json_prints_only_the_plan_and_writes_the_files(json_run):
     assert best["latency"]["ttft_p99_s"] <= 0.5 and best["min_headroom"] >= 0
     assert best["kvsim_run"].startswith("kvsim run sample:azure-conv --model llama-3.1-8b")
     assert "prefill alone" in plan["candidates"][1]["reason"]
-    assert plan["block_size"][0]["tokens"] == 52428800 / (2 * 4096 * 2)
+    assert plan["block_size"][0]["tokens"] == 52428800 / (2 * 8 * 128 * 2)   # 8 KV heads
     assert "planning" not in done.stderr
 
 
@@ -57,7 +57,8 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Recommended: h100-80gb TP1" in done.stdout and "$10.00" in done.stdout
     assert "[2] l4 TP1: TTFT p99 can never meet" in done.stdout
-    assert "the tokens whose K and V fill its L2 cache" in done.stdout
+    assert "the tokens whose K and V of one layer fill its L2 cache (tp 1), 52,428,800 B / " \
+        "4,096 B = 12,800" in done.stdout
     assert "best in sweep 16" in done.stdout
     command = json.loads((tmp_path / "o" / "plan.json").read_text())["recommended"]["kvsim_run"]
     assert len(command) > 80 and f"  reproduce: {command}\n" in done.stdout   # one line: pastes

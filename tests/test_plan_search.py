@@ -70,9 +70,14 @@ def test_pareto_front_keeps_only_undominated_points_cheapest_first():
 
 
 def test_suggested_block_size_is_the_design_articles_formula():
-    s = suggested_block_size("llama-3.1-8b", "a100-80gb")
+    # multi-head attention: a token's K and V of one layer are 2 x hidden_size x dtype
+    s = suggested_block_size("llama-2-7b", "a100-80gb")
     assert s["tokens"] == 41943040 / (2 * 4096 * 2) == 2560
     assert s["power_of_two"] == 2048
+    # grouped-query attention: 8 KV heads of 128, not hidden_size 4,096; split over tp
+    assert suggested_block_size("llama-3.1-8b", "a100-80gb")["tokens"] == \
+        41943040 / (2 * 8 * 128 * 2) == 10240
+    assert suggested_block_size("llama-3.1-8b", "a100-80gb", tp=2)["tokens"] == 20480
 
 
 def test_parse_list_and_slo_checks():

@@ -30,24 +30,28 @@ from kvsim.workloads.request import Request
 
 from kvsim.sim.config import RunConfig
 from kvsim.sim.perf.gpus import resolve_gpu
-from kvsim.sim.perf.models import dtype_bytes, resolve_model
+from kvsim.sim.perf.models import resolve_model
 from kvsim.sim.serving.runner import default_executor
 
 METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
 
-def suggested_block_size(model: str, gpu: str, dtype: str = "bf16") -> dict:
-    """The design article's block size ``L2_cache_size / (2 * hidden_size * dtype_size)``.
+def suggested_block_size(model: str, gpu: str, dtype: str = "bf16", tp: int = 1) -> dict:
+    """The design article's block size: the tokens whose K and V of one layer fill the GPU's
+    L2 cache, ``L2_cache_size / (2 * hidden_size * dtype_size)`` for multi-head attention.
+    With grouped-query attention, tensor parallelism or MLA a token's K and V of one layer
+    on one GPU are narrower than ``hidden_size``: their real width (vLLM's page size per
+    token) is used.
 
     Returns the inputs, the exact quotient (``tokens``) and the largest power of two not above
     it (``power_of_two``), since block sizes are usually powers of two.
     """
     spec, card = resolve_model(model), resolve_gpu(gpu)
-    size = dtype_bytes(dtype)
-    tokens = card.l2_cache_bytes / (2 * spec.hidden_size * size)
+    per_token = spec.kv_bytes_per_token_per_layer_per_gpu(tp, dtype)
+    tokens = card.l2_cache_bytes / per_token
     power = 1 << max(0, int(np.floor(np.log2(tokens)))) if tokens >= 1 else 1
-    return {"gpu": card.name, "l2_cache_bytes": card.l2_cache_bytes,
-            "hidden_size": spec.hidden_size, "dtype_bytes": size, "tokens": tokens,
+    return {"gpu": card.name, "tp": tp, "l2_cache_bytes": card.l2_cache_bytes,
+            "kv_bytes_per_token_per_layer": per_token, "tokens": tokens,
             "power_of_two": power}
 
 

@@ -335,12 +335,14 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
 
 
 def block_size_advice(spec: PlanSpec, rows: list[dict]) -> list[dict]:
-    """Per GPU swept: the design article's ``L2 / (2 * hidden * dtype)`` block size beside
-    the block size of the best-ranked feasible candidate on that GPU (``None``: none)."""
+    """Per GPU swept: the design article's L2 rule (the tokens whose K and V of one layer
+    fill the L2 cache, at the tp of the best-ranked feasible candidate on that GPU, else the
+    smallest tp swept) beside that candidate's block size (``None``: none)."""
     out = []
     for gpu in dict.fromkeys(c.gpu for c in spec.candidates):
         best = next((r for r in rows if r["feasible"] and r["settings"]["gpu"] == gpu), None)
-        out.append({**suggested_block_size(spec.base.model, gpu, spec.base.dtype),
+        tp = best["settings"]["tp"] if best else min(c.tp for c in spec.candidates)
+        out.append({**suggested_block_size(spec.base.model, gpu, spec.base.dtype, tp),
                     "best_block_size": best["settings"]["block_size"] if best else None,
                     "swept_block_sizes": _swept(spec)["block_size"]})
     return out
