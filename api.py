@@ -9,11 +9,13 @@ called. See ``docs/api.md``.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import pandas as pd
 
 from kvsim.errors import ConfigError, TraceError
@@ -54,11 +56,60 @@ def checked_flag(value: Any, name: str, call: str) -> bool:
     return value
 
 
+def checked_path(value: Any, name: str, call: str) -> str:
+    """``value`` (a str or path) as a str, else a :class:`ConfigError` naming ``call``'s
+    argument ``name``."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"expected a file name or path, got {value!r}", location=call,
+                          field=name)
+    return os.fspath(value)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as the settings take it: a numpy number as the Python one (``np.int64(64)``
+    from a pandas sweep), a numpy array or ``range`` as a list, inside lists too."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (np.ndarray, range)):
+        return [plain(v) for v in value.tolist()] if isinstance(value, np.ndarray) \
+            else list(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+def plain_keywords(keywords: dict) -> dict:
+    """:func:`plain` of every keyword argument's value."""
+    return {name: plain(value) for name, value in keywords.items()}
+
+
+def checked_count(value: Any, name: str, call: str, minimum: int = 1) -> int:
+    """``value`` if it is an int of at least ``minimum``, else a :class:`ConfigError` naming
+    ``call``'s argument ``name``."""
+    value = plain(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}", location=call,
+                          field=name)
+    return value
+
+
+def checked_rate(value: Any, name: str, call: str) -> float | None:
+    """``value`` (None, or a finite number > 0) as a float, else a :class:`ConfigError`."""
+    value = plain(value)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"expected a number > 0, got {value!r}", location=call, field=name)
+    return float(value)
+
+
 def trace_options(values: dict, seed: int = 0, call: str = "kvsim.run") -> TraceOptions:
     """:class:`TraceOptions` from :data:`TRACE_KEYWORDS`, checked: a bad one names its
     keyword and ``call``."""
-    if "sort" in values:
-        checked_flag(values["sort"], "sort", call)
+    if "sort" in values and not isinstance(values["sort"], bool):
+        raise TraceError(f"expected True or False, got {values['sort']!r}", location=call,
+                         field="sort")
     try:
         return TraceOptions(fmt=values.get("format"), limit=values.get("limit"),
                             start_s=values.get("start"), end_s=values.get("end"),
@@ -66,7 +117,8 @@ def trace_options(values: dict, seed: int = 0, call: str = "kvsim.run") -> Trace
                             sort=values.get("sort", False), seed=seed,
                             model_filter=values.get("trace_model")).checked()
     except TraceError as e:
-        keyword = {"start_s": "start", "end_s": "end"}.get(e.field, e.field)
+        keyword = {"start_s": "start", "end_s": "end", "model_filter": "trace_model"}.get(
+            e.field, e.field)
         raise TraceError(e.message, location=call, field=keyword) from None
 
 
@@ -84,9 +136,11 @@ def load_trace(trace: str | os.PathLike | None = None, **reading: Any) -> Trace:
     if unknown:
         raise ConfigError(f"not a trace option; known: {', '.join(TRACE_KEYWORDS)}",
                           location="kvsim.load_trace", field=unknown[0])
+    reading = plain_keywords(reading)
     from kvsim.workloads.sources import resolve_trace
     from kvsim.workloads import load_trace as read
-    path, label = resolve_trace(None if trace is None else os.fspath(trace))
+    path, label = resolve_trace(
+        None if trace is None else checked_path(trace, "trace", "kvsim.load_trace"))
     options = trace_options(reading, call="kvsim.load_trace")
     return Trace(read(path, options), path, label, options)
 
@@ -101,7 +155,8 @@ def run_config(trace_label: str, settings: dict, config: Any = None,
     elif isinstance(config, dict):
         base = dict(config)
     else:
-        base = read_config_file(os.fspath(config)) if config is not None else {}
+        base = read_config_file(checked_path(config, "config", source)) \
+            if config is not None else {}
     base.pop("trace", None)
     return RunConfig.from_dict({**base, **settings, "trace": trace_label}, source=source)
 
@@ -129,6 +184,7 @@ class Result:
         from kvsim.reports.outdir import OutputDir
         for name, flag in (("html", html), ("bench", bench)):
             checked_flag(flag, name, "Result.write")
+        checked_path(out_dir, "out_dir", "Result.write")
         if output_format == "parquet":
             require_parquet()
         with OutputDir(out_dir, option="out_dir"):
@@ -138,6 +194,7 @@ class Result:
     def report(self, path: str | os.PathLike) -> Path:
         """Write the run's interactive HTML report to ``path``; returns the path."""
         from kvsim.reports.html import render_run_report
+        checked_path(path, "path", "Result.report")
         return render_run_report(self.summary, self.requests, self.timeline, path,
                                  slo=self.summary.get("slo"))
 
@@ -174,7 +231,7 @@ def _toml_trace(config: Any) -> str | None:
     if config is None or isinstance(config, (dict, RunConfig)):
         return None
     from kvsim.pipeline import read_config_file
-    return read_config_file(os.fspath(config)).get("trace")
+    return read_config_file(checked_path(config, "config", "kvsim.run")).get("trace")
 
 
 def checked_slo(slo: dict | None, call: str = "kvsim.run") -> dict | None:
@@ -209,7 +266,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     from kvsim.sim.serving.runner import resolve_deployment, simulate
     from kvsim.workloads import load_trace as read
     from kvsim.workloads.sharing import scan_trace_sharing
-    reading, settings = split_keywords(settings)
+    reading, settings = split_keywords(plain_keywords(settings))
     slo = checked_slo(slo)
     checked_flag(keep_steps, "keep_steps", "kvsim.run")
     label, source = _source(trace if trace is not None else _toml_trace(config), reading)

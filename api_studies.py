@@ -17,8 +17,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from kvsim.api import (TRACE_KEYWORDS, Result, Trace, checked_flag, checked_slo, load_trace,
-                       run_config, run_frames, split_keywords, trace_options)
+from kvsim.api import (TRACE_KEYWORDS, Result, Trace, checked_count, checked_flag, checked_path,
+                       checked_rate, checked_slo, load_trace, plain, plain_keywords, run_config,
+                       run_frames, split_keywords, trace_options)
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
@@ -66,6 +67,7 @@ class Comparison:
         """Write what ``kvsim compare --out`` writes (a run directory per configuration,
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
         checked_flag(html, "html", "Comparison.write")
+        checked_path(out_dir, "out_dir", "Comparison.write")
         from kvsim.grid import compare_result, run_dirs
         from kvsim.reports.frames import COMPARE_FILE
         from kvsim.reports.html import render_compare_report
@@ -87,6 +89,7 @@ class Comparison:
     def report(self, path: str | os.PathLike) -> Path:
         """Write the comparison's HTML report (every run overlaid) to ``path``."""
         from kvsim.reports.html import render_compare_report
+        checked_path(path, "path", "Comparison.report")
         return render_compare_report(self._frames(), path, self.spec.slo)
 
     def _frames(self) -> list[tuple]:
@@ -114,8 +117,9 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     ``slo`` and the trace keywords as in :func:`kvsim.run`; ``workers`` processes."""
     from kvsim.grid import CompareSpec, grid_points
     from kvsim.sim.plan.sweep import SweepOptions, run_tasks
-    reading, settings = split_keywords(settings)
+    reading, settings = split_keywords(plain_keywords(settings))
     slo = checked_slo(slo, "kvsim.compare")
+    workers = checked_count(workers, "workers", "kvsim.compare")
     path, options = _trace_file(trace, reading, "kvsim.compare")
     dims = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in settings.items()}
     if any(not v for v in dims.values()):
@@ -166,6 +170,7 @@ class Plan:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
         checked_flag(html, "html", "Plan.write")
+        checked_path(out_dir, "out_dir", "Plan.write")
         from kvsim.reports.outdir import OutputDir
         from kvsim.reports.plan import write_plan_outputs
         with OutputDir(out_dir, option="out_dir"):
@@ -173,6 +178,7 @@ class Plan:
 
     def report(self, path: str | os.PathLike) -> Path:
         from kvsim.reports.plan import render_plan_report
+        checked_path(path, "path", "Plan.report")
         return render_plan_report(self.result, path)
 
     def __repr__(self) -> str:
@@ -212,7 +218,11 @@ def plan(trace: Any = None, *, slo: dict | None = None, target_rate: float | Non
     from kvsim.sim.plan import spec as plan_spec
     from kvsim.sim.plan import planner
     from kvsim.sim.plan.sweep import SweepOptions
-    reading, candidates = split_keywords(candidates)
+    reading, candidates = split_keywords(plain_keywords(candidates))
+    workers = checked_count(workers, "workers", "kvsim.plan")
+    max_replicas = checked_count(max_replicas, "max_replicas", "kvsim.plan")
+    rate_iterations = checked_count(rate_iterations, "rate_iterations", "kvsim.plan", 0)
+    target_rate = checked_rate(target_rate, "target_rate", "kvsim.plan")
     path, options = _trace_file(trace, reading, "kvsim.plan")
     from kvsim.workloads.sources import resolve_trace
     file, label = resolve_trace(path)
@@ -241,11 +251,13 @@ class HitRates:
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
         """Write ``hitrate.json`` and ``hitrate.html`` as ``kvsim hitrate --out``."""
         checked_flag(html, "html", "HitRates.write")
+        checked_path(out_dir, "out_dir", "HitRates.write")
         from kvsim.reports.html import write_hitrate_outputs
         return write_hitrate_outputs(self.result, Path(out_dir), html, option="out_dir")
 
     def report(self, path: str | os.PathLike) -> Path:
         from kvsim.reports.html import render_hitrate_report
+        checked_path(path, "path", "HitRates.report")
         return render_hitrate_report(self.table, path, config={
             k: v for k, v in self.result.items() if k != "rows"})
 
@@ -283,6 +295,8 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
     timing); ``lookahead_s``: the lookahead policy's window. ``trace`` as in
     :func:`kvsim.run`, or a list of requests."""
     from kvsim.cache import hitrate as hr
+    capacity, capacity_tokens, block_size, lookahead_s = (
+        plain(capacity), plain(capacity_tokens), plain(block_size), plain(lookahead_s))
     _check_hitrate_args(block_size, lookahead_s, reading)
     try:
         caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)

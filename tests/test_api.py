@@ -77,7 +77,11 @@ def test_keep_steps_returns_every_engine_step(result):
     (dict(tp=3), "kvsim.run: field 'tp': llama-3.1-8b has 32 attention heads, which do not "
      "divide over 3 GPUs (vLLM refuses this)"),
     (dict(limit=0), "kvsim.run: field 'limit': must be a positive integer, got 0"),
-    (dict(start=float("nan")), "kvsim.run: field 'start': must be a finite number, got nan"),
+    (dict(start=float("nan")), "kvsim.run: field 'start': must be a finite number of "
+     "seconds >= 0 (from the first arrival), got nan"),
+    (dict(start=-1), "kvsim.run: field 'start': must be a finite number of seconds >= 0"),
+    (dict(trace_model=5), "kvsim.run: field 'trace_model': expected a model name, got 5"),
+    (dict(config=5), "kvsim.run: field 'config': expected a file name or path, got 5"),
 ])
 def test_bad_settings_fail_before_any_work_in_one_line(settings, message, monkeypatch):
     import kvsim.sim.serving.runner as runner
@@ -86,6 +90,41 @@ def test_bad_settings_fail_before_any_work_in_one_line(settings, message, monkey
         kvsim.run("sample:azure-conv", **settings)
     assert isinstance(info.value, kvsim.KvsimError)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_numpy_numbers_and_arrays_are_taken_as_python_ones(monkeypatch):
+    np = pytest.importorskip("numpy")
+    seen = []
+    import kvsim.sim.serving.runner as runner
+    monkeypatch.setattr(runner, "simulate", lambda requests, config, **k: seen.append(
+        (config, k["trace_options"])) or pytest.skip("checked"))
+    with pytest.raises(pytest.skip.Exception):
+        kvsim.run("sample:azure-conv", max_num_seqs=np.int64(64), seed=np.int32(3),
+                  enable_prefix_caching=np.False_, rate_scale=np.float32(2.0),
+                  start=np.int64(1), limit=np.int64(20))
+    config, options = seen[0]
+    assert (config.max_num_seqs, config.seed, config.enable_prefix_caching) == (64, 3, False)
+    assert (options.rate_scale, options.start_s, options.limit) == (2.0, 1.0, 20)
+    assert type(options.start_s) is float        # (summary.json: 1.0 as the CLI writes it)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kvsim.compare("sample:azure-conv", eviction=["lru", "lfu"], workers="2"),
+     "kvsim.compare: field 'workers': expected an integer >= 1, got '2'"),
+    (lambda: kvsim.compare("sample:azure-conv", eviction=["lru", "lfu"], workers=True),
+     "kvsim.compare: field 'workers': expected an integer >= 1, got True"),
+    (lambda: kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 2}, max_replicas="4"),
+     "kvsim.plan: field 'max_replicas': expected an integer >= 1, got '4'"),
+    (lambda: kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 2}, rate_iterations="x"),
+     "kvsim.plan: field 'rate_iterations': expected an integer >= 0, got 'x'"),
+    (lambda: kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 2}, target_rate="5"),
+     "kvsim.plan: field 'target_rate': expected a number > 0, got '5'"),
+    (lambda: kvsim.load_trace(5),
+     "kvsim.load_trace: field 'trace': expected a file name or path, got 5")])
+def test_arguments_of_the_wrong_type_are_named_not_tracebacks(call, message):
+    with pytest.raises(kvsim.ConfigError) as info:
+        call()
+    assert str(info.value) == message
 
 
 def test_load_trace_and_run_a_filtered_list(tmp_path):
@@ -115,7 +154,7 @@ def test_write_and_report_write_only_when_asked(result, tmp_path):
 def test_flags_take_true_or_false_and_slo_percentiles_the_summary_holds(result, tmp_path):
     with pytest.raises(kvsim.ConfigError, match="field 'keep_steps': expected True or False"):
         kvsim.run("sample:azure-conv", limit=5, keep_steps="yes")
-    with pytest.raises(kvsim.ConfigError, match="field 'sort': expected True or False, got 'x"):
+    with pytest.raises(kvsim.TraceError, match="field 'sort': expected True or False, got 'x"):
         kvsim.run("sample:azure-conv", limit=5, sort="x")
     with pytest.raises(kvsim.ConfigError, match="^Result.write: field 'html': expected True"):
         result.write(tmp_path / "w", html="no")

@@ -184,7 +184,10 @@ CLI = [
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--router", "x"], "--router"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--target-rate", "-5"],
      "command line: field '--target-rate': must be a request rate > 0, got -5.0"),
-    (["run", "--start", "nan"], "command line: field '--start': must be a finite number, got nan"),
+    (["run", "--start", "nan"], "command line: field '--start': must be a finite number of "
+     "seconds >= 0 (from the first arrival), got nan"),
+    (["run", "--start", "-5"], "command line: field '--start': must be a finite number of "
+     "seconds >= 0 (from the first arrival), got -5.0"),
     (["trace-stats", "sample:mooncake", "--rate-scale", "-1"],
      "command line: field '--rate-scale': must be a finite number > 0, got -1.0"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "2", "--target-rate", "500"],

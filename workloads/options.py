@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from kvsim.errors import TraceError
@@ -57,12 +57,19 @@ class TraceOptions:
                              field="rate_scale")
         for name in ("start_s", "end_s"):
             value = getattr(self, name)
-            if value is not None and not _is_number(value):
-                raise TraceError(f"must be a finite number, got {value!r}", field=name)
+            if value is not None and not (_is_number(value) and value >= 0):
+                raise TraceError(f"must be a finite number of seconds >= 0 (from the first "
+                                 f"arrival), got {value!r}", field=name)
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise TraceError(f"end ({self.end_s}) must be after start ({self.start_s})",
                              field="end_s")
-        return self
+        if self.model_filter is not None and not (isinstance(self.model_filter, str)
+                                                  and self.model_filter.strip()):
+            raise TraceError(f"expected a model name, got {self.model_filter!r}",
+                             field="model_filter")
+        return replace(self, rate_scale=float(self.rate_scale),   # (3 and 3.0: one record)
+                       start_s=None if self.start_s is None else float(self.start_s),
+                       end_s=None if self.end_s is None else float(self.end_s))
 
     @property
     def format_name(self) -> str | None:
