@@ -55,5 +55,19 @@ def _table(result: dict) -> str:
     import sys
     from kvsim.reports.grid_table import render_compare_table
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    return render_compare_table([run["label"] for run in result["runs"]],
-                                [run["summary"] for run in result["runs"]], width)
+    return _header(result) + "\n\n" + render_compare_table(
+        [run["label"] for run in result["runs"]], [run["summary"] for run in result["runs"]],
+        width)
+
+
+def _header(result: dict) -> str:
+    """What every configuration shares: the trace, and the deployment and KV cache where
+    no dimension of the grid changes them."""
+    from kvsim.reports.style import get
+    from kvsim.reports.terminal import cache_text, deployment_text, trace_text
+    configs = [run["summary"].get("config") or {} for run in result["runs"]]
+    rows = [("trace", {trace_text(c) for c in configs}),
+            ("deployment", {deployment_text(c, get(run["summary"], "model", "weight_dtype"))
+                            for c, run in zip(configs, result["runs"])}),
+            ("KV cache", {cache_text(c) for c in configs})]
+    return "\n".join(f"{name:<12}{texts.pop()}" for name, texts in rows if len(texts) == 1)

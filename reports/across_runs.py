@@ -61,11 +61,12 @@ def _p99(summary: dict, metric: str) -> float | None:
     return float(v) if is_number(v) else None
 
 
-def tradeoff_scatter(runs: Sequence[Run]) -> Figure:
-    """Throughput against p99 TTFT and p99 E2E latency, one labelled point per run."""
+def tradeoff_scatter(runs: Sequence[Run], slo: dict | None = None) -> Figure:
+    """Throughput against p99 TTFT and p99 E2E latency, one point per run numbered by its
+    rank (the ranking table's ``#``)."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=["Throughput vs p99 TTFT", "Throughput vs p99 E2E"])
-    drawn = False
+    drawn, ranks = False, rank_labels(runs, slo)
     for i, (label, summary, _, _) in enumerate(runs):
         x = get(summary, "throughput_output_tokens_per_s")
         for col, metric in ((1, "ttft_s"), (2, "e2e_s")):
@@ -73,8 +74,8 @@ def tradeoff_scatter(runs: Sequence[Run]) -> Figure:
             if not is_number(x) or y is None:
                 continue
             fig.add_trace(scatter(      # numbered points: long labels live in the legend
-                x=[x], y=[y], mode="markers+text", text=[str(i + 1)], textposition="middle center",
-                textfont=dict(color="white", size=10), name=f"{i + 1}. {label}",
+                x=[x], y=[y], mode="markers+text", text=[ranks[i]], textposition="middle center",
+                textfont=dict(color="white", size=10), name=f"{ranks[i]}. {label}",
                 legendgroup=label, showlegend=col == 1,
                 marker=dict(size=18, color=series_color(i), line=dict(width=1, color="white")),
                 hovertemplate=f"{esc(label)}<br>%{{x:,.0f}} tok/s<br>p99 %{{y:.3g}} s"
@@ -117,6 +118,17 @@ def rank_runs(runs: Sequence[Run], slo: dict | None = None) -> list[int]:
     return sorted(range(len(runs)), key=key)
 
 
+def rank_labels(runs: Sequence[Run], slo: dict | None = None) -> list[str]:
+    """Each run's rank as the ranking table shows it (``3``; ``=1`` for a run whose results
+    are identical to the first-ranked one's), in the order of ``runs``."""
+    shown, first_rank = [""] * len(runs), {}
+    for rank, i in enumerate(rank_runs(runs, slo), start=1):
+        key = result_fingerprint(runs[i][1])
+        shown[i] = f"={first_rank[key]}" if key in first_rank else str(rank)
+        first_rank.setdefault(key, rank)
+    return shown
+
+
 def varying_settings(runs: Sequence[Run]) -> list[str]:
     """Flattened config keys whose values differ between runs (what the comparison varies)."""
     flats = [flatten(get(s, "config", default={}) or {}) for _, s, _, _ in runs]
@@ -145,7 +157,7 @@ def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
     varying = varying_settings(runs)
     has_slo = any(meets_slo(s, slo) is not None for _, s, _, _ in runs)
     same = identical_to([label for label, *_ in runs], [s for _, s, _, _ in runs])
-    first_rank: dict[str, int] = {}
+    shown_ranks = rank_labels(runs, slo)
     head = ['<th>#</th>', '<th class="label">Run</th>']
     head += [f'<th class="label">{esc(k)}</th>' for k in varying]
     head += [f"<th>{esc(name)}</th>" for name, _ in _RANK_COLUMNS]
@@ -156,9 +168,7 @@ def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
         label, summary = runs[i][0], runs[i][1]
         flat = flatten(get(summary, "config", default={}) or {})
         key = result_fingerprint(summary)
-        shown = f"={first_rank[key]}" if key in first_rank else str(rank)
-        first_rank.setdefault(key, rank)
-        cells = [f"<td>{shown}</td>", f'<td class="label"><span class="swatch" style="background:'
+        cells = [f"<td>{shown_ranks[i]}</td>", f'<td class="label"><span class="swatch" style="background:'
                  f'{series_color(i)}"></span>{esc(label)}</td>']
         cells += [f'<td class="label">{esc(fmt_setting(flat.get(k)))}</td>' for k in varying]
         cells += [f"<td>{esc(fn(summary))}</td>" for _, fn in _RANK_COLUMNS]
@@ -217,7 +227,8 @@ def hitrate_table(curves: pd.DataFrame) -> str:
 
 
 def describe_runs(runs: Sequence[Run]) -> dict[str, Any]:
-    """Small facts for the compare header: count, traces, models."""
-    traces = sorted({str(get(s, "config", "trace")) for _, s, _, _ in runs})
-    models = sorted({str(get(s, "config", "model")) for _, s, _, _ in runs})
-    return {"count": len(runs), "traces": traces, "models": models}
+    """Small facts for the compare header: count, traces, models, GPUs."""
+    def values(key: str) -> list[str]:
+        return sorted({str(get(s, "config", key)) for _, s, _, _ in runs})
+    return {"count": len(runs), "traces": values("trace"), "models": values("model"),
+            "gpus": values("gpu")}

@@ -192,12 +192,13 @@ def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame, pd.DataF
     facts = cmp.describe_runs(runs)
     header = (f"<h1>kvsim comparison</h1><p class=\"subtitle\"><b>{facts['count']}</b> "
               f"configurations · trace <b>{esc(', '.join(facts['traces']))}</b> · model "
-              f"<b>{esc(', '.join(facts['models']))}</b></p>")
+              f"<b>{esc(', '.join(facts['models']))}</b> · GPU "
+              f"<b>{esc(', '.join(facts['gpus']))}</b></p>")
     body = [
         panel("Ranking", cmp.ranked_table(runs, slo),
               "Best first: runs meeting their SLO targets, then by output throughput. "
               "Setting columns show what differs between runs."),
-        panel("Throughput vs tail latency", figure_div(cmp.tradeoff_scatter(runs),
+        panel("Throughput vs tail latency", figure_div(cmp.tradeoff_scatter(runs, slo),
                                                        COMPARE_FIGURE_IDS[0])),
         panel("Latency", figure_div(figs.latency_cdf_figure(
             [(label, r) for label, _, r, _ in runs], slo), COMPARE_FIGURE_IDS[1])),

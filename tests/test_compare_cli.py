@@ -29,6 +29,10 @@ def grid(tmp_path_factory):
 def test_the_table_has_one_row_per_grid_point_in_grid_order(grid):
     out, stdout = grid
     lines = stdout.splitlines()
+    assert lines[:3] == [      # what every configuration shares (eviction, block size vary)
+        "trace       sample:mooncake (--limit 40)",
+        "deployment  llama-3.1-8b on 1 x a100-80gb (tp 1), bf16", ""]
+    lines = lines[3:]
     assert lines[0].startswith("configuration") and "TTFT p50 / p99" in lines[0]
     assert set(lines[1]) <= {"-", " "}
     rows = [line for line in lines[2:] if not line.startswith("wrote ")]

@@ -155,9 +155,12 @@ def test_compare_report(tmp_path):
     best = max(runs[:3], key=lambda x: x[1]["throughput_output_tokens_per_s"])[0]
     first_row = table.split("<tbody>")[1].split("</tr>")[0]
     assert best in first_row
-    scatter = figure_data(html, "fig-tradeoff")     # numbered points, named in the legend
-    assert {t["name"] for t in scatter} == {f"{i}. {r[0]}" for i, r in enumerate(runs[:3], 1)}
+    scatter = figure_data(html, "fig-tradeoff")     # points numbered by rank, as the table
+    by_rank = sorted(runs[:3], key=lambda x: -x[1]["throughput_output_tokens_per_s"])
+    assert {t["name"] for t in scatter} == {f"{i}. {r[0]}" for i, r in enumerate(by_rank, 1)}
     assert {t["text"][0] for t in scatter} == {"1", "2", "3"}
+    assert f"1. {best}" in {t["name"] for t in scatter}
+    assert "· GPU <b>H100-80GB</b>" in html
     cdf = figure_data(html, "fig-latency-cdf")
     assert {t["name"] for t in cdf} == {r[0] for r in runs[:3]}
 
