@@ -28,7 +28,7 @@ from kvsim.reports.terminal import deployment_text
 from kvsim.realrun_checks import bench_completed, bench_count, bench_duration, bench_starts
 from kvsim.workloads import Request
 
-TINY_LLAMA = Path(__file__).resolve().parent / "real_backend" / "configs" / "tiny-llama.json"
+TINY_LLAMA = Path(__file__).resolve().parent / "sim" / "perf" / "catalog" / "tiny-llama.json"
 #: The error table's rows: (name, unit).
 METRICS = (("output throughput", "tok/s"), ("request throughput", "req/s"),
            *((f"{m} p{p}", "s") for m in ("TTFT", "TPOT", "E2E") for p in (50, 90, 99)))

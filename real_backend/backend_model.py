@@ -6,8 +6,9 @@ the architecture is one the backend implements (Llama-like: RMSNorm, RoPE, gated
 biases). :class:`LlamaConfig` is what :mod:`.llama` builds: that same ``ModelSpec`` (the one
 model-shape definition) plus the two constants that change values, never cost or KV size.
 
-``tiny-llama`` names the bundled ``configs/tiny-llama.json`` (the vllm-oracle's 2-layer,
-hidden-256 random Llama), so it works without ``../shared``.
+``tiny-llama`` names the bundled config of the vllm-oracle's 2-layer, hidden-256 random Llama
+(:data:`~kvsim.sim.perf.models.BUNDLED_CONFIGS`: the simulator knows it by that name too), so it
+works without ``../shared``.
 
 This module does not import torch (:mod:`.llama` does).
 """
@@ -20,10 +21,8 @@ from pathlib import Path
 
 from kvsim.errors import ConfigError
 from kvsim.sim.perf.arch import model_from_hf_dict
-from kvsim.sim.perf.models import ModelSpec, resolve_model
+from kvsim.sim.perf.models import BUNDLED_CONFIGS, ModelSpec, resolve_model
 
-CONFIG_DIR = Path(__file__).parent / "configs"
-BUNDLED = {"tiny-llama": CONFIG_DIR / "tiny-llama.json"}
 LLAMA_LIKE = ("llama", "mistral")
 
 
@@ -136,13 +135,15 @@ def resolve_backend_model(name_or_path: str | Path) -> BackendModel:
     """Resolve ``--model`` for the real backend (``tiny-llama``, a catalog name, an HF id, or
     a path to a ``config.json`` or a folder holding one)."""
     text = str(name_or_path)
-    path = BUNDLED.get(text.lower(), Path(text))
+    bundled = BUNDLED_CONFIGS.get(text.lower())
+    path = bundled or Path(text)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.suffix == ".json":
-        spec = resolve_model(path)
+        spec = resolve_model(text.lower() if bundled else path)
         check_llama_like(spec)
-        return BackendModel(str(path), spec, json.loads(path.read_text()))
+        return BackendModel(text.lower() if bundled else str(path), spec,
+                            json.loads(path.read_text()))
     spec = resolve_model(text)
     check_llama_like(spec)
     return BackendModel(text, spec)

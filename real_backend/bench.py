@@ -17,10 +17,11 @@ from typing import Callable
 
 import torch
 
-from kvsim.real_backend.backend_model import CONFIG_DIR, LlamaConfig
+from kvsim.real_backend.backend_model import LlamaConfig
+from kvsim.sim.perf.models import BUNDLED_CONFIGS
 from kvsim.real_backend.model_runner import ModelRunner, RequestChunk
 
-TINY_LLAMA = LlamaConfig.from_json(CONFIG_DIR / "tiny-llama.json")
+TINY_LLAMA = LlamaConfig.from_json(BUNDLED_CONFIGS["tiny-llama"])
 
 
 def time_call(fn: Callable[[], object], device: torch.device,

@@ -154,8 +154,8 @@ def test_a_relative_trace_in_a_config_file_is_read_from_the_files_folder(tmp_pat
     (tmp_path / "exp").mkdir()
     (tmp_path / "exp" / "t.jsonl").write_text(
         '{"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5}\n')
-    (tmp_path / "exp" / "m.json").write_text((Path(__file__).parents[1] / "real_backend" /
-                                               "configs" / "tiny-llama.json").read_text())
+    (tmp_path / "exp" / "m.json").write_text((Path(__file__).parents[1] / "sim" / "perf" /
+                                               "catalog" / "tiny-llama.json").read_text())
     (tmp_path / "exp" / "run.toml").write_text('trace = "t.jsonl"\nmodel = "m.json"\n')
     done = kvsim("run", "--config", "exp/run.toml", "--out", "o", "-q", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

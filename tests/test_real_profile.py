@@ -4,7 +4,6 @@ and the written profile drives the cost model (also through `kvsim run --profile
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,12 +92,17 @@ def test_fitted_profile_refuses_another_model_and_names_the_one_of_its_shape():
         CostModel("llama-2-7b", "a100-80gb", profile=fitted_profile(step_s=0.01))
     assert str(err.value).startswith("field 'profile': the fitted profile was measured on "
                                      "another model than llama-2-7b: num_layers 2 (not 32)")
+    assert str(err.value).endswith("; run it with --model tiny-llama")     # (bundled)
+    odd = fitted_profile(step_s=0.01)
+    odd["model_shape"] = {**odd["model_shape"], "num_layers": 3}       # no model kvsim knows
+    with pytest.raises(ConfigError) as err:
+        CostModel("llama-2-7b", "a100-80gb", profile=odd)
     assert str(err.value).endswith("; give --model the config.json of the model it was "
                                    "measured on")
-    named = {**fitted_profile(step_s=0.01), "sim_model": TINY.sim_model}    # (as profile writes)
+    named = {**odd, "sim_model": "exp/m.json"}                        # (as profile writes)
     with pytest.raises(ConfigError) as err:
         CostModel("llama-2-7b", "a100-80gb", profile=named)
-    assert str(err.value).endswith(f"; run it with --model {TINY.sim_model}, the model it was "
+    assert str(err.value).endswith("; run it with --model exp/m.json, the model it was "
                                    "measured on")
     shape = {k: getattr(CostModel("llama-3-8b", "a100-80gb").model, k) for k in MODEL_SHAPE_KEYS}
     profile = {**fitted_profile(step_s=0.01), "model_shape": shape}
@@ -279,7 +283,7 @@ def test_profile_quality_names_its_source_fit_passes_and_age():
 
 
 def test_a_sliding_window_model_is_refused_before_the_backend_builds_it(tmp_path):
-    config = json.loads(Path(TINY.sim_model).read_text())
+    config = dict(TINY.hf_config)
     config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=128)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))

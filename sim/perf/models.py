@@ -21,6 +21,11 @@ __all__ = ["DTYPE_BYTES", "WEIGHT_DTYPE_BYTES", "ModelSpec", "check_tensor_paral
            "dtype_bytes", "list_models", "resolve_model", "weight_dtype_bytes"]
 
 
+#: Configs kvsim ships that are no catalog entry, by name: the real backend's test model (the
+#: vllm-oracle's random 2-layer, hidden-256 Llama), so a profile measured on it runs by name.
+BUNDLED_CONFIGS = {"tiny-llama": Path(__file__).parent / "catalog" / "tiny-llama.json"}
+
+
 def _from_entry(name: str, entry: dict) -> ModelSpec:
     fields = {k: v for k, v in entry.items() if k != "aliases"}
     return ModelSpec(name=name, aliases=tuple(entry.get("aliases", ())), **fields)
@@ -32,9 +37,12 @@ def list_models() -> list[str]:
 
 
 def resolve_model(name_or_path: str | Path) -> ModelSpec:
-    """A catalog name (``llama-2-7b``), a Hugging Face id (``meta-llama/Llama-2-7b-hf``, case
-    ignored) or a path to a Hugging Face ``config.json`` (or a folder holding one)."""
+    """A catalog name (``llama-2-7b``), a bundled config (:data:`BUNDLED_CONFIGS`), a Hugging
+    Face id (``meta-llama/Llama-2-7b-hf``, case ignored) or a path to a Hugging Face
+    ``config.json`` (or a folder holding one)."""
     text = str(name_or_path)
+    if text.lower() in BUNDLED_CONFIGS:
+        return replace(model_from_hf_config(BUNDLED_CONFIGS[text.lower()]), name=text.lower())
     path = Path(text)
     if path.suffix == ".json" or (path / "config.json").is_file():
         return model_from_hf_config(path / "config.json" if path.is_dir() else path)
