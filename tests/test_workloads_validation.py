@@ -101,6 +101,31 @@ def test_missing_native_fields(tmp_path, field):
     assert (err.field, err.message) == (field, "missing required field")
 
 
+@pytest.mark.parametrize("base, key, replaces, meant", [
+    (NATIVE, "arrival", "arrival_s", "write arrival_s"),   # misspelt: every arrival at 0
+    (NATIVE, "prio", None, "write priority"),
+    (NATIVE, "sesion_id", None, "write session_id"),
+    (NATIVE, "arrival_time", "arrival_s", "write arrival_s"),      # another tool's name
+    (NATIVE, "timestamp", "arrival_s", "write arrival_s (in seconds; timestamp is "
+                                       "Mooncake's, in milliseconds)"),
+    (MOON, "arrival_s", "timestamp", "write timestamp (in milliseconds)")])
+def test_a_key_that_stands_for_one_kvsim_reads_is_refused_not_dropped(
+        tmp_path, base, key, replaces, meant):
+    bad = {**{k: v for k, v in base.items() if k != replaces}, key: 3}
+    err = trace_error(tmp_path, lines(base, bad))
+    assert (err.field, err.location) == (key, f"{tmp_path / 't.jsonl'}:2")
+    assert err.message == f"not a key of {'native' if base is NATIVE else 'mooncake'} trace " \
+                          f"lines: it would be ignored; {meant}"
+
+
+def test_keys_of_the_users_own_are_ignored(tmp_path):
+    path = tmp_path / "t.jsonl"      # a native line may have an input_length of its own
+    path.write_text(lines({**NATIVE, "dataset": "chat", "input_length": 3}, NATIVE))
+    assert [r.prompt_tokens for r in read_trace(path)] == [20, 20]
+    path.write_text(lines({**MOON, "conversation": 4}))
+    assert [r.prompt_tokens for r in read_trace(path)] == [600]
+
+
 @pytest.mark.parametrize("value, words", [
     (-3, "positive"), (0, "positive"), (float("nan"), "expected an integer"),
     (10_000_001, "absurd"),

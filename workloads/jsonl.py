@@ -1,6 +1,7 @@
 """JSON-lines trace formats: kvsim native and Mooncake.
 
-**kvsim native JSONL**, one JSON object per line (unknown keys are ignored):
+**kvsim native JSONL**, one JSON object per line (other keys are ignored, unless they look
+like a misspelling or another name of one below: see :mod:`.field_names`):
 
 ==================  ========  ===========================================================
 key                 required  meaning
@@ -45,6 +46,7 @@ from typing import Iterator
 from kvsim.errors import TraceError
 from kvsim.workloads import fields as F
 from kvsim.workloads.bundled import shown
+from kvsim.workloads.field_names import UnknownKeys
 from kvsim.workloads.lines import numbered_lines
 from kvsim.workloads.links import Links, count_continuations
 from kvsim.workloads.request import Request
@@ -57,12 +59,15 @@ MAX_DEPTH = 4
 NATIVE_TIME_FIELD = "arrival_s"
 MOONCAKE_TIME_FIELD = "timestamp"
 _MOONCAKE_KEYS = ("input_length", "hash_ids", "output_length")
+_NATIVE_KEYS = ("arrival_s", "prompt_tokens", "output_tokens", "prompt_token_ids")
 
 
 def looks_like_mooncake(record: dict) -> bool:
-    """Whether a parsed first line is Mooncake rather than native."""
-    return any(key in record for key in _MOONCAKE_KEYS) or (
-        MOONCAKE_TIME_FIELD in record and NATIVE_TIME_FIELD not in record)
+    """Whether a parsed first line is Mooncake rather than native: it has a Mooncake key and
+    none of a native line's own (a native line may carry an ``input_length`` of its own)."""
+    if any(key in record for key in _NATIVE_KEYS):
+        return False
+    return any(key in record for key in _MOONCAKE_KEYS) or MOONCAKE_TIME_FIELD in record
 
 
 def parse_object(text: str, loc: str) -> dict:
@@ -101,10 +106,11 @@ def _check_depth(record: dict, loc: str) -> None:
 
 def mooncake_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per Mooncake line; ``arrival_s`` is the absolute timestamp in s."""
-    links, name = _links(path), shown(path)
+    links, name, keys = _links(path), shown(path), UnknownKeys("mooncake")
     for line_no, text in lines:
         loc = f"{name}:{line_no}"
         record = parse_object(text, loc)
+        keys.check(record, loc)
         request = mooncake_request(record, loc)
         links.read(record, loc, line_no, request)
         yield line_no, request
@@ -126,10 +132,11 @@ def mooncake_request(record: dict, loc: str) -> Request:
 
 def native_requests(lines, path) -> Iterator[tuple[int, Request]]:
     """``(line_no, request)`` per native line; ``arrival_s`` as written in the file."""
-    links, name = _links(path), shown(path)
+    links, name, keys = _links(path), shown(path), UnknownKeys("native")
     for line_no, text in lines:
         loc = f"{name}:{line_no}"
         record = parse_object(text, loc)
+        keys.check(record, loc)
         request = native_request(record, loc)
         links.read(record, loc, line_no, request)
         yield line_no, request
