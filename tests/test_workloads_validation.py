@@ -118,6 +118,27 @@ def test_a_key_that_stands_for_one_kvsim_reads_is_refused_not_dropped(
                           f"lines: it would be ignored; {meant}"
 
 
+def test_a_format_given_that_is_not_the_files_says_so(tmp_path):
+    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW, TraceOptions(fmt="mooncake"))
+    assert (err.field, err.message) == ("format", "format mooncake is JSON lines, and the "
+                                        "first line is none ('TIMESTAMP,ContextTokens,"
+                                        "GeneratedTokens'): leave the format out to detect "
+                                        "the file's")
+    err = trace_error(tmp_path, lines({**NATIVE, "block_hashes": list(range(200))}),
+                      TraceOptions(fmt="azure"))
+    assert err.message == ("the first line is JSON, not a CSV header with TIMESTAMP, "
+                           "ContextTokens, GeneratedTokens (the format given is not the file's)")
+
+
+def test_csv_headers_and_rows_must_agree(tmp_path):
+    err = trace_error(tmp_path, "TIMESTAMP,ContextTokens\n" + AZURE_ROW, name="t.csv")
+    assert (err.field, err.message) == ("GeneratedTokens", "missing column in header "
+                                        "'TIMESTAMP,ContextTokens'")
+    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW.strip() + ",99,100\n", name="t.csv")
+    assert err.message == "row has 5 columns, the header 3: a comma too many, or rows of " \
+                          "another file?"
+
+
 def test_keys_of_the_users_own_are_ignored(tmp_path):
     path = tmp_path / "t.jsonl"      # a native line may have an input_length of its own
     path.write_text(lines({**NATIVE, "dataset": "chat", "input_length": 3}, NATIVE))

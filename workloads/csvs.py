@@ -44,13 +44,14 @@ def split_row(text: str) -> list[str]:
 
 
 def header_kind(text: str) -> str | None:
-    """``"azure"`` or ``"burstgpt"`` when ``text`` is that format's header line, else None."""
+    """``"azure"`` or ``"burstgpt"`` when ``text`` is that format's header line, or names
+    more of its columns than of the other's (its reading then names the missing ones), else
+    None."""
     names = set(split_row(text))
-    if set(AZURE_COLUMNS) <= names:
+    azure, burst = len(names & set(AZURE_COLUMNS)), len(names & set(BURSTGPT_COLUMNS))
+    if azure > burst:
         return "azure"
-    if set(BURSTGPT_COLUMNS) <= names:
-        return "burstgpt"
-    return None
+    return "burstgpt" if burst > azure else None
 
 
 def column_index(header: str, wanted: tuple[str, ...], loc: str) -> list[int]:
@@ -58,8 +59,11 @@ def column_index(header: str, wanted: tuple[str, ...], loc: str) -> list[int]:
     names = split_row(header)
     for name in wanted:
         if name not in names:
-            raise TraceError(f"missing column in header {header.strip()!r}",
-                             location=loc, field=name)
+            text = header.strip()
+            what = (f"the first line is JSON, not a CSV header with {', '.join(wanted)} "
+                    "(the format given is not the file's)"
+                    if text.startswith("{") else f"missing column in header {F.preview(text, 80)}")
+            raise TraceError(what, location=loc, field=name)
     return [names.index(name) for name in wanted]
 
 
@@ -68,7 +72,7 @@ def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[
     line_no, header = next(lines)
     name = shown(path)
     cols = column_index(header, wanted, f"{name}:{line_no}")
-    width = max(cols) + 1
+    width, num_columns = max(cols) + 1, len(split_row(header))
     for line_no, text in lines:
         loc = f"{name}:{line_no}"
         cells = split_row(text)
@@ -76,6 +80,9 @@ def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[
             missing = wanted[next(i for i, c in enumerate(cols) if c >= len(cells))]
             raise TraceError(f"row has {len(cells)} columns, expected at least {width}; "
                              f"truncated line?", location=loc, field=missing)
+        if len(cells) > num_columns:
+            raise TraceError(f"row has {len(cells)} columns, the header {num_columns}: a "
+                             "comma too many, or rows of another file?", location=loc)
         yield line_no, loc, [cells[c] for c in cols]
 
 

@@ -143,6 +143,11 @@ def hash_count(hashes: np.ndarray, prompt_tokens: int, block: int, name: str, lo
                               f"expected ceil({prompt_tokens}/{block}) = {expected}")
 
 
+def preview(text: str, width: int = 40) -> str:
+    """``text`` quoted, cut to ``width`` characters (a line quoted in an error message)."""
+    return repr(text if len(text) <= width else text[:width - 3] + "...")
+
+
 def _show(value) -> str:
     if value is None:
         return "null"

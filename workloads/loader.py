@@ -18,6 +18,7 @@ from typing import Iterable, Iterator
 
 from kvsim.errors import TraceError
 from kvsim.workloads import csvs, jsonl
+from kvsim.workloads import fields as F
 from kvsim.workloads.lines import numbered_lines, where
 from kvsim.workloads.options import TraceOptions
 from kvsim.workloads.request import Request
@@ -77,7 +78,7 @@ def detect_format(first_line: str, loc: str) -> str:
     kind = csvs.header_kind(text)
     if kind is None:
         raise TraceError("unknown format: expected kvsim/Mooncake JSON lines or an Azure/"
-                         f"BurstGPT CSV header, got {_preview(text)}", location=loc,
+                         f"BurstGPT CSV header, got {F.preview(text)}", location=loc,
                          field="format")
     return kind
 
@@ -87,6 +88,10 @@ def _parse(path, opts: TraceOptions) -> tuple[str, Iterator[tuple[int, Request]]
     first = next(lines)
     lines = itertools.chain([first], lines)
     fmt = opts.format_name or detect_format(first[1], where(path, first[0]))
+    if fmt in ("native", "mooncake") and not first[1].lstrip().startswith("{"):
+        raise TraceError(f"format {opts.fmt} is JSON lines, and the first line is none "
+                         f"({F.preview(first[1].strip())}): leave the format out to detect "
+                         "the file's", location=where(path, first[0]), field="format")
     if opts.model_filter is not None and fmt != "burstgpt":
         raise TraceError(f"this {fmt} trace has no Model column; only BurstGPT traces can be "
                          "filtered by model", field="trace_model")
@@ -136,5 +141,3 @@ def _transform(requests: Iterable[Request], opts: TraceOptions) -> Iterator[Requ
             return
 
 
-def _preview(text: str) -> str:
-    return repr(text if len(text) <= 40 else text[:37] + "...")
