@@ -24,6 +24,7 @@ from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 from kvsim.workloads.identity import SAMPLING_MODES
+from kvsim.workloads.options import TRACE_FLAGS
 
 from kvsim.sim.perf._catalog import close_matches
 from kvsim.sim.perf.gpus import gpu_name
@@ -131,6 +132,11 @@ class RunConfig:
             name = str(key).replace("-", "_")
             if name == "cpu_offload_gb":
                 raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
+            flag = "--" + name.replace("_", "-")
+            if name not in known and flag in TRACE_FLAGS.values():
+                raise ConfigError(f"how the trace is read, not a run setting: give {flag} on "
+                                  "the command line (kvsim.run: the keyword)", location=source,
+                                  field=str(key))
             if name not in known:
                 hint = close_matches(name, {k: k for k in known})
                 raise ConfigError(f"unknown setting{hint}; known: {', '.join(sorted(known))}",

@@ -118,6 +118,11 @@ def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
     assert done.stderr.startswith(f"kvsim: error: {config}:1: field 'modle': unknown setting "
                                   "(did you mean 'model'")
+    config.write_text('model = "llama-2-7b"\nlimit = 50\n')      # how the trace is read
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr == (f"kvsim: error: {config}:2: field 'limit': how the trace is read, "
+                           "not a run setting: give --limit on the command line (kvsim.run: "
+                           "the keyword)\n")
     config.write_text("kv_offloading_size = 8\nnum_cpu_blocks = 100\n")
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
     assert done.stderr == (f"kvsim: error: {config}: field 'kv_offloading_size': give the host "
