@@ -244,6 +244,15 @@ def test_model_filter_needs_a_burstgpt_trace(tmp_path):
     assert err.field == "trace_model" and err.message.startswith("this mooncake trace has no")
 
 
+def test_a_model_filter_that_keeps_nothing_names_the_traces_models(tmp_path):
+    burst = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+             "5,ChatGPT,100,20,120,Conversation log\n6,GPT-4,50,10,60,Conversation log\n"
+             "7,Llama,50,0,50,Conversation log\n")                # (failed: not counted)
+    err = trace_error(tmp_path, burst, TraceOptions(model_filter="gpt4"), name="b.csv")
+    assert (err.field, err.message) == ("trace_model", "no successful request of model "
+                                        "'gpt4'; the trace's models: ChatGPT, GPT-4")
+
+
 def test_window_that_keeps_nothing(tmp_path):
     err = trace_error(tmp_path, lines(MOON), TraceOptions(start_s=10))
     assert "no request left" in err.message

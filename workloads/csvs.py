@@ -99,12 +99,14 @@ def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Req
     """``(line_no, request)`` per successful BurstGPT row of ``model`` (all models if None)."""
     wanted = None if model is None else model.strip().lower()
     kept = failed = 0
+    others: set[str] = set()         # models of the rows the filter left out
     for line_no, loc, (stamp, name, request, response) in rows(lines, path, BURSTGPT_COLUMNS):
         t = F.number(stamp, BURSTGPT_TIME_FIELD, loc, text=True)
         if F.integer(response, "Response tokens", loc, text=True) == 0:
             failed += 1
             continue
         if wanted is not None and name.lower() != wanted:
+            others.add(name)
             continue
         kept += 1
         yield line_no, Request(-1, t, F.length(request, "Request tokens", loc, text=True),
@@ -113,6 +115,10 @@ def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Req
     if failed and not kept and wanted is None:
         raise TraceError(f"no requests: all {failed} rows are failed requests (Response tokens "
                          "0), which kvsim leaves out", location=shown(path))
+    if wanted is not None and not kept and others:
+        raise TraceError(f"no successful request of model {model!r}; the trace's models: "
+                         f"{', '.join(sorted(others))}", location=shown(path),
+                         field="trace_model")
 
 
 def wallclock_seconds(text: str, name: str, loc: str) -> float:
