@@ -185,9 +185,10 @@ class PlanProgress:
     def update(self, done: int, total: int, row: dict | None = None) -> None:
         if not self.enabled:
             return
-        if row is not None:
+        if row is not None:      # (whole lines in a log: wrapped on a terminal only)
             self.console.print(f"kvsim: plan: [{done}/{total}] {candidate_line(row)}",
-                               highlight=False, markup=False)
+                               highlight=False, markup=False,
+                               soft_wrap=not self.console.is_terminal)
         if self._progress is None:
             return
         if self._task is None:

@@ -64,6 +64,9 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     assert len(command) > 80 and f"  reproduce: {command}\n" in done.stdout   # one line: pastes
     assert done.stderr.startswith("kvsim: plan: [1/2] ")     # each candidate as it finishes
     assert "kvsim: plan: [2/2] l4 TP1: no (TTFT p99 can never meet" in done.stderr
+    line = next(ln for ln in done.stderr.splitlines() if ln.startswith("kvsim: plan: [2/2]"))
+    assert line.endswith("))") and "each request's prefill alone; the slowest, " in line
+    # (one line each in a log: a pipe is not wrapped at 80 columns)
 
 
 @pytest.mark.parametrize("args,message", [

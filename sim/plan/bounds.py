@@ -124,9 +124,9 @@ def _explain(floors, metric: str, pct: float, target: float, floor: float) -> st
             f"it is {fmt_latency(floor)}")
     if metric == "ttft_s":
         i = int(np.nanargmax(floors["ttft_s"]))
-        text += (f" (the slowest, one request's prefill alone: "
+        text += (f" (each request's prefill alone; the slowest, "
                  f"{int(floors['prompt_tokens'][i]):,} prompt tokens of which "
-                 f"{int(floors['cached_tokens'][i]):,} cacheable take "
+                 f"{int(floors['cached_tokens'][i]):,} cacheable, takes "
                  f"{fmt_latency(float(floors['ttft_s'][i]))})")
     elif metric == "tpot_s":
         text += " (one decode step with a batch of one)"
