@@ -21,8 +21,6 @@ import numpy as np
 
 from kvsim.cache.step_plan import BlockTransfer, ScheduledRequest, StepPlan
 
-from kvsim.real_backend.torch_executor import interlude
-
 #: The validation targets (offline replays, CPU or GPU): median per-step error and error of
 #: output throughput, sim vs real.
 TARGETS = {"step_median": 0.05, "throughput": 0.05}
@@ -42,9 +40,14 @@ def snapshot(plan: StepPlan) -> StepPlan:
 
 
 def replay(executor, plans: list[StepPlan],
-           between: Callable[[], object] = interlude) -> list[float]:
+           between: Callable[[], object] | None = None) -> list[float]:
     """Measured seconds of every plan, run in order through ``executor`` (a fresh
-    :class:`~.executor.TorchExecutor` over the same requests), ``between`` before each."""
+    :class:`~.executor.TorchExecutor` over the same requests), ``between`` before each (by
+    default the engine-like host work of :func:`~.torch_executor.interlude`). This module
+    imports no torch: the verdicts are read where torch is not needed."""
+    if between is None:
+        from kvsim.real_backend.torch_executor import interlude
+        between = interlude
     out = []
     for plan in plans:
         between()

@@ -13,6 +13,7 @@ from kvsim.reports.plot import Figure, scatter
 from kvsim.reports.style import fmt_pct, fmt_seconds, style_figure
 
 from kvsim.real_backend.breakdown import part_table
+from kvsim.real_backend.noise_floor import WITHIN
 
 
 def _pct(value) -> str:
@@ -154,7 +155,11 @@ def verdict_lines(verdicts: dict, offline: bool = True) -> list[str]:
     lines = []
     for key, v in verdicts.items():
         times = "" if v["times_floor"] is None else f" = {v['times_floor']:.1f}x the floor"
-        extra = " (the floor itself is above the target)" if v["floor_above_target"] else ""
+        extra = ""
+        if v["verdict"] == WITHIN and v["error"] is not None and v["error"] <= v["target"]:
+            extra = f", and within the {_pct(v['target'])} target (the best this host can tell)"
+        if v["floor_above_target"]:
+            extra += " (the floor itself is above the target)"
         if key == "throughput" and not offline:
             extra += (" (timed arrivals: the throughput follows their rate unless the "
                       "deployment is saturated; --offline judges the model's)")

@@ -81,8 +81,9 @@ def test_the_printed_notes_say_the_floor_and_each_verdict():
     lines = note_lines(r)
     assert lines[0].startswith("noise floor (the real steps replayed once more): step 6.0%")
     assert lines[1] == ("step duration (median): error 4.0% against a noise floor of 6.0% = "
-                        "0.7x the floor, target 5.0%: WITHIN NOISE FLOOR (the floor itself is "
-                        "above the target)")
+                        "0.7x the floor, target 5.0%: WITHIN NOISE FLOOR, and within the 5.0% "
+                        "target (the best this host can tell) (the floor itself is above the "
+                        "target)")
     assert lines[2].endswith("target 5.0%: PASS")
     timed = note_lines({**r, "offline": False})[2]
     assert timed.endswith("PASS (timed arrivals: the throughput follows their rate unless the "
