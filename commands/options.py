@@ -100,8 +100,9 @@ def with_groups(command: Callable) -> Callable:
 
 # --- reading a trace ----------------------------------------------------------------------------
 
-FORMAT_OPTION = typer.Option(None, "--format", help="Trace format (kvsim, jsonl: native; "
-                             "azure-llm: azure).", show_default="detected from the content")
+FORMAT_OPTION = typer.Option(None, "--format", case_sensitive=False,
+                             help="Trace format (kvsim, jsonl: native; azure-llm: azure).",
+                             show_default="detected from the content")
 LIMIT_OPTION = typer.Option(None, "--limit", min=1, help="Keep at most N requests.",
                             show_default="all")
 START_OPTION = typer.Option(None, "--start", help="Keep requests arriving at or after this "

@@ -124,6 +124,7 @@ def hitrate_command(
     reading: dict = trace_reading(rate_scale=None),
     html: bool = typer.Option(True, "--html/--no-html", help="With --out: also write "
                               "hitrate.html."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Cache-only replay: prefix hit rate per eviction policy and capacity.
@@ -145,5 +146,6 @@ def hitrate_command(
         from kvsim.reports.html import write_hitrate_outputs
         write_hitrate_outputs(result, Path(out), html)
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    emit(result, as_json, lambda r: typer.echo(hitrate.render_hitrate_table(r, width)))
+    emit(result, as_json, None if quiet else lambda r: typer.echo(
+        hitrate.render_hitrate_table(r, width)))
 

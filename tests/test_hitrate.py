@@ -156,3 +156,12 @@ def test_command_prints_json_and_writes_the_report(tmp_path):
     rate = {(r["policy"], r["capacity_blocks"]): r["hit_rate"] for r in result["rows"]}
     assert rate["belady", 2000] >= rate["lru", 2000] > 0
     assert {p.name for p in tmp_path.iterdir()} == {"hitrate.json", "hitrate.html"}
+
+
+def test_command_quiet_prints_nothing_but_writes_the_files(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "kvsim.cli", "hitrate", "sample:mooncake", "--limit", "20",
+         "--capacity", "2000", "--eviction", "lru", "--quiet", "--no-html",
+         "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (0, "")
+    assert {p.name for p in tmp_path.iterdir()} == {"hitrate.json"}

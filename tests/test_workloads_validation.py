@@ -139,6 +139,17 @@ def test_csv_headers_and_rows_must_agree(tmp_path):
                           "another file?"
 
 
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
+    err = trace_error(tmp_path, '{"arrival_s": 0, "prompt_tokens": -5, "prompt_tokens": 5, '
+                                '"output_tokens": 4}\n')
+    assert (err.field, err.message) == ("prompt_tokens", "key given twice in one object (JSON "
+                                        "would keep the last)")
+    path = tmp_path / "ok.jsonl"        # '":' inside a string is no second key
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 4, '
+                    '"session_id": "a\\":b"}\n')
+    assert read_trace(path)[0].session_id == 'a":b'
+
+
 def test_keys_of_the_users_own_are_ignored(tmp_path):
     path = tmp_path / "t.jsonl"      # a native line may have an input_length of its own
     path.write_text(lines({**NATIVE, "dataset": "chat", "input_length": 3}, NATIVE))

@@ -88,7 +88,22 @@ def parse_object(text: str, loc: str) -> dict:
                          location=loc)
     if text.count("[") + text.count("{") > MAX_DEPTH:     # (fewer brackets: not that deep)
         _check_depth(record, loc)
+    if text.count('":') > len(record):     # (a key twice, or '":' inside a string)
+        _check_unique_keys(text, loc)
     return record
+
+
+def _check_unique_keys(text: str, loc: str) -> None:
+    """A key given twice in one object: JSON keeps the last, silently."""
+    def pairs(items):
+        seen = set()
+        for key, _ in items:
+            if key in seen:
+                raise TraceError("key given twice in one object (JSON would keep the last)",
+                                 location=loc, field=key)
+            seen.add(key)
+        return dict(items)
+    json.loads(text, object_pairs_hook=pairs)
 
 
 def _check_depth(record: dict, loc: str) -> None:
