@@ -27,6 +27,10 @@ def test_compare_run_pages_share_one_plotly_js(tmp_path):
     assert '<script type="text/javascript" src="plotly.min.js">' in compare_page
     total = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
     assert total < len(js.encode()) + 3_000_000        # one copy (was 5, about 25 MB)
+    again = kvsim("report", pages[0].parent)          # re-rendered: shares it still
+    assert again.returncode == 0, again.stderr
+    text = pages[0].read_text(encoding="utf-8")
+    assert js not in text and 'src="../plotly.min.js"' in text
 
 
 def test_compare_no_html_writes_no_page(tmp_path):
