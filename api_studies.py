@@ -128,7 +128,7 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     base = run_config("python", {}, config, "kvsim.compare").to_dict()
     base.pop("trace")
     spec = CompareSpec(path, dims, base, options, Path("."), slo)
-    points = grid_points(spec)                # every configuration checked before any run
+    points = grid_points(spec, "kvsim.compare")    # every configuration checked before any run
     frames = run_tasks(_simulate_point, points, SweepOptions(workers=workers))
     runs = []
     for point, (summary, requests, steps, timeline) in zip(points, frames):
@@ -231,7 +231,10 @@ def plan(trace: Any = None, *, slo: dict | None = None, target_rate: float | Non
                  rate_iterations=rate_iterations, burst=burst,
                  rate_scale=reading.get("rate_scale"))
     values = _plan_values(slo or {}, candidates, extra)
-    spec = plan_spec.spec_from_options(file, label, options, values)
+    try:
+        spec = plan_spec.spec_from_options(file, label, options, values)
+    except ConfigError as e:
+        raise located(e, "kvsim.plan") from None
     return Plan(planner.plan(spec, SweepOptions(workers=workers)))
 
 
@@ -299,7 +302,8 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
         plain(capacity), plain(capacity_tokens), plain(block_size), plain(lookahead_s))
     _check_hitrate_args(block_size, lookahead_s, reading)
     try:
-        caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size)
+        caps = hr.parse_capacities(_csv(capacity), _csv(capacity_tokens), block_size,
+                                   ("capacity", "capacity_tokens"))
         policies = hr.parse_policies(",".join(POLICY_NAMES) if eviction is None
                                      else _csv(eviction))
     except ConfigError as e:

@@ -176,8 +176,9 @@ def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: T
     return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html)
 
 
-def grid_points(spec: CompareSpec) -> list[GridPoint]:
-    """The jobs of the grid in grid order (first dimension slowest); each is validated."""
+def grid_points(spec: CompareSpec, source: str = "compare options") -> list[GridPoint]:
+    """The jobs of the grid in grid order (first dimension slowest); each is validated (an
+    error names ``source``: the command's options, or the API call)."""
     path, label = resolve_trace(spec.trace)
     dims = {**spec.dims}
     if "gpu" in dims:           # (an alias is its catalog name: one GPU, one label, one run)
@@ -187,25 +188,24 @@ def grid_points(spec: CompareSpec) -> list[GridPoint]:
     points = []
     for i, values in enumerate(itertools.product(*(dims[n] for n in names)), start=1):
         settings = dict(zip(names, values))
-        config = RunConfig.from_dict({**spec.base, **settings, "trace": label},
-                                     source="compare options")
+        config = RunConfig.from_dict({**spec.base, **settings, "trace": label}, source=source)
         config.validate()
         job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
                      spec.out_dir / point_dir(i, settings, varying), spec.slo,
                      html=spec.html, plotlyjs="parent")   # one plotly.js for the directory
         points.append(GridPoint(point_label(settings, varying), settings, job))
-    _check_options_used(points)
+    _check_options_used(points, source)
     return points
 
 
-def _check_options_used(points: list[GridPoint]) -> None:
+def _check_options_used(points: list[GridPoint], source: str) -> None:
     """Refuse options no configuration of the grid uses (a layout's or a CPU tier's options
     where no point has that layout or tier: :meth:`RunConfig.check_unused_options`); an
     option some points use and others ignore is fine."""
     refusals = []
     for point in points:
         try:
-            point.job.config.check_unused_options("compare options")
+            point.job.config.check_unused_options(source)
             return
         except ConfigError as e:
             refusals.append(e)

@@ -178,11 +178,13 @@ def replay_oracle(reqs: Sequence[ReplayRequest]) -> BeladyOracle:
 
 # --- the command's result -----------------------------------------------------------------
 
-def parse_capacities(blocks: str | None, tokens: str | None, block_size: int) -> list[int]:
+def parse_capacities(blocks: str | None, tokens: str | None, block_size: int,
+                     names: tuple[str, str] = ("--capacity", "--capacity-tokens")) -> list[int]:
     """Capacities in blocks from ``--capacity`` (blocks) or ``--capacity-tokens`` (tokens,
-    rounded down to whole blocks), comma-separated; ascending, without repeats."""
+    rounded down to whole blocks), comma-separated; ascending, without repeats. ``names``:
+    the two as the caller calls them (the API's keywords)."""
     if (blocks is None) == (tokens is None):
-        raise ConfigError("give exactly one of --capacity (blocks) and --capacity-tokens",
+        raise ConfigError(f"give exactly one of {names[0]} (blocks) and {names[1]}",
                           field="capacity")
     text, per, field = ((blocks, 1, "capacity") if blocks is not None
                         else (tokens, block_size, "capacity_tokens"))
@@ -190,8 +192,7 @@ def parse_capacities(blocks: str | None, tokens: str | None, block_size: int) ->
     try:
         values = [int(v.strip().replace("_", "")) // per for v in items]
     except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}",
-                          field=field) from None
+        raise ConfigError(f"expected integers, got {text!r}", field=field) from None
     if min(values) < 1 or max(values) > MAX_POOL_BLOCKS:
         unit = "" if per == 1 else f" of {per} tokens (--block-size)"
         raise ConfigError(f"capacities must be from one block{unit} to {MAX_POOL_BLOCKS:,} "

@@ -120,7 +120,14 @@ def test_numpy_numbers_and_arrays_are_taken_as_python_ones(monkeypatch):
     (lambda: kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 2}, target_rate="5"),
      "kvsim.plan: field 'target_rate': expected a number > 0, got '5'"),
     (lambda: kvsim.load_trace(5),
-     "kvsim.load_trace: field 'trace': expected a file name or path, got 5")])
+     "kvsim.load_trace: field 'trace': expected a file name or path, got 5"),
+    (lambda: kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": -1}),
+     "kvsim.plan: field 'ttft_p99_s': must be a number of seconds > 0, got -1"),
+    (lambda: kvsim.compare("sample:azure-conv", block_size=[16, "x"]),
+     "kvsim.compare: field 'block_size': expected an integer, got 'x'"),
+    (lambda: kvsim.hitrate("sample:azure-conv"),
+     "kvsim.hitrate: field 'capacity': give exactly one of capacity (blocks) and "
+     "capacity_tokens")])
 def test_arguments_of_the_wrong_type_are_named_not_tracebacks(call, message):
     with pytest.raises(kvsim.ConfigError) as info:
         call()
