@@ -371,3 +371,11 @@ def test_the_truncate_note_counts_prompt_and_output_past_the_length_when_no_prom
                             SimpleNamespace(max_model_len=4150))
     assert note == ("11 of 300 requests have prompt and output together past max_model_len "
                     "4,150: truncating them (--long-prompt truncate)")
+
+
+def test_format_names_take_any_case(tmp_path):
+    done = kvsim("run", "sample:azure-conv", "--format", "AZURE", "--limit", "3", "-q",
+                 "--no-html", "--out", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["config"]["trace_options"]["format"] == "azure"
