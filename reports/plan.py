@@ -47,12 +47,15 @@ def _money(value: Any) -> str:
 
 def _max_rate(row: dict) -> str:
     """The sustainable rate; ``< X`` when even the lowest rate tried (X) failed, ``≥ X`` when
-    the highest tried (X) still met the SLOs (no limit found)."""
+    the highest tried (X) still met the SLOs (no limit found), ``X-Y`` when the search left
+    a wide bracket (its note says so)."""
     found = row.get("max_rate") or {}
     rate, failing = found.get("request_rate_per_s"), found.get("failing_request_rate_per_s")
     if rate is None:
         return "—" if failing is None else f"< {failing:.3g}"
-    return f"≥ {rate:,.2f}" if failing is None else f"{rate:,.2f}"
+    if failing is None:
+        return f"≥ {rate:,.2f}"
+    return f"{rate:,.2f}-{failing:,.2f}" if found.get("note") else f"{rate:,.2f}"   # (coarse)
 
 
 def table_rows(result: dict) -> list[dict[str, str]]:

@@ -93,3 +93,15 @@ def test_an_infeasible_candidate_says_which_target_it_certainly_missed():
     assert row["reason"].startswith("SLO not met with 1 replicas (--max-replicas): ")
     assert "above 500.0 ms for certain" in row["reason"] or \
         "above 50.0 ms for certain" in row["reason"]
+
+
+def test_a_wide_rate_bracket_is_reported_as_a_range():
+    from types import SimpleNamespace
+    from kvsim.reports.plan import _max_rate as shown
+    spec = SimpleNamespace(native_rate_per_s=4.0, num_requests=100, max_judged_scale=50.0)
+    coarse = planner._max_rate(spec, Boundary(2.0, 4.0), 0)     # --rate-iterations 0
+    assert coarse["note"] == ("one replica's limit lies between rate scales 2 and 4 (8.00 and "
+                              "16.00 req/s): more --rate-iterations narrow it")
+    assert shown({"max_rate": coarse}) == "8.00-16.00"
+    fine = planner._max_rate(spec, Boundary(2.0, 2.01), 0)
+    assert fine["note"] is None and shown({"max_rate": fine}) == "8.00"

@@ -288,6 +288,11 @@ def _feasible(spec: PlanSpec, config: RunConfig, row: dict, point: dict) -> dict
             "run_config": chosen.to_dict(), "kvsim_run": run_command(spec, chosen)}
 
 
+#: A rate search's bracket wider than this ratio is reported as a range (``rate_iterations``
+#: 0 leaves the bracket's factor of two; the default 8 narrows it to 0.3%).
+COARSE = 1.1
+
+
 def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
     """The sustainable-rate result, with a ``note`` when the search found no boundary."""
     native = spec.native_rate_per_s
@@ -307,6 +312,12 @@ def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
                    if boundary.passing < spec.max_judged_scale else
                    f": its limit lies beyond, where the trace's arrivals are {TOO_SHORT} "
                    "(a longer trace can tell)"))
+    elif boundary.failing > COARSE * boundary.passing:
+        low, high = rate(boundary.passing), rate(boundary.failing)
+        note = (f"one replica's limit lies between rate scales {boundary.passing:.3g} and "
+                f"{boundary.failing:.3g}" + (f" ({low:,.2f} and {high:,.2f} req/s)"
+                                             if low is not None else "")
+                + ": more --rate-iterations narrow it")
     return {"rate_scale": boundary.passing, "request_rate_per_s": rate(boundary.passing),
             "failing_rate_scale": boundary.failing,
             "failing_request_rate_per_s": rate(boundary.failing), "note": note}
