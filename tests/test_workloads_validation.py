@@ -264,6 +264,13 @@ def test_a_model_filter_that_keeps_nothing_names_the_traces_models(tmp_path):
                                         "'gpt4'; the trace's models: ChatGPT, GPT-4")
 
 
+def test_a_failed_burstgpt_row_is_checked_before_it_is_left_out(tmp_path):
+    burst = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+             "5,ChatGPT,100,20,120,Conversation log\n6,ChatGPT,abc,0,0,Conversation log\n")
+    err = trace_error(tmp_path, burst, name="b.csv")
+    assert (err.field, err.message) == ("Request tokens", "expected an integer, got 'abc'")
+
+
 def test_window_that_keeps_nothing(tmp_path):
     err = trace_error(tmp_path, lines(MOON), TraceOptions(start_s=10))
     assert "no request left" in err.message

@@ -103,6 +103,8 @@ def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Req
     for line_no, loc, (stamp, name, request, response) in rows(lines, path, BURSTGPT_COLUMNS):
         t = F.number(stamp, BURSTGPT_TIME_FIELD, loc, text=True)
         if F.integer(response, "Response tokens", loc, text=True) == 0:
+            if F.integer(request, "Request tokens", loc, text=True) < 0:    # (checked too)
+                raise F.fail(loc, "Request tokens", "must not be negative")
             failed += 1
             continue
         if wanted is not None and name.lower() != wanted:
