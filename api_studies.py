@@ -243,7 +243,7 @@ def plan(trace: Any = None, *, slo: dict | None = None, target_rate: float | Non
 @dataclass
 class HitRates:
     """Cache-only replay: ``table`` (policy, capacity_blocks, capacity_tokens, hit_tokens,
-    hit_rate), ``result`` (the ``hitrate.json`` dict)."""
+    hit_rate, belady_share), ``result`` (the ``hitrate.json`` dict)."""
 
     result: dict
 
