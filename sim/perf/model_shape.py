@@ -175,12 +175,6 @@ class ModelSpec:
             kept += self.num_moe_layers * self.hidden_size * self.num_experts
         return kept
 
-    def linear_weight_bytes(self, params: float, dtype: str, kept: float = 0) -> float:
-        """Bytes of ``params`` GEMM weights of which ``kept`` stay 16-bit (see
-        :attr:`kept_16bit`), the rest stored in ``dtype``."""
-        per = weight_dtype_bytes(dtype)
-        return params * per if per >= 2 else (params - kept) * per + kept * 2
-
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """KV cache bytes of one token over all layers: 2 * layers * kv_heads * head_dim * bytes
         (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes, one latent "head", no V)."""
