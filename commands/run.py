@@ -34,7 +34,8 @@ RUN_SETTINGS = OptionGroup({
                                               "(overrides sizing).")),
     "dtype": (Optional[KvDtype], setting("dtype", "KV cache (and weights) dtype.")),
     "weight_dtype": (Optional[WeightDtype], setting(
-        "weight_dtype", "Weights stored as (int4: 4-bit with group-128 scales); none: --dtype.")),
+        "weight_dtype", "Weights stored as (int4: 4-bit with group-128 scales); none: the "
+        "checkpoint's quantization_config, else --dtype.")),
     "gpu_memory_utilization": (Optional[float], setting(
         "gpu_memory_utilization", "Share of GPU memory vLLM may use.")),
     "max_num_seqs": (Optional[int], setting("max_num_seqs", "Most requests in a batch.")),
