@@ -103,9 +103,12 @@ def test_missing_native_fields(tmp_path, field):
 
 @pytest.mark.parametrize("base, key, replaces, meant", [
     (NATIVE, "arrival", "arrival_s", "write arrival_s"),   # misspelt: every arrival at 0
+    (NATIVE, "ARRIVAL_S", "arrival_s", "write arrival_s"),
     (NATIVE, "prio", None, "write priority"),
+    (NATIVE, "Priority", None, "write priority"),
     (NATIVE, "sesion_id", None, "write session_id"),
     (NATIVE, "arrival_time", "arrival_s", "write arrival_s"),      # another tool's name
+    (NATIVE, "arrival_ms", "arrival_s", "write arrival_s (in seconds: arrival_ms / 1000)"),
     (NATIVE, "timestamp", "arrival_s", "write arrival_s (in seconds; timestamp is "
                                        "Mooncake's, in milliseconds)"),
     (MOON, "arrival_s", "timestamp", "write timestamp (in milliseconds)")])
@@ -118,25 +121,25 @@ def test_a_key_that_stands_for_one_kvsim_reads_is_refused_not_dropped(
                           f"lines: it would be ignored; {meant}"
 
 
-def test_a_format_given_that_is_not_the_files_says_so(tmp_path):
-    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW, TraceOptions(fmt="mooncake"))
-    assert (err.field, err.message) == ("format", "format mooncake is JSON lines, and the "
-                                        "first line is none ('TIMESTAMP,ContextTokens,"
-                                        "GeneratedTokens'): leave the format out to detect "
-                                        "the file's")
-    err = trace_error(tmp_path, lines({**NATIVE, "block_hashes": list(range(200))}),
-                      TraceOptions(fmt="azure"))
-    assert err.message == ("the first line is JSON, not a CSV header with TIMESTAMP, "
-                           "ContextTokens, GeneratedTokens (the format given is not the file's)")
+def test_a_key_is_judged_on_every_line_that_lacks_the_one_it_stands_for(tmp_path):
+    beside = {**NATIVE, "arrival": 1}        # (its own key beside arrival_s: ignored there)
+    alone = {"arrival": 5, "prompt_tokens": 20, "output_tokens": 5}
+    err = trace_error(tmp_path, lines(beside, alone))
+    assert (err.field, err.location) == ("arrival", f"{tmp_path / 't.jsonl'}:2")
 
 
-def test_csv_headers_and_rows_must_agree(tmp_path):
-    err = trace_error(tmp_path, "TIMESTAMP,ContextTokens\n" + AZURE_ROW, name="t.csv")
-    assert (err.field, err.message) == ("GeneratedTokens", "missing column in header "
-                                        "'TIMESTAMP,ContextTokens'")
-    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW.strip() + ",99,100\n", name="t.csv")
-    assert err.message == "row has 5 columns, the header 3: a comma too many, or rows of " \
-                          "another file?"
+def test_keys_of_the_users_own_are_ignored(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(lines(
+        {**NATIVE, "dataset": "chat", "input_length": 3},        # it has prompt_tokens
+        {"arrival_s": 0, "prompt_token_ids": [1, 2, 3], "output_tokens": 2, "prompt_len": 3},
+        {**NATIVE, "template": "chat", "session": "x", "request": {"a": 1}, "block_size": 16},
+        {**NATIVE, "time": "2024-01-01T10:00:00"},               # (no number of seconds)
+        {"arrival_step": 3, "prompt_tokens": 20, "output_tokens": 5},   # a unit of its own
+    ))
+    assert [r.prompt_tokens for r in read_trace(path)] == [20, 3, 20, 20, 20]
+    path.write_text(lines({**MOON, "conversation": 4}))
+    assert [r.prompt_tokens for r in read_trace(path)] == [600]
 
 
 def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
@@ -148,14 +151,6 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
     path.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 4, '
                     '"session_id": "a\\":b"}\n')
     assert read_trace(path)[0].session_id == 'a":b'
-
-
-def test_keys_of_the_users_own_are_ignored(tmp_path):
-    path = tmp_path / "t.jsonl"      # a native line may have an input_length of its own
-    path.write_text(lines({**NATIVE, "dataset": "chat", "input_length": 3}, NATIVE))
-    assert [r.prompt_tokens for r in read_trace(path)] == [20, 20]
-    path.write_text(lines({**MOON, "conversation": 4}))
-    assert [r.prompt_tokens for r in read_trace(path)] == [600]
 
 
 @pytest.mark.parametrize("value, words", [

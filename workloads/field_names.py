@@ -2,10 +2,12 @@
 not be dropped silently.
 
 Native and Mooncake lines may carry keys kvsim does not read (a dataset's own metadata); they
-are ignored. But a key that is a misspelling of one kvsim reads (``arrival``), another
-tool's name for it (``input_tokens``, ``arrival_time``) or the other format's (``timestamp``
-in a native line) would lose what it says without a word: every request at time 0, priorities
-gone. :class:`UnknownKeys` refuses such a key, naming the one meant.
+are ignored. But a key that is plainly one kvsim reads, misspelt (``arrivl_s``, ``Priority``)
+or under another tool's name (``arrival_time``, ``input_tokens``, a native line's
+``timestamp``), would lose what it says without a word: every request at time 0, priorities
+gone. :class:`UnknownKeys` refuses such a key, naming the one meant, when the line lacks that
+key and the value could be its value. Keys with a unit of their own (``arrival_ms``,
+``arrival_step``) are not taken for one in seconds.
 """
 
 from __future__ import annotations
@@ -21,31 +23,41 @@ NATIVE_KEYS = frozenset({
 MOONCAKE_KEYS = frozenset({"timestamp", "input_length", "output_length", "hash_ids",
                            "request_id", "continues"})
 
-#: Other names of the keys each format reads (other tools', the other format's, short ones).
-_MEANT = {
+_NUMBER, _LIST, _LABEL = (int, float), (list,), (str, int)
+#: What each key kvsim reads holds (a key meant for it must hold the same).
+_KINDS = {"arrival_s": _NUMBER, "prompt_tokens": _NUMBER, "output_tokens": _NUMBER,
+          "priority": _NUMBER, "hash_block_size": _NUMBER, "timestamp": _NUMBER,
+          "input_length": _NUMBER, "output_length": _NUMBER, "prompt_token_ids": _LIST,
+          "output_token_ids": _LIST, "block_hashes": _LIST, "hash_ids": _LIST,
+          "session_id": _LABEL, "template_id": _LABEL, "request_id": _LABEL,
+          "continues": _LABEL}
+#: Other tools' names (and the other format's) for the keys each format reads: (key, note).
+_OTHER_NAMES = {
     "native": {
-        **dict.fromkeys(("arrival", "arrival_time", "arrival_ts", "time", "time_s", "ts", "t",
-                         "start_time", "timestamp_s"), "arrival_s"),
-        "timestamp": "arrival_s (in seconds; timestamp is Mooncake's, in milliseconds)",
+        **dict.fromkeys(("arrival", "arrival_time", "time_s", "arrival_sec", "arrival_seconds"),
+                        ("arrival_s", "")),
+        "timestamp": ("arrival_s", " (in seconds; timestamp is Mooncake's, in milliseconds)"),
+        "arrival_ms": ("arrival_s", " (in seconds: arrival_ms / 1000)"),
         **dict.fromkeys(("input_length", "input_tokens", "input_len", "prompt_len",
-                         "prompt_length", "num_prompt_tokens", "context_tokens"),
-                        "prompt_tokens"),
-        **dict.fromkeys(("output_length", "output_len", "num_output_tokens", "max_tokens",
-                         "completion_tokens", "generated_tokens", "response_tokens"),
-                        "output_tokens"),
-        "hash_ids": "block_hashes (with hash_block_size 512 for Mooncake's ids)",
-        "prio": "priority", "session": "session_id", "template": "template_id"},
+                         "prompt_length", "num_prompt_tokens"), ("prompt_tokens", "")),
+        **dict.fromkeys(("output_length", "output_len", "num_output_tokens",
+                         "completion_tokens", "generated_tokens"), ("output_tokens", "")),
+        "hash_ids": ("block_hashes", " (with hash_block_size 512 for Mooncake's ids)"),
+        "prio": ("priority", "")},
     "mooncake": {
-        "arrival_s": "timestamp (in milliseconds)",
-        **dict.fromkeys(("prompt_tokens", "input_tokens"), "input_length"),
-        **dict.fromkeys(("output_tokens", "max_tokens"), "output_length"),
-        "block_hashes": "hash_ids"},
+        "arrival_s": ("timestamp", " (in milliseconds)"),
+        **dict.fromkeys(("prompt_tokens", "input_tokens"), ("input_length", "")),
+        "output_tokens": ("output_length", ""),
+        "block_hashes": ("hash_ids", "")},
 }
+#: The keys a line may hold instead of each (the information is there already).
+_INSTEAD = {"prompt_tokens": ("prompt_token_ids",)}
+_UNITS = ("_ms", "_us", "_ns", "_step", "_steps", "_min", "_h")
 
 
 class UnknownKeys:
     """Checks the keys of one file's lines in format ``fmt`` (``native`` or ``mooncake``):
-    see the module doc. Each unknown key is judged once."""
+    see the module doc. An unknown key that stands for none is judged once."""
 
     def __init__(self, fmt: str):
         self.fmt = fmt
@@ -53,21 +65,33 @@ class UnknownKeys:
         self.ignored: set[str] = set()
 
     def check(self, record: dict, loc: str) -> None:
-        keys = record.keys()
-        if keys <= self.known:
+        if record.keys() <= self.known:
             return
-        for key in keys - self.known - self.ignored:
-            meant = self.meant(key)
-            if meant is None or meant.split(" ")[0] in record:    # (the user's own key)
-                self.ignored.add(key)
+        for key in record:                   # (in the line's order: one error, always the same)
+            if key in self.known or key in self.ignored:
                 continue
-            raise F.fail(loc, key, f"not a key of {self.fmt} trace lines: it would be ignored; "
-                         f"write {meant}")
+            meant = self.meant(key)
+            if meant is None:
+                self.ignored.add(key)
+            elif _stands_for(record, key, meant[0]):
+                raise F.fail(loc, key, f"not a key of {self.fmt} trace lines: it would be "
+                             f"ignored; write {meant[0]}{meant[1]}")
 
-    def meant(self, key: str) -> str | None:
-        """The key that ``key`` most likely stands for (with a note), or None."""
-        found = _MEANT[self.fmt].get(key.lower())
-        if found is None:
-            close = get_close_matches(key, self.known, n=1, cutoff=0.8)
-            found = close[0] if close else None
+    def meant(self, key: str) -> tuple[str, str] | None:
+        """(the key ``key`` most likely stands for, a note), or None: another tool's name,
+        else the same in other capitals or misspelt (none with a unit of its own)."""
+        name = key.lower()
+        found = _OTHER_NAMES[self.fmt].get(name)
+        if found is None and not name.endswith(_UNITS):
+            close = get_close_matches(name, self.known, n=1, cutoff=0.85)
+            found = (close[0], "") if close else None
         return found
+
+
+def _stands_for(record: dict, key: str, meant: str) -> bool:
+    """Whether ``record[key]`` would be the value of ``meant``: the line lacks ``meant`` (and
+    what may stand instead) and the value is of its kind."""
+    if meant in record or any(k in record for k in _INSTEAD.get(meant, ())):
+        return False
+    value = record[key]
+    return isinstance(value, _KINDS[meant]) and not isinstance(value, bool)

@@ -83,15 +83,24 @@ def detect_format(first_line: str, loc: str) -> str:
     return kind
 
 
+def _check_given_format(fmt: str, first: tuple[int, str], path) -> None:
+    """A JSON-lines format given that the first line is not (not JSON, or the other one)."""
+    line_no, text = first
+    found = None if not text.lstrip().startswith("{") else detect_format(text, where(path, line_no))
+    if found != fmt:
+        what = f"a {found} line" if found else f"no JSON line ({F.preview(text.strip())})"
+        raise TraceError(f"the {fmt} format reads JSON lines of its own, and the first line is "
+                         f"{what}: leave the format out to detect the file's",
+                         location=where(path, line_no), field="format")
+
+
 def _parse(path, opts: TraceOptions) -> tuple[str, Iterator[tuple[int, Request]]]:
     lines = numbered_lines(path)
     first = next(lines)
     lines = itertools.chain([first], lines)
     fmt = opts.format_name or detect_format(first[1], where(path, first[0]))
-    if fmt in ("native", "mooncake") and not first[1].lstrip().startswith("{"):
-        raise TraceError(f"format {opts.fmt} is JSON lines, and the first line is none "
-                         f"({F.preview(first[1].strip())}): leave the format out to detect "
-                         "the file's", location=where(path, first[0]), field="format")
+    if fmt in ("native", "mooncake") and opts.fmt is not None:
+        _check_given_format(fmt, first, path)
     if opts.model_filter is not None and fmt != "burstgpt":
         raise TraceError(f"this {fmt} trace has no Model column; only BurstGPT traces can be "
                          "filtered by model", field="trace_model")
