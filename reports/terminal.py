@@ -150,8 +150,13 @@ def cache_text(cfg: dict) -> str:
         if cfg.get("compaction_threshold") is not None:
             parts.append(f"compaction past {fmt_pct(cfg['compaction_threshold'])} "
                          "unusable free slots")
-    parts.append(f"prefix caching with {cfg.get('eviction', 'lru')} eviction"
-                 if cfg.get("enable_prefix_caching", True) else "no prefix caching")
+    if layout == "contiguous":
+        parts.append("no prefix sharing")           # (regions are a request's own)
+    elif cfg.get("enable_prefix_caching", True):
+        parts.append(f"prefix caching with {cfg.get('eviction', 'lru')} eviction"
+                     + (" for the paged requests" if layout == "hybrid" else ""))
+    else:
+        parts.append("no prefix caching")
     if cfg.get("preemption_mode", "recompute") != "recompute":
         parts.append(f"{cfg['preemption_mode']} preemption")
     if cfg.get("scheduling_policy", "fcfs") != "fcfs":

@@ -203,6 +203,10 @@ class RunConfig:
                 raise located(ConfigError(
                     f"applies to --layout {' or '.join(layouts)} only (the {self.layout} "
                     "layout does not use it)", field=name), source)
+        if self.eviction != "lru" and self.layout == "contiguous":
+            raise located(ConfigError("the contiguous layout shares no prefixes, so no "
+                                      "eviction policy chooses anything: use --layout paged",
+                                      field="eviction"), source)
         for name, default in (("offload_write", "native"), ("offload_eviction_policy", "lru"),
                               ("offload_store_threshold", 0)):
             if getattr(self, name) != default and not self.has_host_tier:

@@ -98,6 +98,8 @@ def test_a_config_file_sets_options_and_flags_override_it(tmp_path):
     (["--max-num-batched-tokens", "8"], "field 'max_num_batched_tokens': 8 is below "
                                         "max_num_seqs (256)"),
     (["--offload-write", "back"], "field 'offload_write': sets up a CPU tier that is not there"),
+    (["--layout", "contiguous", "--eviction", "lfu"], "field 'eviction': the contiguous layout "
+                                                      "shares no prefixes"),
     (["--kv-offloading-size", "4", "--offload-write", "back", "--offload-eviction-policy", "arc"],
      "field 'offload_eviction_policy': belongs to vLLM's native CPU tier"),
     (["--kv-offloading-size", "0.0001"], "0.0001 GiB makes 0 CPU blocks of 16 tokens"),

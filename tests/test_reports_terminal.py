@@ -141,10 +141,11 @@ def test_the_kv_cache_line_says_how_the_cache_ran():
                        "allocator": "buddy", "compaction_threshold": 0.25,
                        "enable_prefix_caching": False}) == (
         "contiguous, 16-token blocks, pow2-output reserve, buddy allocator, compaction past "
-        "25.0% unusable free slots, no prefix caching")
+        "25.0% unusable free slots, no prefix sharing")
+    assert cache_text({**config, "layout": "contiguous"}).endswith(", no prefix sharing")
     assert cache_text({**config, "layout": "hybrid"}) == (
         "hybrid, 16-token blocks, max reserve, first-fit allocator, paged past 256 tokens, "
-        "prefix caching with lru eviction")
+        "prefix caching with lru eviction for the paged requests")
 
 
 def test_rejections_are_explained_by_what_limits_max_model_len():
