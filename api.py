@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import numpy as np
 import pandas as pd
 
 from kvsim.errors import ConfigError, TraceError
@@ -66,13 +65,13 @@ def checked_path(value: Any, name: str, call: str) -> str:
 
 
 def plain(value: Any) -> Any:
-    """``value`` as the settings take it: a numpy number as the Python one (``np.int64(64)``
-    from a pandas sweep), a numpy array or ``range`` as a list, inside lists too."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (np.ndarray, range)):
-        return [plain(v) for v in value.tolist()] if isinstance(value, np.ndarray) \
-            else list(value)
+    """``value`` as the settings take it: a NumPy number or 0-d array as the Python number
+    (``np.int64(64)``), a NumPy array, a pandas Series or Index and a ``range`` as a list,
+    inside lists too."""
+    if isinstance(value, range):
+        return list(value)
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return plain(value.tolist())        # (numpy and pandas: Python values, or a list)
     if isinstance(value, (list, tuple)):
         return type(value)(plain(v) for v in value)
     return value

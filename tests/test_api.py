@@ -106,6 +106,10 @@ def test_numpy_numbers_and_arrays_are_taken_as_python_ones(monkeypatch):
     assert (config.max_num_seqs, config.seed, config.enable_prefix_caching) == (64, 3, False)
     assert (options.rate_scale, options.start_s, options.limit) == (2.0, 1.0, 20)
     assert type(options.start_s) is float        # (summary.json: 1.0 as the CLI writes it)
+    from kvsim.api import plain
+    assert plain(np.array(16)) == 16 and type(plain(np.array(16))) is int       # 0-d
+    assert plain(pd.Series([16, 32])) == [16, 32] and plain(pd.Index([1, 2])) == [1, 2]
+    assert plain((np.float32(1.5), range(2))) == (1.5, [0, 1]) and plain("16") == "16"
 
 
 @pytest.mark.parametrize("call, message", [

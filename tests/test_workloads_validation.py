@@ -142,14 +142,48 @@ def test_keys_of_the_users_own_are_ignored(tmp_path):
     assert [r.prompt_tokens for r in read_trace(path)] == [600]
 
 
+def test_a_format_given_that_is_not_the_files_says_so(tmp_path):
+    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW, TraceOptions(fmt="mooncake"))
+    assert (err.field, err.message) == ("format", "the mooncake format reads JSON lines of "
+                                        "its own, and the first line is no JSON line ('TIME"
+                                        "STAMP,ContextTokens,GeneratedTokens'): leave the "
+                                        "format out to detect the file's")
+    err = trace_error(tmp_path, lines(NATIVE), TraceOptions(fmt="mooncake"))
+    assert err.message == ("the mooncake format reads JSON lines of its own, and the first "
+                           "line is a native line: leave the format out to detect the file's")
+    err = trace_error(tmp_path, lines({**NATIVE, "block_hashes": list(range(200))}),
+                      TraceOptions(fmt="azure"))
+    assert err.message == ("the first line is JSON, not a CSV header with TIMESTAMP, "
+                           "ContextTokens, GeneratedTokens (the format given is not the file's)")
+
+
+def test_csv_headers_and_rows_must_agree(tmp_path):
+    err = trace_error(tmp_path, "TIMESTAMP,ContextTokens\n" + AZURE_ROW, name="t.csv")
+    assert (err.field, err.message) == ("GeneratedTokens", "missing column in header "
+                                        "'TIMESTAMP,ContextTokens'")
+    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW.strip() + ",99,100\n", name="t.csv")
+    assert err.message == "row has 5 columns, the header 3: a comma too many, or rows of " \
+                          "another file?"
+
+
+def test_a_csv_row_may_end_in_empty_cells(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(AZURE_HEADER + AZURE_ROW.strip() + ",\n")     # (a trailing comma)
+    assert [r.prompt_tokens for r in read_trace(path)] == [374]
+
+
 def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
     err = trace_error(tmp_path, '{"arrival_s": 0, "prompt_tokens": -5, "prompt_tokens": 5, '
                                 '"output_tokens": 4}\n')
     assert (err.field, err.message) == ("prompt_tokens", "key given twice in one object (JSON "
                                         "would keep the last)")
-    path = tmp_path / "ok.jsonl"        # '":' inside a string is no second key
+    err = trace_error(tmp_path, '{"arrival_s" : 0, "prompt_tokens" : 5, "prompt_tokens" : 6, '
+                                '"output_tokens" : 2}\n')           # (spaced as JSON allows)
+    assert err.field == "prompt_tokens"
+    # '":' inside a string is no second key; a key twice in ignored metadata is left alone
+    path = tmp_path / "ok.jsonl"
     path.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 4, '
-                    '"session_id": "a\\":b"}\n')
+                    '"session_id": "a\\":b", "meta": {"a": 1, "a": 2}}\n')
     assert read_trace(path)[0].session_id == 'a":b'
 
 

@@ -88,22 +88,24 @@ def parse_object(text: str, loc: str) -> dict:
                          location=loc)
     if text.count("[") + text.count("{") > MAX_DEPTH:     # (fewer brackets: not that deep)
         _check_depth(record, loc)
-    if text.count('":') > len(record):     # (a key twice, or '":' inside a string)
+    if text.count(":") > len(record):      # (a key twice; or a colon in a value, a nested key)
         _check_unique_keys(text, loc)
     return record
 
 
 def _check_unique_keys(text: str, loc: str) -> None:
-    """A key given twice in one object: JSON keeps the last, silently."""
+    """A key the line's object gives twice: JSON keeps the last, silently. (Objects nested in
+    ignored metadata are left alone: the outermost object is the last one built.)"""
+    twice = []
+
     def pairs(items):
-        seen = set()
-        for key, _ in items:
-            if key in seen:
-                raise TraceError("key given twice in one object (JSON would keep the last)",
-                                 location=loc, field=key)
-            seen.add(key)
+        keys = [key for key, _ in items]
+        twice.append(next((k for i, k in enumerate(keys) if k in keys[:i]), None))
         return dict(items)
     json.loads(text, object_pairs_hook=pairs)
+    if twice[-1] is not None:
+        raise TraceError("key given twice in one object (JSON would keep the last)",
+                         location=loc, field=twice[-1])
 
 
 def _check_depth(record: dict, loc: str) -> None:
