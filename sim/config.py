@@ -132,11 +132,12 @@ class RunConfig:
             name = str(key).replace("-", "_")
             if name == "cpu_offload_gb":
                 raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
-            flag = "--" + name.replace("_", "-")
-            if name not in known and flag in TRACE_FLAGS.values():
-                raise ConfigError(f"how the trace is read, not a run setting: give {flag} on "
-                                  "the command line (kvsim.run: the keyword)", location=source,
-                                  field=str(key))
+            flag = _TRACE_OPTION_NAMES.get(name)
+            if name not in known and flag is not None:
+                where = ("the call's keyword" if str(source).startswith("kvsim.") else
+                         f"{flag} on the command line")
+                raise ConfigError(f"how the trace is read, not a run setting: give it as "
+                                  f"{where}", location=source, field=str(key))
             if name not in known:
                 hint = close_matches(name, {k: k for k in known})
                 raise ConfigError(f"unknown setting{hint}; known: {', '.join(sorted(known))}",
@@ -218,6 +219,12 @@ class RunConfig:
                 raise located(ConfigError("belongs to vLLM's native CPU tier; --offload-write "
                                           f"{self.offload_write} does not use it", field=name),
                               source)
+
+
+#: Names a trace option goes by (the flag's, the TraceOptions field's, summary.json's) and
+#: its command-line option.
+_TRACE_OPTION_NAMES = {**{flag[2:].replace("-", "_"): flag for flag in TRACE_FLAGS.values()},
+                       **TRACE_FLAGS, "trace_model": "--trace-model", "format_name": "--format"}
 
 
 def _checked_init(init):

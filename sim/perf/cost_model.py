@@ -45,8 +45,8 @@ from kvsim.errors import ConfigError
 from kvsim.sim.serving.executor import Executor
 from kvsim.sim.perf.gemm import elementwise_bytes, gemm_shapes, gemm_time, smooth_max
 from kvsim.sim.perf.gpus import GpuSpec, resolve_gpu
-from kvsim.sim.perf.models import (BUNDLED_CONFIGS, ModelSpec, dtype_bytes, list_models,
-                                   resolve_model, weight_dtype_bytes)
+from kvsim.sim.perf.models import (ModelSpec, dtype_bytes, list_models, resolve_model,
+                                   weight_dtype_bytes)
 from kvsim.sim.perf.profile import ELEMENTWISE_OPS, Profile, Roofline, load_profile
 from kvsim.sim.perf import moe
 
@@ -130,7 +130,7 @@ def _other_shape(fitted: dict, shape: dict, name: str, tp: int, measured: str | 
     the catalog model of that shape, if one is (else the config.json it names, ``measured``)."""
     differ = [f"{k} {fitted[k]:,} (not {shape[k]:,})" for k in fitted if fitted[k] != shape[k]]
     differ += [f"tp 1 (not {tp})"] * (tp != 1)
-    same = [m for m in [*list_models(), *BUNDLED_CONFIGS]
+    same = [m for m in list_models()
             if {k: getattr(resolve_model(m), k) for k in fitted} == fitted]
     use = (f"run it with --model {' or '.join(same)}" if same else
            f"run it with --model {measured}, the model it was measured on" if measured else

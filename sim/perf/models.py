@@ -32,8 +32,10 @@ def _from_entry(name: str, entry: dict) -> ModelSpec:
 
 
 def list_models() -> list[str]:
-    """Catalog names, sorted (``models.json`` and the Hugging Face configs of ``hf_models.json``)."""
-    return sorted([*load_catalog("models.json")["models"], *load_catalog("hf_models.json")["models"]])
+    """Model names, sorted: the catalog's (``models.json`` and the Hugging Face configs of
+    ``hf_models.json``) and the bundled configs'."""
+    return sorted([*load_catalog("models.json")["models"],
+                   *load_catalog("hf_models.json")["models"], *BUNDLED_CONFIGS])
 
 
 def resolve_model(name_or_path: str | Path) -> ModelSpec:
@@ -49,6 +51,7 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     models = load_catalog("models.json")["models"]
     hf_models = load_catalog("hf_models.json")["models"]
     index = {}
+    index.update({k: k for k in BUNDLED_CONFIGS})      # (for the hint of an unknown name)
     for catalog in (models, hf_models):
         index.update({k.lower(): k for k in catalog})
         for key, entry in catalog.items():
