@@ -294,7 +294,8 @@ COARSE = 1.1
 
 
 def _max_rate(spec: PlanSpec, boundary, ties: int) -> dict:
-    """The sustainable-rate result, with a ``note`` when the search found no boundary."""
+    """The sustainable-rate result, with a ``note`` when the search found no boundary or
+    left a bracket wider than :data:`COARSE`."""
     native = spec.native_rate_per_s
 
     def rate(scale):
@@ -348,11 +349,12 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
 def block_size_advice(spec: PlanSpec, rows: list[dict]) -> list[dict]:
     """Per GPU swept: the design article's L2 rule (the tokens whose K and V of one layer
     fill the L2 cache, at the tp of the best-ranked feasible candidate on that GPU, else the
-    smallest tp swept) beside that candidate's block size (``None``: none)."""
+    smallest tp swept on it) beside that candidate's block size (``None``: none)."""
     out = []
     for gpu in dict.fromkeys(c.gpu for c in spec.candidates):
         best = next((r for r in rows if r["feasible"] and r["settings"]["gpu"] == gpu), None)
-        tp = best["settings"]["tp"] if best else min(c.tp for c in spec.candidates)
+        tp = best["settings"]["tp"] if best else min(c.tp for c in spec.candidates
+                                                     if c.gpu == gpu)
         out.append({**suggested_block_size(spec.base.model, gpu, spec.base.dtype, tp),
                     "best_block_size": best["settings"]["block_size"] if best else None,
                     "swept_block_sizes": _swept(spec)["block_size"]})
