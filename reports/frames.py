@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvsim.workloads.options import TRACE_FLAGS
-
 SUMMARY_FILE = "summary.json"
 REQUESTS_FILE = "requests.csv"
 TIMELINE_FILE = "timeline.csv"
@@ -111,11 +109,10 @@ SUMMARY_SHAPE = {
 }
 #: ``config.trace_options`` of a run's summary: how the trace was read, key -> (the
 #: :class:`~kvsim.workloads.TraceOptions` attribute, the command-line option).
-TRACE_OPTIONS = {key: (attribute, TRACE_FLAGS[field]) for key, attribute, field in (
-    ("format", "format_name", "fmt"), ("limit", "limit", "limit"),
-    ("start_s", "start_s", "start_s"), ("end_s", "end_s", "end_s"),
-    ("rate_scale", "rate_scale", "rate_scale"), ("sort", "sort", "sort"),
-    ("trace_model", "model_filter", "model_filter"))}
+TRACE_OPTIONS = {"format": ("format_name", "--format"), "limit": ("limit", "--limit"),
+                 "start_s": ("start_s", "--start"), "end_s": ("end_s", "--end"),
+                 "rate_scale": ("rate_scale", "--rate-scale"), "sort": ("sort", "--sort"),
+                 "trace_model": ("model_filter", "--trace-model")}
 
 
 def recorded_trace_options(options) -> dict:

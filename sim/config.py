@@ -24,7 +24,7 @@ from kvsim.cache.scheduler import PREEMPTION_MODES
 from kvsim.cache.tiered import WRITE_POLICIES
 from kvsim.errors import ConfigError
 from kvsim.workloads.identity import SAMPLING_MODES
-from kvsim.workloads.options import TRACE_FLAGS
+from kvsim.reports.frames import TRACE_OPTIONS
 
 from kvsim.sim.perf._catalog import close_matches
 from kvsim.sim.perf.gpus import gpu_name
@@ -221,10 +221,10 @@ class RunConfig:
                               source)
 
 
-#: Names a trace option goes by (the flag's, the TraceOptions field's, summary.json's) and
-#: its command-line option.
-_TRACE_OPTION_NAMES = {**{flag[2:].replace("-", "_"): flag for flag in TRACE_FLAGS.values()},
-                       **TRACE_FLAGS, "trace_model": "--trace-model", "format_name": "--format"}
+#: Names a trace option goes by (summary.json's, the TraceOptions field's, the flag's) and
+#: its command-line option: how the trace is read, not a run setting.
+_TRACE_OPTION_NAMES = {name: flag for key, (field, flag) in TRACE_OPTIONS.items()
+                       for name in (key, field, flag[2:].replace("-", "_"))} | {"fmt": "--format"}
 
 
 def _checked_init(init):

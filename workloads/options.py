@@ -16,12 +16,6 @@ FORMAT_ALIASES = {"kvsim": "native", "jsonl": "native", "azure-llm": "azure"}
 TraceFormat = Literal[FORMATS + tuple(FORMAT_ALIASES)]
 
 
-#: The command-line option of each :class:`TraceOptions` field (how a trace is read, not a
-#: run setting: TOML files and ``RunConfig`` do not take them).
-TRACE_FLAGS = {"fmt": "--format", "limit": "--limit", "start_s": "--start", "end_s": "--end",
-               "rate_scale": "--rate-scale", "sort": "--sort", "model_filter": "--trace-model"}
-
-
 @dataclass(frozen=True)
 class TraceOptions:
     """How to read a trace and which part of it to keep.
