@@ -99,9 +99,11 @@ def _check_unique_keys(text: str, loc: str) -> None:
     twice = []
 
     def pairs(items):
-        keys = [key for key, _ in items]
-        twice.append(next((k for i, k in enumerate(keys) if k in keys[:i]), None))
-        return dict(items)
+        found = dict(items)
+        seen: set = set()
+        twice.append(None if len(found) == len(items) else
+                     next(k for k, _ in items if k in seen or seen.add(k)))
+        return found
     json.loads(text, object_pairs_hook=pairs)
     if twice[-1] is not None:
         raise TraceError("key given twice in one object (JSON would keep the last)",
