@@ -11,14 +11,21 @@ simulation. Public API:
 - :func:`rerender_report` (``kvsim report DIR``).
 """
 
-from kvsim.reports.html import render_compare_report, render_hitrate_report, render_run_report
-from kvsim.reports.io import downsample, read_run_outputs, write_csv_atomic, write_json_atomic, write_text_atomic
-from kvsim.reports.run_outputs import write_run_outputs
-from kvsim.reports.rerender import rerender_report
-from kvsim.reports.terminal import RunProgress, print_summary, summary_table
+from importlib import import_module
 
-__all__ = [
-    "RunProgress", "downsample", "print_summary", "read_run_outputs", "render_compare_report",
-    "render_hitrate_report", "render_run_report", "rerender_report", "summary_table",
-    "write_csv_atomic", "write_json_atomic", "write_run_outputs", "write_text_atomic",
-]
+#: Public name -> the module defining it, imported on first use: a module that reads only the
+#: output contract (``kvsim.reports.frames``, as the settings do) loads no HTML or plotly.
+_WHERE = {
+    "render_compare_report": "html", "render_hitrate_report": "html", "render_run_report": "html",
+    "downsample": "io", "read_run_outputs": "io", "write_csv_atomic": "io",
+    "write_json_atomic": "io", "write_text_atomic": "io", "write_run_outputs": "run_outputs",
+    "rerender_report": "rerender", "RunProgress": "terminal", "print_summary": "terminal",
+    "summary_table": "terminal",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'kvsim.reports' has no attribute {name!r}")
+    return getattr(import_module(f"kvsim.reports.{_WHERE[name]}"), name)

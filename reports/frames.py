@@ -9,7 +9,10 @@ the request log of :mod:`kvsim.sim.serving.recorder` is derived from them),
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:         # (the contract itself needs no pandas: the settings read it too)
+    import pandas as pd
 
 SUMMARY_FILE = "summary.json"
 REQUESTS_FILE = "requests.csv"

@@ -134,10 +134,9 @@ class RunConfig:
                 raise ConfigError(CPU_OFFLOAD_GB_REFUSAL, location=source, field=str(key))
             flag = _TRACE_OPTION_NAMES.get(name)
             if name not in known and flag is not None:
-                where = ("the call's keyword" if str(source).startswith("kvsim.") else
-                         f"{flag} on the command line")
-                raise ConfigError(f"how the trace is read, not a run setting: give it as "
-                                  f"{where}", location=source, field=str(key))
+                raise ConfigError(f"how the trace is read, not a run setting: give {flag} on "
+                                  f"the command line, or {flag[2:].replace('-', '_')}= to "
+                                  "kvsim.run", location=source, field=str(key))
             if name not in known:
                 hint = close_matches(name, {k: k for k in known})
                 raise ConfigError(f"unknown setting{hint}; known: {', '.join(sorted(known))}",

@@ -123,11 +123,12 @@ def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
     config.write_text('model = "llama-2-7b"\nlimit = 50\n')      # how the trace is read
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
     assert done.stderr == (f"kvsim: error: {config}:2: field 'limit': how the trace is read, "
-                           "not a run setting: give it as --limit on the command line\n")
+                           "not a run setting: give --limit on the command line, or limit= to "
+                           "kvsim.run\n")
     config.write_text("start_s = 10\n")                   # (summary.json's name for it)
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
-    assert "field 'start_s': how the trace is read, not a run setting: give it as --start on " \
-        "the command line" in done.stderr
+    assert "field 'start_s': how the trace is read, not a run setting: give --start on the " \
+        "command line, or start= to kvsim.run" in done.stderr
     config.write_text("kv_offloading_size = 8\nnum_cpu_blocks = 100\n")
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
     assert done.stderr == (f"kvsim: error: {config}: field 'kv_offloading_size': give the host "

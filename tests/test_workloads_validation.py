@@ -102,13 +102,19 @@ def test_missing_native_fields(tmp_path, field):
 
 
 @pytest.mark.parametrize("base, key, replaces, meant", [
-    (NATIVE, "arrival", "arrival_s", "write arrival_s"),   # misspelt: every arrival at 0
-    (NATIVE, "ARRIVAL_S", "arrival_s", "write arrival_s"),
+    (NATIVE, "arrival", "arrival_s", "write arrival_s (seconds after the trace's start)"),
+    (NATIVE, "ARRIVAL_S", "arrival_s", "write arrival_s"),       # other capitals
     (NATIVE, "prio", None, "write priority"),
     (NATIVE, "Priority", None, "write priority"),
-    (NATIVE, "sesion_id", None, "write session_id"),
-    (NATIVE, "arrival_time", "arrival_s", "write arrival_s"),      # another tool's name
-    (NATIVE, "arrival_ms", "arrival_s", "write arrival_s (in seconds: arrival_ms / 1000)"),
+    (NATIVE, "sesion_id", None, "write session_id"),             # misspelt
+    (NATIVE, "t", "arrival_s", "write arrival_s (seconds after the trace's start)"),
+    (NATIVE, "arrival_ms", "arrival_s", "write arrival_s (arrival_ms is in milliseconds: "
+                                        "divide by 1000)"),
+    (NATIVE, "arrival_us", "arrival_s", "write arrival_s (arrival_us is in microseconds: "
+                                        "divide by 10^6)"),
+    (NATIVE, "arrival_step", "arrival_s", "write arrival_s (arrival_step counts engine steps, "
+                                          "not time)"),
+    (NATIVE, "continued", None, "write continues"),
     (NATIVE, "timestamp", "arrival_s", "write arrival_s (in seconds; timestamp is "
                                        "Mooncake's, in milliseconds)"),
     (MOON, "arrival_s", "timestamp", "write timestamp (in milliseconds)")])
@@ -126,6 +132,9 @@ def test_a_key_is_judged_on_every_line_that_lacks_the_one_it_stands_for(tmp_path
     alone = {"arrival": 5, "prompt_tokens": 20, "output_tokens": 5}
     err = trace_error(tmp_path, lines(beside, alone))
     assert (err.field, err.location) == ("arrival", f"{tmp_path / 't.jsonl'}:2")
+    err = trace_error(tmp_path, lines({**NATIVE, "arrival_time": "1.5"}, {       # any value
+        "arrival_time": "2024-01-01T10:00:00", "prompt_tokens": 20, "output_tokens": 5}))
+    assert (err.field, err.location) == ("arrival_time", f"{tmp_path / 't.jsonl'}:2")
 
 
 def test_keys_of_the_users_own_are_ignored(tmp_path):
@@ -134,12 +143,14 @@ def test_keys_of_the_users_own_are_ignored(tmp_path):
         {**NATIVE, "dataset": "chat", "input_length": 3},        # it has prompt_tokens
         {"arrival_s": 0, "prompt_token_ids": [1, 2, 3], "output_tokens": 2, "prompt_len": 3},
         {**NATIVE, "template": "chat", "session": "x", "request": {"a": 1}, "block_size": 16},
-        {**NATIVE, "time": "2024-01-01T10:00:00"},               # (no number of seconds)
-        {"arrival_step": 3, "prompt_tokens": 20, "output_tokens": 5},   # a unit of its own
+        {**NATIVE, "time": "2024-01-01T10:00:00"},               # (beside arrival_s)
+        {**NATIVE, "requestId": "a", "Priority": "high"},       # (no id lost; not a number)
+        {"arrival_s": 0, "prompt_token_ids": [1, 2, 3], "output_tokens": 2, "hash_ids": [7]},
     ))
-    assert [r.prompt_tokens for r in read_trace(path)] == [20, 3, 20, 20, 20]
-    path.write_text(lines({**MOON, "conversation": 4}))
-    assert [r.prompt_tokens for r in read_trace(path)] == [600]
+    assert [r.prompt_tokens for r in read_trace(path)] == [20, 3, 20, 20, 20, 3]
+    path.write_text(lines({**MOON, "conversation": 4, "arrival_s": 1.0, "prompt_tokens": 600}))
+    assert [r.prompt_tokens for r in read_trace(path)] == [600]     # (Mooncake's two lengths)
+    assert [r.prompt_tokens for r in read_trace(path, TraceOptions(fmt="mooncake"))] == [600]
 
 
 def test_a_format_given_that_is_not_the_files_says_so(tmp_path):
@@ -166,10 +177,13 @@ def test_csv_headers_and_rows_must_agree(tmp_path):
                           "another file?"
 
 
-def test_a_csv_row_may_end_in_empty_cells(tmp_path):
+def test_a_csv_written_with_trailing_commas_reads_but_a_shifted_row_does_not(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text(AZURE_HEADER + AZURE_ROW.strip() + ",\n")     # (a trailing comma)
+    path.write_text(AZURE_HEADER.strip() + ",\n" + AZURE_ROW.strip() + ",\n")  # (all lines)
     assert [r.prompt_tokens for r in read_trace(path)] == [374]
+    err = trace_error(tmp_path, AZURE_HEADER + "2023-11-16 18:15:50.99,1,396,\n",
+                      name="t.csv")                     # (a thousands comma: 1,396)
+    assert err.message.startswith("row has 4 columns, the header 3")
 
 
 def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):

@@ -80,7 +80,7 @@ def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[
             missing = wanted[next(i for i, c in enumerate(cols) if c >= len(cells))]
             raise TraceError(f"row has {len(cells)} columns, expected at least {width}; "
                              f"truncated line?", location=loc, field=missing)
-        if len(cells) > num_columns and any(cells[num_columns:]):   # (a trailing comma: fine)
+        if len(cells) > num_columns:     # (a file written with trailing commas: its header too)
             raise TraceError(f"row has {len(cells)} columns, the header {num_columns}: a "
                              "comma too many, or rows of another file?", location=loc)
         yield line_no, loc, [cells[c] for c in cols]

@@ -41,6 +41,7 @@ partial block included: ``len(hash_ids) == ceil(input_length / 512)``); optional
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterator
 
 from kvsim.errors import TraceError
@@ -54,6 +55,10 @@ from kvsim.workloads.request import Request
 MOONCAKE_BLOCK = 512
 """Tokens per Mooncake ``hash_ids`` entry."""
 
+#: The end of a JSON object key: a quote, maybe blanks, a colon (in a string value a colon
+#: follows no quote unless the string holds '":', which only costs a second parse).
+_KEY_END = re.compile(r'"\s*:')
+
 MAX_DEPTH = 4
 """Deepest nesting a trace line may have (an object of lists of small objects at most)."""
 NATIVE_TIME_FIELD = "arrival_s"
@@ -62,9 +67,18 @@ _MOONCAKE_KEYS = ("input_length", "hash_ids", "output_length")
 _NATIVE_KEYS = ("arrival_s", "prompt_tokens", "output_tokens", "prompt_token_ids")
 
 
+def has_keys_of(fmt: str, record: dict) -> bool:
+    """Whether ``record`` holds a key only format ``fmt`` (native or mooncake) reads."""
+    keys = _NATIVE_KEYS if fmt == "native" else (*_MOONCAKE_KEYS, MOONCAKE_TIME_FIELD)
+    return any(key in record for key in keys)
+
+
 def looks_like_mooncake(record: dict) -> bool:
-    """Whether a parsed first line is Mooncake rather than native: it has a Mooncake key and
-    none of a native line's own (a native line may carry an ``input_length`` of its own)."""
+    """Whether a parsed first line is Mooncake rather than native: it has Mooncake's two
+    lengths, or a Mooncake key and none of a native line's own (either may carry a key of the
+    other as its own metadata)."""
+    if "input_length" in record and "output_length" in record:
+        return True
     if any(key in record for key in _NATIVE_KEYS):
         return False
     return any(key in record for key in _MOONCAKE_KEYS) or MOONCAKE_TIME_FIELD in record
@@ -88,8 +102,8 @@ def parse_object(text: str, loc: str) -> dict:
                          location=loc)
     if text.count("[") + text.count("{") > MAX_DEPTH:     # (fewer brackets: not that deep)
         _check_depth(record, loc)
-    if text.count(":") > len(record):      # (a key twice; or a colon in a value, a nested key)
-        _check_unique_keys(text, loc)
+    if text.count(":") > len(record) and len(_KEY_END.findall(text)) > len(record):
+        _check_unique_keys(text, loc)     # (a key twice, or a nested object's keys)
     return record
 
 

@@ -84,10 +84,13 @@ def detect_format(first_line: str, loc: str) -> str:
 
 
 def _check_given_format(fmt: str, first: tuple[int, str], path) -> None:
-    """A JSON-lines format given that the first line is not (not JSON, or the other one)."""
+    """A JSON-lines format given that the first line cannot be: not JSON, or none of that
+    format's keys (a line may hold keys of both: then the format given decides)."""
     line_no, text = first
-    found = None if not text.lstrip().startswith("{") else detect_format(text, where(path, line_no))
-    if found != fmt:
+    loc = where(path, line_no)
+    record = jsonl.parse_object(text, loc) if text.lstrip().startswith("{") else None
+    if record is None or not jsonl.has_keys_of(fmt, record):
+        found = None if record is None else detect_format(text, loc)
         what = f"a {found} line" if found else f"no JSON line ({F.preview(text.strip())})"
         raise TraceError(f"the {fmt} format reads JSON lines of its own, and the first line is "
                          f"{what}: leave the format out to detect the file's",
