@@ -25,7 +25,13 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str):       # (as kvsim.workloads loads its names)
     if name not in _WHERE:
-        raise AttributeError(f"module 'kvsim.reports' has no attribute {name!r}")
-    return getattr(import_module(f"kvsim.reports.{_WHERE[name]}"), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
