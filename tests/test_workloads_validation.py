@@ -151,6 +151,8 @@ def test_keys_of_the_users_own_are_ignored(tmp_path):
     path.write_text(lines({**MOON, "conversation": 4, "arrival_s": 1.0, "prompt_tokens": 600}))
     assert [r.prompt_tokens for r in read_trace(path)] == [600]     # (Mooncake's two lengths)
     assert [r.prompt_tokens for r in read_trace(path, TraceOptions(fmt="mooncake"))] == [600]
+    path.write_text(lines({**NATIVE, "input_length": 9, "output_length": 9}))   # (arrival_s:
+    assert [r.prompt_tokens for r in read_trace(path)] == [20]                 # native)
 
 
 def test_a_format_given_that_is_not_the_files_says_so(tmp_path):

@@ -75,10 +75,10 @@ def has_keys_of(fmt: str, record: dict) -> bool:
 
 def looks_like_mooncake(record: dict) -> bool:
     """Whether a parsed first line is Mooncake rather than native: it has Mooncake's two
-    lengths, or a Mooncake key and none of a native line's own (either may carry a key of the
-    other as its own metadata)."""
+    lengths (and not native's arrival_s without Mooncake's timestamp), or a Mooncake key and
+    none of a native line's own (either may carry a key of the other as its own metadata)."""
     if "input_length" in record and "output_length" in record:
-        return True
+        return MOONCAKE_TIME_FIELD in record or NATIVE_TIME_FIELD not in record
     if any(key in record for key in _NATIVE_KEYS):
         return False
     return any(key in record for key in _MOONCAKE_KEYS) or MOONCAKE_TIME_FIELD in record
