@@ -233,5 +233,12 @@ class Timeline:
 
 
 def _add_rows(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
-    """``target[index[i]] += values[i]`` for every ``i`` (repeated indexes add up)."""
-    np.add.at(target, index, values)
+    """``target[index[i]] += values[i]`` for every ``i`` in turn (repeated indexes add up), as
+    ``np.add.at`` does, to the last bit: ``bincount`` adds its weights in order, the target's
+    own value first (``0.0 + x == x``), column by column (``np.add.at`` on rows is ~20x
+    slower)."""
+    n = len(target)
+    rows = np.concatenate([np.arange(n), index])
+    for j in range(target.shape[1]):
+        target[:, j] = np.bincount(rows, weights=np.concatenate([target[:, j], values[:, j]]),
+                                   minlength=n)
