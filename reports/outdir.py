@@ -9,8 +9,9 @@ same directory fails at once). A directory holds one command's result at a time:
   an earlier compare (those its ``compare.json`` names), so a run into a compare's directory
   leaves no stale runs beside it, nor a compare stale run files;
 - a command that ends in an error or an interrupt before writing leaves the directory as it
-  found it (an earlier result stays whole), except a compare's: its runs write their own
-  directories one by one (``subdirs``), so the earlier result goes when it starts;
+  found it (an earlier result stays whole); a compare's runs write their own directories one
+  by one as they finish (``subdirs``), so a compare moves the earlier result aside when it
+  starts (into :data:`EARLIER_DIR`) and puts it back if it does not finish;
 - one that ends so after it began writing removes every result file, its own and the earlier
   ones, so that nothing partial is left looking complete.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 from stat import S_ISREG
 from typing import Iterable
@@ -31,6 +33,8 @@ from kvsim.output_file import blocked
 from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RUN_FILES
 
 LOCK_FILE = ".kvsim.lock"
+#: Where a compare keeps the earlier result while it runs (removed when it ends either way).
+EARLIER_DIR = ".kvsim-earlier"
 #: The directories that received a complete result in this process (an interrupt that comes
 #: after says so rather than "no result was written").
 completed: list[Path] = []
@@ -52,6 +56,7 @@ class OutputDir:
         self._lock = None
         self._created = False
         self._before: dict[Path, tuple] = {}    # the result files found, by their stat
+        self._aside: list[Path] = []            # those a compare moved to EARLIER_DIR
 
     def __enter__(self) -> "OutputDir":
         if not self.given.strip():
@@ -67,11 +72,11 @@ class OutputDir:
                              location=str(self.path), field=_field(self.option)) from None
         for tmp in self.path.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        shutil.rmtree(self.path / EARLIER_DIR, ignore_errors=True)   # (a compare killed hard)
         self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
         self._before = self._results()
         if self.subdirs:    # (its runs rewrite their own directories one by one: an earlier
-            self._remove(self._before)     # result would mix with them if this one died)
-            self._before = {}
+            self._set_aside()       # result would mix with them if this one died)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -87,6 +92,8 @@ class OutputDir:
                 self._prune(self._owned)      # (those left empty: a compare's new ones too)
                 for tmp in self.path.glob(".*.tmp"):
                     tmp.unlink(missing_ok=True)
+                self._put_back()
+            shutil.rmtree(self.path / EARLIER_DIR, ignore_errors=True)
         finally:
             _unlock(self.path, self._lock)
         if exc_type is None:
@@ -101,9 +108,9 @@ class OutputDir:
         """What the aborted command left, in words."""
         if not self.path.exists():
             return "nothing was written"
-        if began:
+        if began and not self._aside:
             return f"{self.path}/ holds no result (nothing partial left)"
-        if self._before:
+        if self._before or self._aside:
             return f"{self.path}/ is as it was (its earlier result kept)"
         return "nothing was written"
 
@@ -114,6 +121,22 @@ class OutputDir:
         paths += [self.path / run / name for run in self._owned for name in RUN_FILES
                   if not (self.path / run).is_symlink()]    # (its files lie elsewhere)
         return {p: stat for p in paths if (stat := _stat(p)) is not None}
+
+    def _set_aside(self) -> None:
+        """Move the earlier result into :data:`EARLIER_DIR` (same file system: renames)."""
+        for path in self._before:
+            aside = self.path / EARLIER_DIR / path.relative_to(self.path)
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, aside)
+            self._aside.append(path)
+        self._before = {}
+        self._prune(self._owned)
+
+    def _put_back(self) -> None:
+        """Return the earlier result :meth:`_set_aside` moved (this command left nothing)."""
+        for path in self._aside:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.path / EARLIER_DIR / path.relative_to(self.path), path)
 
     def _prune(self, runs) -> None:
         """Remove those of the run directories ``runs`` left empty."""

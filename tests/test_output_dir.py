@@ -82,15 +82,55 @@ def test_a_shared_plotly_file_kept_unchanged_stays_with_the_new_result(tmp_path)
     assert names(out) == [PLOTLY_JS_FILE, "report.html"]
 
 
-def test_a_compare_directory_loses_its_earlier_result_when_it_starts(tmp_path):
+def earlier_compare(out, runs=("01_run", "03_old")):
+    import json
+    earlier_result(out)
+    for run in runs:
+        (out / run).mkdir()
+        (out / run / "summary.json").write_text("earlier")
+    (out / "compare.json").write_text(json.dumps({"runs": [{"dir": run} for run in runs]}))
+
+
+def test_a_compare_puts_the_earlier_result_aside_while_it_runs(tmp_path):
+    out = tmp_path / "o"
+    earlier_compare(out)
+    with OutputDir(out, subdirs=["01_run", "02_new"]):  # (its runs rewrite their directories
+        assert names(out) == [".kvsim-earlier", ".kvsim.lock", "notes.txt"]    # one by one)
+        assert names(out / ".kvsim-earlier") == ["01_run", "03_old", "compare.json",
+                                                 "report.html", "requests.csv", "summary.json"]
+        (out / "01_run").mkdir()
+        (out / "01_run" / "summary.json").write_text("new")
+    assert names(out) == ["01_run", "notes.txt"]      # (the earlier runs and files are gone)
+    assert (out / "01_run" / "summary.json").read_text() == "new"
+
+
+@pytest.mark.parametrize("wrote", [False, True])
+def test_an_interrupted_compare_puts_the_earlier_result_back(tmp_path, wrote):
+    out = tmp_path / "o"
+    earlier_compare(out)
+    with pytest.raises(KeyboardInterrupt) as failed:
+        with OutputDir(out, subdirs=["01_run", "02_new"]):
+            if wrote:           # (a run finished: its directory, one the earlier one had)
+                (out / "01_run").mkdir()
+                (out / "01_run" / "summary.json").write_text("new")
+                (out / "02_new").mkdir()
+                (out / "02_new" / "requests.csv").write_text("new")
+            raise KeyboardInterrupt
+    assert failed.value.left == f"{out}/ is as it was (its earlier result kept)"
+    assert names(out) == ["01_run", "03_old", "compare.json", "notes.txt", "report.html",
+                          "requests.csv", "summary.json"]
+    assert [(out / run / "summary.json").read_text() for run in ("01_run", "03_old")] == \
+        ["earlier"] * 2
+
+
+def test_an_aside_left_by_a_compare_killed_hard_goes_at_the_next_command(tmp_path):
     out = tmp_path / "o"
     earlier_result(out)
-    (out / "01_run").mkdir()
-    (out / "01_run" / "summary.json").write_text("earlier")
-    with pytest.raises(ValueError):
-        with OutputDir(out, subdirs=["01_run"]):  # (its runs rewrite their directories
-            raise ValueError("killed")                # one by one: no mix of old and new)
-    assert names(out) == ["notes.txt"]       # (its run directory, left empty, goes too)
+    (out / ".kvsim-earlier").mkdir()
+    (out / ".kvsim-earlier" / "summary.json").write_text("older")
+    with OutputDir(out):
+        (out / "summary.json").write_text("new")
+    assert names(out) == ["notes.txt", "summary.json"]
 
 
 def test_a_compare_leaves_sub_directories_it_does_not_name_alone(tmp_path):
@@ -102,7 +142,7 @@ def test_a_compare_leaves_sub_directories_it_does_not_name_alone(tmp_path):
     with OutputDir(out, subdirs=["01_run", "02_run"]):
         (out / "02_run").mkdir()
         (out / "02_run" / "summary.json").write_text("new")
-    assert names(out / "01_run") == [] and names(out / "02_run") == ["summary.json"]
+    assert not (out / "01_run").exists() and names(out / "02_run") == ["summary.json"]
     assert (out / "mine" / "summary.json").read_text() == "earlier"
 
 
