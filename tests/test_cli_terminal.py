@@ -13,7 +13,7 @@ import time
 import pytest
 from clirun import kvsim
 
-KVSIM = [sys.executable, "-m", "kvsim.cli"]
+KVSIM = [sys.executable, "-m", "kvsim"]       # (the console script's entry point)
 
 
 def in_terminal(*args, cwd, timeout: float = 120) -> tuple[int, str]:
@@ -111,6 +111,28 @@ def test_an_interrupt_ends_in_one_line_and_leaves_nothing_partial(tmp_path, sig,
         f"kvsim: interrupted by {sig.name}; {out}/ is as it was (its earlier result kept)"]
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
     assert (out / "summary.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_command_line_loads_ends_in_one_line(tmp_path, sig, status):
+    """The signal arrives as kvsim.cli is being imported (sent by an import hook, so at a
+    known moment): one line, no traceback."""
+    code = f"""
+import os, sys
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == "kvsim.cli":
+            os.kill(os.getpid(), {int(sig)})
+sys.meta_path.insert(0, Hook())
+from kvsim.__main__ import main
+sys.argv = ["kvsim", "run", "--limit", "5"]
+main()
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == status
+    assert done.stderr == f"kvsim: interrupted by {sig.name}; nothing was written\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_interrupted_compare_stops_its_workers_and_leaves_nothing(tmp_path):

@@ -1,0 +1,33 @@
+"""``kvsim`` and ``python -m kvsim``: the entry point. It imports nothing heavy itself, so that
+a Ctrl-C (or SIGTERM) while the command line loads (numpy, pandas and the commands take about
+half a second) also ends in one line and exit status 130 (143), not a traceback;
+:func:`kvsim.cli.main` takes the signals over once loaded."""
+
+import signal
+import sys
+
+
+class _Loading(BaseException):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame) -> None:
+    raise _Loading(signum)
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+    try:
+        from kvsim.cli import main as run_command_line
+    except _Loading as e:
+        sys.stderr.write(f"kvsim: interrupted by {signal.Signals(e.signum).name}; "
+                         "nothing was written\n")
+        sys.exit(128 + e.signum)
+    run_command_line()
+
+
+if __name__ == "__main__":
+    main()
