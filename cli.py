@@ -13,6 +13,8 @@ Conventions every command follows:
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import typer
@@ -83,7 +85,6 @@ def main() -> None:
     """Console entry point: run the app, turning user errors into one line and exit status 2,
     and SIGINT / SIGTERM into one line and exit status 130 / 143."""
     import gc
-    import signal
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     # The simulator makes millions of short-lived containers and almost no reference cycles:
@@ -94,8 +95,15 @@ def main() -> None:
         status = app(standalone_mode=False)     # (a command's typer.Exit(n) returns n)
         for sig in (signal.SIGINT, signal.SIGTERM):     # done: a late signal changes nothing
             signal.signal(sig, signal.SIG_IGN)
+        sys.stdout.flush()      # (a reader gone shows here, not as noise at exit)
         if isinstance(status, int) and status:
             sys.exit(status)
+    except BrokenPipeError:
+        _stdout_closed()
+    except SystemExit as e:     # (click, vendored or not, ends one whose stdout was closed
+        if e.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":   # with 1)
+            _stdout_closed()
+        raise
     except Interrupted as e:
         from kvsim.reports.outdir import completed
         left = getattr(e, "left", "") or (f"{completed[-1]}/ holds its complete result"
@@ -121,6 +129,17 @@ def main() -> None:
         text = " ".join(e.format_message().split()).replace("Value error, ", "")
         sys.stderr.write(f"kvsim: error: {text}\n")
         sys.exit(e.exit_code)
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout went away (``kvsim ... | head -1``): end quietly with 141, as a
+    Unix tool that SIGPIPE ends does (a crash is 1); what the command wrote to files is whole
+    (stdout is written last)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _is_usage_error(e: Exception) -> bool:

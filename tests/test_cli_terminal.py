@@ -183,3 +183,34 @@ def test_a_new_run_replaces_every_file_of_the_last_one(tmp_path):
     assert kvsim("run", "--limit", "5", "--out", tmp_path, "-q", "--no-html").returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.csv", "summary.json",
                                                           "timeline.csv"]
+
+
+@pytest.mark.parametrize("args", [["models"], ["run", "--limit", "20", "--json"]])
+def test_a_reader_that_closes_stdout_ends_kvsim_quietly_with_141(tmp_path, args):
+    """``kvsim ... | head -1``: no traceback, no noise, 141 as a tool that SIGPIPE ends (not 1,
+    a crash); a run's files are whole (stdout is written last)."""
+    proc = subprocess.Popen([*KVSIM, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "Exception" not in err
+    if args[0] == "run":
+        assert err == "kvsim: wrote kvsim-out/summary.json, requests.csv, " \
+                      "timeline.csv, report.html\n"
+        assert json.loads((tmp_path / "kvsim-out" / "summary.json").read_text())
+
+
+def test_an_interrupted_gen_to_stdout_says_the_trace_it_printed_is_partial(tmp_path):
+    proc = subprocess.Popen([*KVSIM, "gen", "chat", "--out", "-", "-n", "1000000"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    first = proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.readlines()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130
+    assert json.loads(first)["arrival_s"] >= 0
+    lines = 1 + len(rest)
+    assert err == (f"kvsim: interrupted by SIGINT; standard output got the first {lines:,} "
+                   "requests only, a partial trace\n")

@@ -56,6 +56,13 @@ def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike
     """
     count = 0
     with nullcontext(sys.stdout) if str(path) == "-" else replacing(path, parents=False) as f:
-        for count, (request, continued) in enumerate(records, start=1):
-            f.write(json.dumps(native_record(request, continued), separators=(", ", ": ")) + "\n")
+        try:
+            for count, (request, continued) in enumerate(records, start=1):
+                f.write(json.dumps(native_record(request, continued), separators=(", ", ": "))
+                        + "\n")
+        except BaseException as e:      # (an interrupt: what the reader got, in words)
+            if str(path) == "-" and count:
+                e.left = (f"standard output got the first {count:,} requests only, a partial "
+                          "trace")
+            raise
     return count
