@@ -14,6 +14,7 @@ from typing import Any, Optional
 import pandas as pd
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -80,21 +81,37 @@ _SHORT = {"Configuration": "Candidate", "Replicas": "Rep-\nlicas", "$/hour": "$/
           "Max req/s (1 replica)": "Max req/s\n1 replica"}
 
 
-def plan_table(result: dict) -> Table:
+_LABEL_WIDTH = 11      # the candidates' column wraps down to this ("a100-80gb" / "TP1")
+
+
+def plan_table(result: dict, label_width: int | None = None) -> Table:
     """The ranked candidates as a rich table; an infeasible row (dashes) has its reason in a
-    note keyed by its rank (see :func:`reason_lines`)."""
+    note keyed by its rank (see :func:`reason_lines`). ``label_width``: the candidates'
+    column at most this wide."""
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", title="kvsim plan",
                   title_justify="left", title_style="bold", pad_edge=False,
                   collapse_padding=True)
     rows = table_rows(result)
     for name in list(rows[0])[:-1] if rows else ():
+        cell = name != "Configuration"      # (a number's column, not the candidates')
         table.add_column(_SHORT.get(name, name.replace(" ", "\n")),
-                         no_wrap=name != "Configuration", min_width=11 if name == "Configuration"
-                         else None, justify="left" if name == "Configuration" else "right")
+                         no_wrap=cell, min_width=None if cell else _LABEL_WIDTH,
+                         max_width=None if cell else label_width,
+                         justify="right" if cell else "left")
     for i, (cells, row) in enumerate(zip(rows, result["candidates"])):
         cells.pop("Status")
         table.add_row(*cells.values(), style="bold" if i == 0 and row["feasible"] else None)
     return table
+
+
+def ranked_lines(result: dict) -> list[str]:
+    """The ranked table as one line per candidate (``1. a100-80gb TP1: Replicas 1, ...``)."""
+    lines = []
+    for cells in table_rows(result):
+        rank, label = cells.pop("#"), cells.pop("Configuration")
+        cells.pop("Status")
+        lines.append(f"{rank}. {label}: " + ", ".join(f"{k} {v}" for k, v in cells.items()))
+    return lines
 
 
 def rate_notes(result: dict) -> list[str]:
@@ -154,7 +171,14 @@ def print_plan(result: dict, console: Optional[Console] = None) -> None:
     text = dict(highlight=False, soft_wrap=True)    # (unwrapped: the reproduce line pastes)
     console.print(f"trace {result['trace']} · model {result['model']} · {load_text(result)} · "
                   f"SLO {slo_text(result)}", **text)
-    print_table(plan_table(result), console)
+    narrowest = plan_table(result, label_width=_LABEL_WIDTH)   # (its width, unconstrained)
+    if Measurement.get(console, console.options.update_width(10_000), narrowest).maximum \
+            <= console.width:
+        print_table(plan_table(result), console)
+    else:       # (too narrow: the table cuts its cells, the candidates' names first)
+        console.print("kvsim plan", style="bold", highlight=False)
+        for line in ranked_lines(result):
+            console.print(line, highlight=False)
     for line in reason_lines(result) + rate_notes(result):
         console.print(line, **text)
     console.print(recommendation_text(result), **text)

@@ -128,3 +128,23 @@ def test_plan_refuses_cpu_offload_gb_with_a_pointer(tmp_path):
                  "5", "--out", str(tmp_path / "p"))
     assert done.returncode == 2 and "--kv-offloading-size" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("width", [60, 78])
+def test_a_terminal_too_narrow_for_the_table_gets_a_line_per_candidate(json_run, width):
+    """The table would cut its cells there (the candidates' names first): each candidate is a
+    line of its own instead, every number whole; at 80 columns the table fits."""
+    import io
+    from rich.console import Console
+    from kvsim.reports.plan import print_plan
+    plan = json.loads((json_run[0] / "plan.json").read_text())
+    shown = {}
+    for w in (width, 80):
+        console = Console(file=io.StringIO(), width=w, force_terminal=True, color_system=None)
+        print_plan(plan, console)
+        shown[w] = console.file.getvalue()
+    first = plan["candidates"][0]
+    assert f"1. {first['label']}: Replicas {first['replicas']}, GPUs {first['gpus']}, " in \
+        shown[width]
+    assert "…" not in shown[width] and "Candidate" not in shown[width]
+    assert "Candidate" in shown[80] and "…" not in shown[80]
