@@ -122,6 +122,10 @@ def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
             if not tokens:
                 raise ConfigError("needs a value (V1,V2,...)", field=option.lstrip("-"))
             value = tokens.pop(0)
+        if name in dims:        # (the second would replace the first's values unseen)
+            raise ConfigError(f"given twice; list every value once: {option} "
+                              f"{','.join(map(_text, dims[name]))},{value}",
+                              field=option.lstrip("-"))
         dims[name] = parse_values(name, value, types[name])
     return trace, dims
 

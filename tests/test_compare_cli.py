@@ -135,3 +135,24 @@ def test_a_second_compare_into_the_same_out_keeps_the_users_folders(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["baseline", "report.html",
                                                      "requests.csv", "summary.json",
                                                      "timeline.csv"]
+
+
+def test_a_setting_given_twice_is_refused_not_half_dropped(tmp_path):
+    done = kvsim("compare", "sample:mooncake", "--eviction", "lru", "--eviction", "lfu",
+                 "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr == ("kvsim: error: field 'eviction': given twice; list every value "
+                           "once: --eviction lru,lfu\n")
+
+
+@pytest.mark.parametrize("bad", [("--model", "nope"), ("--tp", "1,3")])
+def test_a_compare_refused_leaves_the_earlier_result_whole(grid, tmp_path, bad):
+    import shutil
+    out = tmp_path / "o"
+    shutil.copytree(grid[0], out)
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    done = kvsim("compare", "sample:mooncake", "--eviction", "lru,lfu", *bad, *COMMON,
+                 "--out", str(out))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert sorted((p.relative_to(out), p.read_bytes())
+                  for p in out.rglob("*") if p.is_file()) == before
