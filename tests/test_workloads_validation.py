@@ -264,9 +264,29 @@ def test_timestamps_going_backwards_unless_sort(tmp_path):
     text = lines(MOON, {**MOON, "timestamp": 2000}, {**MOON, "timestamp": 1000})
     err = trace_error(tmp_path, text)
     assert (err.location.split(":")[-1], err.field) == ("3", "timestamp")
-    assert "backwards" in err.message and "--sort" in err.message
+    assert err.message == ("time goes backwards: it arrives 1 s before line 2; use --sort "
+                           "to accept an unsorted trace")      # (seconds apart: not ms)
     path = tmp_path / "t.jsonl"
     assert [r.arrival_s for r in read_trace(path, TraceOptions(sort=True))] == [0.0, 1.0, 2.0]
+
+
+def test_an_azure_row_going_backwards_says_by_how_much_not_since_when(tmp_path):
+    text = AZURE_HEADER + "2023-11-16 18:15:45.1,10,5\n2023-11-16 18:15:41.1,10,5\n"
+    err = trace_error(tmp_path, text, name="t.csv")
+    assert (err.location.split(":")[-1], err.field) == ("3", "TIMESTAMP")
+    assert err.message.startswith("time goes backwards: it arrives 4 s before line 2;")
+
+
+@pytest.mark.parametrize("field, base", [("arrival_s", NATIVE), ("timestamp", MOON)])
+@pytest.mark.parametrize("digits", [310, 5000])
+def test_a_time_too_big_for_a_float_is_one_error_not_a_traceback(tmp_path, field, base,
+                                                                 digits):
+    text = lines(base).rstrip("\n") + "\n" + json.dumps(base).replace(
+        f'"{field}": 0', f'"{field}": 1' + "0" * (digits - 1)) + "\n"
+    err = trace_error(tmp_path, text)
+    assert err.location.endswith(":2")
+    assert ("absurd as a time" in err.message and err.field == field) if digits < 4300 \
+        else "digits" in err.message
 
 
 def test_unknown_format(tmp_path):

@@ -65,6 +65,10 @@ def number(value, name: str, loc: str, text: bool = False, limit: float = MAX_SE
             raise fail(loc, name, f"expected a number, got {value.strip()!r}") from None
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(loc, name, f"expected a number, got {_show(value)}")
+    if isinstance(value, int) and abs(value) > 1e300:      # (a float cannot hold it)
+        digits = f"a {len(str(abs(value)))}-digit number"
+        raise fail(loc, name, f"must not be negative, got minus {digits}" if value < 0 else
+                   f"{digits} is absurd as a time (more than {limit:g})")
     if not math.isfinite(value):
         raise fail(loc, name, f"must be a finite number, got {value}")
     if value < 0:

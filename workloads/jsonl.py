@@ -41,6 +41,7 @@ partial block included: ``len(hash_ids) == ceil(input_length / 512)``); optional
 from __future__ import annotations
 
 import json
+import sys
 import re
 from typing import Iterator
 
@@ -96,6 +97,9 @@ def parse_object(text: str, loc: str) -> dict:
         hint = "; truncated line?" if stripped.startswith("{") and not stripped.endswith("}") \
             else ""
         raise TraceError(f"not valid JSON ({e.msg}: column {e.colno}){hint}",
+                         location=loc) from None
+    except ValueError:      # (Python reads no integer of more than 4,300 digits)
+        raise TraceError(f"a number has more than {sys.get_int_max_str_digits():,} digits",
                          location=loc) from None
     if not isinstance(record, dict):
         raise TraceError(f"expected a JSON object per line, got {type(record).__name__}",

@@ -117,13 +117,14 @@ def _parse(path, opts: TraceOptions) -> tuple[str, Iterator[tuple[int, Request]]
 
 
 def _check_order(records, path, time_field: str) -> Iterator[Request]:
-    last = float("-inf")
+    last, last_line = float("-inf"), 0
     for line_no, request in records:
-        if request.arrival_s < last:
-            raise TraceError(f"time goes backwards ({request.arrival_s:.15g} after "
-                             f"{last:.15g}); use --sort to accept an unsorted trace",
+        if request.arrival_s < last:    # (in seconds apart: the field may be ms, or a date)
+            raise TraceError(f"time goes backwards: it arrives "
+                             f"{last - request.arrival_s:.6g} s before line {last_line}; use "
+                             "--sort to accept an unsorted trace",
                              location=where(path, line_no), field=time_field)
-        last = request.arrival_s
+        last, last_line = request.arrival_s, line_no
         yield request
 
 
