@@ -388,3 +388,21 @@ def test_a_read_error_mid_trace_is_one_line(tmp_path, monkeypatch):
 def test_ranges_and_flat_id_lists(tmp_path, line, field):
     err = trace_error(tmp_path, json.dumps(line) + "\n")
     assert err.field == field and err.location == f"{tmp_path / 't.jsonl'}:1"
+
+
+@pytest.mark.parametrize("pack, words", [
+    ("bz2", "bzip2-compressed; kvsim reads plain text or gzip: unpack it first (bunzip2 -k "
+            "FILE)"),
+    ("xz", "xz-compressed; kvsim reads plain text or gzip: unpack it first (unxz -k FILE)"),
+    ("gzip2", "gzip-compressed inside gzip; kvsim reads plain text or gzip: unpack it first "
+              "(gunzip FILE)"),
+])
+def test_a_packing_other_than_gzip_is_named_not_read_as_text(tmp_path, pack, words):
+    import bz2
+    import gzip
+    import lzma
+    text = lines(NATIVE).encode()
+    packed = {"bz2": bz2.compress, "xz": lzma.compress,
+              "gzip2": lambda b: gzip.compress(gzip.compress(b))}[pack](text)
+    err = trace_error(tmp_path, packed, name="t.jsonl.x")
+    assert err.message == words and err.location.endswith("t.jsonl.x")

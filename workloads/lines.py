@@ -2,7 +2,8 @@
 
 Accepts a UTF-8 byte-order mark, CRLF or LF line ends, blank lines (skipped) and gzip
 compression (public traces often ship as ``.gz``: read as they are). Rejects a
-missing or unreadable file, an empty file and bytes that are not UTF-8, each with a
+missing or unreadable file, an empty file, another packing (bzip2, xz, zstd, zip, gzip twice:
+named, with how to unpack it) and bytes that are not UTF-8, each with a
 :class:`~kvsim.errors.TraceError` that names the file and line.
 """
 
@@ -19,6 +20,9 @@ from kvsim.workloads.bundled import shown
 
 BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"
+#: What other packings a file starts with, and how to unpack it (kvsim reads gzip only).
+OTHER_PACKINGS = {b"BZh": ("bzip2", "bunzip2 -k FILE"), b"\xfd7zXZ\x00": ("xz", "unxz -k FILE"),
+                  b"\x28\xb5\x2f\xfd": ("zstd", "unzstd FILE"), b"PK\x03\x04": ("zip", "unzip FILE")}
 MAX_LINE_BYTES = 64 << 20
 """Longest line read (64 MiB: a prompt of ~8M token ids); a longer one is taken for corrupt
 data (``/dev/zero``, a binary file) instead of being read into memory whole."""
@@ -73,14 +77,39 @@ def _open(path: Path):
     """The file's bytes; a gzip file's (found by its magic number) uncompressed."""
     try:
         with open(path, "rb") as f:
-            packed = f.peek(2)[:2] == GZIP_MAGIC
-        return gzip.open(path, "rb") if packed else open(path, "rb")
+            head = f.peek(8)[:8]
+        _check_packing(head, path)
+        if not head.startswith(GZIP_MAGIC):
+            return open(path, "rb")
+        with gzip.open(path, "rb") as f:
+            _check_packing(_peek(f), path, inside=True)
+        return gzip.open(path, "rb")     # (anew: a cut file's error then shows at its line)
     except FileNotFoundError:
         raise TraceError("no such file", location=where(path)) from None
     except IsADirectoryError:
         raise TraceError("is a directory, not a trace file", location=where(path)) from None
     except OSError as e:
         raise TraceError(f"cannot read: {e.strerror}", location=where(path)) from None
+
+
+def _check_packing(head: bytes, path: Path, inside: bool = False) -> None:
+    """A :class:`TraceError` naming the packing of a file that starts with ``head``, unless it
+    is text or gzip (``inside``: ``head`` was unpacked from gzip, so gzip is named too)."""
+    packings = {**OTHER_PACKINGS, **({GZIP_MAGIC: ("gzip", "gunzip FILE")} if inside else {})}
+    for magic, (name, how) in packings.items():
+        if head.startswith(magic):
+            raise TraceError(f"{name}-compressed{' inside gzip' if inside else ''}; kvsim "
+                             f"reads plain text or gzip: unpack it first ({how})",
+                             location=where(path))
+
+
+def _peek(f) -> bytes:
+    """The first bytes of an opened gzip file's content (none if it is cut or corrupt: the
+    reading says so, at its line)."""
+    try:
+        return f.peek(8)[:8]
+    except (OSError, EOFError, zlib.error):
+        return b""
 
 
 def _decode(raw: bytes, path: Path, line_no: int) -> str:
