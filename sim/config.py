@@ -138,6 +138,7 @@ class RunConfig:
                                   f"the command line, or {flag[2:].replace('-', '_')}= to "
                                   "kvsim.run", location=source, field=str(key))
             if name not in known:
+                _refuse_other_name(name, source, str(key))
                 hint = close_matches(name, {k: k for k in known})
                 raise ConfigError(f"unknown setting{hint}; known: {', '.join(sorted(known))}",
                                   location=source, field=str(key))
@@ -224,6 +225,27 @@ class RunConfig:
 #: its command-line option: how the trace is read, not a run setting.
 _TRACE_OPTION_NAMES = {name: flag for key, (field, flag) in TRACE_OPTIONS.items()
                        for name in (key, field, flag[2:].replace("-", "_"))} | {"fmt": "--format"}
+
+
+#: Options of the commands that are no run setting (what a command does with the run) and
+#: the option to give instead; settings a file names as vLLM's flags do.
+COMMAND_LINE_ONLY = {"out": "--out", "json": "--json", "quiet": "--quiet",
+                     "html": "--html / --no-html", "output_format": "--output-format",
+                     "bench_json": "--bench-json", "slo_ttft_p99": "--slo-ttft-p99",
+                     "slo_tpot_p99": "--slo-tpot-p99", "config": "--config"}
+SETTING_ALIASES = {"tensor_parallel_size": "tp"}
+
+
+def _refuse_other_name(name: str, source: str, key: str) -> None:
+    """A :class:`ConfigError` for a key that is a command-line option or another name of a
+    setting, saying what to write instead (nothing for any other unknown key)."""
+    if name in COMMAND_LINE_ONLY:
+        raise ConfigError(f"what the command does with the run, not a run setting: give "
+                          f"{COMMAND_LINE_ONLY[name]} on the command line", location=source,
+                          field=key)
+    if name in SETTING_ALIASES:
+        raise ConfigError(f"the command line's --{name.replace('_', '-')}; a settings file "
+                          f"calls it {SETTING_ALIASES[name]!r}", location=source, field=key)
 
 
 def _checked_init(init):

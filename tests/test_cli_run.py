@@ -114,6 +114,37 @@ def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("line, words", [
+    ("tensor_parallel_size = 2", "field 'tensor_parallel_size': the command line's "
+                                 "--tensor-parallel-size; a settings file calls it 'tp'"),
+    ('out = "x"', "field 'out': what the command does with the run, not a run setting: give "
+                  "--out on the command line"),
+    ("slo_ttft_p99 = 2", "field 'slo_ttft_p99': what the command does with the run, not a run "
+                         "setting: give --slo-ttft-p99 on the command line"),
+])
+def test_a_toml_key_that_is_a_command_line_option_says_what_to_write(tmp_path, line, words):
+    config = tmp_path / "c.toml"
+    config.write_text(line + "\n")
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.returncode == 2 and done.stderr == f"kvsim: error: {config}:1: {words}\n"
+
+
+def test_every_run_option_a_toml_file_cannot_hold_has_its_own_message():
+    """The run command's options that are no setting: trace options, or listed (with what to
+    give instead) in COMMAND_LINE_ONLY; a flag's other name in SETTING_ALIASES."""
+    import inspect
+    from kvsim.commands.run import run_command
+    from kvsim.sim import config
+    settings, trace = set(config.setting_names()), set(config._TRACE_OPTION_NAMES)
+    names = {part.strip()[2:].replace("-", "_")
+             for p in inspect.signature(run_command).parameters.values()
+             for decl in getattr(p.default, "param_decls", None) or ()
+             for part in decl.split("/") if part.strip().startswith("--")}
+    names = {n for n in names if not (n.startswith("no_") and n[3:] in names)}
+    assert names - settings - trace - set(config.COMMAND_LINE_ONLY) - {"cpu_offload_gb"} == \
+        set(config.SETTING_ALIASES)
+
+
 def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('modle = "llama-2-7b"\n')
