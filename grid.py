@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvsim.errors import ConfigError
-from kvsim.pipeline import RunJob, read_config_file, run_job_frames
+from kvsim.pipeline import RunJob, checked_file_settings, read_config_file, run_job_frames
 from kvsim.workloads.sources import resolve_trace
 from kvsim.reports.frames import COMPARE_FILE
 from kvsim.reports.grid_table import identical_to, table_metrics
@@ -176,6 +176,8 @@ def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: T
     trace, dims = parse_grid_args(args)
     base = read_config_file(config_file) if config_file else {}
     in_file = base.pop("trace", None)
+    if config_file:
+        checked_file_settings(base, config_file, dims)
     trace = trace if trace is not None else in_file
     return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html)
 

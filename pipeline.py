@@ -113,6 +113,18 @@ def _at_line(error: ConfigError, path: str) -> ConfigError:
     return error
 
 
+def checked_file_settings(settings: dict, path: str | None, overridden=()) -> RunConfig:
+    """The settings read from the TOML file at ``path``, each value checked on its own, and
+    its GPU and model looked up unless ``overridden`` (by the command line): an error names
+    the file and the key's line."""
+    try:
+        config = RunConfig.from_dict(settings, source=path or "", check=False)
+    except ConfigError as e:
+        raise _at_line(e, path) from None
+    _look_up_names(config, set(settings) - set(overridden), path)
+    return config
+
+
 def _look_up_names(config: RunConfig, from_file: set, path: str | None) -> None:
     """The GPU and model that the TOML file at ``path`` names (``from_file``: its keys the
     command line leaves) are looked up now, so that an unknown one is shown at its line of
@@ -147,12 +159,7 @@ def config_from_sources(trace: str | None, config_file: str | None,
         raise _at_line(ConfigError(where + e.message, location=config_file, field="trace"),
                        config_file) from None
     options = {k: v for k, v in given.items() if v is not None}
-    try:
-        in_toml = RunConfig.from_dict({**settings, "trace": label}, source=config_file or "",
-                                      check=False)    # each value checked, naming the file
-    except ConfigError as e:
-        raise _at_line(e, config_file) from None
-    _look_up_names(in_toml, set(settings) - set(options), config_file)
+    in_toml = checked_file_settings({**settings, "trace": label}, config_file, options)
     where = (f"{config_file} with the command line" if config_file and options
              else config_file or "command line")
     config = RunConfig.from_dict({**in_toml.to_dict(), **options}, where)

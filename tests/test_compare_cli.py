@@ -156,3 +156,17 @@ def test_a_compare_refused_leaves_the_earlier_result_whole(grid, tmp_path, bad):
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert sorted((p.relative_to(out), p.read_bytes())
                   for p in out.rglob("*") if p.is_file()) == before
+
+
+@pytest.mark.parametrize("line, words", [
+    ('modle = "llama-2-7b"', "field 'modle': unknown setting (did you mean 'model'"),
+    ('eviction = ["lru", "lfu"]', "field 'eviction': expected one of 'lru'"),
+    ('model = "nope"', "field 'model': unknown model 'nope'"),
+])
+def test_a_bad_setting_in_the_config_file_is_named_at_its_line(tmp_path, line, words):
+    config = tmp_path / "c.toml"
+    config.write_text("# shared settings\n" + line + "\n")
+    done = kvsim("compare", "--config", str(config), "--eviction", "lru,lfu", "--out",
+                 str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"kvsim: error: {config}:2: {words}")
