@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.workloads.fields import MAX_SECONDS, MAX_TOKENS
 from kvsim.workloads.request import Request
 from kvsim.workloads.writer import write_lines
 from kvsim.workloads.generators.arrivals import Arrivals
@@ -57,8 +58,13 @@ class GenConfig:
 
     def checked(self) -> "GenConfig":
         """These settings, or a :class:`ConfigError` naming the first bad one."""
-        _positive_int(self.num_requests, "num_requests")
-        _positive_int(self.hash_block_size, "hash_block_size")
+        _positive_int(self.num_requests, "num_requests", MAX_REQUESTS)
+        _positive_int(self.hash_block_size, "hash_block_size", MAX_TOKENS)  # (what reads back)
+        span = self.num_requests / self.rate if self.rate else 0.0   # (at most: sessions)
+        if span > MAX_SECONDS:
+            raise ConfigError(f"{self.num_requests:,} requests at {self.rate:g} a second span "
+                              f"up to {span:.3g} s, more than a trace may ({MAX_SECONDS:g} s); "
+                              "raise it", field="rate")
         if not isinstance(self.vocab_size, int) or self.vocab_size <= TOKEN_BASE:
             raise ConfigError(f"must be an integer > {TOKEN_BASE}, got {self.vocab_size!r}",
                               field="vocab_size")
@@ -72,6 +78,10 @@ class GenConfig:
             raise ConfigError(f"shapes gamma arrivals only (--arrival gamma; the arrivals are "
                               f"{self.arrival})", field="cv")
         return self
+
+
+#: Most requests a generated workload may hold (a billion: some 100 GB of JSONL).
+MAX_REQUESTS = 1_000_000_000
 
 
 def preset_named(name: str):
@@ -223,8 +233,10 @@ def _link(request: Request, draft: Draft, parents: dict, entry: list,
         parents[id(draft)] = [entry, num_children]
 
 
-def _positive_int(value, name: str) -> None:
+def _positive_int(value, name: str, most: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
+    if value > most:
+        raise ConfigError(f"{value:,} is more than kvsim reads ({most:,})", field=name)
 
 
