@@ -215,3 +215,14 @@ def test_a_hugging_face_snapshot_is_named_by_its_folder_not_by_the_blob_it_links
     blob.write_text(json.dumps(cfg))
     (snapshot / "config.json").symlink_to(blob)
     assert resolve_model(snapshot / "config.json").name == "abc123"
+
+
+def test_a_block_too_big_for_the_kv_room_is_blamed_on_the_block_size_not_the_model():
+    from kvsim.errors import ConfigError
+    with pytest.raises(ConfigError) as refused:
+        kv_pool("llama-3.1-8b", "a100-80gb", block_size=1 << 20)
+    assert refused.value.field == "block_size"
+    assert refused.value.message.startswith("one block of 1,048,576 tokens needs "
+                                            "137,438,953,472 bytes per GPU, more than the ")
+    assert refused.value.message.endswith("(16-token blocks fit); lower --block-size")
+    assert kv_pool("llama-3.1-8b", "a100-80gb", block_size=1 << 14).num_gpu_blocks > 0

@@ -73,6 +73,12 @@ def kv_pool(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, block_size:
     layout = kv_layout(model, tp, block_size, kv_dtype or dtype)
     per_block = layout.bytes_per_block
     kv = usable - weights - reserve
+    if kv < per_block and block_size > 16 and \
+            kv >= kv_layout(model, tp, 16, kv_dtype or dtype).bytes_per_block:
+        raise ConfigError(f"one block of {block_size:,} tokens needs {per_block:,} bytes per "
+                          f"GPU, more than the {_gib(kv)} left for KV on {gpu.name} with "
+                          f"tp={tp} (16-token blocks fit); lower --block-size",
+                          field="block_size")
     if kv < per_block:
         step_too_big = usable - weights >= per_block     # (the weights alone leave room)
         raise ConfigError(_no_room(model, gpu, tp, gpu_memory_utilization, usable, weights,
