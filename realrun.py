@@ -25,7 +25,8 @@ import pandas as pd
 
 from kvsim.errors import KvsimError
 from kvsim.reports.terminal import deployment_text
-from kvsim.realrun_checks import bench_completed, bench_count, bench_duration, bench_starts
+from kvsim.realrun_checks import (bench_completed, bench_count, bench_duration, bench_starts,
+                                   oracle_requests)
 from kvsim.workloads import Request
 
 TINY_LLAMA = Path(__file__).resolve().parent / "sim" / "perf" / "catalog" / "tiny-llama.json"
@@ -93,13 +94,15 @@ def _read_real_run(p: Path, trace) -> RealRun:
 
 
 def _trace_requests(trace: Path) -> list[Request]:
+    """The trace's requests (a path, ``-`` for standard input or ``sample:NAME``)."""
     from kvsim.workloads import TraceOptions, read_trace
-    return read_trace(trace, TraceOptions(sort=True))
+    from kvsim.workloads.sources import resolve_trace
+    return read_trace(resolve_trace(str(trace))[0], TraceOptions(sort=True))
 
 
 def _oracle_run(path: Path, data: dict, trace: Path) -> RealRun:
+    rows = pd.DataFrame(oracle_requests(str(path), data))
     requests = _trace_requests(trace)
-    rows = pd.DataFrame(data["requests"])
     if len(requests) != data["summary"].get("num_requests"):
         raise KvsimError(f"the trace has {len(requests)} requests, the replay "
                          f"{data['summary'].get('num_requests')}", location=str(trace))

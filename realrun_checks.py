@@ -1,4 +1,5 @@
-"""Checks of a ``vllm bench serve --save-result --save-detailed`` file for ``kvsim validate-real``.
+"""Checks of a ``vllm bench serve --save-result --save-detailed`` file, and of a vllm-oracle
+replay's requests, for ``kvsim validate-real``.
 
 vLLM writes one entry per request (completed or failed) in ``input_lens``, ``output_lens``,
 ``ttfts``, ``itls``, ``start_times`` and ``errors``. A failed request keeps vLLM's defaults:
@@ -109,3 +110,37 @@ def bench_duration(location: str, data: dict) -> float:
         raise KvsimError(f"{got}; expected the run's length in seconds > 0", location=location,
                          field="duration")
     return float(duration)
+
+
+#: A vllm-oracle replay's per-request fields: (the test of a value, what it must be).
+ORACLE_FIELDS = {
+    "index": (lambda v: _whole(v, 0), "a whole number >= 0 (the request's line)"),
+    "prompt_tokens": (lambda v: _whole(v, 1), "a whole number >= 1"),
+    "output_tokens": (lambda v: _whole(v, 1), "a whole number >= 1"),
+    "num_cached_tokens": (lambda v: _whole(v, 0), "a whole number >= 0"),
+    "num_preemptions": (lambda v: _whole(v, 0), "a whole number >= 0"),
+    "ttft_s": (_seconds, "a time in seconds >= 0"),
+    "e2e_s": (_seconds, "a time in seconds >= 0"),
+}
+
+
+def oracle_requests(location: str, data: dict) -> list[dict]:
+    """``data["requests"]`` of a vllm-oracle replay, checked: a list of objects, each with the
+    :data:`ORACLE_FIELDS` as they must be, and an end no earlier than its first token."""
+    requests = data.get("requests")
+    if not isinstance(requests, list) or not all(isinstance(r, dict) for r in requests):
+        raise KvsimError(f"is {_show(requests)}; expected a list of request objects",
+                         location=location, field="requests")
+    for i, request in enumerate(requests):
+        for field, (ok, expected) in ORACLE_FIELDS.items():
+            if field not in request:
+                raise KvsimError(f"request {i} has no {field}", location=location,
+                                 field=f"requests[{i}].{field}")
+            if not ok(request[field]):
+                raise KvsimError(f"is {_show(request[field])}; expected {expected}",
+                                 location=location, field=f"requests[{i}].{field}")
+        if request["e2e_s"] < request["ttft_s"]:
+            raise KvsimError(f"is {_show(request['e2e_s'])}, before the first token "
+                             f"({_show(request['ttft_s'])} s)", location=location,
+                             field=f"requests[{i}].e2e_s")
+    return requests

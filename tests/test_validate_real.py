@@ -119,6 +119,36 @@ def test_an_oracle_replay_missing_a_field_names_it(tmp_path):
     assert str(e.value) == f"{broken}: field 'wall_s': missing from the result"
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("ttft_s", -5, "is -5; expected a time in seconds >= 0"),
+    ("output_tokens", -3, "is -3; expected a whole number >= 1"),
+    ("num_cached_tokens", None, "is null; expected a whole number >= 0"),
+    ("index", "a", 'is "a"; expected a whole number >= 0 (the request\'s line)'),
+    ("e2e_s", 0.0, "is 0.0, before the first token"),
+])
+def test_a_bad_request_of_an_oracle_replay_is_named_with_its_field(tmp_path, field, value,
+                                                                   words):
+    data = json.loads(FIXTURE.read_text())
+    data["requests"][3][field] = value
+    broken = tmp_path / "r.vllm.json"
+    broken.write_text(json.dumps(data))
+    with pytest.raises(KvsimError) as e:
+        read_real_run(broken, FIXTURE.with_name("timed_chat.jsonl"))
+    assert str(e.value).startswith(f"{broken}: field 'requests[3].{field}': {words}")
+
+
+def test_the_trace_of_an_oracle_replay_may_come_on_stdin(tmp_path):
+    import subprocess
+    import sys
+    trace = FIXTURE.with_name("timed_chat.jsonl")
+    by_stdin = subprocess.run([sys.executable, "-m", "kvsim", "validate-real", str(FIXTURE),
+                               "--trace", "-", "--json"], stdin=trace.open(),
+                              capture_output=True, text=True, timeout=300)
+    by_path = kvsim("validate-real", FIXTURE, "--trace", trace, "--json")
+    assert by_stdin.returncode == by_path.returncode == 0, by_stdin.stderr
+    assert json.loads(by_stdin.stdout)["before"] == json.loads(by_path.stdout)["before"]
+
+
 def test_the_fit_keeps_every_term_non_negative():
     import numpy as np
     from kvsim.realrun import nonnegative_lstsq
