@@ -162,7 +162,10 @@ def config_from_sources(trace: str | None, config_file: str | None,
     in_toml = checked_file_settings({**settings, "trace": label}, config_file, options)
     where = (f"{config_file} with the command line" if config_file and options
              else config_file or "command line")
-    config = RunConfig.from_dict({**in_toml.to_dict(), **options}, where)
+    # (the file's values were checked: a value wrong on its own is the command line's)
+    config = RunConfig.from_dict({**in_toml.to_dict(), **options}, "command line",
+                                 check=False)
+    config.validate(where)
     config.check_unused_options(where)
     return config, path
 

@@ -302,10 +302,12 @@ def fit_speed(real: RealRun, chosen: dict, path, iterations: int = 4) -> dict:
 
 
 def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = None,
-                  settings: dict | None = None, fit: str | os.PathLike | None = None) -> dict:
+                  settings: dict | None = None, fit: str | os.PathLike | None = None,
+                  source: str = "kvsim.validate_real") -> dict:
     """Replay a real run in kvsim; the error table, and with ``fit`` (a file to write) the
-    fitted profile and the error table of a run with it. ``settings`` override the run's."""
-    from kvsim.api import run
+    fitted profile and the error table of a run with it. ``settings`` override the run's
+    (a bad one is an error naming ``source``: the call, or the command line)."""
+    from kvsim.api import run, run_config
     from kvsim.reports.io import write_json_atomic
     from kvsim.output_file import check_output_file
     from kvsim.sim.perf.models import resolve_model
@@ -313,6 +315,7 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
         check_output_file(fit, "fit")
     real = read_real_run(result, trace)
     chosen = {**real.settings, **(settings or {})}
+    run_config(real.label, chosen, source=source)
     first = run(real.requests, **chosen)
     out = {"real": real.label, "kind": real.kind, "num_requests": len(real.requests),
            "settings": {k: first.summary["config"][k] for k in sorted(chosen)},

@@ -172,6 +172,6 @@ def validate_real_command(
     Same requests, same engine settings; per metric (throughput, TTFT/TPOT/E2E
     p50/p90/p99) the real value, kvsim's and the relative error."""
     from kvsim.realrun import render_validation, validate_real
-    emit(validate_real(result, trace, overrides, fit), as_json,
+    emit(validate_real(result, trace, overrides, fit, source="command line"), as_json,
          lambda r: typer.echo(render_validation(r) + (
              f"\nwrote {r['profile']}" if "profile" in r else "")))

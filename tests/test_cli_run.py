@@ -145,6 +145,18 @@ def test_every_run_option_a_toml_file_cannot_hold_has_its_own_message():
         set(config.SETTING_ALIASES)
 
 
+def test_a_bad_value_is_named_where_it_came_from_file_or_command_line(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("max_num_seqs = 64\n")
+    alone = kvsim("run", "--config", config, "--max-num-seqs", "0", "--out", tmp_path / "o")
+    assert alone.stderr == ("kvsim: error: command line: field 'max_num_seqs': must be at "
+                            "least 1, got 0\n")
+    both = kvsim("run", "--config", config, "--max-num-batched-tokens", "8", "--out",
+                 tmp_path / "o")      # (a check of two settings, one from each)
+    assert both.stderr.startswith(f"kvsim: error: {config} with the command line: field "
+                                  "'max_num_batched_tokens': 8 is below max_num_seqs (64)")
+
+
 def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('modle = "llama-2-7b"\n')
