@@ -219,14 +219,19 @@ def parse_policies(text: str) -> list[str]:
 
 
 def hitrate_curves(requests: Iterable, capacities: Sequence[int], policies: Sequence[str],
-                   block_size: int, lookahead_s: float = DEFAULT_LOOKAHEAD_S) -> dict:
+                   block_size: int, lookahead_s: float = DEFAULT_LOOKAHEAD_S,
+                   progress=None) -> dict:
     """The replay's result: ``rows`` (policy, capacity_blocks, capacity_tokens, hit_tokens,
-    hit_rate), the request and prompt-token counts and the settings."""
+    hit_rate), the request and prompt-token counts and the settings. ``progress(done,
+    total)`` is told of each (policy, capacity) replayed."""
     reqs = replay_requests(requests, block_size)
     queries = sum(r.prompt_tokens for r in reqs)
-    rows = []
+    rows, total = [], len(policies) * len(capacities)
     for name in policies:
-        for capacity, hit_blocks in zip(capacities, _hits(reqs, name, capacities, lookahead_s)):
+        hits = _hits(reqs, name, capacities, lookahead_s)
+        for capacity, hit_blocks in zip(capacities, hits):
+            if progress is not None:
+                progress(len(rows) + 1, total)
             hit_tokens = int(hit_blocks) * block_size
             rows.append(dict(policy=name, capacity_blocks=int(capacity),
                              capacity_tokens=int(capacity) * block_size, hit_tokens=hit_tokens,
@@ -249,11 +254,12 @@ def add_belady_share(rows: list[dict]) -> None:
         r["belady_share"] = (r["hit_tokens"] - lru) / gain if gain else None
 
 
-def _hits(reqs, name: str, capacities: Sequence[int], lookahead_s: float) -> list[int]:
+def _hits(reqs, name: str, capacities: Sequence[int], lookahead_s: float):
+    """Hit blocks at each capacity, as each is replayed (LRU's all from one pass)."""
     if name == "lru":
-        return [int(h) for h in lru_hits(reqs, capacities)]
+        return iter([int(h) for h in lru_hits(reqs, capacities)])
     oracle = replay_oracle(reqs) if name == "belady" else None
-    return [policy_hits(reqs, name, c, oracle, lookahead_s) for c in capacities]
+    return (policy_hits(reqs, name, c, oracle, lookahead_s) for c in capacities)
 
 
 def render_hitrate_table(result: dict, width: int | None = None) -> str:

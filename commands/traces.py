@@ -93,8 +93,11 @@ def gen_command(
         input_tokens=input_len and _lengths(input_len, "prompt", "--input-len"),
         output_tokens=output_len and _lengths(output_len, "output", "--output-len"),
         hash_block_size=hash_block_size, token_ids=with_token_ids)
+    from kvsim.reports.terminal import ProgressLines
     try:
-        written = write_workload(preset, out, config)
+        with ProgressLines("gen") as lines:     # (a line every 10 s: a big one takes minutes)
+            written = write_workload(preset, out, config,
+                                     lambda n: lines.update_count(n, num_requests))
     except ConfigError as e:
         if e.location is not None or e.field not in GEN_OPTIONS:
             raise
@@ -139,13 +142,18 @@ def hitrate_command(
         from kvsim.reports.outdir import check_writable_dir
         check_writable_dir(Path(out))
     path, label = resolve_trace(trace)
+    from kvsim.reports.terminal import ProgressLines
     requests = load_trace(path, trace_options(reading, seed=0))
-    result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s),
-              "trace": label}
+    with ProgressLines("hitrate") as lines:     # (a line every 10 s: a replay takes minutes)
+        result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s,
+                                           None if quiet else lines.update_count),
+                  "trace": label}
     if out is not None:
         from kvsim.reports.html import write_hitrate_outputs
         write_hitrate_outputs(result, Path(out), html)
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     emit(result, as_json, None if quiet else lambda r: typer.echo(
-        hitrate.render_hitrate_table(r, width)))
+        hitrate.render_hitrate_table(r, width) + ("" if out is None else
+                                                  f"\nwrote {Path(out) / 'hitrate.json'}"
+                                                  + ", hitrate.html" * html)))
 

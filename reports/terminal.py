@@ -339,7 +339,7 @@ class ProgressLines:
         if now < self._next:
             return
         self._next = now + self.every_s
-        self.line(f"{done} of {total} done")
+        self.line(f"{done:,} of {total:,} done")
 
     def line(self, text: str) -> None:
         """Print ``kvsim: WHAT: TEXT (N s elapsed)`` now."""

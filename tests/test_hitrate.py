@@ -114,7 +114,10 @@ def test_belady_is_at_least_every_other_policy_at_every_capacity(seed):
 def test_curves_table_and_json_shape():
     requests = [Request(i, 0.0, 9, 1, prefix_hashes=np.array(h), hash_block_size=4)
                 for i, h in enumerate([[1, 2], [3, 4], [1, 2]])]
-    result = hitrate_curves(requests, [2, 4], ["lru", "belady"], block_size=4)
+    told = []
+    result = hitrate_curves(requests, [2, 4], ["lru", "belady"], block_size=4,
+                            progress=lambda done, total: told.append((done, total)))
+    assert told == [(1, 4), (2, 4), (3, 4), (4, 4)]       # (each replay as it ends)
     assert result["prompt_tokens"] == 27 and result["num_requests"] == 3
     by = {(r["policy"], r["capacity_blocks"]): r["hit_rate"] for r in result["rows"]}
     assert by == {("lru", 2): 0.0, ("lru", 4): 8 / 27, ("belady", 2): 0.0,
@@ -165,3 +168,12 @@ def test_command_quiet_prints_nothing_but_writes_the_files(tmp_path):
          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout) == (0, "")
     assert {p.name for p in tmp_path.iterdir()} == {"hitrate.json"}
+
+
+def test_command_names_the_files_it_wrote_after_the_table(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "kvsim", "hitrate", "sample:mooncake", "--limit", "20",
+         "--capacity", "2000", "--eviction", "lru", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"wrote {tmp_path}/hitrate.json, hitrate.html"

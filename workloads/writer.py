@@ -46,10 +46,11 @@ def write_native(requests: Iterable[Request], path: str | os.PathLike) -> int:
     return write_lines(((r, id(r) in continued) for r in requests), path)
 
 
-def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike) -> int:
+def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike,
+                progress=None) -> int:
     """Write ``(request, continued)`` pairs to ``path`` as native JSONL, one line at a time
     (``continued``: a later line continues it, so its ``request_id`` is written); returns how
-    many were written.
+    many were written; ``progress(count)`` is told of every 1,000th.
 
     The file appears whole or not at all: lines go to a temporary file beside ``path`` that
     replaces it only once every request is written. ``"-"``: standard output, as they come.
@@ -60,6 +61,8 @@ def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike
             for count, (request, continued) in enumerate(records, start=1):
                 f.write(json.dumps(native_record(request, continued), separators=(", ", ": "))
                         + "\n")
+                if progress is not None and not count % 1000:
+                    progress(count)
         except BaseException as e:      # (an interrupt: what the reader got, in words)
             if str(path) == "-" and count:
                 e.left = (f"standard output got the first {count:,} requests only, a partial "

@@ -105,11 +105,13 @@ def iter_requests(preset, config: GenConfig | None = None) -> Iterator[Request]:
     return (request for request, _ in _stream(preset, config))
 
 
-def write_workload(preset, path: str | os.PathLike, config: GenConfig | None = None) -> dict:
+def write_workload(preset, path: str | os.PathLike, config: GenConfig | None = None,
+                   progress=None) -> dict:
     """Generate ``preset`` and write it to ``path`` as native JSONL (whole or not at all), one
-    line at a time. Returns a summary: ``preset``, ``path``, ``num_requests``, ``seed``."""
+    line at a time; ``progress(n)`` is told of every 1,000th. Returns a summary: ``preset``,
+    ``path``, ``num_requests``, ``seed``."""
     config = (config or GenConfig()).checked()
-    count = write_lines(_stream(preset, config), path)
+    count = write_lines(_stream(preset, config), path, progress)
     name = preset if isinstance(preset, str) else preset.name
     return {"preset": name, "path": str(path), "num_requests": count, "seed": config.seed}
 
