@@ -68,6 +68,10 @@ LongPrompt = Literal[LONG_PROMPT_ACTIONS]
 Sampling = Literal[SAMPLING_MODES]
 
 
+#: Largest block size (tokens) any command takes.
+MAX_BLOCK_SIZE = 1 << 20
+
+
 @dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid"))
 class RunConfig:
     """Settings of one ``kvsim run`` (all of them end up in ``summary.json``'s ``config``)."""
@@ -78,7 +82,7 @@ class RunConfig:
     tp: Annotated[int, Field(ge=1, le=1024)] = 1
     replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1     # (each its own pool)
     router: RouterName = "round-robin"
-    block_size: Annotated[int, Field(ge=1, le=1 << 20)] = 16
+    block_size: Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)] = 16
     num_gpu_blocks: Optional[PoolBlocks] = None
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     max_num_seqs: Count = 256

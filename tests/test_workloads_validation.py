@@ -406,3 +406,11 @@ def test_a_packing_other_than_gzip_is_named_not_read_as_text(tmp_path, pack, wor
               "gzip2": lambda b: gzip.compress(gzip.compress(b))}[pack](text)
     err = trace_error(tmp_path, packed, name="t.jsonl.x")
     assert err.message == words and err.location.endswith("t.jsonl.x")
+
+
+def test_a_rate_scale_that_puts_arrivals_past_any_trace_is_refused(tmp_path):
+    text = lines(NATIVE, {**NATIVE, "arrival_s": 2})
+    err = trace_error(tmp_path, text, TraceOptions(rate_scale=1e-300))
+    assert err.field == "rate_scale"
+    assert err.message == ("rate scale 1e-300 puts request 1 at 2e+300 s, later than a trace "
+                           "may hold (1e+11 s)")

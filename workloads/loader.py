@@ -148,6 +148,10 @@ def _transform(requests: Iterable[Request], opts: TraceOptions) -> Iterator[Requ
         kept_origin = request.arrival_s if kept_origin is None else kept_origin
         request.request_id = kept
         request.arrival_s = (request.arrival_s - kept_origin) / opts.rate_scale
+        if request.arrival_s > F.MAX_SECONDS:
+            raise TraceError(f"rate scale {opts.rate_scale:g} puts request {kept} at "
+                             f"{request.arrival_s:.3g} s, later than a trace may hold "
+                             f"({F.MAX_SECONDS:g} s)", field="rate_scale")
         kept += 1
         yield request
         if kept == opts.limit:
