@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -122,7 +123,7 @@ def hitrate_command(
                                  help="Policies to compare, comma-separated."),
     out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out",
                              callback=given_path),
-    lookahead_s: float = typer.Option(DEFAULT_LOOKAHEAD_S, "--lookahead-s", min=0,
+    lookahead_s: float = typer.Option(DEFAULT_LOOKAHEAD_S, "--lookahead-s",
                                       help="lookahead policy: requests arriving within this "
                                       "many seconds count as queued (a queueing delay)."),
     reading: dict = trace_reading(rate_scale=None),
@@ -137,6 +138,10 @@ def hitrate_command(
     from kvsim.cache import hitrate
     from kvsim.workloads import load_trace
     from kvsim.workloads.sources import resolve_trace
+    if not (math.isfinite(lookahead_s) and lookahead_s >= 0):
+        from kvsim.errors import ConfigError
+        raise ConfigError(f"must be a finite number of seconds >= 0, got {lookahead_s}",
+                          location="command line", field="--lookahead-s")
     caps = hitrate.parse_capacities(capacity, capacity_tokens, block_size)
     policies = hitrate.parse_policies(eviction)
     if out is not None:

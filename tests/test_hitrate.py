@@ -177,3 +177,13 @@ def test_command_names_the_files_it_wrote_after_the_table(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == f"wrote {tmp_path}/hitrate.json, hitrate.html"
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_a_lookahead_that_is_no_time_is_one_line(value):
+    done = subprocess.run([sys.executable, "-m", "kvsim", "hitrate", "sample:mooncake",
+                           f"--lookahead-s={value}"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("kvsim: error: command line: field '--lookahead-s': must be "
+                                  "a finite number of seconds >= 0, got ")

@@ -414,3 +414,10 @@ def test_a_rate_scale_that_puts_arrivals_past_any_trace_is_refused(tmp_path):
     assert err.field == "rate_scale"
     assert err.message == ("rate scale 1e-300 puts request 1 at 2e+300 s, later than a trace "
                            "may hold (1e+11 s)")
+
+
+def test_lines_ended_by_a_lone_cr_are_named_as_such(tmp_path):
+    text = lines(NATIVE, {**NATIVE, "arrival_s": 1}).replace("\n", "\r")
+    err = trace_error(tmp_path, text)
+    assert err.message == ("a line break is a lone CR (classic Mac line ends): end lines with "
+                           "LF or CRLF") and err.location.endswith(":1")

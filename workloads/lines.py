@@ -46,6 +46,9 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             if line_no == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
             text = _decode(raw, path, line_no).rstrip("\r\n")
+            if "\r" in text:
+                raise TraceError("a line break is a lone CR (classic Mac line ends): "
+                                 "end lines with LF or CRLF", location=where(path, line_no))
             if text.strip():
                 empty = False
                 yield line_no, text
