@@ -38,7 +38,8 @@ def replacing(path: str | os.PathLike, binary: bool = False,
         tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours umask
     except OSError as e:
-        raise KvsimError(f"cannot write there: {e.strerror}", location=str(target),
+        why = blocked(target.parent)    # (a file where a folder must be: say which)
+        raise KvsimError(why or f"cannot write there: {e.strerror}", location=str(target),
                          field="out") from None
     try:
         with os.fdopen(fd, mode, **kwargs) as fh:

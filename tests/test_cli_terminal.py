@@ -214,3 +214,14 @@ def test_an_interrupted_gen_to_stdout_says_the_trace_it_printed_is_partial(tmp_p
     lines = 1 + len(rest)
     assert err == (f"kvsim: interrupted by SIGINT; standard output got the first {lines:,} "
                    "requests only, a partial trace\n")
+
+
+def test_a_report_path_under_a_file_names_the_file_in_the_way(tmp_path):
+    run = kvsim("run", "--limit", "5", "--out", tmp_path / "r", "--quiet")
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "notes.txt").write_text("mine")
+    target = tmp_path / "notes.txt" / "page.html"
+    done = kvsim("report", tmp_path / "r", "--out", target)
+    assert done.returncode == 2
+    assert done.stderr == (f"kvsim: error: {target}: field 'out': cannot create it: "
+                           f"{tmp_path / 'notes.txt'} is not a directory\n")
