@@ -59,7 +59,7 @@ app.command("report")(report_command)
 app.command("run")(run_command)
 app.command("plan")(plan_command)
 app.command("hitrate")(hitrate_command)
-app.command("compare", options_metavar="TRACE --FIELD V1,V2,... [OPTIONS]",
+app.command("compare", options_metavar="[TRACE] --FIELD V1,V2,... [OPTIONS]",
             context_settings={"allow_extra_args": True,
                               "ignore_unknown_options": True})(compare_command)
 app.command("profile")(profile_command)

@@ -34,8 +34,9 @@ def compare_command(
     """Run a grid of `kvsim run` settings over TRACE and compare them in one table.
 
     Any run setting takes a comma-separated list (e.g. --eviction lru,priority
-    --enable-prefix-caching true,false); one value is shared. Writes compare.json,
-    report.html and one run directory per configuration into --out."""
+    --enable-prefix-caching true,false); one value is shared. TRACE defaults to the bundled
+    sample:mooncake, as for `kvsim run`. Writes compare.json, report.html and one run
+    directory per configuration into --out."""
     from kvsim import grid
     from kvsim.reports.terminal import ProgressLines
     from kvsim.sim.plan.sweep import default_workers
