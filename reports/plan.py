@@ -203,6 +203,7 @@ class PlanProgress:
                                       MofNCompleteColumn(), TextColumn("candidates ·"),
                                       TimeElapsedColumn(), console=self.console)
             self._progress.start()
+            self._task = self._progress.add_task("plan", total=None)   # (its clock starts)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -216,11 +217,8 @@ class PlanProgress:
             self.console.print(f"kvsim: plan: [{done}/{total}] {candidate_line(row)}",
                                highlight=False, markup=False,
                                soft_wrap=not self.console.is_terminal)
-        if self._progress is None:
-            return
-        if self._task is None:
-            self._task = self._progress.add_task("plan", total=total)
-        self._progress.update(self._task, completed=done, refresh=True)   # (with its line)
+        if self._progress is not None:      # (redrawn with its line)
+            self._progress.update(self._task, total=total, completed=done, refresh=True)
 
 
 def candidate_line(row: dict) -> str:
