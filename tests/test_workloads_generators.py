@@ -310,8 +310,6 @@ def test_an_arrival_option_of_another_process_is_refused_not_ignored(settings, f
                                                   "5e+300 s, more than a trace may (1e+11 s)"),
     ({"hash_block_size": 20_000_000}, "hash_block_size",
      "20,000,000 is more than kvsim reads (10,000,000)"),
-    ({"num_requests": 10**14}, "num_requests",
-     "100,000,000,000,000 is more than kvsim reads (1,000,000,000)"),
 ])
 def test_gen_refuses_what_its_trace_reader_would_refuse(tmp_path, changes, field, words):
     """A workload kvsim could not read back is refused before anything is written."""

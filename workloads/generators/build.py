@@ -58,7 +58,7 @@ class GenConfig:
 
     def checked(self) -> "GenConfig":
         """These settings, or a :class:`ConfigError` naming the first bad one."""
-        _positive_int(self.num_requests, "num_requests", MAX_REQUESTS)
+        _positive_int(self.num_requests, "num_requests")     # (endless, as a stream: fine)
         _positive_int(self.hash_block_size, "hash_block_size", MAX_TOKENS)  # (what reads back)
         span = self.num_requests / self.rate if self.rate else 0.0   # (at most: sessions)
         if span > MAX_SECONDS:
@@ -78,10 +78,6 @@ class GenConfig:
             raise ConfigError(f"shapes gamma arrivals only (--arrival gamma; the arrivals are "
                               f"{self.arrival})", field="cv")
         return self
-
-
-#: Most requests a generated workload may hold (a billion: some 100 GB of JSONL).
-MAX_REQUESTS = 1_000_000_000
 
 
 def preset_named(name: str):
@@ -235,10 +231,10 @@ def _link(request: Request, draft: Draft, parents: dict, entry: list,
         parents[id(draft)] = [entry, num_children]
 
 
-def _positive_int(value, name: str, most: int) -> None:
+def _positive_int(value, name: str, most: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
-    if value > most:
+    if most is not None and value > most:
         raise ConfigError(f"{value:,} is more than kvsim reads ({most:,})", field=name)
 
 
