@@ -13,6 +13,7 @@ Conventions every command follows:
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -100,8 +101,8 @@ def main() -> None:
             sys.exit(status)
     except BrokenPipeError:
         _stdout_closed()
-    except SystemExit as e:     # (click, vendored or not, ends one whose stdout was closed
-        if e.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":   # with 1)
+    except SystemExit as e:     # (click and rich end a command whose reader left with 1)
+        if e.code == 1 and getattr(e.__context__, "errno", None) == errno.EPIPE:
             _stdout_closed()
         raise
     except Interrupted as e:

@@ -123,9 +123,9 @@ def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
                 raise ConfigError("needs a value (V1,V2,...)", field=option.lstrip("-"))
             value = tokens.pop(0)
         if name in dims:        # (the second would replace the first's values unseen)
-            raise ConfigError(f"given twice; list every value once: {option} "
-                              f"{','.join(map(_text, dims[name]))},{value}",
-                              field=option.lstrip("-"))
+            raise ConfigError(f"given twice; list every value once: --"
+                              f"{name.replace('_', '-')} {','.join(map(_text, dims[name]))},"
+                              f"{value}", field=option.lstrip("-"))
         dims[name] = parse_values(name, value, types[name])
     return trace, dims
 

@@ -314,6 +314,7 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     if fit is not None:
         check_output_file(fit, "fit")
     real = read_real_run(result, trace)
+    run_config(real.label, real.settings, source=str(result))  # (the run's own, then ours)
     chosen = {**real.settings, **(settings or {})}
     run_config(real.label, chosen, source=source)
     first = run(real.requests, **chosen)

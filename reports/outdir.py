@@ -57,6 +57,7 @@ class OutputDir:
         self._created = False
         self._before: dict[Path, tuple] = {}    # the result files found, by their stat
         self._aside: list[Path] = []            # those a compare moved to EARLIER_DIR
+        self._stranded: list[Path] = []         # those of them that could not go back
 
     def __enter__(self) -> "OutputDir":
         if not self.given.strip():
@@ -72,11 +73,19 @@ class OutputDir:
                              location=str(self.path), field=_field(self.option)) from None
         for tmp in self.path.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
-        shutil.rmtree(self.path / EARLIER_DIR, ignore_errors=True)   # (a compare killed hard)
+        self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
+        self._recover_aside()       # (then again: a compare.json put back names its runs)
         self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
         self._before = self._results()
         if self.subdirs:    # (its runs rewrite their own directories one by one: an earlier
-            self._set_aside()       # result would mix with them if this one died)
+            try:            # result would mix with them if this one died)
+                self._set_aside()
+            except BaseException:
+                self._put_back()
+                if not self._stranded:
+                    shutil.rmtree(self.path / EARLIER_DIR, ignore_errors=True)
+                _unlock(self.path, self._lock)
+                raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -93,7 +102,8 @@ class OutputDir:
                 for tmp in self.path.glob(".*.tmp"):
                     tmp.unlink(missing_ok=True)
                 self._put_back()
-            shutil.rmtree(self.path / EARLIER_DIR, ignore_errors=True)
+            if not self._stranded:
+                shutil.rmtree(self.path / EARLIER_DIR, ignore_errors=True)
         finally:
             _unlock(self.path, self._lock)
         if exc_type is None:
@@ -108,6 +118,9 @@ class OutputDir:
         """What the aborted command left, in words."""
         if not self.path.exists():
             return "nothing was written"
+        if self._stranded:
+            return (f"{self.path}/ holds no result; its earlier one could not all be put back "
+                    f"and is in {self.path / EARLIER_DIR}/")
         if began and not self._aside:
             return f"{self.path}/ holds no result (nothing partial left)"
         if self._before or self._aside:
@@ -133,10 +146,30 @@ class OutputDir:
         self._prune(self._owned)
 
     def _put_back(self) -> None:
-        """Return the earlier result :meth:`_set_aside` moved (this command left nothing)."""
+        """Return the earlier result :meth:`_set_aside` moved (this command left nothing);
+        a file that cannot go back (its place taken, a disk error) stays aside, noted in
+        ``_stranded``, and the others still go back."""
         for path in self._aside:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self.path / EARLIER_DIR / path.relative_to(self.path), path)
+            try:
+                if path.exists():
+                    raise FileExistsError(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.path / EARLIER_DIR / path.relative_to(self.path), path)
+            except OSError:
+                self._stranded.append(path)
+
+    def _recover_aside(self) -> None:
+        """A result a compare killed hard (SIGKILL, out of memory) left aside goes back when
+        the directory holds no result, else (a newer one is there) it goes."""
+        earlier = self.path / EARLIER_DIR
+        if not earlier.is_dir():
+            return
+        if not self._results():
+            for aside in sorted(p for p in earlier.rglob("*") if p.is_file()):
+                path = self.path / aside.relative_to(earlier)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(aside, path)
+        shutil.rmtree(earlier, ignore_errors=True)
 
     def _prune(self, runs) -> None:
         """Remove those of the run directories ``runs`` left empty."""

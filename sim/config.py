@@ -231,25 +231,34 @@ _TRACE_OPTION_NAMES = {name: flag for key, (field, flag) in TRACE_OPTIONS.items(
                        for name in (key, field, flag[2:].replace("-", "_"))} | {"fmt": "--format"}
 
 
-#: Options of the commands that are no run setting (what a command does with the run) and
-#: the option to give instead; settings a file names as vLLM's flags do.
+#: Options of the commands that are no run setting (what a command does with the run): the
+#: option to give instead, and what a Python caller does instead; settings a file or a call
+#: names as vLLM's flags do.
 COMMAND_LINE_ONLY = {"out": "--out", "json": "--json", "quiet": "--quiet",
                      "html": "--html / --no-html", "output_format": "--output-format",
                      "bench_json": "--bench-json", "slo_ttft_p99": "--slo-ttft-p99",
                      "slo_tpot_p99": "--slo-tpot-p99", "config": "--config"}
+_IN_PYTHON = {"out": "write the result with Result.write(out_dir)",
+              "html": "Result.write takes html=", "output_format": "Result.write takes "
+              "output_format=", "bench_json": "Result.write takes bench=",
+              "slo_ttft_p99": "give slo={'ttft_p99_s': ...}",
+              "slo_tpot_p99": "give slo={'tpot_p99_s': ...}"}
 SETTING_ALIASES = {"tensor_parallel_size": "tp"}
 
 
 def _refuse_other_name(name: str, source: str, key: str) -> None:
     """A :class:`ConfigError` for a key that is a command-line option or another name of a
-    setting, saying what to write instead (nothing for any other unknown key)."""
+    setting, saying what to write instead, to a file or command line or to a Python caller
+    (``source`` ``kvsim.*``); nothing for any other unknown key."""
     if name in COMMAND_LINE_ONLY:
-        raise ConfigError(f"what the command does with the run, not a run setting: give "
-                          f"{COMMAND_LINE_ONLY[name]} on the command line", location=source,
-                          field=key)
+        instead = (_IN_PYTHON.get(name, "a command-line option only")
+                   if source.startswith("kvsim.") else
+                   f"give {COMMAND_LINE_ONLY[name]} on the command line")
+        raise ConfigError(f"what the command does with the run, not a run setting: "
+                          f"{instead}", location=source, field=key)
     if name in SETTING_ALIASES:
-        raise ConfigError(f"the command line's --{name.replace('_', '-')}; a settings file "
-                          f"calls it {SETTING_ALIASES[name]!r}", location=source, field=key)
+        raise ConfigError(f"vLLM's name (--{name.replace('_', '-')}); kvsim's setting is "
+                          f"{SETTING_ALIASES[name]!r}", location=source, field=key)
 
 
 def _checked_init(init):

@@ -270,3 +270,15 @@ def test_a_keyword_setting_overrides_the_config_files_dashed_spelling(tmp_path):
     config.write_text('model = "llama-2-7b"\nmax-num-seqs = 128\n')
     result = kvsim.run("sample:azure-conv", config=str(config), max_num_seqs=64, limit=5)
     assert result.summary["config"]["max_num_seqs"] == 64   # (it was 'given twice')
+
+
+@pytest.mark.parametrize("keyword, words", [
+    ({"out": "x"}, "field 'out': what the command does with the run, not a run setting: write "
+                   "the result with Result.write(out_dir)"),
+    ({"slo_ttft_p99": 1.0}, "field 'slo_ttft_p99': what the command does with the run, not a "
+                            "run setting: give slo={'ttft_p99_s': ...}"),
+])
+def test_a_command_line_option_given_to_run_says_what_python_does_instead(keyword, words):
+    with pytest.raises(kvsim.ConfigError) as info:
+        kvsim.run(limit=5, **keyword)
+    assert str(info.value) == f"kvsim.run: {words}"

@@ -115,8 +115,8 @@ def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("line, words", [
-    ("tensor_parallel_size = 2", "field 'tensor_parallel_size': the command line's "
-                                 "--tensor-parallel-size; a settings file calls it 'tp'"),
+    ("tensor_parallel_size = 2", "field 'tensor_parallel_size': vLLM's name "
+                                 "(--tensor-parallel-size); kvsim's setting is 'tp'"),
     ('out = "x"', "field 'out': what the command does with the run, not a run setting: give "
                   "--out on the command line"),
     ("slo_ttft_p99 = 2", "field 'slo_ttft_p99': what the command does with the run, not a run "

@@ -185,7 +185,9 @@ def test_a_new_run_replaces_every_file_of_the_last_one(tmp_path):
                                                           "timeline.csv"]
 
 
-@pytest.mark.parametrize("args", [["models"], ["run", "--limit", "20", "--json"]])
+@pytest.mark.parametrize("args", [["models"], ["run", "--limit", "20", "--json"],
+                                  ["plan", "sample:mooncake", "--limit", "20", "--burst",
+                                   "--slo-ttft-p99", "2"]])
 def test_a_reader_that_closes_stdout_ends_kvsim_quietly_with_141(tmp_path, args):
     """``kvsim ... | head -1``: no traceback, no noise, 141 as a tool that SIGPIPE ends (not 1,
     a crash); a run's files are whole (stdout is written last)."""

@@ -1,5 +1,7 @@
 """An --out directory holds one command's result: stories of what a command leaves there."""
 
+import os
+
 import pytest
 
 from kvsim.reports.outdir import OutputDir
@@ -121,6 +123,56 @@ def test_an_interrupted_compare_puts_the_earlier_result_back(tmp_path, wrote):
                           "requests.csv", "summary.json"]
     assert [(out / run / "summary.json").read_text() for run in ("01_run", "03_old")] == \
         ["earlier"] * 2
+
+
+def test_an_aside_left_by_a_compare_killed_hard_comes_back_to_an_empty_directory(tmp_path):
+    out = tmp_path / "o"
+    earlier_compare(out)
+    aside = out / ".kvsim-earlier"
+    aside.mkdir()
+    for name in ("summary.json", "requests.csv", "report.html", "compare.json",
+                 "01_run/summary.json", "03_old/summary.json"):
+        (aside / name).parent.mkdir(exist_ok=True)
+        os.replace(out / name, aside / name)    # (as a compare killed meanwhile left it)
+    with pytest.raises(ValueError):
+        with OutputDir(out):
+            raise ValueError("bad input")
+    assert names(out) == ["01_run", "03_old", "compare.json", "notes.txt", "report.html",
+                          "requests.csv", "summary.json"]
+    assert (out / "01_run" / "summary.json").read_text() == "earlier"
+
+
+def test_a_failure_while_setting_aside_puts_back_what_was_moved(tmp_path, monkeypatch):
+    out = tmp_path / "o"
+    earlier_compare(out)
+    moves = []
+
+    def flaky(src, dst):
+        moves.append(src)
+        if len(moves) == 3:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+    real = os.replace
+    monkeypatch.setattr(os, "replace", flaky)
+    with pytest.raises(OSError):
+        with OutputDir(out, subdirs=["01_run"]):
+            pass
+    monkeypatch.setattr(os, "replace", real)
+    assert names(out) == ["01_run", "03_old", "compare.json", "notes.txt", "report.html",
+                          "requests.csv", "summary.json"]
+
+
+def test_an_earlier_file_whose_place_was_taken_stays_aside_and_is_named(tmp_path):
+    out = tmp_path / "o"
+    earlier_compare(out)
+    with pytest.raises(KeyboardInterrupt) as failed:
+        with OutputDir(out, subdirs=["01_run"]):
+            (out / "03_old").write_text("a file of the user's, where a run folder was")
+            raise KeyboardInterrupt
+    assert failed.value.left == (f"{out}/ holds no result; its earlier one could not all be "
+                                 f"put back and is in {out}/.kvsim-earlier/")
+    assert (out / ".kvsim-earlier" / "03_old" / "summary.json").read_text() == "earlier"
+    assert (out / "compare.json").exists()
 
 
 def test_an_aside_left_by_a_compare_killed_hard_goes_at_the_next_command(tmp_path):

@@ -391,11 +391,11 @@ def test_ranges_and_flat_id_lists(tmp_path, line, field):
 
 
 @pytest.mark.parametrize("pack, words", [
-    ("bz2", "bzip2-compressed; kvsim reads plain text or gzip: unpack it first (bunzip2 -k "
-            "FILE)"),
-    ("xz", "xz-compressed; kvsim reads plain text or gzip: unpack it first (unxz -k FILE)"),
+    ("bz2", "bzip2-compressed; kvsim reads plain text or gzip: unpack it first (bzip2 -dc "
+            "FILE > OUT)"),
+    ("xz", "xz-compressed; kvsim reads plain text or gzip: unpack it first (xz -dc FILE > OUT)"),
     ("gzip2", "gzip-compressed inside gzip; kvsim reads plain text or gzip: unpack it first "
-              "(gunzip FILE)"),
+              "(gzip -dc FILE > OUT)"),
 ])
 def test_a_packing_other_than_gzip_is_named_not_read_as_text(tmp_path, pack, words):
     import bz2
@@ -421,3 +421,10 @@ def test_lines_ended_by_a_lone_cr_are_named_as_such(tmp_path):
     err = trace_error(tmp_path, text)
     assert err.message == ("a line break is a lone CR (classic Mac line ends): end lines with "
                            "LF or CRLF") and err.location.endswith(":1")
+
+
+def test_a_text_trace_that_starts_like_a_bzip2_mark_is_read(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("BZh,ContextTokens,GeneratedTokens\n1,2,3\n")    # (no digit after BZh)
+    err = trace_error(tmp_path, path.read_text(), name="t.csv")
+    assert "compressed" not in err.message

@@ -66,7 +66,7 @@ def number(value, name: str, loc: str, text: bool = False, limit: float = MAX_SE
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(loc, name, f"expected a number, got {_show(value)}")
     if isinstance(value, int) and abs(value) > 1e300:      # (a float cannot hold it)
-        digits = f"a {len(str(abs(value)))}-digit number"
+        digits = f"a {int(abs(value).bit_length() * 0.30103) + 1}-digit number"  # (about)
         raise fail(loc, name, f"must not be negative, got minus {digits}" if value < 0 else
                    f"{digits} is absurd as a time (more than {limit:g})")
     if not math.isfinite(value):

@@ -21,8 +21,11 @@ from kvsim.workloads.bundled import shown
 BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"
 #: What other packings a file starts with, and how to unpack it (kvsim reads gzip only).
-OTHER_PACKINGS = {b"BZh": ("bzip2", "bunzip2 -k FILE"), b"\xfd7zXZ\x00": ("xz", "unxz -k FILE"),
-                  b"\x28\xb5\x2f\xfd": ("zstd", "unzstd FILE"), b"PK\x03\x04": ("zip", "unzip FILE")}
+OTHER_PACKINGS = {**{b"BZh" + bytes([c]): ("bzip2", "bzip2 -dc FILE > OUT")
+                     for c in b"123456789"},
+                  b"\xfd7zXZ\x00": ("xz", "xz -dc FILE > OUT"),
+                  b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc FILE > OUT"),
+                  b"PK\x03\x04": ("zip", "unzip -p FILE > OUT")}
 MAX_LINE_BYTES = 64 << 20
 """Longest line read (64 MiB: a prompt of ~8M token ids); a longer one is taken for corrupt
 data (``/dev/zero``, a binary file) instead of being read into memory whole."""
@@ -98,7 +101,8 @@ def _open(path: Path):
 def _check_packing(head: bytes, path: Path, inside: bool = False) -> None:
     """A :class:`TraceError` naming the packing of a file that starts with ``head``, unless it
     is text or gzip (``inside``: ``head`` was unpacked from gzip, so gzip is named too)."""
-    packings = {**OTHER_PACKINGS, **({GZIP_MAGIC: ("gzip", "gunzip FILE")} if inside else {})}
+    packings = {**OTHER_PACKINGS,
+                **({GZIP_MAGIC: ("gzip", "gzip -dc FILE > OUT")} if inside else {})}
     for magic, (name, how) in packings.items():
         if head.startswith(magic):
             raise TraceError(f"{name}-compressed{' inside gzip' if inside else ''}; kvsim "
