@@ -27,7 +27,7 @@ from kvsim.commands.compare import compare_command
 from kvsim.commands.plan import plan_command
 from kvsim.commands.run import report_command, run_command
 from kvsim.commands.traces import gen_command, hitrate_command, trace_stats_command
-from kvsim.errors import KvsimError
+from kvsim.errors import Interrupted, KvsimError, raise_interrupted
 
 app = typer.Typer(
     name="kvsim",
@@ -70,24 +70,12 @@ app.command("models")(models_command)
 app.command("gpus")(gpus_command)
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived (a BaseException, so no ``except Exception`` swallows it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _on_signal(signum, frame) -> None:
-    raise Interrupted(signum)
-
-
 def main() -> None:
     """Console entry point: run the app, turning user errors into one line and exit status 2,
     and SIGINT / SIGTERM into one line and exit status 130 / 143."""
     import gc
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
+        signal.signal(sig, raise_interrupted)
     # The simulator makes millions of short-lived containers and almost no reference cycles:
     # collecting every 700 allocations cost 1-2 % of a run (256 collections, two full ones
     # through every imported module, on the Mooncake trace), every 20,000 a quarter of that.

@@ -28,3 +28,17 @@ class TraceError(KvsimError):
 
 class ConfigError(KvsimError):
     """Settings that cannot produce a run (a model that does not fit, an unknown GPU, ...)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived (a BaseException, so no ``except Exception`` swallows it);
+    the command line turns it into one line and exit status ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_interrupted(signum, frame) -> None:
+    """A signal handler: :class:`Interrupted` wherever the program is."""
+    raise Interrupted(signum)
