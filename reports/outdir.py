@@ -33,7 +33,7 @@ from kvsim.output_file import blocked
 from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RUN_FILES
 
 LOCK_FILE = ".kvsim.lock"
-#: Where a compare keeps the earlier result while it runs (removed when it ends either way).
+#: Where a compare keeps the earlier result while it runs (emptied when it ends either way).
 EARLIER_DIR = ".kvsim-earlier"
 #: The directories that received a complete result in this process (an interrupt that comes
 #: after says so rather than "no result was written").
