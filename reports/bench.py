@@ -85,6 +85,7 @@ def bench_result(summary: dict, requests: pd.DataFrame, *, detailed: bool = True
         "request_throughput": _per_s(len(done), duration), "request_goodput": None,
         "output_throughput": _per_s(total_out, duration),
         "total_token_throughput": _per_s(total_in + total_out, duration),
+        **peak_rates(done, gaps, mean_gap), "endpoint_type": None,
     }
     for name, column in METRICS.items():
         sample = np.repeat(mean_gap, gaps) if column is None else done[column].dropna()
@@ -93,6 +94,36 @@ def bench_result(summary: dict, requests: pd.DataFrame, *, detailed: bool = True
         result.update(_per_request(requests, gaps, mean_gap))
     result["kvsim"] = {"itls": ITL_NOTE, "trace": config.get("trace"), "config": config}
     return result
+
+
+def peak_rates(done: pd.DataFrame, gaps: np.ndarray, mean_gap: np.ndarray,
+               chunk_tokens: int = 1 << 22) -> dict:
+    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: over one-second
+    buckets from the first completed request's start, the most output tokens timed in one
+    (each request's first token, then one per gap: see the module note) and the most requests
+    under way in one (from the second it starts to the second it ends, both counted)."""
+    if not len(done):
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    start = done["arrival_s"].to_numpy(dtype=float)
+    first = start + done["ttft_s"].to_numpy(dtype=float)
+    end = start + done["e2e_s"].to_numpy(dtype=float)
+    origin = start.min()
+    n = int(np.ceil(end.max() - origin)) + 1
+    tokens, counts = np.zeros(n), gaps + 1
+    ends = np.cumsum(counts)        # (in chunks of about chunk_tokens tokens: bounded memory)
+    cuts = np.searchsorted(ends, np.arange(1, ends[-1] // chunk_tokens + 1) * chunk_tokens)
+    bounds = np.unique(np.concatenate([[0], cuts, [len(done)]]))
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        k = counts[lo:hi]
+        step = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)   # (0.. per request)
+        times = np.repeat(first[lo:hi], k) + step * np.repeat(mean_gap[lo:hi], k)
+        buckets = (times - origin).astype(np.int64)
+        tokens += np.bincount(buckets[(buckets >= 0) & (buckets < n)], minlength=n)
+    active = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(active, (start - origin).astype(np.int64), 1)
+    np.add.at(active, (end - origin).astype(np.int64) + 1, -1)
+    return {"max_output_tokens_per_s": float(tokens.max()),
+            "max_concurrent_requests": int(np.cumsum(active)[:n].max())}
 
 
 def _per_request(requests: pd.DataFrame, gaps: np.ndarray, mean_gap: np.ndarray) -> dict:
@@ -115,8 +146,9 @@ def _per_s(count: float, duration: float) -> float:
 
 
 def _arrival_rate(requests: pd.DataFrame) -> float | str:
-    """The trace's mean request rate (requests over the arrival span); ``"inf"`` when every
-    request arrives at once (vLLM's word for an unthrottled client)."""
+    """The trace's mean request rate (its gaps over the arrival span: ``kvsim trace-stats``
+    and the planner divide the requests, 1/n higher); ``"inf"`` when every request arrives
+    at once (vLLM's word for an unthrottled client)."""
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
     return (len(arrivals) - 1) / span if span > 0 else "inf"

@@ -157,3 +157,40 @@ def test_where_time_goes_note_states_the_shares():
     assert time_split_note(df).startswith(
         "Of all completed requests' end-to-end time (mean 240.0 ms): queueing 31.2%, "
         "prefill 52.1%, decode 16.7%.")
+
+
+def vllm_peaks(start, ttft, itls, latency):
+    """vLLM's calculate_metrics loop for max_output_tokens_per_s / max_concurrent_requests."""
+    origin = min(start)
+    n = int(np.ceil(max(s + e for s, e in zip(start, latency)) - origin)) + 1
+    tokens, concurrent = np.zeros(n), np.zeros(n)
+    for s, t, gaps, e in zip(start, ttft, itls, latency):
+        times = [s + t]
+        for gap in gaps:
+            times.append(times[-1] + gap)
+        for x in times:
+            if 0 <= int(x - origin) < n:
+                tokens[int(x - origin)] += 1
+        for second in range(int(s - origin), int(s + e - origin) + 1):
+            concurrent[second] += 1
+    return float(tokens.max()), int(concurrent.max())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_peak_rates_are_vllms_one_second_buckets(seed):
+    from kvsim.reports.bench import itl_lists, peak_rates
+    rng = np.random.default_rng(seed)
+    n = 40
+    arrival = np.sort(rng.integers(0, 64 * 20, n)) / 64       # (binary fractions: exact sums)
+    ttft = rng.integers(1, 64 * 3, n) / 64
+    out = rng.integers(1, 30, n)
+    tpot = rng.integers(1, 16, n) / 64
+    done = pd.DataFrame({"arrival_s": arrival, "ttft_s": ttft, "generated_tokens": out,
+                         "tpot_s": np.where(out > 1, tpot, np.nan),
+                         "e2e_s": ttft + (out - 1) * tpot})
+    gaps, mean_gap = itl_lists(done)
+    expected = vllm_peaks(arrival, ttft, [[g] * int(k) for g, k in zip(mean_gap, gaps)],
+                          done["e2e_s"])
+    for chunk in (1 << 22, 7):      # (one chunk, and many)
+        got = peak_rates(done, gaps, mean_gap, chunk_tokens=chunk)
+        assert (got["max_output_tokens_per_s"], got["max_concurrent_requests"]) == expected

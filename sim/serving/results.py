@@ -50,17 +50,33 @@ def _percentiles(values: pd.Series) -> dict:
     return {"mean": float(v.mean()), **{n: float(x) for n, x in zip(names, found)}}
 
 
-def _fragmentation(steps: StepTotals, pool_slots: int) -> dict:
-    """Time-averaged shares of the GPU pool (per replica pool, averaged over replicas).
-    ``fragmentation_under_load`` is the same over the steps after which a request waited."""
-    if not steps.num_steps or steps.sum("duration") == 0:
+def _fragmentation(mean, pool_slots: int) -> dict:
+    """Time-averaged shares of the GPU pool (per replica pool, averaged over replicas), from
+    ``mean(column)`` (:func:`_held_means`'s, or over the steps after which a request waited:
+    ``fragmentation_under_load``; None without time)."""
+    if mean is None:
         return {"token_states": 0.0, "reservation": 0.0, "internal": 0.0, "external": 0.0,
                 "free": 1.0}
-    shares = {name: steps.time_average(col) / pool_slots for name, col in (
+    shares = {name: mean(col) / pool_slots for name, col in (
         ("token_states", "token_slots"), ("reservation", "reserved_slots"),
         ("internal", "internal_slots"), ("external", "external_slots"))}
     shares["free"] = max(0.0, 1.0 - sum(shares.values()))
     return shares
+
+
+def _held_means(result: RunResult):
+    """``mean(column)``: a state column of the steps averaged over the run's whole time, per
+    replica (idle gaps hold the last step's state: as the timeline integrates it); None
+    when no time passed."""
+    timeline, n = result.steps.timeline, len(result.replicas)
+    if not result.steps.totals.num_steps or not timeline.duration_s:
+        return None
+    return lambda name: timeline.held_mean(name) / n
+
+
+def _step_means(steps: StepTotals):
+    """``mean(column)`` over the steps, weighted by their durations; None without time."""
+    return steps.time_average if steps.num_steps and steps.sum("duration") else None
 
 
 def _latencies(requests: pd.DataFrame) -> dict:
@@ -88,7 +104,8 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
     queries = sum(kv.prefix_stats.num_queries_tokens for kv in kvs)
     hits = sum(kv.prefix_stats.num_hit_tokens for kv in kvs)
     pool = dep.num_gpu_blocks
-    idle = steps.time_average("kv_cached_idle_blocks")
+    mean = _held_means(result) or (lambda name: 0.0)
+    idle = mean("kv_cached_idle_blocks")
     return {
         "num_requests": int(len(requests)),
         "num_completed": completed,
@@ -116,7 +133,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
         "swapped_in_blocks": int(steps.sum("swap_in_blocks")),
         "kv": {"num_gpu_blocks": pool, "num_cpu_blocks": dep.num_cpu_blocks,
                "block_size": cfg.block_size,
-               "mean_usage": steps.time_average("kv_used_blocks") / pool,
+               "mean_usage": mean("kv_used_blocks") / pool,
                "peak_usage": steps.max("kv_used_blocks") / pool,
                "mean_batch_size": steps.mean("batch_size"),
                # cached blocks no request holds: the room an eviction policy has to choose in
@@ -125,17 +142,18 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
                "pool": dep.pool_explanation, "max_model_len": dep.max_model_len,
                **kv_extra(cfg, dep)},
         "model": model_info(cfg),
-        "fragmentation": _fragmentation(steps, pool * cfg.block_size),
+        "fragmentation": _fragmentation(_held_means(result), pool * cfg.block_size),
         "compaction": _compaction(result),
-        "tiering": _tiering(result, steps),
-        "fragmentation_under_load": _fragmentation(steps.under_load, pool * cfg.block_size),
+        "tiering": _tiering(result, steps, mean),
+        "fragmentation_under_load": _fragmentation(_step_means(steps.under_load),
+                                                   pool * cfg.block_size),
         "config": {**cfg.to_dict(), "max_model_len": dep.max_model_len,
                    **({} if result.trace_options is None
                       else {"trace_options": result.trace_options})},
     }
 
 
-def _tiering(result: RunResult, steps: StepTotals) -> dict:
+def _tiering(result: RunResult, steps: StepTotals, mean) -> dict:
     """Host-tier traffic summed over replicas (all zero without a tier): blocks and bytes each
     way (a block's bytes over all tensor-parallel shards), the seconds the executor charged
     for copies, and host usage (share of the host blocks holding data, time-averaged / peak)."""
@@ -152,7 +170,7 @@ def _tiering(result: RunResult, steps: StepTotals) -> dict:
         "bytes_to_host": (n["offload_blocks"] + n["swap_out_blocks"]) * per_block,
         "bytes_to_device": (n["promote_blocks"] + n["swap_in_blocks"]) * per_block,
         "transfer_time_s": steps.sum("transfer_s"),
-        "mean_host_usage": steps.time_average("host_used_blocks") / host if host else 0.0,
+        "mean_host_usage": mean("host_used_blocks") / host if host else 0.0,
         "peak_host_usage": steps.max("host_used_blocks") / host if host else 0.0,
     }
 

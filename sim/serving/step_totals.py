@@ -146,6 +146,14 @@ class Timeline:
         for replica in np.unique(replicas):
             self._add_states(replica, block[replicas == replica])
 
+    def held_mean(self, name: str) -> float:
+        """Column ``name`` of :data:`STATE_COLUMNS` averaged over the closed run's whole time,
+        summed over replicas: what a step left holds until that replica's next step (idle
+        gaps too), the last until the end."""
+        if not self.duration_s or self.duration_s <= 0:
+            return 0.0
+        return float(self.state[:, STATE_COLUMNS.index(name)].sum()) / self.duration_s
+
     def close(self, duration_s: float) -> None:
         """End the run at ``duration_s``: each replica's last state holds until then; then
         widen the bins until there are no more rows than steps."""
