@@ -12,10 +12,10 @@ from typing import Literal, Optional
 import typer
 
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
-from kvsim.sim.config import MAX_BLOCK_SIZE
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, given_path, opt,
                           trace_options, trace_reading, with_groups)
+from kvsim.sim.config import MAX_BLOCK_SIZE
 from kvsim.workloads.generators.presets import PresetName
 
 
@@ -41,8 +41,8 @@ def _lengths(text: str, kind: str, option: str):
 def trace_stats_command(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any supported "
                                 "format), '-' for standard input, or sample:NAME."),
-    block_size: int = typer.Option(16, "--block-size", min=1, max=MAX_BLOCK_SIZE, help="Block size (tokens) of "
-                                   "the ideal prefix hit ratio."),
+    block_size: int = typer.Option(16, "--block-size", min=1, max=MAX_BLOCK_SIZE,
+                                   help="Block size (tokens) of the ideal prefix hit ratio."),
     reading: dict = trace_reading(seed=True, model=MODEL_OPTION),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -118,7 +118,8 @@ def hitrate_command(
                                   "required.", "--capacity"),
     capacity_tokens: Optional[str] = opt("Cache capacities in tokens instead.",
                                          "--capacity-tokens"),
-    block_size: int = typer.Option(16, "--block-size", min=1, max=MAX_BLOCK_SIZE, help="Tokens per block."),
+    block_size: int = typer.Option(16, "--block-size", min=1, max=MAX_BLOCK_SIZE,
+                                   help="Tokens per block."),
     eviction: str = typer.Option(",".join(POLICY_NAMES), "--eviction",
                                  help="Policies to compare, comma-separated."),
     out: Optional[str] = opt("Directory for hitrate.json and hitrate.html.", "--out",

@@ -393,7 +393,8 @@ def test_ranges_and_flat_id_lists(tmp_path, line, field):
 @pytest.mark.parametrize("pack, words", [
     ("bz2", "bzip2-compressed; kvsim reads plain text or gzip: unpack it first (bzip2 -dc "
             "FILE > OUT)"),
-    ("xz", "xz-compressed; kvsim reads plain text or gzip: unpack it first (xz -dc FILE > OUT)"),
+    ("xz", "xz-compressed; kvsim reads plain text or gzip: unpack it first (xz -dc FILE > "
+           "OUT)"),
     ("gzip2", "gzip-compressed inside gzip; kvsim reads plain text or gzip: unpack it first "
               "(gzip -dc FILE > OUT)"),
 ])
