@@ -104,7 +104,8 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
     queries = sum(kv.prefix_stats.num_queries_tokens for kv in kvs)
     hits = sum(kv.prefix_stats.num_hit_tokens for kv in kvs)
     pool = dep.num_gpu_blocks
-    mean = _held_means(result) or (lambda name: 0.0)
+    held = _held_means(result)
+    mean = held or (lambda name: 0.0)
     idle = mean("kv_cached_idle_blocks")
     return {
         "num_requests": int(len(requests)),
@@ -142,7 +143,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
                "pool": dep.pool_explanation, "max_model_len": dep.max_model_len,
                **kv_extra(cfg, dep)},
         "model": model_info(cfg),
-        "fragmentation": _fragmentation(_held_means(result), pool * cfg.block_size),
+        "fragmentation": _fragmentation(held, pool * cfg.block_size),
         "compaction": _compaction(result),
         "tiering": _tiering(result, steps, mean),
         "fragmentation_under_load": _fragmentation(_step_means(steps.under_load),
