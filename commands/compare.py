@@ -37,14 +37,19 @@ def compare_command(
     --enable-prefix-caching true,false); one value is shared. TRACE defaults to the bundled
     sample:mooncake, as for `kvsim run`. Writes compare.json, report.html and one run
     directory per configuration into --out."""
+    from rich.console import Console
     from kvsim import grid
-    from kvsim.reports.terminal import ProgressLines
+    from kvsim.reports.terminal import CountBar, ProgressLines
     from kvsim.sim.plan.sweep import default_workers
     spec = grid.spec_from_cli(ctx.args, config_file, trace_options(reading, seed=0), out,
                               slo or None, html)
-    with ProgressLines("compare") as lines:
-        result = grid.run_compare(spec, workers or default_workers(), None if (
-            quiet or as_json) else lambda done, total, _: lines.update_count(done, total))
+    told = not (quiet or as_json)
+    stderr = Console(stderr=True)
+    with ProgressLines("compare") as lines, CountBar("comparing", "configurations",
+                                                     stderr if told else None) as bar:
+        show = bar.update if stderr.is_terminal else lines.update_count  # (a bar, or a line
+        result = grid.run_compare(spec, workers or default_workers(),   # every 10 s in a log)
+                                  (lambda done, total, _: show(done, total)) if told else None)
     emit(result, as_json, None if quiet else lambda r: typer.echo(
         _table(r) + f"\nwrote {Path(out) / 'compare.json'}{', report.html' if html else ''} "
         f"and {len(r['runs'])} run directories"))

@@ -15,7 +15,6 @@ import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvsim.reports.frames import PLAN_CSV, PLAN_FILE, REPORT_FILE
@@ -23,7 +22,7 @@ from kvsim.reports.io import write_csv_atomic, write_json_atomic
 from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
-from kvsim.reports.terminal import print_table
+from kvsim.reports.terminal import CountBar, print_table
 
 PLAN_FIGURE_IDS = ("fig-pareto", "fig-max-rate")
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
@@ -194,21 +193,15 @@ class PlanProgress:
     def __init__(self, enabled: bool, console: Optional[Console] = None):
         self.enabled = enabled
         self.console = console or Console(stderr=True)
-        self._progress: Optional[Progress] = None
-        self._task = None
+        self._bar = CountBar("planning", "candidates", self.console)
 
     def __enter__(self) -> "PlanProgress":
-        if self.enabled and self.console.is_terminal:
-            self._progress = Progress(TextColumn("[bold]planning"), BarColumn(),
-                                      MofNCompleteColumn(), TextColumn("candidates ·"),
-                                      TimeElapsedColumn(), console=self.console)
-            self._progress.start()
-            self._task = self._progress.add_task("plan", total=None)   # (its clock starts)
+        if self.enabled:
+            self._bar.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        self._bar.__exit__(*exc)
 
     def update(self, done: int, total: int, row: dict | None = None) -> None:
         if not self.enabled:
@@ -217,8 +210,7 @@ class PlanProgress:
             self.console.print(f"kvsim: plan: [{done}/{total}] {candidate_line(row)}",
                                highlight=False, markup=False,
                                soft_wrap=not self.console.is_terminal)
-        if self._progress is not None:      # (redrawn with its line)
-            self._progress.update(self._task, total=total, completed=done, refresh=True)
+        self._bar.update(done, total)       # (redrawn with its line)
 
 
 def candidate_line(row: dict) -> str:

@@ -7,7 +7,8 @@ from typing import Optional
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
+                           TextColumn, TimeElapsedColumn)
 from rich.table import Table
 
 from kvsim.reports.frames import TRACE_OPTIONS
@@ -302,6 +303,35 @@ def _clock(seconds: float) -> str:
     """``H:MM:SS``, as the progress bar shows wall time."""
     whole = int(seconds)
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+class CountBar:
+    """``with CountBar("planning", "candidates", console) as bar: bar.update(done, total)``: a
+    bar of tasks done (configurations, candidates) with the time since it opened, on
+    ``console`` when it is a terminal (nothing otherwise); shown from the start, its total
+    unknown until the first update."""
+
+    def __init__(self, label: str, unit: str, console: Optional[Console]) -> None:
+        self.label, self.unit, self.console = label, unit, console     # (None: no bar)
+        self._progress: Optional[Progress] = None
+        self._task = None
+
+    def __enter__(self) -> "CountBar":
+        if self.console is not None and self.console.is_terminal:
+            self._progress = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(),
+                                      MofNCompleteColumn(), TextColumn(f"{self.unit} ·"),
+                                      TimeElapsedColumn(), console=self.console)
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=None)  # (its clock starts)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, done: int, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total, completed=done, refresh=True)
 
 
 class ProgressLines:

@@ -65,6 +65,16 @@ def test_other_commands_finish_in_a_terminal(tmp_path, args):
     assert "Traceback" not in screen
 
 
+def test_compare_shows_a_bar_of_configurations_from_the_start_in_a_terminal(tmp_path):
+    status, screen = in_terminal("compare", "sample:azure-conv", "--limit", "20", "--eviction",
+                                 "lru,lfu", "--workers", "1", "--out", "cmp", cwd=tmp_path)
+    assert status == 0, screen
+    assert "0/? configurations" in screen and "2/2 configurations" in screen
+    piped = kvsim("compare", "sample:azure-conv", "--limit", "20", "--eviction", "lru,lfu",
+                  "--workers", "1", "--out", tmp_path / "cmp2")
+    assert piped.returncode == 0 and "configurations" not in piped.stderr
+
+
 def test_plan_prints_each_candidate_as_it_finishes(tmp_path):
     done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--burst", "--tp", "1,2",
                  "--slo-ttft-p99",
