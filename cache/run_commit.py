@@ -6,7 +6,8 @@ The block events of the steps (a request opening a block, or filling one it regi
 found in one array operation, and only they reach the KV manager: stretch by stretch between
 finishes, in one call where the manager allows it (:func:`_open_in_bulk`), else event by event;
 with a long prompt's chunks after each step's events (:func:`_allocate_with_prefill`); with a
-host tier step by step, with each step's copies (:func:`_allocate_steps_with_copies`).
+host tier step by step, the chunk too, with each step's copies
+(:func:`_allocate_steps_with_copies`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
         return (offset == bs - 1) & registers & decoding
 
     late = lookups = None     # the late fills' order, for a pool that keeps it; admissions'
-    if run.prefill is not None:
+    if run.prefill is not None and host is None:
         used, idle, finished = _allocate_with_prefill(kv, run, opens | fills(), first, finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     elif host is None:
@@ -70,6 +71,8 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
         used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, opens | fills(),
                                                                       first, host, stop)
         n, finished = len(used), []
+        if run.prefill is not None:
+            run.prefill.seq.num_computed_tokens = run.prefill.computed_before(first + n)
         steps, num_staying, internal, batch = steps[:n], num_staying[:n], internal[:n], batch[:n]
     run.num_committed += n
     _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
@@ -178,10 +181,7 @@ def _allocate_with_prefill(kv, run: DecodeRun, events: np.ndarray, first: int, f
     for j, requests in enumerate(_by_step(events)):
         for i in requests:
             _open_or_fill(kv, run, i, first + j)
-        if kv.allocate(seq.request_id, seq, chunks.num_new,
-                       num_computed_tokens=chunks.computed_before(first + j)) is None:
-            raise RuntimeError(f"a prefill run could not allocate for request "
-                               f"{seq.request_id}: it was planned on a pool that changed since")
+        _allocate_chunk(kv, chunks, first + j)
         used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
     seq.num_computed_tokens = chunks.computed_before(first + n)
     done = np.flatnonzero(run.finish_step == first + n - 1).tolist()
@@ -190,6 +190,15 @@ def _allocate_with_prefill(kv, run: DecodeRun, events: np.ndarray, first: int, f
     seqs = _finish_requests(kv, run, done, first + n, finish)
     used[-1], idle[-1] = pool.num_used_blocks, pool.num_cached_free_blocks
     return used, idle, [(n - 1, seqs)]
+
+
+def _allocate_chunk(kv, chunks, step: int) -> None:
+    """The prefill's chunk at ``step`` of the run (it runs last in the step)."""
+    seq = chunks.seq
+    if kv.allocate(seq.request_id, seq, chunks.num_new,
+                   num_computed_tokens=chunks.computed_before(step)) is None:
+        raise RuntimeError(f"a prefill run could not allocate for request {seq.request_id}: "
+                           "it was planned on a pool that changed since")
 
 
 def _finishing_by_stretch(run: DecodeRun, first: int, n: int) -> dict[int, list[int]]:
@@ -285,8 +294,9 @@ def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray,
 
 def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host,
                                 stop=None):
-    """As :func:`_allocate_events`, with the host tier's copies (and usage) of each step;
-    until ``stop(j, transfers)`` says so after step ``j``."""
+    """As :func:`_allocate_events` (each step followed by the prefill's chunk, if the run
+    carries one), with the host tier's copies (and usage) of each step; until
+    ``stop(j, transfers)`` says so after step ``j``."""
     pool, n = kv.pool, len(events)
     used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
     transfers = []
@@ -294,6 +304,8 @@ def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: i
         kv.begin_step()
         for i in requests:
             _open_or_fill(kv, run, i, first + j)
+        if run.prefill is not None:
+            _allocate_chunk(kv, run.prefill, first + j)
         used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
         transfers.append(list(kv.take_transfers()))
         host_used[j] = host.num_cached_blocks + host.num_pinned_blocks

@@ -53,8 +53,9 @@ class DecodeRunPlanning:
         if prefill is None and (budget_left < 0 or not self.admission_blocked(budget_left)):
             return None     # (checked last: a waiting request's prefix lookup costs most)
         finish = decode_run.finish_steps(decoding, self.config.max_model_len)
-        if prefill is not None:     # (it ends with the first finish too)
-            steps = min(prefill.max_steps, int(finish.min()) + 1 if len(finish) else 1 << 62)
+        if prefill is not None:     # (it ends with the first finish too; before it, with copies)
+            first_finish = int(finish.min()) + (self._host is None) if len(finish) else 1 << 62
+            steps = min(prefill.max_steps, first_finish)
         elif self._host is not None:
             steps = int(finish.min())       # (copies are committed step by step, no finishes)
         else:
@@ -63,10 +64,8 @@ class DecodeRunPlanning:
 
     def _prefill_of_run(self, seq: RequestState) -> decode_run.PrefillChunks | None:
         """``seq``, the last running request and still prefilling, as the prefill of a run
-        (:func:`decode_run.prefill_chunks`); None with a host tier (copies are committed step
-        by step) or when its slots are not its computed tokens."""
-        if self._host is not None:
-            return None
+        (:func:`decode_run.prefill_chunks`); None when its slots are not its computed
+        tokens."""
         prefill = decode_run.prefill_chunks(seq, len(self.running) - 1,
                                             self.config.max_num_batched_tokens,
                                             self._prefill_threshold())
@@ -168,10 +167,11 @@ class DecodeRunPlanning:
                              "a decode run" + (" planned before the last step" if
                                               run is not self._run else ""))
         ended = []
+        members = run.requests if run.prefill is None else [*run.requests, run.prefill.seq]
 
         def after_step(j: int, transfers) -> bool:
             told = stop is not None and stop(j, transfers)
-            if self.kv.acts_without_new_blocks(run.requests):
+            if self.kv.acts_without_new_blocks(members):
                 ended.append(j)
             return told or bool(ended)
 

@@ -2,7 +2,11 @@
 token budget beside requests that only decode, committed at once as a decode run with the
 same blocks, counters and step facts as planning them one at a time."""
 
+import pytest
+
+from kvsim.cache.cpu_offload import LRUOffloadingManager
 from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.request_state import RequestState
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
@@ -77,12 +81,48 @@ def test_a_request_prefilling_alone_is_a_run_too():
 
 def test_no_prefill_run_when_the_chunk_leaves_budget_for_an_admission():
     """A long-prefill threshold of 16 caps the chunk below the 62 tokens left (budget is left
-    for request 3 waiting), and a host tier commits copies step by step: normal steps."""
+    for request 3 waiting): normal steps."""
     capped = decodes_and_a_long_prompt(long_prefill_token_threshold=16)
     capped.add(RequestState(Request(3, 0.0, 17, 5), 16))
     assert capped.plan_decode_run() is None
-    tiered = TieredKVCacheManager(64, 16, host=HostTier(64))
-    assert decodes_and_a_long_prompt(tiered).plan_decode_run() is None
+
+
+def _host_used(kv) -> int:
+    return kv.host.num_cached_blocks + kv.host.num_pinned_blocks
+
+
+TIERS = {"write-through": lambda: TieredKVCacheManager(64, 16, host=HostTier(64),
+                                                       write="through"),
+         "native-offloading": lambda: OffloadingKVCacheManager(
+             64, 16, offload=LRUOffloadingManager(64))}
+
+
+@pytest.mark.parametrize("tier", sorted(TIERS))
+def test_a_prefill_run_with_a_host_tier_copies_as_stepping_does(tier):
+    """With a host tier the run's steps are committed one by one, each step's copies taken
+    after its blocks: the same copies, host usage, blocks and counters as five normal steps.
+    Every block filled is copied to the host the step after: at the second step the
+    decodes' blocks 1 and 3 (full at 32 tokens) and the first chunk's four, then each
+    chunk's four."""
+    ran, stepped = decodes_and_a_long_prompt(TIERS[tier]()), decodes_and_a_long_prompt(
+        TIERS[tier]())
+    run = ran.plan_decode_run()
+    assert (run.prefill.seq.request_id, run.max_steps, run.has_transfers) == (2, 5, True)
+    facts = ran.commit_decode_run(run, 5)
+    copies, host_used = [], []
+    for _ in range(5):
+        copies.append([(t.kind, t.pairs) for t in stepped.schedule().transfers])
+        host_used.append(_host_used(stepped.kv))
+        stepped.update_from_output()
+    assert [[(t.kind, t.pairs) for t in step] for step in facts.transfers] == copies
+    assert [[gpu for gpu, _ in pairs] for step in copies for _, pairs in step] == [
+        [4, 5, 6], [1, 3, 7, 8, 9, 10], [11, 14, 15, 16], [17, 18, 19, 20], [21, 22, 23, 24]]
+    assert facts.host_used_blocks.tolist() == host_used
+    for rid in (0, 1, 2):
+        assert ran.kv.block_ids(rid) == stepped.kv.block_ids(rid)
+    assert ran.kv.free_queue() == stepped.kv.free_queue()
+    assert [s.num_computed_tokens for s in ran.running] == [
+        s.num_computed_tokens for s in stepped.running] == [36, 36, 372]
 
 
 def alone_after_its_first_chunk(prompt_tokens: int) -> Scheduler:

@@ -78,8 +78,16 @@ CASES = {
                                       long_prefill_token_threshold=80),
     "chunked-prefill-two-replicas": dict(num_gpu_blocks=400, replicas=2, max_num_seqs=64,
                                          max_num_batched_tokens=64, enable_prefix_caching=False),
+    # (with a host tier too: the chunks' copies taken step by step)
     "chunked-prefill-host-tier": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
                                       max_num_batched_tokens=96),
+    "chunked-prefill-host-tier-swap": dict(num_gpu_blocks=260, max_num_seqs=64,
+                                           num_cpu_blocks=400, preemption_mode="swap",
+                                           offload_write="back", block_size=8,
+                                           max_num_batched_tokens=80),
+    "chunked-prefill-write-through": dict(num_gpu_blocks=400, max_num_seqs=48,
+                                          num_cpu_blocks=300, offload_write="through",
+                                          max_num_batched_tokens=96),
     # ARC's runs take their blocks in one call, its victims picked with the fills counted
     "arc-tight-pool": dict(num_gpu_blocks=260, max_num_seqs=64, eviction="arc", block_size=8),
     "arc-chunked-prefill": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="arc",

@@ -41,7 +41,8 @@ before the replica steps again, as stepping would have routed it.
 prompt in chunks that use up the token budget beside the decodes (four or more such chunks;
 nobody can be admitted meanwhile, and it emits nothing): each step schedules its chunk after
 the decodes, and the executor's ``decode_durations(..., prefill=...)`` predicts those steps.
-Such a run ends with the first finish, before the chunk that completes the prompt.
+Such a run ends with the first finish, before the chunk that completes the prompt (with a
+host tier, before the first finish).
 
 With a host tier a step's copies (demotions, write-through) are known only once it is committed
 and lengthen it by the executor's ``transfer_time``, so its steps are committed one by one until
