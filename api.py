@@ -181,9 +181,14 @@ class Result:
         from kvsim.reports.io import require_parquet
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
+        from kvsim.reports.frames import OUTPUT_FORMATS
         for name, flag in (("html", html), ("bench", bench)):
             checked_flag(flag, name, "Result.write")
         checked_path(out_dir, "out_dir", "Result.write")
+        if output_format not in OUTPUT_FORMATS:     # (before the folder is touched)
+            raise ConfigError(f"expected one of {', '.join(OUTPUT_FORMATS)}, got "
+                              f"{output_format!r}", location="Result.write",
+                              field="output_format")
         if output_format == "parquet":
             require_parquet()
         with OutputDir(out_dir, option="out_dir"):

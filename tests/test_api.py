@@ -189,6 +189,16 @@ def test_write_errors_name_the_python_argument_not_the_cli_option(result, tmp_pa
     assert a_file.read_text() == "mine"
 
 
+def test_a_bad_output_format_leaves_the_earlier_result_whole(result, tmp_path):
+    result.write(tmp_path / "run", html=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    for bad in ("json", "CSV"):
+        with pytest.raises(kvsim.ConfigError, match="^Result.write: field 'output_format': "
+                                                    f"expected one of csv, parquet, got '{bad}'"):
+            result.write(tmp_path / "run", output_format=bad)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
 def test_a_toml_config_sits_under_the_keywords(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('model = "llama-2-7b"\nmax_num_seqs = 8\nblock_size = 32\n')
