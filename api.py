@@ -10,6 +10,7 @@ called. See ``docs/api.md``.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from kvsim.workloads import Request, TraceOptions
 #: Keyword arguments that say how to read the trace (the CLI's trace options); every other
 #: keyword of :func:`run` is a run setting.
 TRACE_KEYWORDS = ("format", "limit", "start", "end", "rate_scale", "sort", "trace_model")
+#: The trace label of requests given in Python (no file names them).
+PYTHON_LABEL = "python"
 
 
 class Trace(list):
@@ -31,9 +34,16 @@ class Trace(list):
     file and reading options they came from (``None`` for requests built in Python)."""
 
     def __init__(self, requests: Iterable[Request], path: Path | None = None,
-                 label: str = "python", options: TraceOptions | None = None) -> None:
+                 label: str = PYTHON_LABEL, options: TraceOptions | None = None) -> None:
         super().__init__(requests)
         self.path, self.label, self.options = path, label, options
+        self._as_read = tuple(self)     # (the requests the file gave, to tell an edit)
+
+    @property
+    def is_as_read(self) -> bool:
+        """Whether the list still holds the requests its file gave, in order (a study that
+        reads the trace again from its file in every run needs it unchanged)."""
+        return len(self) == len(self._as_read) and all(map(operator.is_, self, self._as_read))
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request: id, arrival (s), prompt and output tokens, priority."""
@@ -226,16 +236,27 @@ def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     if reading:
         raise ConfigError("trace options apply to a trace file; filter the requests in "
                           "Python instead", location="kvsim.run", field=sorted(reading)[0])
-    return getattr(trace, "label", "python"), requests
+    as_read = isinstance(trace, Trace) and trace.is_as_read   # (an edited one: requests)
+    return trace.label if as_read else PYTHON_LABEL, requests
 
 
-def _toml_trace(config: Any) -> str | None:
-    """The trace a TOML ``config`` names (None: none, or ``config`` is no file), as
-    ``kvsim run --config`` reads it."""
-    if config is None or isinstance(config, (dict, RunConfig)):
+def config_trace(config: Any, call: str = "kvsim.run") -> str | None:
+    """The trace ``config`` names (a TOML file as ``kvsim run --config`` reads it, a dict, or
+    a RunConfig such as ``Result.config``); None where it names none. The run of requests
+    given in Python names none a file could give back."""
+    if config is None:
         return None
-    from kvsim.pipeline import read_config_file
-    return read_config_file(checked_path(config, "config", "kvsim.run")).get("trace")
+    if isinstance(config, RunConfig):
+        trace = config.trace
+    elif isinstance(config, dict):
+        trace = config.get("trace")
+    else:
+        from kvsim.pipeline import read_config_file
+        trace = read_config_file(checked_path(config, "config", call)).get("trace")
+    if trace == PYTHON_LABEL:
+        raise ConfigError("the config's trace stands for requests given in Python; pass them "
+                          "again as the trace argument", location=call, field="trace")
+    return trace
 
 
 def checked_slo(slo: dict | None, call: str = "kvsim.run") -> dict | None:
@@ -273,7 +294,7 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     reading, settings = split_keywords(plain_keywords(settings))
     slo = checked_slo(slo)
     checked_flag(keep_steps, "keep_steps", "kvsim.run")
-    label, source = _source(trace if trace is not None else _toml_trace(config), reading)
+    label, source = _source(trace if trace is not None else config_trace(config), reading)
     run_cfg = run_config(label, settings, config)
     run_cfg.check_unused_options("kvsim.run")
     options = None if isinstance(source, list) else trace_options(reading, run_cfg.seed)

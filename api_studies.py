@@ -17,9 +17,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from kvsim.api import (TRACE_KEYWORDS, Result, Trace, checked_count, checked_flag, checked_path,
-                       checked_rate, checked_slo, load_trace, plain, plain_keywords, run_config,
-                       run_frames, split_keywords, trace_options)
+from kvsim.api import (PYTHON_LABEL, TRACE_KEYWORDS, Result, Trace, checked_count,
+                       checked_flag, checked_path, checked_rate, checked_slo, config_trace,
+                       load_trace, plain, plain_keywords, run_config, run_frames,
+                       split_keywords, trace_options)
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
@@ -35,6 +36,11 @@ def _trace_file(trace: Any, reading: dict, where: str) -> tuple[str | None, Any]
             raise ConfigError("needs a trace file (a path, sample:NAME or a Trace from "
                               "kvsim.load_trace, without further trace options)",
                               location=where, field="trace")
+        if not trace.is_as_read:
+            raise ConfigError(f"the Trace was changed after kvsim.load_trace read it, and "
+                              f"each run reads {trace.label} again: write the requests to "
+                              "a trace file, or give them to kvsim.run one configuration "
+                              "at a time", location=where, field="trace")
         return str(trace.path), trace.options
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
         raise ConfigError("needs a trace file: a path, sample:NAME or a Trace from "
@@ -120,12 +126,13 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     reading, settings = split_keywords(plain_keywords(settings))
     slo = checked_slo(slo, "kvsim.compare")
     workers = checked_count(workers, "workers", "kvsim.compare")
-    path, options = _trace_file(trace, reading, "kvsim.compare")
+    path, options = _trace_file(trace if trace is not None else config_trace(
+        config, "kvsim.compare"), reading, "kvsim.compare")
     dims = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in settings.items()}
     if any(not v for v in dims.values()):
         raise ConfigError("needs at least one value", location="kvsim.compare",
                           field=next(k for k, v in dims.items() if not v))
-    base = run_config("python", {}, config, "kvsim.compare").to_dict()
+    base = run_config(PYTHON_LABEL, {}, config, "kvsim.compare").to_dict()
     base.pop("trace")
     spec = CompareSpec(path, dims, base, options, Path("."), slo)
     points = grid_points(spec, "kvsim.compare")    # every configuration checked before any run
@@ -310,4 +317,4 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
         raise located(e, "kvsim.hitrate") from None
     requests = trace if isinstance(trace, list) else load_trace(trace, **reading)
     result = hr.hitrate_curves(iter(requests), caps, policies, block_size, float(lookahead_s))
-    return HitRates({**result, "trace": getattr(requests, "label", "python")})
+    return HitRates({**result, "trace": getattr(requests, "label", PYTHON_LABEL)})

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import pandas as pd
 import pytest
@@ -223,6 +224,40 @@ def test_compare_equals_kvsim_compare_and_flags_identical_runs(tmp_path):
     for ours, theirs in zip(written["runs"], cli["runs"]):
         assert ours["dir"] == theirs["dir"] and ours["identical_to"] == theirs["identical_to"]
         assert ours["metrics"] == theirs["metrics"]
+
+
+def test_the_trace_a_config_names_is_read_whatever_the_config_is(tmp_path):
+    """A TOML file, a dict and a Result's RunConfig each name their trace, as
+    ``kvsim run --config`` reads it; compare reads it too. A run of requests given in Python
+    has no file to name: reusing its config says so."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('trace = "sample:azure-conv"\nmodel = "llama-2-7b"\n')
+    first = kvsim.run("sample:azure-conv", model="llama-2-7b", limit=8)
+    for config in (toml, {"trace": "sample:azure-conv", "model": "llama-2-7b"}, first.config):
+        assert kvsim.run(config=config, limit=8).summary == first.summary | {
+            "wall_time_s": ANY}
+    grid = kvsim.compare(config=first.config, limit=8, eviction=["lru", "lfu"])
+    assert grid.runs[0].summary == first.summary | {"wall_time_s": ANY}
+    python = kvsim.run(kvsim.load_trace("sample:azure-conv", limit=8)[:4], model="llama-2-7b")
+    with pytest.raises(kvsim.ConfigError, match="^kvsim.run: field 'trace': the config's trace "
+                                                "stands for requests given in Python"):
+        kvsim.run(config=python.config)
+
+
+def test_a_trace_edited_in_python_is_requests_not_its_file():
+    """``kvsim.run`` simulates the edited list (labelled python); compare and plan, which read
+    the trace again in every run, refuse it rather than read what the file holds."""
+    trace = kvsim.load_trace("sample:azure-conv", limit=12)
+    assert trace.is_as_read and kvsim.run(trace).config.trace == "sample:azure-conv"
+    del trace[5:]
+    assert not trace.is_as_read
+    r = kvsim.run(trace)
+    assert (r.config.trace, r.summary["num_requests"]) == ("python", 5)
+    with pytest.raises(kvsim.ConfigError, match="^kvsim.compare: field 'trace': the Trace was "
+                                                "changed after kvsim.load_trace read it"):
+        kvsim.compare(trace, eviction=["lru", "lfu"])
+    with pytest.raises(kvsim.ConfigError, match="^kvsim.plan: field 'trace': the Trace was"):
+        kvsim.plan(trace, slo={"ttft_p99_s": 2}, burst=True)
 
 
 def test_compare_checks_every_configuration_first(monkeypatch):
