@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,14 +10,14 @@ import numpy as np
 import pytest
 
 from kvsim import pipeline
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, KvsimError
 from kvsim.sim.plan import planner
 from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import latency_floors
 from kvsim.sim.plan.spec import DEFAULT_ROUTER, build_slo, build_spec
 from kvsim.sim.serving.results import requests_frame
 from kvsim.sim.serving.runner import simulate
-from kvsim.sim.plan.sweep import SweepOptions
+from kvsim.sim.plan.sweep import SweepOptions, run_tasks
 from kvsim.workloads import TraceOptions, load_trace, sample_path
 
 AZURE = sample_path("azure-conv")
@@ -124,6 +125,15 @@ def test_the_sustainable_rate_passes_and_the_next_rate_fails():
 def test_the_process_pool_gives_the_serial_result_in_candidate_order():
     spec = make_spec({"ttft_p99_s": 0.5}, gpus=("h100-80gb", "a100-80gb"), limit=30)
     assert planner.plan(spec, SweepOptions(workers=2)) == planner.plan(spec)
+
+
+def test_a_worker_that_dies_is_one_error_naming_the_likely_causes():
+    """A worker ending without its result (here: ``os._exit``; killed, out of memory, or a
+    script without a main guard re-run by spawn) stops the others and says so."""
+    with pytest.raises(KvsimError, match="^a worker process ended without its result "
+                                         r"\(killed, or out of memory; a Python script that "
+                                         "starts workers must call kvsim under `if __name__"):
+        run_tasks(os._exit, [3, 3], SweepOptions(workers=2))
 
 
 def write_native(path, n=24, gap=0.5, burst=1):

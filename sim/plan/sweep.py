@@ -22,10 +22,11 @@ import multiprocessing
 import os
 import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, KvsimError
 
 Progress = Callable[[int, int, Any], None]
 
@@ -65,6 +66,12 @@ def _run_serial(fn, items, report: Progress) -> list:
     return out
 
 
+#: What a worker process that ended without its result (the pool is broken) leaves to say.
+WORKER_LOST = ("a worker process ended without its result (killed, or out of memory; a Python "
+               "script that starts workers must call kvsim under "
+               "`if __name__ == \"__main__\":`, as each worker imports it); try fewer workers")
+
+
 def _run_pool(fn, items, workers: int, report: Progress) -> list:
     out: list = [None] * len(items)
     context = multiprocessing.get_context("spawn")
@@ -75,6 +82,9 @@ def _run_pool(fn, items, workers: int, report: Progress) -> list:
         for done, future in enumerate(as_completed(futures), start=1):
             out[futures[future]] = future.result()
             report(done, len(items), out[futures[future]])
+    except BrokenProcessPool:
+        _stop_workers(pool)
+        raise KvsimError(WORKER_LOST) from None
     except BaseException:   # an error, Ctrl-C or SIGTERM: stop the workers now
         _stop_workers(pool)
         raise
