@@ -18,7 +18,7 @@ _EXPORTS = {
     "compare": "api_studies", "plan": "api_studies", "hitrate": "api_studies", "Comparison": "api_studies",
     "Plan": "api_studies", "HitRates": "api_studies", "validate_real": "realrun",
     "RunConfig": "sim.config", "ConfigError": "errors", "KvsimError": "errors",
-    "TraceError": "errors",
+    "TraceError": "errors", "KvsimWarning": "errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -308,7 +308,21 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
                                  sharing=scan_trace_sharing(requests), trace_options=read_with))
     if slo:
         frames[0]["slo"] = dict(slo)
+    if frames[0]["num_rejected"]:
+        warn_rejected(frames[0], "kvsim.run")
     return Result(*frames, config=run_cfg)
+
+
+def warn_rejected(summary: dict, call: str) -> None:
+    """A :class:`~kvsim.errors.KvsimWarning` saying how many requests the run rejected and
+    what to change (the command line's line, in the settings' Python names)."""
+    import re
+    import warnings
+    from kvsim.errors import KvsimWarning
+    from kvsim.reports.style import rejected_text
+    text = rejected_text(summary).replace("--long-prompt truncate", 'long_prompt="truncate"')
+    text = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), text)
+    warnings.warn(f"{call}: rejected {text}", KvsimWarning, stacklevel=3)
 
 
 def run_frames(result) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:

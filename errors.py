@@ -30,6 +30,11 @@ class ConfigError(KvsimError):
     """Settings that cannot produce a run (a model that does not fit, an unknown GPU, ...)."""
 
 
+class KvsimWarning(UserWarning):
+    """Something a Python caller should know about a finished run (the command line prints
+    it as a line instead): requests the deployment rejected."""
+
+
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived (a BaseException, so no ``except Exception`` swallows it);
     the command line turns it into one line and exit status ``128 + signum``."""

@@ -190,6 +190,20 @@ def test_write_errors_name_the_python_argument_not_the_cli_option(result, tmp_pa
     assert a_file.read_text() == "mine"
 
 
+def test_rejected_requests_are_a_warning_in_python_names():
+    """The command line says so before the run; a Python caller gets a KvsimWarning after it,
+    with the advice in the settings' Python names. A run rejecting nothing warns of nothing."""
+    with pytest.warns(kvsim.KvsimWarning) as caught:
+        r = kvsim.run("sample:mooncake", model="llama-2-7b", limit=20)
+    assert r.summary["num_rejected"] == 17
+    assert [str(w.message) for w in caught] == [
+        "kvsim.run: rejected 17 of 20 requests: prompt of max_model_len 4,096 tokens or more "
+        "(that is the model's own context: pass long_prompt=\"truncate\", choose a model with "
+        "a longer one, or raise max_model_len past it (vLLM then needs "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1))"]
+    assert caught[0].filename == __file__
+
+
 def test_a_bad_output_format_leaves_the_earlier_result_whole(result, tmp_path):
     result.write(tmp_path / "run", html=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
