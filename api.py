@@ -225,9 +225,9 @@ class Result:
                 f"TTFT p50 {s['ttft_s']['p50']}>")
 
 
-def _source(trace: Any, reading: dict) -> tuple[str, Any]:
-    """(label, source) of ``run``'s ``trace`` argument: the source is a trace file's path, or
-    the list of requests given."""
+def trace_source(trace: Any, reading: dict, call: str = "kvsim.run") -> tuple[str, Any]:
+    """(label, source) of ``call``'s ``trace`` argument: the source is a trace file's path, or
+    the list of requests given, checked as a trace file's lines are."""
     from kvsim.workloads.request_list import checked_requests
     from kvsim.workloads.sources import resolve_trace
     if trace is None or isinstance(trace, (str, os.PathLike)):
@@ -235,7 +235,7 @@ def _source(trace: Any, reading: dict) -> tuple[str, Any]:
     requests = checked_requests(trace)
     if reading:
         raise ConfigError("trace options apply to a trace file; filter the requests in "
-                          "Python instead", location="kvsim.run", field=sorted(reading)[0])
+                          "Python instead", location=call, field=sorted(reading)[0])
     as_read = isinstance(trace, Trace) and trace.is_as_read   # (an edited one: requests)
     return trace.label if as_read else PYTHON_LABEL, requests
 
@@ -294,7 +294,8 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     reading, settings = split_keywords(plain_keywords(settings))
     slo = checked_slo(slo)
     checked_flag(keep_steps, "keep_steps", "kvsim.run")
-    label, source = _source(trace if trace is not None else config_trace(config), reading)
+    label, source = trace_source(trace if trace is not None else config_trace(config),
+                                 reading)
     run_cfg = run_config(label, settings, config)
     run_cfg.check_unused_options("kvsim.run")
     options = None if isinstance(source, list) else trace_options(reading, run_cfg.seed)

@@ -20,7 +20,7 @@ import pandas as pd
 from kvsim.api import (PYTHON_LABEL, TRACE_KEYWORDS, Result, Trace, checked_count,
                        checked_flag, checked_path, checked_rate, checked_slo, config_trace,
                        load_trace, plain, plain_keywords, run_config, run_frames,
-                       split_keywords, trace_options)
+                       split_keywords, trace_options, trace_source)
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
@@ -315,6 +315,10 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
                                      else _csv(eviction))
     except ConfigError as e:
         raise located(e, "kvsim.hitrate") from None
-    requests = trace if isinstance(trace, list) else load_trace(trace, **reading)
+    if trace is None or isinstance(trace, (str, os.PathLike)):
+        requests = load_trace(trace, **reading)
+        label = requests.label
+    else:       # (requests given in Python: checked as kvsim.run checks them)
+        label, requests = trace_source(trace, reading, "kvsim.hitrate")
     result = hr.hitrate_curves(iter(requests), caps, policies, block_size, float(lookahead_s))
-    return HitRates({**result, "trace": getattr(requests, "label", PYTHON_LABEL)})
+    return HitRates({**result, "trace": label})

@@ -13,6 +13,7 @@ import pytest
 from clirun import kvsim as kvsim_cli
 
 import kvsim
+from kvsim.workloads import Request
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 AZURE = dict(model="llama-2-7b", limit=30, max_num_seqs=16)
@@ -280,6 +281,24 @@ def test_compare_checks_every_configuration_first(monkeypatch):
     with pytest.raises(kvsim.ConfigError, match="field 'layout': a host tier needs"):
         kvsim.compare("sample:azure-conv", layout=["paged", "contiguous"],
                       num_cpu_blocks=100)
+
+
+def test_hitrate_checks_requests_given_in_python_as_run_does():
+    trace = kvsim.load_trace("sample:azure-conv", limit=10)
+    with pytest.raises(kvsim.ConfigError, match="^kvsim.hitrate: field 'limit': trace "
+                                                "options apply to a trace file"):
+        kvsim.hitrate(trace, capacity=[100], limit=3)
+    with pytest.raises(kvsim.TraceError, match="^requests: no requests: the list is empty"):
+        kvsim.hitrate([], capacity=[100])
+    with pytest.raises(kvsim.TraceError, match="^requests\\[0\\]: expected a kvsim.workloads"
+                                               ".Request, got int"):
+        kvsim.hitrate([1, 2], capacity=[100])
+    twice = [Request(0, 0.0, 32, 4), Request(0, 0.5, 32, 4)]
+    with pytest.raises(kvsim.TraceError, match="^requests\\[1\\]: field 'request_id': 0 is "
+                                               "also the id of requests\\[0\\]"):
+        kvsim.hitrate(twice, capacity=[100])
+    assert kvsim.hitrate(iter(trace), capacity=[100]).result == kvsim.hitrate(
+        trace, capacity=[100]).result | {"trace": "python"}
 
 
 def test_hitrate_equals_kvsim_hitrate():
