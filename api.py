@@ -215,6 +215,7 @@ class Result:
     def bench(self, detailed: bool = True) -> dict:
         """The result in ``vllm bench serve --save-result`` form (see ``bench.json``)."""
         from kvsim.reports.bench import bench_result
+        checked_flag(detailed, "detailed", "Result.bench")
         return bench_result(self.summary, self.requests, detailed=detailed)
 
     def __repr__(self) -> str:

@@ -234,6 +234,8 @@ def plan(trace: Any = None, *, slo: dict | None = None, target_rate: float | Non
     from kvsim.workloads.sources import resolve_trace
     file, label = resolve_trace(path)
     checked_flag(burst, "burst", "kvsim.plan")
+    if price_table is not None:
+        price_table = checked_path(price_table, "price_table", "kvsim.plan")
     extra = dict(target_rate=target_rate, price_table=price_table, max_replicas=max_replicas,
                  rate_iterations=rate_iterations, burst=burst,
                  rate_scale=reading.get("rate_scale"))
@@ -273,9 +275,11 @@ class HitRates:
 
 
 def _csv(values: Sequence | int | str | None) -> str | None:
+    """A value or a list of values as the command line's comma-separated text (each then
+    checked there); a number that is no int, or no list, passes as itself to be refused."""
     if values is None or isinstance(values, str):
         return values
-    if isinstance(values, int):
+    if isinstance(values, int) or not isinstance(values, (list, tuple, range)):
         return str(values)
     return ",".join(str(v) for v in values)
 

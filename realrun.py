@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from kvsim.reports.terminal import deployment_text
 from kvsim.realrun_checks import (bench_completed, bench_count, bench_duration, bench_starts,
                                    oracle_requests)
@@ -174,7 +174,6 @@ def _bench_run(path: Path, data: dict, trace) -> RealRun:
 def _bench_settings(data: dict) -> dict:
     """The result's ``model_id`` as the model, when kvsim knows it (catalog, Hugging Face
     cache or a config.json path)."""
-    from kvsim.errors import ConfigError
     from kvsim.sim.perf.models import resolve_model
     model = data.get("model_id")
     try:
@@ -307,10 +306,16 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     """Replay a real run in kvsim; the error table, and with ``fit`` (a file to write) the
     fitted profile and the error table of a run with it. ``settings`` override the run's
     (a bad one is an error naming ``source``: the call, or the command line)."""
-    from kvsim.api import run, run_config
+    from kvsim.api import checked_path, run, run_config
     from kvsim.reports.io import write_json_atomic
     from kvsim.output_file import check_output_file
     from kvsim.sim.perf.models import resolve_model
+    for name, value in (("result", result), ("trace", trace), ("fit", fit)):
+        if value is not None or name == "result":
+            checked_path(value, name, source)
+    if settings is not None and not isinstance(settings, dict):
+        raise ConfigError(f"expected a dict of settings, got {type(settings).__name__}",
+                          location=source, field="settings")
     if fit is not None:
         check_output_file(fit, "fit")
     real = read_real_run(result, trace)

@@ -17,6 +17,7 @@ from kvsim.workloads import Request
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 AZURE = dict(model="llama-2-7b", limit=30, max_num_seqs=16)
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm_timed" / "timed_chat.vllm.json"
 
 
 def test_the_worked_example_in_docs_api_md_runs(tmp_path, monkeypatch, capsys):
@@ -281,6 +282,24 @@ def test_compare_checks_every_configuration_first(monkeypatch):
     with pytest.raises(kvsim.ConfigError, match="field 'layout': a host tier needs"):
         kvsim.compare("sample:azure-conv", layout=["paged", "contiguous"],
                       num_cpu_blocks=100)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda r: r.bench(detailed="no"),
+     "^Result.bench: field 'detailed': expected True or False, got 'no'"),
+    (lambda r: kvsim.plan("sample:azure-conv", slo={"ttft_p99_s": 2}, price_table=5),
+     "^kvsim.plan: field 'price_table': "),
+    (lambda r: kvsim.hitrate("sample:azure-conv", capacity=1000.0, limit=5),
+     "field 'capacity'"),
+    (lambda r: kvsim.validate_real(FIXTURE, settings=[1]),
+     "^kvsim.validate_real: field 'settings': expected a dict of settings, got list"),
+    (lambda r: kvsim.validate_real(FIXTURE, fit=5), "^kvsim.validate_real: field 'fit': "),
+    (lambda r: kvsim.validate_real(FIXTURE, trace=5), "^kvsim.validate_real: field 'trace': "),
+], ids=["bench-detailed", "plan-price-table", "hitrate-capacity", "validate-settings",
+        "validate-fit", "validate-trace"])
+def test_a_bad_argument_is_a_config_error_naming_it(result, call, message):
+    with pytest.raises(kvsim.ConfigError, match=message):
+        call(result)
 
 
 def test_hitrate_checks_requests_given_in_python_as_run_does():
