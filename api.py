@@ -220,10 +220,11 @@ class Result:
 
     def __repr__(self) -> str:
         s = self.summary
+        p50 = s["ttft_s"]["p50"]
+        ttft = "n/a" if p50 is None else f"{p50 * 1e3:.1f} ms"
         return (f"<kvsim.Result {s['config']['trace']} on {s['config']['model']}: "
                 f"{s['num_completed']}/{s['num_requests']} requests, "
-                f"{s['throughput_output_tokens_per_s']:.1f} output tok/s, "
-                f"TTFT p50 {s['ttft_s']['p50']}>")
+                f"{s['throughput_output_tokens_per_s']:.1f} output tok/s, TTFT p50 {ttft}>")
 
 
 def trace_source(trace: Any, reading: dict, call: str = "kvsim.run") -> tuple[str, Any]:

@@ -63,6 +63,8 @@ class Comparison:
 
     @property
     def table(self) -> pd.DataFrame:
+        """One row per run, indexed by label: the ``kvsim compare`` table's numbers, and
+        ``identical_to``, the first earlier run with identical results ("" if none)."""
         from kvsim.reports.grid_table import identical_to, table_metrics
         same = identical_to(self.labels, [r.summary for r in self.runs])
         rows = [{"label": label, **table_metrics(r.summary), "identical_to": other or ""}
@@ -167,11 +169,13 @@ class Plan:
 
     @property
     def table(self) -> pd.DataFrame:
+        """``plan.csv``: one row per candidate, best first."""
         from kvsim.reports.plan import plan_frame
         return plan_frame(self.result)
 
     @property
     def recommended(self) -> dict | None:
+        """The cheapest candidate meeting every SLO (its ``plan.json`` entry), or None."""
         return self.result["recommended"]
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
@@ -184,6 +188,7 @@ class Plan:
             return write_plan_outputs(out_dir, self.result, html=html)
 
     def report(self, path: str | os.PathLike) -> Path:
+        """Write the plan's HTML report to ``path``; returns the path."""
         from kvsim.reports.plan import render_plan_report
         checked_path(path, "path", "Plan.report")
         return render_plan_report(self.result, path)
@@ -258,6 +263,7 @@ class HitRates:
 
     @property
     def table(self) -> pd.DataFrame:
+        """One row per policy and capacity (``hitrate.json``'s rows)."""
         return pd.DataFrame(self.result["rows"])
 
     def write(self, out_dir: str | os.PathLike, *, html: bool = True) -> dict[str, Path]:
@@ -268,10 +274,17 @@ class HitRates:
         return write_hitrate_outputs(self.result, Path(out_dir), html, option="out_dir")
 
     def report(self, path: str | os.PathLike) -> Path:
+        """Write the hit-rate curves' HTML report to ``path``; returns the path."""
         from kvsim.reports.html import render_hitrate_report
         checked_path(path, "path", "HitRates.report")
         return render_hitrate_report(self.table, path, config={
             k: v for k, v in self.result.items() if k != "rows"})
+
+    def __repr__(self) -> str:
+        rows = self.result["rows"]
+        policies = dict.fromkeys(r["policy"] for r in rows)
+        return (f"<kvsim.HitRates {self.result.get('trace')}: {len(policies)} policies "
+                f"({', '.join(policies)}) x {len(rows) // max(1, len(policies))} capacities>")
 
 
 def _csv(values: Sequence | int | str | None) -> str | None:

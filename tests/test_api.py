@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from unittest.mock import ANY
 
+import numpy as np
 import pandas as pd
 import pytest
 from clirun import kvsim as kvsim_cli
@@ -300,6 +301,21 @@ def test_compare_checks_every_configuration_first(monkeypatch):
 def test_a_bad_argument_is_a_config_error_naming_it(result, call, message):
     with pytest.raises(kvsim.ConfigError, match=message):
         call(result)
+
+
+def test_reprs_are_short_and_say_what_they_hold(result):
+    first = Request(0, 0.0, 10, 5)
+    turn = Request(1, 1.5, 20, 5, prefix_hashes=np.arange(3), hash_block_size=16,
+                   session_id="s", continues=first)
+    assert repr(turn) == ("Request(request_id=1, arrival_s=1.5, prompt_tokens=20, "
+                          "output_tokens=5, session_id='s', prefix_hashes=<3 ids per 16 "
+                          "tokens>, continues=<request 0>)")
+    assert re.fullmatch(r"<kvsim.Result sample:azure-conv on llama-2-7b: 30/30 requests, "
+                        r"[\d.]+ output tok/s, TTFT p50 [\d.]+ ms>", repr(result))
+    curves = kvsim.hitrate("sample:mooncake", capacity=[100, 1000], eviction=["lru", "lfu"],
+                           limit=20)
+    assert repr(curves) == ("<kvsim.HitRates sample:mooncake: 2 policies (lru, lfu) x 2 "
+                            "capacities>")
 
 
 def test_hitrate_checks_requests_given_in_python_as_run_does():

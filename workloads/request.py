@@ -37,6 +37,24 @@ class Request:
     continues: "Request | None" = None
     may_be_continued: bool = field(default=True, compare=False, repr=False)
 
+    def __repr__(self) -> str:
+        """The numbers, the optional fields that are set, arrays by their size and the
+        request it continues by its id (a chat turn would print its whole conversation)."""
+        parts = [f"request_id={self.request_id}", f"arrival_s={self.arrival_s!r}",
+                 f"prompt_tokens={self.prompt_tokens}", f"output_tokens={self.output_tokens}"]
+        if self.priority:
+            parts.append(f"priority={self.priority}")
+        for name in ("session_id", "template_id"):
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name)!r}")
+        for name, what in (("prompt_token_ids", "token ids"), ("output_token_ids", "token ids"),
+                           ("prefix_hashes", f"ids per {self.hash_block_size} tokens")):
+            if getattr(self, name) is not None:
+                parts.append(f"{name}=<{len(getattr(self, name))} {what}>")
+        if self.continues is not None:
+            parts.append(f"continues=<request {self.continues.request_id}>")
+        return f"Request({', '.join(parts)})"
+
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens
