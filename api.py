@@ -158,14 +158,15 @@ def run_config(trace_label: str, settings: dict, config: Any = None,
                source: str = "kvsim.run") -> RunConfig:
     """The run's :class:`RunConfig`: defaults < ``config`` (a TOML file, a dict or a
     RunConfig) < ``settings``; checked."""
-    from kvsim.pipeline import read_config_file
     if isinstance(config, RunConfig):
         base = config.to_dict()
     elif isinstance(config, dict):
         base = dict(config)
+    elif config is not None:
+        from kvsim.pipeline import read_config_file
+        base = read_config_file(checked_path(config, "config", source))
     else:
-        base = read_config_file(checked_path(config, "config", source)) \
-            if config is not None else {}
+        base = {}
     base.pop("trace", None)
     return RunConfig.from_dict({**base, **settings, "trace": trace_label}, source=source)
 

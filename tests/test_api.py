@@ -38,6 +38,17 @@ def test_import_kvsim_imports_no_simulator():
     assert done.stdout.strip() == "[]", done.stderr
 
 
+def test_a_run_leaves_the_callers_random_state_and_loads_no_terminal_or_plot_library():
+    """A seeded ``random`` stays as the caller left it (rich draws from it when imported);
+    nothing to print or plot is loaded until asked for."""
+    code = ("import random, sys, kvsim; random.seed(1); before = random.getstate(); "
+            "kvsim.run('sample:azure-conv', limit=5); "
+            "print(random.getstate() == before, [m for m in ('rich', 'plotly') "
+            "if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "True []", done.stderr
+
+
 @pytest.fixture(scope="module")
 def result():
     return kvsim.run("sample:azure-conv", **AZURE)
