@@ -253,8 +253,8 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     if config.long_prompt == "truncate":
         return (f"{share} {fit}; truncating the {scan.num_overflowing:,} whose prompt and "
                 "output together pass it (--long-prompt truncate)")
-    advice = long_prompt_advice(max_model_len, deployment.num_gpu_blocks * config.block_size,
-                                config.num_gpu_blocks is not None, deployment.model_max_len)
+    advice = long_prompt_advice(deployment.max_model_len_limit,
+                                config.num_gpu_blocks is not None)
     return f"{share} {fit} and will be rejected; {advice}"
 
 

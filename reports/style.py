@@ -136,24 +136,33 @@ def rejected_text(summary: dict) -> str:
         return ""
     limit = get(summary, "kv", "max_model_len")
     limit_text = f" {fmt_num(limit)}" if limit else ""
-    pool = (get(summary, "kv", "num_gpu_blocks") or 0) * (get(summary, "kv", "block_size") or 0)
-    given = get(summary, "config", "num_gpu_blocks") is not None
-    advice = long_prompt_advice(limit, pool, given, get(summary, "model", "max_model_len"))
+    advice = long_prompt_advice(max_model_len_limit(summary),
+                                get(summary, "config", "num_gpu_blocks") is not None)
     return (f"{fmt_num(n)} of {fmt_num(summary.get('num_requests'))} requests: prompt of "
             f"max_model_len{limit_text} tokens or more ({advice})")
 
 
-def long_prompt_advice(max_model_len, pool_tokens: int, blocks_given: bool,
-                       model_context=None) -> str:
-    """What to do about prompts of ``max_model_len`` tokens or more: raise it, unless the KV
-    pool (``pool_tokens``, ``--num-gpu-blocks`` when ``blocks_given``) or the model's own
-    context (``model_context``) is what limits it."""
-    if is_number(max_model_len) and max_model_len == model_context and pool_tokens \
-            and max_model_len < pool_tokens:
+def max_model_len_limit(summary: dict) -> str:
+    """What set the run's max_model_len (``kv.max_model_len_limit``: given, model or kv_pool);
+    for a summary written before kvsim said so, judged from the pool's tokens."""
+    said = get(summary, "kv", "max_model_len_limit")
+    if said:
+        return said
+    limit, context = get(summary, "kv", "max_model_len"), get(summary, "model", "max_model_len")
+    pool = (get(summary, "kv", "num_gpu_blocks") or 0) * (get(summary, "kv", "block_size") or 0)
+    if is_number(limit) and pool and limit >= pool:
+        return "kv_pool"
+    return "model" if is_number(limit) and limit == context else "given"
+
+
+def long_prompt_advice(limit: str, blocks_given: bool) -> str:
+    """What to do about prompts of ``max_model_len`` tokens or more, by what set it
+    (``limit``: ``given``, ``model``, ``kv_pool``; ``blocks_given``: ``--num-gpu-blocks``)."""
+    if limit == "model":
         return ("that is the model's own context: pass --long-prompt truncate, choose a "
                 "model with a longer one, or raise --max-model-len past it (vLLM then needs "
                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
-    if not (is_number(max_model_len) and pool_tokens and max_model_len >= pool_tokens):
+    if limit != "kv_pool":
         return "raise --max-model-len, or pass --long-prompt truncate"
     more = "raise --num-gpu-blocks" if blocks_given else (
         "give the KV cache more memory: a larger --gpu, more --tp or a higher "

@@ -9,11 +9,13 @@ import pytest
 from kvsim.cache.attention_groups import LayerGroup, group_layers
 from kvsim.cache.multi_group import NULL, MultiGroupKVManager
 from kvsim.errors import ConfigError
+from kvsim.sim.config import RunConfig
 from kvsim.sim.perf.cost_model import CostModel
 from kvsim.sim.perf.kv_layout import kv_layout, longest_request
 from kvsim.sim.perf.memory import kv_pool
 from kvsim.sim.perf.models import list_models, resolve_model, weight_dtype_bytes
 from kvsim.sim.perf.moe import expected_experts
+from kvsim.sim.serving.runner import resolve_deployment
 
 GIB = 1 << 30
 NEW = ["llama-3.1-405b", "llama-3.3-70b", "llama-4-scout", "llama-4-maverick", "qwen3-8b",
@@ -109,6 +111,23 @@ def test_longest_request_counts_every_groups_worst_case():
     # sliding worst case: ceil((127 + 2048) / 16) + 1 = 137 blocks; full: ceil(L / 16)
     assert longest_request(layout, 1137, 2048, 131072) == 1000 * 16
     assert longest_request(layout, 10_000_000, 2048, 131072) == 131072
+
+
+def test_a_hybrid_pool_caps_max_model_len_at_its_longest_request_and_says_so():
+    """1,137 blocks of gpt-oss-20b hold a 16,000-token request (the sliding groups take the
+    rest): that caps max_model_len (kv_pool); asking for more names that length, not
+    blocks x block size (18,192)."""
+    config = RunConfig(model="gpt-oss-20b", num_gpu_blocks=1137,
+                       max_num_batched_tokens=2048)
+    deployment = resolve_deployment(config)
+    assert (deployment.max_model_len, deployment.max_model_len_limit) == (16_000, "kv_pool")
+    with pytest.raises(ConfigError, match=r"^field 'max_model_len': max_model_len 20,000 "
+                       r"tokens exceeds the KV pool of 1,137 blocks, whose longest request "
+                       r"has 16,000 tokens \(its attention groups share the blocks\)"):
+        resolve_deployment(replace(config, max_model_len=20_000))
+    assert resolve_deployment(replace(config, max_model_len=8_000)).max_model_len_limit == \
+        "given"
+    assert resolve_deployment(RunConfig(model="gpt-oss-20b")).max_model_len_limit == "model"
 
 
 def _manager(num_blocks=20):
@@ -251,7 +270,6 @@ def test_chunked_local_group_frees_the_blocks_before_the_current_chunk():
 
 
 def test_a_simulated_hybrid_run_gives_every_block_back():
-    from kvsim.sim.config import RunConfig
     from kvsim.sim.serving.runner import simulate
     from kvsim.workloads import read_trace, sample_path
     from kvsim.workloads.options import TraceOptions

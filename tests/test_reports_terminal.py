@@ -165,6 +165,23 @@ def test_rejections_are_explained_by_what_limits_max_model_len():
     assert rejected_text({"num_rejected": 0}) == ""
 
 
+def test_rejections_follow_what_the_summary_says_set_max_model_len():
+    """A hybrid model's pool holds fewer tokens than blocks x block size: the summary's
+    ``kv.max_model_len_limit`` says the pool set the limit, whatever the arithmetic."""
+    from kvsim.reports.style import rejected_text
+    summary = {"num_rejected": 9, "num_requests": 50, "config": {"num_gpu_blocks": None},
+               "kv": {"max_model_len": 18816, "num_gpu_blocks": 1697, "block_size": 16,
+                      "max_model_len_limit": "kv_pool"}, "model": {"max_model_len": 131072}}
+    assert "(the KV pool holds no longer request: give the KV cache more memory" in \
+        rejected_text(summary)
+    summary["kv"]["max_model_len_limit"] = "model"
+    assert "(that is the model's own context: pass --long-prompt truncate" in \
+        rejected_text(summary)
+    summary["kv"]["max_model_len_limit"] = "given"
+    assert rejected_text(summary).endswith("(raise --max-model-len, or pass --long-prompt "
+                                           "truncate)")
+
+
 def test_slo_verdicts_count_requests_that_never_completed_as_misses():
     from kvsim.reports.terminal import slo_verdicts
     summary = {"num_requests": 100, "num_completed": 100, "slo": {"ttft_p99_s": 3.0},

@@ -141,7 +141,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
                "mean_cached_idle_blocks": idle,
                "mean_cached_idle_fraction": idle / pool if pool else 0.0,
                "pool": dep.pool_explanation, "max_model_len": dep.max_model_len,
-               **kv_extra(cfg, dep)},
+               "max_model_len_limit": dep.max_model_len_limit, **kv_extra(cfg, dep)},
         "model": model_info(cfg),
         "fragmentation": _fragmentation(held, pool * cfg.block_size),
         "compaction": _compaction(result),

@@ -44,6 +44,9 @@ class Deployment:
     num_cpu_blocks: int = 0
     layout: KvLayout | None = None
     model_max_len: int | None = None    # the model's own context (max_position_embeddings)
+    #: what set max_model_len: "given" (--max-model-len), "model" (its context) or "kv_pool"
+    #: (the longest request the pool holds)
+    max_model_len_limit: str = "model"
 
     @property
     def multi_group(self) -> bool:
@@ -87,11 +90,14 @@ def resolve_deployment(config: RunConfig) -> Deployment:
     if config.layout == "contiguous" and config.allocator == "buddy":
         longest = 1 << (slots.bit_length() - 1)     # the largest buddy block: a power of two
     max_len = config.max_model_len or min(model.max_model_len, longest)
+    limit = ("given" if config.max_model_len else
+             "model" if model.max_model_len <= longest else "kv_pool")
     if max_len > slots:
-        raise ConfigError(
-            f"max_model_len {max_len:,} tokens exceeds the KV pool of {blocks:,} blocks x "
-            f"{config.block_size} = {slots:,} tokens ({text}); lower it or add memory",
-            field="max_model_len")
+        holds = (f"{blocks:,} blocks x {config.block_size} = {slots:,} tokens" if not
+                 layout.is_hybrid else f"{blocks:,} blocks, whose longest request has "
+                 f"{slots:,} tokens (its attention groups share the blocks)")
+        raise ConfigError(f"max_model_len {max_len:,} tokens exceeds the KV pool of {holds} "
+                          f"({text}); lower it or add memory", field="max_model_len")
     if max_len > longest:
         raise ConfigError(
             f"max_model_len {max_len:,} tokens exceeds the largest region the buddy allocator "
@@ -108,7 +114,7 @@ def resolve_deployment(config: RunConfig) -> Deployment:
         raise ConfigError(f"{config.kv_offloading_size:g} GiB makes {host:,} CPU blocks of "
                           f"{config.block_size} tokens: give between 1 and {MAX_POOL_BLOCKS:,}",
                           field="kv_offloading_size")
-    return Deployment(blocks, max_len, text, host, layout, model.max_model_len)
+    return Deployment(blocks, max_len, text, host, layout, model.max_model_len, limit)
 
 
 def _check_multi_group(config: RunConfig, name: str) -> None:
