@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
 from typing import Any, Callable, Literal, Optional
 
@@ -29,9 +30,24 @@ SEED_OPTION = typer.Option(0, "--seed", min=0, help="Seed of every random draw."
 def emit(result: Any, as_json: bool, render=None) -> None:
     """Print ``result`` as JSON (``--json``) or through ``render`` for people."""
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=_jsonable) + "\n")
+        write_stdout(json.dumps(result, indent=2, sort_keys=True, default=_jsonable) + "\n")
     elif render is not None:
         render(result)
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout whole, or raise :class:`BrokenPipeError` when its reader has
+    gone: a buffered write longer than the pipe holds was cut at 64 KiB with no error when
+    the reader left (``--json | head -c 1`` ended with 0, the JSON silently incomplete)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):   # (not a file: a test's capture)
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    data = memoryview(text.encode(sys.stdout.encoding or "utf-8"))
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _jsonable(value: Any):

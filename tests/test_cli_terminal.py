@@ -197,6 +197,21 @@ def test_a_new_run_replaces_every_file_of_the_last_one(tmp_path):
                                                           "timeline.csv"]
 
 
+def test_a_reader_leaving_after_the_first_bytes_of_a_long_result_is_141_too(tmp_path):
+    """``--json | head -c 1`` on a result longer than a pipe holds (64 KiB): the write past
+    what the pipe took fails, and kvsim says so with 141 (it ended with 0 before, the JSON
+    cut at 64 KiB without a sign)."""
+    capacities = ",".join(str(c) for c in range(10, 3010, 10))
+    proc = subprocess.Popen([*KVSIM, "hitrate", "sample:azure-conv", "--limit", "20",
+                             "--capacity", capacities, "--json"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(1) == b"{"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert b"Traceback" not in err
+
+
 @pytest.mark.parametrize("args", [["models"], ["run", "--limit", "20", "--json"],
                                   ["plan", "sample:mooncake", "--limit", "20", "--burst",
                                    "--slo-ttft-p99", "2"]])
