@@ -12,6 +12,7 @@ import typer
 from kvsim.commands.options import (JSON_OPTION, OFFLOAD_WRITE_OPTION, PREEMPTION_MODE_OPTION,
                           SEED_OPTION, OptionGroup, emit, given_path, opt, progress, setting,
                           trace_options, trace_reading, with_groups)
+from kvsim.sim.config import OffloadWrite, PreemptionMode, SchedulingPolicy
 
 DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda.")
 BACKEND_MODEL_OPTION = typer.Option("tiny-llama", "--model", help="tiny-llama (bundled), a "
@@ -70,18 +71,22 @@ def _engine_settings(values: dict) -> dict:
 
 
 #: The engine settings ``kvsim validate`` runs both sides with (host-tier ones only when given).
-VALIDATE_ENGINE = OptionGroup({
-    "num_gpu_blocks": (int, typer.Option(512, "--num-gpu-blocks", min=1)),
-    "max_num_seqs": (int, typer.Option(16, "--max-num-seqs", min=1)),
-    "max_num_batched_tokens": (int, typer.Option(512, "--max-num-batched-tokens", min=1)),
+VALIDATE_ENGINE = OptionGroup({     # (defaults sized for the small CPU model, not run's)
+    "num_gpu_blocks": (int, typer.Option(512, "--num-gpu-blocks", min=1, help="KV blocks "
+                                         "of both sides (a small pool for the CPU model).")),
+    "max_num_seqs": (int, typer.Option(16, "--max-num-seqs", min=1,
+                                       help="Most requests in a batch.")),
+    "max_num_batched_tokens": (int, typer.Option(512, "--max-num-batched-tokens", min=1,
+                                                 help="Token budget per step.")),
     "max_model_len": (Optional[int], opt("Longest sequence.", "--max-model-len")),
     "enable_prefix_caching": (bool, typer.Option(
-        True, "--enable-prefix-caching/--no-enable-prefix-caching")),
-    "scheduling_policy": (str, typer.Option("fcfs", "--scheduling-policy")),
+        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching.")),
+    "scheduling_policy": (SchedulingPolicy, typer.Option("fcfs", "--scheduling-policy",
+                                                         help="Queue order.")),
     "num_cpu_blocks": (Optional[int], setting("num_cpu_blocks", "CPU KV tier in blocks per "
                                               "replica.")),
-    "offload_write": (Optional[str], OFFLOAD_WRITE_OPTION),
-    "preemption_mode": (Optional[str], PREEMPTION_MODE_OPTION),
+    "offload_write": (Optional[OffloadWrite], OFFLOAD_WRITE_OPTION),
+    "preemption_mode": (Optional[PreemptionMode], PREEMPTION_MODE_OPTION),
 }, _engine_settings)
 
 

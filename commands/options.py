@@ -253,7 +253,8 @@ CPU_OFFLOAD_GB_OPTION = typer.Option(None, "--cpu-offload-gb", hidden=True,
 MAX_MODEL_LEN_OPTION = setting(
     "max_model_len", "Longest sequence (none: the model's, capped by the pool).")
 LONG_PROMPT_OPTION = setting(
-    "long_prompt", "Prompts of max_model_len tokens or more: reject them (vLLM) or truncate "
-    "prompt and output in proportion until they fit (Vidur).")
+    "long_prompt", "Prompts of max_model_len tokens or more: reject them (vLLM), or truncate "
+    "every request whose prompt and output together pass max_model_len, both cut in "
+    "proportion until they fit (Vidur).")
 
 OutputFormat = Literal["csv", "parquet"]
