@@ -149,7 +149,8 @@ REAL_RUN_SETTINGS = OptionGroup({
     "gpu": (Optional[str], opt("GPU of the real run.", "--gpu")),
     "tp": (Optional[int], opt("Tensor-parallel GPUs.", "--tp")),
     "block_size": (Optional[int], opt("Tokens per KV block.", "--block-size")),
-    "num_gpu_blocks": (Optional[int], opt("KV blocks (the real engine's).", "--num-gpu-blocks")),
+    "num_gpu_blocks": (Optional[int], opt("Usable KV blocks (a vLLM engine's less its null "
+                                          "block).", "--num-gpu-blocks")),
     "max_num_seqs": (Optional[int], opt("Most requests in a batch.", "--max-num-seqs")),
     "max_num_batched_tokens": (Optional[int], opt("Token budget per step.",
                                                   "--max-num-batched-tokens")),

@@ -30,8 +30,9 @@ RUN_SETTINGS = OptionGroup({
     "router": (Optional[RouterName], setting("router", "How requests are spread over "
                                              "replicas.")),
     "block_size": (Optional[int], setting("block_size", "Tokens per KV block.")),
-    "num_gpu_blocks": (Optional[int], setting("num_gpu_blocks", "KV blocks per replica "
-                                              "(overrides sizing).")),
+    "num_gpu_blocks": (Optional[int], setting("num_gpu_blocks", "Usable KV blocks per "
+                                              "replica, overriding the sizing (vLLM's "
+                                              "--num-gpu-blocks-override N gives N-1).")),
     "dtype": (Optional[KvDtype], setting("dtype", "KV cache (and weights) dtype.")),
     "weight_dtype": (Optional[WeightDtype], setting(
         "weight_dtype", "Weights stored as (int4: 4-bit with group-128 scales); none: the "
