@@ -92,7 +92,8 @@ VALIDATE_ENGINE = OptionGroup({     # (defaults sized for the small CPU model, n
 
 @with_groups
 def validate_command(
-    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any format)."),
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file (any format), '-' for "
+                                "standard input, or sample:NAME."),
     device: str = DEVICE_OPTION, model: str = BACKEND_MODEL_OPTION,
     profile: Optional[str] = typer.Option(None, "--profile", metavar="FILE", help="Fitted "
                                           "profile (kvsim profile); default: profile here, "

@@ -69,7 +69,8 @@ PLAN_RATE_SCALE = (Optional[float], typer.Option(
 
 @with_groups
 def plan_command(
-    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, '-' for standard "
+                                "input, or sample:NAME."),
     search: dict = PLAN_SEARCH,
     out: str = typer.Option(
         "kvsim-plan", "--out", metavar="DIR", callback=given_path, help="Output directory."),

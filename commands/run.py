@@ -108,7 +108,7 @@ BENCH_JSON_OPTION = typer.Option(
 @with_groups
 def run_command(
     trace: Optional[str] = typer.Argument(
-        None, metavar="[TRACE]", help="Trace file, '-' for standard input, or sample:NAME "
+        None, metavar="TRACE", help="Trace file, '-' for standard input, or sample:NAME "
         "(default: sample:mooncake; also sample:azure-conv)."),
     config_file: Optional[str] = opt("TOML file holding any of these settings.", "--config"),
     settings: dict = RUN_SETTINGS,

@@ -112,7 +112,8 @@ def gen_command(
 
 @with_groups
 def hitrate_command(
-    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, or sample:NAME."),
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace file, '-' for standard "
+                                "input, or sample:NAME."),
     capacity: Optional[str] = opt("Cache capacities in blocks, comma-separated "
                                   "(e.g. 1000,5000,20000). This or --capacity-tokens is "
                                   "required.", "--capacity"),
