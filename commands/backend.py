@@ -80,7 +80,8 @@ VALIDATE_ENGINE = OptionGroup({     # (defaults sized for the small CPU model, n
                                                  help="Token budget per step.")),
     "max_model_len": (Optional[int], opt("Longest sequence.", "--max-model-len")),
     "enable_prefix_caching": (bool, typer.Option(
-        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching.")),
+        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching.",
+        show_default="on")),
     "scheduling_policy": (SchedulingPolicy, typer.Option("fcfs", "--scheduling-policy",
                                                          help="Queue order.")),
     "num_cpu_blocks": (Optional[int], setting("num_cpu_blocks", "CPU KV tier in blocks per "

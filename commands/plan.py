@@ -25,7 +25,8 @@ PLAN_SEARCH = OptionGroup({
     "max_num_seqs": (str, typer.Option("256", "--max-num-seqs", help="Candidate sequence "
                                        "caps.")),
     "enable_prefix_caching": (bool, typer.Option(
-        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching.")),
+        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching.",
+        show_default="on")),
     "eviction": (Optional[str], opt("Candidate eviction policies, comma-separated.",
                                     "--eviction")),
     "dtype": (Optional[str], opt("Candidate KV (and weight) dtypes, e.g. bf16,fp8.", "--dtype")),
