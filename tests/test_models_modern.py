@@ -127,7 +127,11 @@ def test_a_hybrid_pool_caps_max_model_len_at_its_longest_request_and_says_so():
         resolve_deployment(replace(config, max_model_len=20_000))
     assert resolve_deployment(replace(config, max_model_len=8_000)).max_model_len_limit == \
         "given"
+    assert resolve_deployment(replace(config, max_model_len=16_000)).max_model_len_limit == \
+        "kv_pool"       # (given, but raising it would be refused)
     assert resolve_deployment(RunConfig(model="gpt-oss-20b")).max_model_len_limit == "model"
+    assert resolve_deployment(RunConfig(model="gpt-oss-20b", max_model_len=131072)
+                              ).max_model_len_limit == "model"
 
 
 def _manager(num_blocks=20):

@@ -84,14 +84,13 @@ def resolve_deployment(config: RunConfig) -> Deployment:
     slots = blocks * config.block_size
     if layout.is_hybrid:
         _check_multi_group(config, model.name)
-        slots = longest_request(layout, blocks, config.max_num_batched_tokens,
-                                config.max_model_len or model.max_model_len)
+        slots = longest_request(layout, blocks, config.max_num_batched_tokens, slots)
     longest = slots
     if config.layout == "contiguous" and config.allocator == "buddy":
         longest = 1 << (slots.bit_length() - 1)     # the largest buddy block: a power of two
     max_len = config.max_model_len or min(model.max_model_len, longest)
-    limit = ("given" if config.max_model_len else
-             "model" if model.max_model_len <= longest else "kv_pool")
+    limit = ("kv_pool" if max_len >= longest else   # (raising it would be refused)
+             "model" if max_len == model.max_model_len else "given")
     if max_len > slots:
         holds = (f"{blocks:,} blocks x {config.block_size} = {slots:,} tokens" if not
                  layout.is_hybrid else f"{blocks:,} blocks, whose longest request has "
