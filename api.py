@@ -38,12 +38,14 @@ class Trace(list):
         super().__init__(requests)
         self.path, self.label, self.options = path, label, options
         self._as_read = tuple(self)     # (the requests the file gave, to tell an edit)
+        self._read_print = _fingerprint(self)
 
     @property
     def is_as_read(self) -> bool:
-        """Whether the list still holds the requests its file gave, in order (a study that
-        reads the trace again from its file in every run needs it unchanged)."""
-        return len(self) == len(self._as_read) and all(map(operator.is_, self, self._as_read))
+        """Whether the list still holds the requests its file gave, in order and unchanged (a
+        study that reads the trace again from its file in every run needs it so)."""
+        return (len(self) == len(self._as_read) and all(map(operator.is_, self, self._as_read))
+                and _fingerprint(self) == self._read_print)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request: id, arrival (s), prompt and output tokens, priority."""
@@ -55,6 +57,15 @@ class Trace(list):
 
     def __repr__(self) -> str:
         return f"<kvsim.Trace {self.label}: {len(self)} requests>"
+
+
+def _fingerprint(requests: list[Request]) -> int:
+    """A sum of hashes of what a run reads of each request (its numbers, names and which
+    arrays and parent it holds): changes when a field is set anew."""
+    return sum(hash((r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority,
+                     r.session_id, r.template_id, r.hash_block_size, id(r.prompt_token_ids),
+                     id(r.prefix_hashes), id(r.output_token_ids), id(r.continues)))
+               for r in requests)
 
 
 def checked_flag(value: Any, name: str, call: str) -> bool:
@@ -257,8 +268,10 @@ def config_trace(config: Any, call: str = "kvsim.run") -> str | None:
         from kvsim.pipeline import read_config_file
         trace = read_config_file(checked_path(config, "config", call)).get("trace")
     if trace == PYTHON_LABEL:
-        raise ConfigError("the config's trace stands for requests given in Python; pass them "
-                          "again as the trace argument", location=call, field="trace")
+        again = ("pass them again as the trace argument" if call == "kvsim.run" else
+                 "write them to a trace file and pass that (each run reads the file)")
+        raise ConfigError(f"the config's trace stands for requests given in Python; {again}",
+                          location=call, field="trace")
     return trace
 
 
@@ -306,6 +319,9 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
         resolve_deployment(run_cfg)           # model, GPU, TP and pool, before the trace
     except ConfigError as e:
         raise located(e, "kvsim.run") from None
+    if options is None and run_cfg.long_prompt == "truncate":
+        from kvsim.workloads.request_list import copied_requests
+        source = copied_requests(source)     # (the run cuts them in place; not the caller's)
     requests = (lambda: iter(source)) if options is None else (lambda: read(source, options))
     read_with = options if options is not None else getattr(trace, "options", None)
     frames = run_frames(simulate(requests(), run_cfg, keep_steps=keep_steps,

@@ -218,6 +218,22 @@ def test_rejected_requests_are_a_warning_in_python_names():
     assert caught[0].filename == __file__
 
 
+def test_truncating_leaves_the_callers_requests_as_they_were(tmp_path):
+    """long_prompt="truncate" cuts requests as they arrive: a list given in Python is copied
+    first (it cut the caller's objects, so the next run of the same list saw them cut), and
+    the run equals the file's, continued turns included."""
+    assert kvsim_cli("gen", "chat", "-n", "60", "--seed", "1", "--out",
+                     tmp_path / "chat.jsonl").returncode == 0
+    trace = kvsim.load_trace(tmp_path / "chat.jsonl")
+    lengths = [(r.prompt_tokens, r.output_tokens) for r in trace]
+    cut = kvsim.run(trace, model="llama-2-7b", max_model_len=1024, long_prompt="truncate")
+    assert cut.summary["num_truncated"] > 0 and sum(r.continues is not None for r in trace)
+    assert [(r.prompt_tokens, r.output_tokens) for r in trace] == lengths
+    from_file = kvsim.run(tmp_path / "chat.jsonl", model="llama-2-7b", max_model_len=1024,
+                          long_prompt="truncate")
+    assert cut.requests.equals(from_file.requests)
+
+
 def test_a_bad_output_format_leaves_the_earlier_result_whole(result, tmp_path):
     result.write(tmp_path / "run", html=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
@@ -277,6 +293,10 @@ def test_a_trace_edited_in_python_is_requests_not_its_file():
     the trace again in every run, refuse it rather than read what the file holds."""
     trace = kvsim.load_trace("sample:azure-conv", limit=12)
     assert trace.is_as_read and kvsim.run(trace).config.trace == "sample:azure-conv"
+    trace[0].output_tokens += 1         # a field set anew is an edit too
+    assert not trace.is_as_read
+    trace[0].output_tokens -= 1
+    assert trace.is_as_read
     del trace[5:]
     assert not trace.is_as_read
     r = kvsim.run(trace)

@@ -149,6 +149,19 @@ def test_the_trace_of_an_oracle_replay_may_come_on_stdin(tmp_path):
     assert json.loads(by_stdin.stdout)["before"] == json.loads(by_path.stdout)["before"]
 
 
+def test_a_replay_that_rejects_requests_prints_no_python_warning(tmp_path):
+    """kvsim.run warns Python callers of rejected requests; validate-real's table is where a
+    replay shows them, so its stderr stays clean (it printed a KvsimWarning with a source
+    line)."""
+    data = json.loads(FIXTURE.read_text())
+    data["summary"]["settings"]["max_model_len"] = 300
+    short = tmp_path / "short.vllm.json"
+    short.write_text(json.dumps(data))
+    done = kvsim("validate-real", short, "--trace", FIXTURE.with_name("timed_chat.jsonl"))
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr and done.stderr == ""
+
+
 def test_the_fit_keeps_every_term_non_negative():
     import numpy as np
     from kvsim.realrun import nonnegative_lstsq

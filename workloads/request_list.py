@@ -4,6 +4,7 @@ the field."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -108,3 +109,17 @@ def _check_parent(request: Request, i: int, position: dict[int, int], loc: str,
             raise F.fail(loc, "continues", "leads back to a request already in its chain")
         chain.add(id(node))
         node = node.continues
+
+
+def copied_requests(requests: list[Request]) -> list[Request]:
+    """Copies of ``requests`` (each one continuing the copy of its parent) for a run that
+    cuts requests in place (``long_prompt="truncate"``), so the caller's stay as they were."""
+    copies: dict[int, Request] = {}
+    out = []
+    for request in requests:
+        copy = replace(request)
+        if request.continues is not None:
+            copy.continues = copies.get(id(request.continues), request.continues)
+        copies[id(request)] = copy
+        out.append(copy)
+    return out
