@@ -25,6 +25,8 @@ reads or writes changes hands.
 
 from __future__ import annotations
 
+from itertools import groupby
+from operator import itemgetter
 from typing import Sequence
 
 from kvsim.cache.host_tier import HostTier
@@ -65,7 +67,8 @@ class TieredKVCacheManager(KVCacheManager):
         self.num_transferred_blocks = dict.fromkeys(TRANSFER_KINDS, 0)
         self._transfers: list[BlockTransfer] = []
         self._written: set[int] = set()     # destinations of the last transfer
-        self._pending_writes: list[tuple[int, int]] = []      # (GPU block, hash) to write
+        # (GPU block, hash, request, priority) to write, and which request filled it
+        self._pending_writes: list[tuple[int, int, object, int]] = []
         self._swapped: dict[object, tuple[list[int], int]] = {}   # id -> (host ids, tokens)
 
     # --- lookup --------------------------------------------------------------------------
@@ -143,14 +146,21 @@ class TieredKVCacheManager(KVCacheManager):
     # --- copies for the step plan --------------------------------------------------------
 
     def begin_step(self) -> None:
-        """A new step starts: write through the blocks the last step filled."""
+        """A new step starts: write through the blocks the last step filled, each stored for
+        the request that filled it (a host pool that keys blocks by priority reads it; it read
+        whichever request the last step allocated for last, which a decode run, allocating
+        only where blocks change, does not repeat)."""
         if not self._pending_writes:
             return
         hashes = self.pool.block_hashes
-        still = [(block_id, block_hash) for block_id, block_hash in self._pending_writes
-                 if hashes[block_id] == block_hash]     # (else evicted before its copy ran)
-        self._pending_writes.clear()
-        self._store(still)
+        still = [w for w in self._pending_writes if hashes[w[0]] == w[1]]   # (else evicted
+        self._pending_writes.clear()                                        # before its copy)
+        if not self._host_scored:
+            self._store([(block_id, block_hash) for block_id, block_hash, _, _ in still])
+            return
+        for (request_id, priority), writes in groupby(still, key=itemgetter(2, 3)):
+            self.host.pool.begin(request_id, priority)
+            self._store([(block_id, block_hash) for block_id, block_hash, _, _ in writes])
 
     def take_transfers(self) -> list[BlockTransfer]:
         """The copies recorded since the last call, in the order they must run."""
@@ -214,6 +224,7 @@ class TieredKVCacheManager(KVCacheManager):
         start = entry.num_cached
         super()._cache_full_blocks(entry, tokens, num_tokens)
         if self.write_through and entry.num_cached > start:
-            hashes = self.pool.block_hashes
+            hashes, priority = self.pool.block_hashes, getattr(tokens, "priority", 0)
+            owner = getattr(tokens, "request_id", None)
             self._pending_writes.extend(
-                (b, hashes[b]) for b in entry.block_ids[start:entry.num_cached])
+                (b, hashes[b], owner, priority) for b in entry.block_ids[start:entry.num_cached])

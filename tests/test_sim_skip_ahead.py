@@ -65,6 +65,13 @@ CASES = {
     "host-tier-native": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200),
     "host-tier-write-through": dict(num_gpu_blocks=400, max_num_seqs=48, num_cpu_blocks=300,
                                     offload_write="through"),
+    # (a host pool keyed by priority: each block written through for the request that filled it)
+    "host-tier-write-through-hybrid": dict(num_gpu_blocks=400, max_num_seqs=48,
+                                           num_cpu_blocks=300, offload_write="through",
+                                           eviction="hybrid"),
+    "host-tier-write-through-priority": dict(num_gpu_blocks=400, max_num_seqs=48,
+                                             num_cpu_blocks=300, offload_write="through",
+                                             eviction="priority"),
     # prompts prefilled in chunks of what the decodes leave of 96 tokens (prefill runs)
     "chunked-prefill": dict(num_gpu_blocks=900, max_num_seqs=48, max_num_batched_tokens=96),
     "chunked-prefill-tight-priority": dict(num_gpu_blocks=200, max_num_seqs=64, block_size=8,
