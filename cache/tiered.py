@@ -67,7 +67,7 @@ class TieredKVCacheManager(KVCacheManager):
         self.num_transferred_blocks = dict.fromkeys(TRANSFER_KINDS, 0)
         self._transfers: list[BlockTransfer] = []
         self._written: set[int] = set()     # destinations of the last transfer
-        # (GPU block, hash, request, priority) to write, and which request filled it
+        # (GPU block, hash, the request that filled it, its priority) to write
         self._pending_writes: list[tuple[int, int, object, int]] = []
         self._swapped: dict[object, tuple[list[int], int]] = {}   # id -> (host ids, tokens)
 
