@@ -122,9 +122,10 @@ FORMAT_OPTION = typer.Option(None, "--format", case_sensitive=False,
 LIMIT_OPTION = typer.Option(None, "--limit", min=1, help="Keep at most N requests.",
                             show_default="all")
 START_OPTION = typer.Option(None, "--start", help="Keep requests arriving at or after this "
-                            "many seconds after the trace's first request.")
+                            "many seconds after the trace's first request (the first that "
+                            "--trace-model keeps and that did not fail).")
 END_OPTION = typer.Option(None, "--end", help="Keep requests arriving before this many "
-                          "seconds after the trace's first request.")
+                          "seconds after the trace's first request (as for --start).")
 RATE_SCALE_OPTION = typer.Option(1.0, "--rate-scale", help="Request-rate multiplier: 2 "
                                  "doubles the rate (inter-arrival gaps halved).")
 SORT_OPTION = typer.Option(False, "--sort", help="Sort by arrival instead of rejecting "

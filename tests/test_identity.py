@@ -12,7 +12,7 @@ from kvsim.cache.request_state import RequestState
 from kvsim.errors import TraceError
 from kvsim.workloads.identity import (_DOMAIN_PREFIX, NamedSequences, block_ids,
                                       expand_prefix_hashes, hash_token_blocks, mix)
-from kvsim.workloads import Request, read_trace
+from kvsim.workloads import Request, TraceOptions, read_trace
 from kvsim.workloads.generators.build import GenConfig, generate
 from kvsim.workloads.writer import write_native
 
@@ -241,7 +241,11 @@ def test_trace_stats_count_a_resent_reply_as_an_ideal_hit(tmp_path):
              {"prompt_tokens": 80, "output_tokens": 4, "continues": "a"}]
     stats = trace_stats(read_trace(write(tmp_path, lines)), block_size=16)
     assert stats["full_blocks"] == 2 + 5
-    assert stats["ideal_prefix_hit_ratio"] == pytest.approx(4 / 7)
+    # the parent computed the KV of 63 tokens (its last token's never): 3 blocks to hit
+    assert stats["ideal_prefix_hit_ratio"] == pytest.approx(3 / 7)
+    windowed = [{**lines[0], "arrival_s": 0}, {**lines[1], "arrival_s": 100}]
+    late = trace_stats(read_trace(write(tmp_path, windowed), TraceOptions(start_s=50)), 16)
+    assert late["ideal_prefix_hit_ratio"] == 0      # (its parent is outside the window)
     unlinked = [dict(x) for x in lines]
     unlinked[1].pop("continues")
     assert trace_stats(read_trace(write(tmp_path, unlinked)), 16)["ideal_prefix_hit_ratio"] == 0

@@ -12,7 +12,11 @@ Definitions (these are what ``kvsim trace-stats`` prints):
   order, and is a hit when a block with the same prefix id was looked up before (by an earlier
   request). Equals ``(full_blocks - distinct_blocks) / full_blocks``. Partial last blocks are
   never cached and are not counted. ``ideal_prefix_hit_tokens_ratio`` is the same hits in tokens
-  over all prompt tokens (partial blocks included), comparable to a run's ``prefix_cache.hit_rate``.
+  over all prompt tokens (partial blocks included), comparable to a run's ``prefix_cache.hit_rate``
+  (a ceiling for it, but for one block a request at most: vLLM recomputes a prompt's last token,
+  so a prompt of whole blocks can hit all but its last). A continued request's prompt also hits
+  the blocks its parent generated (but the last token's, never computed), when the parent is in
+  the trace (or its ``--start``/``--end`` window).
 """
 
 from __future__ import annotations
@@ -84,11 +88,13 @@ def trace_stats(requests: Iterable[Request], block_size: int = 16) -> dict:
     arrivals, prompts, outputs = [], [], []
     blocks = _DistinctCounter()
     parents: set[int] = set()
+    kept: set[int] = set()      # (the requests seen: a parent outside the window never ran)
     for request in requests:
         arrivals.append(request.arrival_s)
         prompts.append(request.prompt_tokens)
         outputs.append(request.output_tokens)
-        _add_generated(blocks, request.continues, block_size, parents)
+        _add_generated(blocks, request.continues, block_size, parents, kept)
+        kept.add(id(request))
         if _counted_unique(request):
             blocks.add_unique(request.prompt_tokens // block_size)
         else:
@@ -103,13 +109,16 @@ def trace_stats(requests: Iterable[Request], block_size: int = 16) -> dict:
 
 
 def _add_generated(blocks: _DistinctCounter, parent: Request | None, block_size: int,
-                   done: set[int]) -> None:
+                   done: set[int], kept: set[int]) -> None:
     """The generated blocks of a continued request (random sampling: unique to it), once, so
-    the prompt resending them hits; recorded outputs are left out (they may repeat)."""
-    if parent is None or id(parent) in done or parent.output_token_ids is not None:
+    the prompt resending them hits; recorded outputs are left out (they may repeat), and so is
+    a parent the trace's window left out (it never ran, nothing of it is cached). The last
+    generated token's KV is never computed: the blocks end before it."""
+    if (parent is None or id(parent) in done or id(parent) not in kept
+            or parent.output_token_ids is not None):
         return
     done.add(id(parent))
-    whole = parent.block_hashes(block_size, parent.total_tokens)
+    whole = parent.block_hashes(block_size, parent.total_tokens - 1)
     start = 0 if _counted_unique(parent) else parent.prompt_tokens // block_size
     blocks.add(whole[start:], counted=False)   # (prompt ids counted as unique: now seen)
 
