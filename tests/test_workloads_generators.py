@@ -46,6 +46,8 @@ def test_trace_arrivals_replay_the_trace_timestamps_then_repeat_its_gaps():
     times = first(Arrivals("trace", path=str(sample_path("mooncake"))).times(rng()), 302)
     assert times[:300].tolist() == pytest.approx(trace)
     assert times[301] - times[300] == pytest.approx(trace[1] - trace[0])
+    by_name = first(Arrivals("trace", path="sample:mooncake").times(rng()), 300)
+    assert by_name.tolist() == times[:300].tolist()     # (a sample by name, as elsewhere)
 
 
 @pytest.mark.parametrize("arrivals, field", [
@@ -71,6 +73,8 @@ def test_resampled_lengths_come_from_the_trace():
     trace = read_trace(sample_path("azure-conv"))
     drawn = resampled(sample_path("azure-conv"), "output").sample(rng(), 500)
     assert set(drawn.tolist()) <= {r.output_tokens for r in trace}
+    assert resampled("sample:azure-conv", "output").sample(rng(), 500).tolist() == \
+        drawn.tolist()
 
 
 def test_length_specs_parse():

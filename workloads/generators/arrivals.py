@@ -71,7 +71,9 @@ class Arrivals:
 def trace_gaps(path: str) -> np.ndarray:
     """Inter-arrival gaps of a trace, with one mean gap appended to close the cycle."""
     from kvsim.workloads.loader import load_trace
-    times = np.fromiter((r.arrival_s for r in load_trace(path)), dtype=np.float64)
+    from kvsim.workloads.sources import resolve_trace
+    times = np.fromiter((r.arrival_s for r in load_trace(resolve_trace(path)[0])),
+                        dtype=np.float64)
     gaps = np.diff(times)
     closing = gaps.mean() if len(gaps) else 1.0
     return np.append(gaps, closing)

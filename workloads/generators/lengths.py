@@ -81,8 +81,10 @@ def resampled(path, field: str = "prompt") -> Lengths:
 def trace_lengths(path: str, field: str) -> np.ndarray:
     """The prompt (``field="prompt"``) or output lengths of every request of a trace."""
     from kvsim.workloads.loader import load_trace
+    from kvsim.workloads.sources import resolve_trace
     attr = "prompt_tokens" if field == "prompt" else "output_tokens"
-    return np.fromiter((getattr(r, attr) for r in load_trace(path)), dtype=np.int64)
+    return np.fromiter((getattr(r, attr) for r in load_trace(resolve_trace(path)[0])),
+                       dtype=np.int64)
 
 
 def parse_lengths(text: str, field: str = "prompt") -> Lengths:
