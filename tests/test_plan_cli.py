@@ -1,6 +1,7 @@
 """``kvsim plan`` through the real command line."""
 
 import json
+import shlex
 import re
 
 import pandas as pd
@@ -121,6 +122,21 @@ def test_host_tier_and_dtype_are_candidates_and_host_memory_is_priced(tmp_path):
     assert "CPU KV 0 GiB" in best["label"]       # a tier nobody needs only costs money
     hosted = [r for r in rows if r["feasible"] and "100 GiB" in r["label"]][0]
     assert "--kv-offloading-size 100.0" in hosted["kvsim_run"]
+
+
+def test_the_reproduce_command_keeps_long_prompt_truncate(tmp_path):
+    """The plan truncated 30 of 60 prompts; its command line must too (it rejected them)."""
+    done = kvsim("plan", "sample:mooncake", "--limit", "60", "--max-model-len", "8192",
+                 "--long-prompt", "truncate", "--gpu", "h100-80gb", "--slo-ttft-p99", "5",
+                 "--burst", "--workers", "1", "--rate-iterations", "0", "--max-replicas", "2",
+                 "--out", str(tmp_path / "p"), "--json")
+    assert done.returncode == 0, done.stderr
+    command = json.loads(done.stdout)["recommended"]["kvsim_run"]
+    assert command.endswith("--max-model-len 8192 --long-prompt truncate")
+    rerun = kvsim(*shlex.split(command)[1:], "--out", str(tmp_path / "r"), "-q")
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert (summary["num_truncated"], summary["num_rejected"]) == (30, 0)
 
 
 def test_plan_refuses_cpu_offload_gb_with_a_pointer(tmp_path):

@@ -340,6 +340,7 @@ def run_command(spec: PlanSpec, config: RunConfig) -> str:
                         ("--format", o.fmt), ("--limit", o.limit), ("--start", o.start_s),
                         ("--end", o.end_s), ("--profile", c.profile),
                         ("--max-model-len", c.max_model_len),
+                        ("--long-prompt", None if c.long_prompt == "reject" else c.long_prompt),
                         ("--trace-model", o.model_filter)):
         if value is not None:
             args += [flag, value]
