@@ -110,6 +110,22 @@ def test_latency_floors_bound_every_simulated_request(name, limit):
         assert np.all(sim[ok] >= low[ok] * (1 - 1e-9)), metric
 
 
+def test_latency_floors_count_the_replies_a_conversation_resends(tmp_path):
+    """A chat turn resends the previous turns' replies: the cache can serve them, so the
+    floors count them as cached (they assumed the earlier prompts alone, and the floor of a
+    turn then exceeded its simulated TTFT: the cheapest GPU was ruled out)."""
+    from kvsim.workloads.generators import GenConfig, write_workload
+    path = tmp_path / "chat.jsonl"
+    write_workload("chat", path, GenConfig(num_requests=100, seed=1))
+    config = RunConfig(model=MODEL, gpu="l4")
+    requests = list(load_trace(path, TraceOptions(rate_scale=0.05)))
+    floors = latency_floors(requests, config, 10**9)
+    df = requests_frame(simulate(iter(requests), config))
+    sim, low = df["ttft_s"].to_numpy(), floors["ttft_s"]
+    assert np.all(sim >= low * (1 - 1e-9))
+    assert (floors["cached_tokens"] > 0).mean() > 0.5
+
+
 def test_the_sustainable_rate_passes_and_the_next_rate_fails():
     spec = make_spec({"ttft_p99_s": 0.5, "tpot_p99_s": 0.05}, limit=40, rate_iterations=4)
     row = planner.evaluate_task((spec, 0))

@@ -6,14 +6,16 @@ configuration, nothing else running):
 
 - its prompt is prefilled in chunks of ``max_num_batched_tokens`` on top of the longest prefix
   that *could* be cached (with prefix caching on: the leading full blocks that an earlier
-  request's prompt already holds, at most ``(prompt - 1) // block_size`` blocks, as vLLM never
-  serves a whole prompt from cache); the first token comes with the last chunk, so
+  request's prompt already holds, or that a request it continues generated, at most
+  ``(prompt - 1) // block_size`` blocks, as vLLM never serves a whole prompt from cache); the
+  first token comes with the last chunk, so
   ``ttft_floor`` is the sum of those steps' durations;
 - every further output token is one decode step of a batch of one: ``tpot_floor`` is their
   mean, ``e2e_floor = ttft_floor + their sum``.
 
 In the cost model a step never gets shorter when more requests share it or when a prefill is
-cut into more chunks, and a cache never holds more than every earlier prompt, so a simulated
+cut into more chunks, and a cache never holds more than every earlier prompt and the replies
+continued since, so a simulated
 request is never faster than its floor and a percentile of the simulated latencies is never
 below the same percentile of the floors. Requests whose prompt does not fit ``max_model_len``
 are left out (the simulator rejects them).
@@ -55,8 +57,12 @@ def suggested_block_size(model: str, gpu: str, dtype: str = "bf16", tp: int = 1)
             "power_of_two": power}
 
 
-def cacheable_prefix_tokens(requests: list[Request], block_size: int) -> np.ndarray:
-    """Per request: the most prompt tokens a prefix cache could serve (see the module doc)."""
+def cacheable_prefix_tokens(requests: list[Request], block_size: int,
+                            greedy: bool = False) -> np.ndarray:
+    """Per request: the most prompt tokens a prefix cache could serve (see the module doc).
+    A request that a later one continues also leaves the blocks it generated (all but the
+    last token's, never computed; ``greedy``: the run's sampling mode names them)."""
+    continued = {id(r.continues) for r in requests if r.continues is not None}
     seen: set[int] = set()
     out = np.zeros(len(requests), dtype=np.int64)
     for i, request in enumerate(requests):
@@ -66,6 +72,8 @@ def cacheable_prefix_tokens(requests: list[Request], block_size: int) -> np.ndar
         while hits < min(limit, len(hashes)) and int(hashes[hits]) in seen:
             hits += 1
         out[i] = hits * block_size
+        if id(request) in continued:
+            hashes = request.block_hashes(block_size, request.total_tokens - 1, greedy)
         seen.update(int(h) for h in hashes)
     return out
 
@@ -86,8 +94,8 @@ def latency_floors(requests: Iterable[Request], config: RunConfig,
     floors, plus the ``prompt_tokens`` and ``cached_tokens`` they assume."""
     kept = [r for r in requests if r.prompt_tokens < max_model_len]
     cost = default_executor(config)
-    cached = (cacheable_prefix_tokens(kept, config.block_size) if config.enable_prefix_caching
-              else np.zeros(len(kept), dtype=np.int64))
+    cached = (cacheable_prefix_tokens(kept, config.block_size, config.sampling == "greedy")
+              if config.enable_prefix_caching else np.zeros(len(kept), dtype=np.int64))
     ttft, tpot, e2e = (np.zeros(len(kept)) for _ in range(3))
     for i, r in enumerate(kept):
         ttft[i] = _prefill_seconds(cost, r.prompt_tokens, int(cached[i]),
