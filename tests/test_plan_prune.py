@@ -95,6 +95,15 @@ def test_an_infeasible_candidate_says_which_target_it_certainly_missed():
         "above 50.0 ms for certain" in row["reason"]
 
 
+def test_a_miss_at_the_most_replicas_names_the_counts_the_search_skipped():
+    """1, 2 and 4 simulated: 3 was not (the search takes more replicas never to hurt, which
+    a small trace need not obey), and the reason says so rather than 'none up to 4'."""
+    point = {"replicas": 4, "stopped": "TTFT p99 above 1 s for certain"}
+    assert planner._not_met(small_spec(), point, [1, 2, 4]) == (
+        "SLO not met with 4 replicas (--max-replicas; also tried 1, 2; 1 count between not "
+        "simulated): TTFT p99 above 1 s for certain")
+
+
 def test_a_wide_rate_bracket_is_reported_as_a_range():
     from types import SimpleNamespace
     from kvsim.reports.plan import _max_rate as shown

@@ -251,7 +251,8 @@ def _search(spec: PlanSpec, config: RunConfig, row: dict, ties: int) -> dict:
     row.update(num_simulations=len(points.memo), num_stopped_early=points.num_stopped,
                num_steps=points.num_steps)
     if fewest is None:
-        return _infeasible(row, _not_met(spec, points.memo[(spec.max_replicas, load)]))
+        tried = sorted(n for n, scale in points.memo if scale == load)
+        return _infeasible(row, _not_met(spec, points.memo[(spec.max_replicas, load)], tried))
     return _feasible(spec, config, row, points.memo[(fewest, load)])
 
 
@@ -265,8 +266,16 @@ def replica_guess(load: float, boundary) -> int | None:
     return max(1, math.ceil(load / boundary.passing))
 
 
-def _not_met(spec: PlanSpec, point: dict) -> str:
-    head = f"SLO not met with {point['replicas']} replicas (--max-replicas): "
+def _not_met(spec: PlanSpec, point: dict, tried: list[int]) -> str:
+    """Why the largest replica count missed; ``tried``: the counts simulated (the search
+    skips some, taking more replicas never to raise a latency, which few requests need not
+    obey)."""
+    others = [n for n in tried if n != point["replicas"]]
+    skipped = point["replicas"] - 1 - len(others)
+    head = (f"SLO not met with {point['replicas']} replicas (--max-replicas"
+            + (f"; also tried {', '.join(map(str, others))}" if others else "")
+            + (f"; {skipped} count{'s' if skipped > 1 else ''} between not simulated"
+               if skipped > 0 else "") + "): ")
     if point["stopped"] is not None:
         return head + point["stopped"]
     missed = [f"{k.removesuffix('_s').replace('_', ' ').upper()} "
