@@ -168,12 +168,16 @@ class Scheduler(DecodeRunPlanning):
     def admission_blocked(self, decode_budget_left: int) -> bool:
         """True when no waiting request could be admitted this step, and none can be while
         the running requests only decode (free blocks only shrink then, and hits only
-        shrink), given the token budget the decodes leave."""
+        shrink), given the token budget the decodes leave. Not so for a request continuing
+        one still running: its hit grows with each block of the reply that one generates."""
         if not self.waiting:
             return True
         if len(self.running) >= self.config.max_num_seqs or decode_budget_left <= 0:
             return True
         seq = self.waiting.peek()
+        parent = seq.request.continues
+        if parent is not None and any(r.request is parent for r in self.running):
+            return False
         hit = self._lookup(seq)
         n = self._num_new_tokens(seq, hit.num_tokens, self._prefill_threshold(),
                                  decode_budget_left)

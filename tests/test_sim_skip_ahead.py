@@ -165,6 +165,22 @@ def test_decode_runs_admitting_arrivals_give_identical_results(case, monkeypatch
         [rep.kv.pool.free_queue() for rep in runs[1].replicas]
 
 
+def test_a_turn_waiting_for_its_parents_reply_is_admitted_as_stepping_admits_it():
+    """Turn 1 arrives while turn 0 still generates the reply its prompt resends: its hit grows
+    with each block turn 0 fills, so it may be admitted at any of them (a run that took the
+    waiting request's hit as only shrinking went past that step: 544 hit tokens and no
+    preemption against stepping's 256 and one)."""
+    first = Request(0, 0.0, 160, 400)
+    turn = Request(1, 1.0, 570, 8, continues=first)
+    runs = [simulate([first, turn], RunConfig(model="llama-2-7b", num_gpu_blocks=36,
+                                              skip_ahead=skip), keep_steps=True)
+            for skip in (True, False)]
+    fast, slow = (results.requests_frame(r) for r in runs)
+    assert fast.equals(slow) and fast["cached_tokens"].tolist() == [0, 256]
+    assert in_replica_order(results.steps_frame(runs[0])).equals(
+        in_replica_order(results.steps_frame(runs[1])))
+
+
 def test_skip_ahead_actually_skips_work():
     """With a cost model the decode-only stretches are long; the lazy path must be taken."""
     config = RunConfig(model="llama-2-7b", num_gpu_blocks=2000, skip_ahead=True)
