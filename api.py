@@ -60,12 +60,21 @@ class Trace(list):
 
 
 def _fingerprint(requests: list[Request]) -> int:
-    """A sum of hashes of what a run reads of each request (its numbers, names and which
-    arrays and parent it holds): changes when a field is set anew."""
+    """A sum of hashes of what a run reads of each request (its numbers, names, its arrays by
+    length and ends, the id of the request it continues): changes when a field is set anew,
+    not when the list is pickled or copied."""
     return sum(hash((r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority,
-                     r.session_id, r.template_id, r.hash_block_size, id(r.prompt_token_ids),
-                     id(r.prefix_hashes), id(r.output_token_ids), id(r.continues)))
+                     r.session_id, r.template_id, r.hash_block_size, _ends(r.prompt_token_ids),
+                     _ends(r.prefix_hashes), _ends(r.output_token_ids),
+                     None if r.continues is None else r.continues.request_id))
                for r in requests)
+
+
+def _ends(ids) -> tuple | None:
+    """An id array's length and end values (None: no array)."""
+    if ids is None:
+        return None
+    return (len(ids), int(ids[0]), int(ids[-1])) if len(ids) else (0,)
 
 
 def checked_flag(value: Any, name: str, call: str) -> bool:

@@ -287,13 +287,12 @@ def fit_speed(real: RealRun, chosen: dict, path, iterations: int = 4) -> dict:
     """Fit one speed factor of the cost model to a real run without engine steps (a
     ``vllm bench serve`` result): TPOT scales with it, so a few fixed-point rounds
     ``factor *= real median TPOT / kvsim's`` settle it. Writes the profile to ``path``."""
-    from kvsim.api import run
     from kvsim.reports.io import write_json_atomic
     gpu = chosen.get("gpu") or "a100-80gb"
     factor, target = 1.0, float(real.measured["tpot_s"].median())
     for _ in range(iterations):
         write_json_atomic(path, scaled_profile(gpu, factor))
-        r = run(real.requests, **{**chosen, "profile": str(path)})
+        r = _replay(real.requests, **{**chosen, "profile": str(path)})
         factor *= target / float(r.requests["tpot_s"].median())
     profile = scaled_profile(gpu, factor)
     write_json_atomic(path, profile)
@@ -306,7 +305,7 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     """Replay a real run in kvsim; the error table, and with ``fit`` (a file to write) the
     fitted profile and the error table of a run with it. ``settings`` override the run's
     (a bad one is an error naming ``source``: the call, or the command line)."""
-    from kvsim.api import checked_path, run, run_config
+    from kvsim.api import checked_path, run_config
     from kvsim.reports.io import write_json_atomic
     from kvsim.output_file import check_output_file
     from kvsim.sim.perf.models import resolve_model
@@ -322,8 +321,7 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     run_config(real.label, real.settings, source=str(result))  # (the run's own, then ours)
     chosen = {**real.settings, **(settings or {})}
     run_config(real.label, chosen, source=source)
-    run = _quietly(run)     # (the error table shows what rejected requests change)
-    first = run(real.requests, **chosen)
+    first = _replay(real.requests, **chosen)
     out = {"real": real.label, "kind": real.kind, "num_requests": len(real.requests),
            "settings": {k: first.summary["config"][k] for k in sorted(chosen)},
            "deployment": deployment_text(first.summary["config"]),
@@ -334,24 +332,23 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
         else:
             profile = fit_profile(real, resolve_model(first.config.model))
             write_json_atomic(fit, profile)
-        fitted = run(real.requests, **{**chosen, "profile": str(fit)})
+        fitted = _replay(real.requests, **{**chosen, "profile": str(fit)})
         out.update(profile=str(fit), fitted_terms=profile.get("fitted") or {
                        "speed_factor": profile["_speed_factor"]},
                    after=error_rows(real, fitted.summary, fitted.requests))
     return out
 
 
-def _quietly(run):
-    """``kvsim.run`` without its :class:`~kvsim.errors.KvsimWarning` (rejected requests: a
-    replay of a real run compares them in its table; its caller is no ``kvsim.run`` user)."""
+def _replay(requests, **settings):
+    """``kvsim.run`` of a replay, without its :class:`~kvsim.errors.KvsimWarning` (rejected
+    requests: a replay of a real run compares them in its table; its caller is no
+    ``kvsim.run`` user)."""
     import warnings
+    from kvsim.api import run
     from kvsim.errors import KvsimWarning
-
-    def quiet(*args, **kwargs):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", KvsimWarning)
-            return run(*args, **kwargs)
-    return quiet
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KvsimWarning)
+        return run(requests, **settings)
 
 
 def render_validation(result: dict) -> str:

@@ -1,7 +1,9 @@
 """The Python API (docs/api.md): same numbers as the command line, checked up front, no files
 unless asked."""
 
+import copy
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -293,6 +295,9 @@ def test_a_trace_edited_in_python_is_requests_not_its_file():
     the trace again in every run, refuse it rather than read what the file holds."""
     trace = kvsim.load_trace("sample:azure-conv", limit=12)
     assert trace.is_as_read and kvsim.run(trace).config.trace == "sample:azure-conv"
+    hashed = kvsim.load_trace("sample:mooncake", limit=12)      # (requests holding arrays)
+    copied = pickle.loads(pickle.dumps(hashed))
+    assert copied.is_as_read and copy.deepcopy(hashed).is_as_read      # (copies: not edits)
     trace[0].output_tokens += 1         # a field set anew is an edit too
     assert not trace.is_as_read
     trace[0].output_tokens -= 1

@@ -160,6 +160,11 @@ def test_a_replay_that_rejects_requests_prints_no_python_warning(tmp_path):
     done = kvsim("validate-real", short, "--trace", FIXTURE.with_name("timed_chat.jsonl"))
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr and done.stderr == ""
+    assert kvsim("run", "sample:azure-conv", "--model", "llama-2-7b", "--limit", "30",
+                 "--bench-json", "--out", tmp_path / "b", "-q").returncode == 0
+    fitted = kvsim("validate-real", tmp_path / "b" / "bench.json", "--num-gpu-blocks", "40",
+                   "--fit", tmp_path / "speed.json")      # (the speed fit's runs too)
+    assert fitted.returncode == 0 and fitted.stderr == "", fitted.stderr
 
 
 def test_the_fit_keeps_every_term_non_negative():
