@@ -157,7 +157,12 @@ def max_model_len_limit(summary: dict) -> str:
 
 def long_prompt_advice(limit: str, blocks_given: bool) -> str:
     """What to do about prompts of ``max_model_len`` tokens or more, by what set it
-    (``limit``: ``given``, ``model``, ``kv_pool``; ``blocks_given``: ``--num-gpu-blocks``)."""
+    (``limit``: ``given``, ``model``, ``kv_pool``, ``model+kv_pool``; ``blocks_given``:
+    ``--num-gpu-blocks``)."""
+    if limit == "model+kv_pool":
+        return ("that is both the model's own context and the longest request the KV pool "
+                "holds: pass --long-prompt truncate, or choose a model with a longer context "
+                "and give it more KV memory")
     if limit == "model":
         return ("that is the model's own context: pass --long-prompt truncate, choose a "
                 "model with a longer one, or raise --max-model-len past it (vLLM then needs "

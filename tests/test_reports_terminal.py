@@ -177,6 +177,9 @@ def test_rejections_follow_what_the_summary_says_set_max_model_len():
     summary["kv"]["max_model_len_limit"] = "model"
     assert "(that is the model's own context: pass --long-prompt truncate" in \
         rejected_text(summary)
+    summary["kv"]["max_model_len_limit"] = "model+kv_pool"
+    assert "(that is both the model's own context and the longest request the KV pool holds" \
+        in rejected_text(summary)
     summary["kv"]["max_model_len_limit"] = "given"
     assert rejected_text(summary).endswith("(raise --max-model-len, or pass --long-prompt "
                                            "truncate)")

@@ -44,8 +44,8 @@ class Deployment:
     num_cpu_blocks: int = 0
     layout: KvLayout | None = None
     model_max_len: int | None = None    # the model's own context (max_position_embeddings)
-    #: what set max_model_len: "given" (--max-model-len), "model" (its context) or "kv_pool"
-    #: (the longest request the pool holds)
+    #: what set max_model_len: "given" (--max-model-len), "model" (its context), "kv_pool"
+    #: (the longest request the pool holds) or "model+kv_pool" (both at once)
     max_model_len_limit: str = "model"
 
     @property
@@ -89,7 +89,8 @@ def resolve_deployment(config: RunConfig) -> Deployment:
     if config.layout == "contiguous" and config.allocator == "buddy":
         longest = 1 << (slots.bit_length() - 1)     # the largest buddy block: a power of two
     max_len = config.max_model_len or min(model.max_model_len, longest)
-    limit = ("kv_pool" if max_len >= longest else   # (raising it would be refused)
+    limit = ("model+kv_pool" if max_len >= longest and max_len == model.max_model_len else
+             "kv_pool" if max_len >= longest else   # (raising it would be refused)
              "model" if max_len == model.max_model_len else "given")
     if max_len > slots:
         holds = (f"{blocks:,} blocks x {config.block_size} = {slots:,} tokens" if not
