@@ -234,7 +234,11 @@ def plan_frame(result: dict) -> pd.DataFrame:
                    max_request_rate_per_s=(row["max_rate"] or {}).get("request_rate_per_s"),
                    reason=row["reason"])
         records.append(rec)
-    return pd.DataFrame(records)
+    frame = pd.DataFrame(records)
+    for column in ("rank", "replicas", "gpus"):     # (counts stay counts where some are blank)
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame
 
 
 def write_plan_outputs(out_dir: str | os.PathLike, result: dict,
