@@ -7,6 +7,7 @@ import pytest
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.sim.perf.gpus import list_gpus, resolve_gpu
 from kvsim.sim.perf.memory import estimate_activation_bytes, kv_offloading_blocks, kv_pool
+from kvsim.sim.perf.kv_layout import kv_layout
 from kvsim.sim.perf.models import list_models, resolve_model
 
 GIB = 1 << 30
@@ -22,7 +23,11 @@ def test_catalog_lists_every_required_name():
 def test_hf_ids_and_names_resolve_to_the_same_spec():
     assert resolve_model("meta-llama/Llama-2-7b-hf") == resolve_model("llama-2-7b")
     assert resolve_model("META-LLAMA/LLAMA-2-7B-HF").name == "llama-2-7b"
-    assert resolve_model("Qwen/Qwen2.5-72B-Instruct").name == "qwen2.5-72b"
+    assert resolve_model("Qwen/Qwen2.5-72B").name == "qwen2.5-72b"
+    # the Instruct release's config.json says 32,768 (the base's 131,072 needs YaRN there)
+    instruct = resolve_model("Qwen/Qwen2.5-72B-Instruct")
+    assert (instruct.name, instruct.max_model_len) == ("qwen2.5-72b-instruct", 32768)
+    assert resolve_model("qwen2.5-7b-instruct").max_model_len == 32768
     assert resolve_model("facebook/opt-13b").name == "opt-13b"
     assert resolve_gpu("H100").name == "h100-80gb"
     assert resolve_gpu("A100-SXM4-80GB").name == "a100-80gb"
@@ -34,6 +39,18 @@ def test_hf_ids_and_names_resolve_to_the_same_spec():
     ("qwen2.5-7b", 7.616), ("qwen2.5-72b", 72.706), ("opt-13b", 12.853), ("opt-66b", 65.720)])
 def test_parameter_counts_match_the_published_sizes(name, billions):
     assert resolve_model(name).num_params / 1e9 == pytest.approx(billions, abs=0.001)
+
+
+def test_mistral_7b_v0_1_keeps_its_published_4096_token_sliding_window():
+    """Its config.json has sliding_window 4096 on every layer (as its own config read from a
+    file said; the catalog had every layer full)."""
+    layout = kv_layout(resolve_model("mistral-7b"))
+    assert [g.as_dict() for g in layout.groups] == [
+        {"kind": "sliding", "num_layers": 32, "sliding_window": 4096}]
+
+
+def test_a100_40gb_memory_is_what_nvidia_smi_reports():
+    assert resolve_gpu("a100-40gb").memory_bytes == 40536 * 2 ** 20
 
 
 def test_llama_2_7b_derived_quantities():
@@ -108,16 +125,17 @@ def test_kv_pool_llama_2_7b_on_a100_80gb():
 def test_kv_pool_opt_13b_on_a100_40gb_is_the_vllm_paper_setup():
     # vLLM paper (Kwon et al. 2023, Fig. 1): OPT-13B on A100-40GB keeps ~26 GB of weights and
     # ~12 GB of KV at 800 KB/token -> ~15.7K token slots (12 GiB / 800 KiB = 15,728).
-    # Here: 0.9 * 40 GiB = 38,654,705,664; weights 12,853,473,280 * 2 = 25,706,946,560;
-    # activations for 2048 batched tokens: 2048 * (2*20480 + 4*5120) * 2 = 251,658,240 plus
-    # fp32 logits 256 * 50272 * 4 = 51,478,528 -> 303,136,768. KV: 12,644,622,336 bytes
-    # (11.78 GiB); block = 16 * 819,200 = 13,107,200 -> 964 blocks = 15,424 slots (-1.9%).
+    # Here: 0.9 * 40,536 MiB (what nvidia-smi reports) = 38,254,569,062; weights
+    # 12,853,473,280 * 2 = 25,706,946,560; activations for 2048 batched tokens:
+    # 2048 * (2*20480 + 4*5120) * 2 = 251,658,240 plus fp32 logits 256 * 50272 * 4 = 51,478,528
+    # -> 303,136,768. KV: 12,244,485,734 bytes (11.40 GiB); block = 16 * 819,200 = 13,107,200
+    # -> 934 blocks = 14,944 slots (-5.0% against the paper's round 12 GB).
     pool = kv_pool("opt-13b", "a100-40gb", block_size=16, max_num_batched_tokens=2048,
                    max_num_seqs=256)
     assert pool.activation_reserve_bytes == 303_136_768
-    assert pool.kv_bytes == 12_644_622_336
-    assert pool.num_gpu_blocks == 964
-    assert pool.num_token_slots == pytest.approx(15_728, rel=0.03)
+    assert pool.kv_bytes == 12_244_485_734
+    assert pool.num_gpu_blocks == 934
+    assert pool.num_token_slots == pytest.approx(15_728, rel=0.06)
 
 
 def test_kv_pool_splits_weights_and_kv_heads_over_tp():
