@@ -131,9 +131,11 @@ def throughput_queue_figure(runs: Runs) -> Figure:
     return style_figure(fig, "Throughput and queue length over time", height=480)
 
 
-def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None) -> Figure:
-    """GPU KV pool stacked (used / cached-idle / free) over time, plus the host tier if used;
-    ``pool_blocks`` (the pool size) is drawn as a dashed line."""
+def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None,
+                   replicas: int = 1) -> Figure:
+    """GPU KV pool stacked (used / cached-idle / empty) over time, all replicas together (as
+    ``timeline.csv`` sums them), plus the host tier if used; the pools' size (``pool_blocks``
+    a replica) is drawn as a dashed line."""
     needed = ("kv_used_blocks", "kv_cached_idle_blocks", "kv_free_blocks")
     if len(df) == 0 or any(c not in df for c in needed):
         return empty_figure("KV pool", "no timeline data")
@@ -144,13 +146,16 @@ def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None) -> Figure
                         else None)
     for col, name, key in ((needed[0], "used by requests", "used"),
                            (needed[1], "cached, idle", "cached_idle"),
-                           (needed[2], "free", "free")):
+                           (needed[2], "empty (free, nothing cached)", "free")):
         fig.add_trace(scatter(x=df["time_s"], y=df[col], name=name, mode="lines",
                               stackgroup="gpu", line=dict(width=0.5, color=KV_COLORS[key]),
                               fillcolor=KV_COLORS[key]), row=1, col=1)
     if is_number(pool_blocks):
-        fig.add_hline(y=float(pool_blocks), line=dict(color="#111827", dash="dash", width=1),
-                      row=1, col=1, label=f"pool {float(pool_blocks):,.0f} blocks")
+        total = float(pool_blocks) * replicas
+        label = f"pool {total:,.0f} blocks" + (
+            f" ({replicas} replicas x {float(pool_blocks):,.0f})" if replicas > 1 else "")
+        fig.add_hline(y=total, line=dict(color="#111827", dash="dash", width=1),
+                      row=1, col=1, label=label)
     if host:
         fig.add_trace(scatter(x=df["time_s"], y=df["host_used_blocks"], name="host tier used",
                               mode="lines", fill="tozeroy",

@@ -24,7 +24,7 @@ from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample, write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, parse_slo, rejected_text, slo_met,
-                    tier_text, truncated_text)
+                    stopped_text, tier_text, truncated_text)
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",
@@ -127,7 +127,8 @@ def run_header(summary: dict, slo: dict | None) -> str:
             for m, p, t in targets) + "</p>")
     warnings = "".join(f'<p class="note"><b>{esc(name.capitalize())}:</b> {esc(text)}</p>'
                        for name, text in (("rejected", rejected_text(summary)),
-                                          ("truncated", truncated_text(summary))) if text)
+                                          ("truncated", truncated_text(summary)),
+                                          ("cut by length", stopped_text(summary))) if text)
     return (f"<h1>kvsim run report</h1><p class=\"subtitle\">{_subtitle(summary, config)}</p>"
             f"{warnings}{summary_cards(summary, slo)}{slo_note}"
             f"{settings_block(config, open_=True)}")
@@ -161,8 +162,10 @@ def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFr
         panel("Throughput and queue", figure_div(figs.throughput_queue_figure(runs_tl),
                                                  RUN_FIGURE_IDS[2])),
         panel("KV cache pool", figure_div(figs.kv_pool_figure(
-            tl, get(summary, "kv", "num_gpu_blocks")), RUN_FIGURE_IDS[3]),
-              "Blocks used by running requests, cached but idle (reusable prefixes), and free."),
+            tl, get(summary, "kv", "num_gpu_blocks"), get(summary, "config", "replicas") or 1),
+            RUN_FIGURE_IDS[3]),
+              "Blocks used by running requests, cached but idle (reusable prefixes), and empty "
+              "(free and holding nothing); with replicas, all replicas' pools together."),
         panel("Fragmentation", '<div class="grid-3-1">'
               + figure_div(figs.fragmentation_time_figure(tl), RUN_FIGURE_IDS[4])
               + figure_div(figs.fragmentation_bar_figure(

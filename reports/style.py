@@ -175,6 +175,13 @@ def long_prompt_advice(limit: str, blocks_given: bool) -> str:
     return f"the KV pool holds no longer request: {more}, or pass --long-prompt truncate"
 
 
+def stopped_text(summary: dict) -> str:
+    """How many completed requests max_model_len ended before their output budget."""
+    n = summary.get("num_stopped_by_length") or 0
+    return (f"{fmt_num(n)} requests ended at max_model_len before their requested output "
+            "(finish_reason length in requests.csv)") if n else ""
+
+
 def truncated_text(summary: dict) -> str:
     """How many requests were cut to fit ``max_model_len`` (``--long-prompt truncate``)."""
     n = summary.get("num_truncated") or 0

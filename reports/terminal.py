@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kvsim.reports.frames import TRACE_OPTIONS
 from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, parse_slo,
-                    rejected_text, slo_met, tier_text, truncated_text)
+                    rejected_text, slo_met, stopped_text, tier_text, truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -50,7 +50,7 @@ def summary_table(summary: dict) -> Table:
         *run_rows(summary),
         ("throughput", f"{fmt_num(get(summary, 'throughput_output_tokens_per_s'))} output tok/s"
                        + _in_total(summary)),
-        ("request rate", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s  "
+        ("request throughput", f"{fmt_num(get(summary, 'request_throughput_per_s'), 2)} req/s  "
                          f"({fmt_num(get(summary, 'num_completed'))} of "
                          f"{fmt_num(get(summary, 'num_requests'))} completed)"),
         ("TTFT p50/p90/p99", _latency_row(summary, "ttft_s")),
@@ -88,6 +88,7 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("step times", f"from the profile {cfg['profile']}"))
     return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
                                                      ("truncated", truncated_text(summary)),
+                                                     ("cut by length", stopped_text(summary)),
                                                      ("SLO", slo_verdicts(summary)))
                    if text]
 

@@ -213,3 +213,17 @@ def test_ranking_puts_slo_meeting_runs_first():
             fake("better", 1500, 0.45), fake("nothing", None, None)]
     assert rank_runs(runs, {"ttft_p99_s": 0.5}) == [2, 1, 0, 3]
     assert rank_runs(runs) == [0, 2, 1, 3]  # no SLO anywhere: throughput only
+
+
+def test_the_pool_line_holds_every_replicas_pool_as_the_stacked_areas_do():
+    """timeline.csv sums the replicas' blocks; the dashed pool line must too (it drew one
+    replica's pool under a stack eight times its height)."""
+    import pandas as pd
+    from kvsim.reports.figures import kv_pool_figure
+    tl = pd.DataFrame({"time_s": [0.0, 1.0], "kv_used_blocks": [10, 20],
+                       "kv_cached_idle_blocks": [5, 5], "kv_free_blocks": [185, 175]})
+    layout = kv_pool_figure(tl, 50, replicas=4).layout
+    assert [s["y0"] for s in layout["shapes"]] == [200.0]
+    assert "pool 200 blocks (4 replicas x 50)" in [a.get("text") for a in layout["annotations"]]
+    one = kv_pool_figure(tl, 200).layout
+    assert "pool 200 blocks" in [a.get("text") for a in one["annotations"]]

@@ -28,7 +28,7 @@ def test_print_summary_shows_the_headline_numbers():
     console, buf = _console(False)
     print_summary(summary, console=console)
     text = buf.getvalue()
-    for label in ("throughput", "request rate", "TTFT p50/p90/p99", "TPOT p50/p90/p99",
+    for label in ("throughput", "request throughput", "TTFT p50/p90/p99", "TPOT p50/p90/p99",
                   "E2E p50/p90/p99", "prefix hit rate", "preemptions", "KV usage mean/peak",
                   "KV pool shares", "steps", "simulated time", "wall time"):
         assert label in text, label
@@ -201,3 +201,11 @@ def test_slo_verdicts_count_requests_that_never_completed_as_misses():
                                                                                 "(10.0 ms of "
                                                                                 "the completed)")
     assert slo_verdicts({**summary, "slo": None}) == ""
+
+
+def test_requests_cut_by_max_model_len_are_a_row_of_their_own():
+    from kvsim.reports.style import stopped_text
+    assert stopped_text({"num_stopped_by_length": 3}) == (
+        "3 requests ended at max_model_len before their requested output (finish_reason "
+        "length in requests.csv)")
+    assert stopped_text({"num_stopped_by_length": 0}) == ""
