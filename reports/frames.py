@@ -41,6 +41,11 @@ VALIDATION_FILES = (VALIDATION_FILE, VALIDATION_REPORT)
 #: there leaves its own result only.
 RESULT_FILES = tuple(dict.fromkeys(RUN_FILES + COMPARE_FILES + PLAN_FILES + HITRATE_FILES
                                    + VALIDATION_FILES))
+#: Each command's files by the file it writes last (a result is complete once that one is
+#: there): a file of an earlier result is kvsim's only when its command's last file is there.
+RESULT_GROUPS = ((SUMMARY_FILE, RUN_FILES), (COMPARE_FILE, COMPARE_FILES),
+                 (PLAN_FILE, PLAN_FILES), (HITRATE_FILE, HITRATE_FILES),
+                 (VALIDATION_FILE, VALIDATION_FILES))
 
 #: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (

@@ -5,7 +5,8 @@ must be creatable and writable) and takes an exclusive lock on it (a second kvsi
 same directory fails at once). A directory holds one command's result at a time:
 
 - a command that succeeds removes every earlier kvsim result it did not write again: result
-  files of any command (:data:`~kvsim.reports.frames.RESULT_FILES`) and the run directories of
+  files of any command (:data:`~kvsim.reports.frames.RESULT_FILES`) whose command's last file
+  is there (:data:`~kvsim.reports.frames.RESULT_GROUPS`), and the run directories of
   an earlier compare (those its ``compare.json`` names), so a run into a compare's directory
   leaves no stale runs beside it, nor a compare stale run files;
 - a command that ends in an error or an interrupt before writing leaves the directory as it
@@ -30,7 +31,7 @@ from typing import Iterable
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import blocked
-from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RUN_FILES
+from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RESULT_GROUPS, RUN_FILES
 
 LOCK_FILE = ".kvsim.lock"
 #: Where a compare keeps the earlier result while it runs (emptied when it ends either way).
@@ -76,7 +77,7 @@ class OutputDir:
         self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
         self._recover_aside()       # (then again: a compare.json put back names its runs)
         self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
-        self._before = self._results()
+        self._before = self._earlier()
         if self.subdirs:    # (its runs rewrite their own directories one by one: an earlier
             try:            # result would mix with them if this one died)
                 self._set_aside()
@@ -134,6 +135,15 @@ class OutputDir:
         paths += [self.path / run / name for run in self._owned for name in RUN_FILES
                   if not (self.path / run).is_symlink()]    # (its files lie elsewhere)
         return {p: stat for p in paths if (stat := _stat(p)) is not None}
+
+    def _earlier(self) -> dict[Path, tuple]:
+        """:meth:`_results` of an earlier kvsim command: a file named as another command's is
+        kept when that command's last file is not there (the user's own ``plan.csv`` beside
+        no ``plan.json`` is no plan)."""
+        names = {name for last, files in RESULT_GROUPS if (self.path / last).is_file()
+                 for name in files}
+        return {p: stat for p, stat in self._results().items()
+                if p.parent != self.path or p.name in names}
 
     def _set_aside(self) -> None:
         """Move the earlier result into :data:`EARLIER_DIR` (same file system: renames)."""

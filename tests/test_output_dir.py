@@ -282,3 +282,19 @@ def test_a_validation_result_replaces_a_run_and_is_named_by_kvsim_report(tmp_pat
     with pytest.raises(KvsimError, match=r"holds a kvsim validate result \(validation.json\), "
                                          "not a run's: its validation.html is the report"):
         read_run_outputs(out)
+
+
+def test_a_file_named_like_another_commands_is_kvsims_only_beside_that_commands_last_file(
+        tmp_path):
+    """The user's plan.csv, with no plan.json beside it, is no plan: a run leaves it (it
+    deleted it); a plan's plan.csv (its plan.json there) goes."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "plan.csv").write_text("the user's")
+    with OutputDir(out):
+        (out / "summary.json").write_text("new")
+    assert names(out) == ["plan.csv", "summary.json"]
+    (out / "plan.json").write_text("{}")
+    with OutputDir(out):
+        (out / "summary.json").write_text("newer")
+    assert names(out) == ["summary.json"]
