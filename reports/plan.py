@@ -230,9 +230,11 @@ def plan_frame(result: dict) -> pd.DataFrame:
                "price_per_gpu_hour_usd": row["price_per_gpu_hour_usd"],
                "cost_per_hour_usd": row["cost_per_hour_usd"]}
         rec.update({k: (row["latency"] or {}).get(k) for k in latency_keys(result)})
+        rate = row["max_rate"] or {}
         rec.update(min_headroom=row["min_headroom"], hit_rate=row["hit_rate"],
-                   max_request_rate_per_s=(row["max_rate"] or {}).get("request_rate_per_s"),
-                   reason=row["reason"])
+                   max_request_rate_per_s=rate.get("request_rate_per_s"),
+                   failing_request_rate_per_s=rate.get("failing_request_rate_per_s"),
+                   max_request_rate_note=rate.get("note"), reason=row["reason"])
         records.append(rec)
     frame = pd.DataFrame(records)
     for column in ("rank", "replicas", "gpus"):     # (counts stay counts where some are blank)

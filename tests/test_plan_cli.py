@@ -43,6 +43,14 @@ def test_csv_and_report_hold_the_ranking(json_run):
     table = pd.read_csv(out / "plan.csv")
     assert list(table["label"]) == ["h100-80gb TP1", "l4 TP1"]
     assert list(table["feasible"]) == [True, False]
+    plan = json.loads((out / "plan.json").read_text())
+    rates = {c["label"]: c["max_rate"] or {} for c in plan["candidates"]}
+    for _, row in table.iterrows():     # (the CSV keeps whether the rate is a bound)
+        rate = rates[row["label"]]
+        assert (None if pd.isna(row["failing_request_rate_per_s"]) else
+                row["failing_request_rate_per_s"]) == rate.get("failing_request_rate_per_s")
+        assert (None if pd.isna(row["max_request_rate_note"]) else
+                row["max_request_rate_note"]) == rate.get("note")
     page = (out / "report.html").read_text().replace(get_plotlyjs(), "")
     assert 'id="fig-pareto"' in page and 'id="plan-table"' in page
     assert "Pareto front" in page
