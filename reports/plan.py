@@ -362,10 +362,10 @@ def _table_html(result: dict) -> str:
 def _header(result: dict) -> str:
     best = result["recommended"]
     items = [card("Recommended", best["label"] if best else "none",
-                  f"x {best['replicas']} replicas" if best else "no candidate meets the SLOs",
+                  f"x {_replicas(best['replicas'])}" if best else "no candidate meets the SLOs",
                   "good" if best else "bad")]
     if best:
-        items += [card("GPUs", fmt_num(best["gpus"]), f"{best['replicas']} replicas"),
+        items += [card("GPUs", fmt_num(best["gpus"]), _replicas(best["replicas"])),
                   card("Cost", f"{_money(best['cost_per_hour_usd'])}/h", "replicas x TP x price"),
                   card("Headroom", fmt_pct(best["min_headroom"]), "tightest SLO")]
     return (f"<h1>kvsim capacity plan</h1><p class=\"subtitle\">Trace <b>{esc(result['trace'])}"
@@ -393,3 +393,7 @@ def render_plan_report(result: dict, path: str | os.PathLike, *,
     ]
     return render_page(path, title="kvsim plan", header=_header(result), body="".join(body),
                        plotlyjs=plotlyjs)
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" + ("" if n == 1 else "s")

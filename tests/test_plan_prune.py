@@ -90,7 +90,7 @@ def test_an_infeasible_candidate_says_which_target_it_certainly_missed():
     spec = replace(small_spec(), max_replicas=1)
     row = planner.evaluate_task((spec, 0))
     assert not row["feasible"]
-    assert row["reason"].startswith("SLO not met with 1 replicas (--max-replicas): ")
+    assert row["reason"].startswith("SLO not met with 1 replica (--max-replicas): ")
     assert "above 500.0 ms for certain" in row["reason"] or \
         "above 50.0 ms for certain" in row["reason"]
 

@@ -272,7 +272,8 @@ def _not_met(spec: PlanSpec, point: dict, tried: list[int]) -> str:
     obey)."""
     others = [n for n in tried if n != point["replicas"]]
     skipped = point["replicas"] - 1 - len(others)
-    head = (f"SLO not met with {point['replicas']} replicas (--max-replicas"
+    n = point["replicas"]
+    head = (f"SLO not met with {n} replica{'' if n == 1 else 's'} (--max-replicas"
             + (f"; also tried {', '.join(map(str, others))}" if others else "")
             + (f"; {skipped} count{'s' if skipped > 1 else ''} between not simulated"
                if skipped > 0 else "") + "): ")
