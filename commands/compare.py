@@ -46,7 +46,8 @@ def compare_command(
     told = not (quiet or as_json)
     stderr = Console(stderr=True)
     with ProgressLines("compare") as lines, CountBar("comparing", "configurations",
-                                                     stderr if told else None) as bar:
+                                                     stderr if told else None,
+                                                     lazy=True) as bar:   # (after the checks)
         show = bar.update if stderr.is_terminal else lines.update_count  # (a bar, or a line
         result = grid.run_compare(spec, workers or default_workers(),   # every 10 s in a log)
                                   (lambda done, total, _: show(done, total)) if told else None)

@@ -134,6 +134,14 @@ def run_header(summary: dict, slo: dict | None) -> str:
             f"{settings_block(config, open_=True)}")
 
 
+def _interval_note(timeline: pd.DataFrame) -> str:
+    """How long an interval of the per-interval counts is (timeline.csv's ``interval_s``)."""
+    if "interval_s" not in timeline or not len(timeline):
+        return ""
+    return (f"Counts per interval of {fmt_seconds(float(timeline['interval_s'].iloc[0]))} "
+            "of simulated time (the last may be shorter).")
+
+
 def _downsample_note(before: int, after: int) -> str:
     if before == after:
         return ""
@@ -155,7 +163,8 @@ def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFr
     body = [
         panel("Latency", figure_div(figs.latency_cdf_figure([("run", requests)], slo),
                                     RUN_FIGURE_IDS[0]),
-              "Cumulative distribution over completed requests; dashed lines mark SLO targets."),
+              "Cumulative distribution over completed requests"
+              + ("; dashed lines mark SLO targets." if parse_slo(slo) else ".")),
         panel("Where time goes", figure_div(phases.time_split_figure(requests),
                                             RUN_FIGURE_IDS[1]),
               phases.time_split_note(requests)),
@@ -174,7 +183,8 @@ def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFr
               "Shares of the GPU KV pool: slots holding tokens, reserved for tokens still to "
               "come, lost inside blocks (internal), unusable free space (external), free."),
         panel("Prefix cache", figure_div(figs.hit_rate_figure(runs_tl), RUN_FIGURE_IDS[6])),
-        panel("Preemptions and transfers", figure_div(figs.events_figure(tl), RUN_FIGURE_IDS[7])),
+        panel("Preemptions and transfers", figure_div(figs.events_figure(tl), RUN_FIGURE_IDS[7]),
+              _interval_note(tl)),
         _downsample_note(len(timeline), len(tl)),
     ]
     title = f"kvsim · {Path(str(get(summary, 'config', 'trace', default='run'))).name}"

@@ -312,25 +312,34 @@ class CountBar:
     ``console`` when it is a terminal (nothing otherwise); shown from the start, its total
     unknown until the first update."""
 
-    def __init__(self, label: str, unit: str, console: Optional[Console]) -> None:
+    def __init__(self, label: str, unit: str, console: Optional[Console],
+                 lazy: bool = False) -> None:
         self.label, self.unit, self.console = label, unit, console     # (None: no bar)
-        self._progress: Optional[Progress] = None
+        self.lazy = lazy        # (shown from the first update: a command that checks its
+        self._progress: Optional[Progress] = None   # input first draws nothing before an error)
         self._task = None
 
     def __enter__(self) -> "CountBar":
+        if not self.lazy:
+            self._start()
+        return self
+
+    def _start(self) -> None:
         if self.console is not None and self.console.is_terminal:
             self._progress = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(),
                                       MofNCompleteColumn(), TextColumn(f"{self.unit} ·"),
                                       TimeElapsedColumn(), console=self.console)
             self._progress.start()
             self._task = self._progress.add_task(self.label, total=None)  # (its clock starts)
-        return self
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
 
     def update(self, done: int, total: int) -> None:
+        if self._progress is None and self.lazy:
+            self.lazy = False
+            self._start()
         if self._progress is not None:
             self._progress.update(self._task, total=total, completed=done, refresh=True)
 

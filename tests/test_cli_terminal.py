@@ -77,6 +77,16 @@ def test_compare_shows_a_bar_of_configurations_from_the_start_in_a_terminal(tmp_
     assert piped.returncode == 0 and "configurations" not in piped.stderr
 
 
+def test_a_compare_refused_for_bad_input_draws_no_bar_first(tmp_path):
+    """The configurations are checked before the bar is drawn: the error is the screen's only
+    line (a bar of 0/? configurations stood above it)."""
+    status, screen = in_terminal("compare", "sample:azure-conv", "--limit", "20",
+                                 "--eviction", "lru,foo", "--out", "e3", cwd=tmp_path)
+    plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen)
+    assert status == 2 and "configurations" not in plain
+    assert plain.strip().startswith("kvsim: error:")
+
+
 def test_plan_prints_each_candidate_as_it_finishes(tmp_path):
     done = kvsim("plan", "sample:azure-conv", "--limit", "40", "--burst", "--tp", "1,2",
                  "--slo-ttft-p99",

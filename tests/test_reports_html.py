@@ -227,3 +227,16 @@ def test_the_pool_line_holds_every_replicas_pool_as_the_stacked_areas_do():
     assert "pool 200 blocks (4 replicas x 50)" in [a.get("text") for a in layout["annotations"]]
     one = kv_pool_figure(tl, 200).layout
     assert "pool 200 blocks" in [a.get("text") for a in one["annotations"]]
+
+
+def test_the_run_report_says_how_long_an_interval_is_and_mentions_slo_lines_only_with_slos(
+        tmp_path):
+    import kvsim
+    r = kvsim.run("sample:azure-conv", limit=20)
+    page = r.report(tmp_path / "r.html").read_text().replace(get_plotlyjs(), "")
+    width = r.timeline["interval_s"].iloc[0]
+    assert "Counts per interval of " in page and "dashed lines mark SLO" not in page
+    assert width > 0
+    with_slo = kvsim.run("sample:azure-conv", limit=20, slo={"ttft_p99_s": 1.0})
+    page = with_slo.report(tmp_path / "s.html").read_text().replace(get_plotlyjs(), "")
+    assert "dashed lines mark SLO targets." in page
