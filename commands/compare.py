@@ -73,8 +73,11 @@ def _header(result: dict) -> str:
     from kvsim.reports.style import get
     from kvsim.reports.terminal import cache_text, deployment_text, trace_text
     configs = [run["summary"].get("config") or {} for run in result["runs"]]
-    rows = [("trace", {trace_text(c) for c in configs}),
-            ("deployment", {deployment_text(c, get(run["summary"], "model", "weight_dtype"))
-                            for c, run in zip(configs, result["runs"])}),
+    deployments = {deployment_text(c, get(run["summary"], "model", "weight_dtype"))
+                   for c, run in zip(configs, result["runs"])}
+    rows = [("trace", {trace_text(c) for c in configs}), ("deployment", deployments),
             ("KV cache", {cache_text(c) for c in configs})]
+    if len(deployments) > 1:    # (a grid over GPUs, TP or replicas: what they share)
+        rows[1:1] = [("model", {c.get("model") for c in configs}),
+                     ("GPU", {c.get("gpu") for c in configs})]
     return "\n".join(f"{name:<12}{texts.pop()}" for name, texts in rows if len(texts) == 1)

@@ -40,6 +40,18 @@ def test_the_table_has_one_row_per_grid_point_in_grid_order(grid):
     assert lines[-1].startswith("wrote ")
 
 
+def test_a_grid_over_the_deployment_still_names_its_model_and_gpu():
+    from kvsim.commands.compare import _header
+    runs = [{"summary": {"config": {"trace": "sample:mooncake", "model": "llama-3.1-8b",
+                                    "gpu": "a100-80gb", "tp": 1, "replicas": n,
+                                    "dtype": "bf16", "layout": "paged", "block_size": 16,
+                                    "enable_prefix_caching": True, "eviction": "lru"}}}
+            for n in (1, 2)]
+    lines = _header({"runs": runs}).splitlines()
+    assert lines[1:3] == ["model       llama-3.1-8b", "GPU         a100-80gb"]
+    assert not any(line.startswith("deployment") for line in lines)
+
+
 def test_outputs_are_one_directory_per_configuration_plus_compare_json(grid):
     out, _ = grid
     result = json.loads((out / "compare.json").read_text())
