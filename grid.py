@@ -196,12 +196,24 @@ def grid_points(spec: CompareSpec, source: str = "compare options") -> list[Grid
         settings = dict(zip(names, values))
         config = RunConfig.from_dict({**spec.base, **settings, "trace": label}, source=source)
         config.validate()
+        _check_deployment(config, source)
         job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
                      spec.out_dir / point_dir(i, settings, varying), spec.slo,
                      html=spec.html, plotlyjs="parent")   # one plotly.js for the directory
         points.append(GridPoint(point_label(settings, varying), settings, job))
     _check_options_used(points, source)
     return points
+
+
+def _check_deployment(config: RunConfig, source: str) -> None:
+    """The model, GPU, TP and pool of one configuration, before any run starts (a worker
+    that found an unknown model raced the others' cleanup: a lock file was left)."""
+    from kvsim.sim.config import located
+    from kvsim.sim.serving.runner import resolve_deployment
+    try:
+        resolve_deployment(config)
+    except ConfigError as e:
+        raise located(e, source) from None
 
 
 def _check_options_used(points: list[GridPoint], source: str) -> None:

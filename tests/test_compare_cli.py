@@ -157,6 +157,19 @@ def test_a_setting_given_twice_is_refused_not_half_dropped(tmp_path):
                            "once: --eviction lru,lfu\n")
 
 
+def test_an_unknown_model_is_refused_before_any_run_starts(tmp_path):
+    """Every configuration's deployment is resolved first: no run directory, no lock (a
+    worker that found the model unknown raced the others' cleanup and left a lock file)."""
+    from kvsim import grid
+    from kvsim.errors import ConfigError
+    from kvsim.workloads import TraceOptions
+    spec = grid.CompareSpec("sample:mooncake", {"eviction": ["lru", "lfu"]},
+                            {"model": "nope-model"}, TraceOptions(), tmp_path / "o")
+    with pytest.raises(ConfigError, match="^compare options: field 'model': unknown model"):
+        grid.grid_points(spec)
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("bad", [("--model", "nope"), ("--tp", "1,3")])
 def test_a_compare_refused_leaves_the_earlier_result_whole(grid, tmp_path, bad):
     import shutil
