@@ -310,13 +310,14 @@ class CountBar:
     """``with CountBar("planning", "candidates", console) as bar: bar.update(done, total)``: a
     bar of tasks done (configurations, candidates) with the time since it opened, on
     ``console`` when it is a terminal (nothing otherwise); shown from the start, its total
-    unknown until the first update."""
+    unknown until the first update, or with ``lazy`` from the first update (a command that
+    checks its input first then draws nothing before an error)."""
 
     def __init__(self, label: str, unit: str, console: Optional[Console],
                  lazy: bool = False) -> None:
         self.label, self.unit, self.console = label, unit, console     # (None: no bar)
-        self.lazy = lazy        # (shown from the first update: a command that checks its
-        self._progress: Optional[Progress] = None   # input first draws nothing before an error)
+        self.lazy = lazy
+        self._progress: Optional[Progress] = None
         self._task = None
 
     def __enter__(self) -> "CountBar":
