@@ -36,7 +36,11 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     step, after the decodes' blocks of that step (the scheduler's)."""
     bs, first = kv.block_size, run.num_committed
     steps = np.arange(first, first + n, dtype=np.int64)
-    offset = (run.num_computed[None, :] + steps[:, None]) % bs   # in the block, before each step
+    offset = run.num_computed[None, :] + steps[:, None]     # in the block, before each step
+    if bs & (bs - 1):
+        offset %= bs
+    else:               # (a power of two: the same values, negative tokens too, cheaper)
+        offset &= bs - 1
     taking_part = steps[:, None] <= run.finish_step[None, :]     # (n x B)
     staying = steps[:, None] < run.finish_step[None, :]           # still running after it
     decoding = taking_part

@@ -2,6 +2,7 @@
 path equal bit for bit to stepping one plan at a time."""
 
 import json
+import math
 import re
 
 import numpy as np
@@ -132,20 +133,29 @@ def test_decode_durations_beside_a_prefill_equal_step_duration_exactly(model, gp
 
 @pytest.mark.parametrize("model, gpu, tp", [("llama-2-7b", "a100-80gb", 1),
                                             ("llama-3-70b", "h100-80gb", 4)])
-def test_decode_steps_are_the_decode_durations_of_each_stretch_in_turn(model, gpu, tp):
-    """The run's steps one float at a time (python floats for a stretch's first 32, numpy
-    batches of 256 after): the values decode_durations gives, bit for bit, across those
-    boundaries and for a prompt beside the decodes."""
+def test_steps_until_are_the_decode_durations_of_each_stretch_in_turn(model, gpu, tp):
+    """The run's steps one python float at a time until the horizon: the values, the sums
+    and the crossing that decode_durations gives stretch by stretch (the protocol's own
+    steps_until), bit for bit, for a prompt beside the decodes and for a horizon met
+    anywhere or never."""
     from kvsim.sim.serving.executor import Executor
     cm, rng = CostModel(model, gpu, tp=tp), np.random.default_rng(3)
-    for _ in range(40):
+    assert cm._decode_slope > 0.0          # (the fast path is the one under test)
+    for _ in range(60):
         stretches = [(int(rng.choice([1, 2, 31, 32, 33, 287, 288, 289, 600])),
                       int(rng.integers(1, 200)), int(rng.integers(0, 300_000)), 0)
                      for _ in range(rng.integers(1, 5))]
         if rng.random() < 0.5:      # (an admitting step: one step, its prompt beside)
             stretches.insert(0, (1, int(rng.integers(0, 200)), int(rng.integers(0, 10**5)),
                                  int(rng.integers(1, 8000))))
-        assert list(cm.decode_steps(stretches)) == list(Executor.decode_steps(cm, stretches))
+        now = float(rng.uniform(0, 1000))
+        horizon = now + float(rng.choice([0.0, 1e-3, 0.05, 0.5, 5.0, math.inf]))
+        ours = cm.steps_until(iter(stretches), now, horizon)
+        theirs = Executor.steps_until(cm, iter(stretches), now, horizon)
+        assert ours == theirs
+        durations, before, end, crossed = ours
+        assert crossed == (end >= horizon) and (before < horizon or len(durations) == 1)
+        assert crossed or len(durations) == sum(stretch[0] for stretch in stretches)
 
 
 def test_decode_durations_edge_cases(a100):

@@ -125,6 +125,14 @@ def _decode_step(c: _Coeffs, base: float, kv_tokens: int) -> float:
     return _with_attention(c, base, x, 2 * x, max)
 
 
+def _decode_slope(c: _Coeffs) -> float:
+    """Seconds a decode step adds per KV token read, where :func:`_decode_step` is
+    ``base + kv_tokens * slope`` bit for bit (else 0.0): without the fitted additive terms,
+    ``max(2x * a, x * b)`` is ``x * max(2a, b)`` exactly (doubling is exact and rounding
+    is monotone), and adding 0.0 changes nothing."""
+    return 0.0 if c.kv_tok_s or c.attn_unit_s else max(2 * c.attn_flop_s, c.attn_byte_s)
+
+
 def _other_shape(fitted: dict, shape: dict, name: str, tp: int, measured: str | None) -> str:
     """Why a fitted profile does not fit this run: the shape and tp it was measured at, and
     the catalog model of that shape, if one is (else the config.json it names, ``measured``)."""
@@ -137,10 +145,6 @@ def _other_shape(fitted: dict, shape: dict, name: str, tp: int, measured: str | 
            "give --model the config.json of the model it was measured on")
     return (f"the fitted profile was measured on another model than {name}: "
             f"{', '.join(differ)}; {use}" + (" and --tp 1" if tp != 1 else ""))
-
-
-_SCALAR_STEPS = 32      # decode_steps: steps of a stretch taken one by one, then in batches of
-_BATCH_STEPS = 256      # this many
 
 
 class CostModel(Executor):
@@ -164,6 +168,7 @@ class CostModel(Executor):
         self._c = self._fitted_coefficients(fitted) if fitted else self._coefficients(kv_token)
         # a step's time without attention by (tokens, requests): steps repeat their sizes
         self._bases: dict[tuple[float, float], float] = {}
+        self._decode_slope = _decode_slope(self._c)
 
     # --- public --------------------------------------------------------------------------------
     def step_duration(self, plan: StepPlan) -> float:
@@ -202,27 +207,31 @@ class CostModel(Executor):
         out = _with_attention(self._c, base, kv, 2 * kv)
         return np.asarray(out, dtype=np.float64)
 
-    def decode_steps(self, stretches):
-        """:meth:`Executor.decode_steps`: a stretch's first steps one by one on python floats
-        (the same operations as :meth:`decode_durations`, so the same values), the rest of a
-        long one in numpy batches. A run usually reaches the next arrival within a few dozen
-        steps, where a numpy call per stretch costs more than the steps."""
-        c = self._c
+    def steps_until(self, stretches, now: float, horizon: float) -> tuple:
+        """:meth:`Executor.steps_until` on python floats, one step at a time (the same
+        operations as :meth:`decode_durations`, so the same values): a run usually meets the
+        next arrival within a few dozen steps, where numpy's calls cost more than the steps."""
+        durations, before, end = [], now, now
+        append, slope = durations.append, self._decode_slope
         for num_steps, num_seqs, context, prompt in stretches:
-            if prompt and num_steps == 1:      # (a run's admitting step)
-                yield self._prefill_step(num_seqs, context, 0, prompt)
-                continue
             if prompt:
-                yield from self._durations_with_prefill(num_seqs, context, num_steps, 0,
-                                                        prompt).tolist()
+                for duration in self._durations_with_prefill(num_seqs, context, num_steps, 0,
+                                                             prompt).tolist():
+                    append(duration)
+                    before, end = end, end + duration
+                    if end >= horizon:
+                        return durations, before, end, True
                 continue
-            base, kv = self._base(float(num_seqs), float(num_seqs)), context + num_seqs
-            for _ in range(min(num_steps, _SCALAR_STEPS)):
-                yield _decode_step(c, base, kv)
-                kv += num_seqs
-            for done in range(_SCALAR_STEPS, num_steps, _BATCH_STEPS):
-                yield from self.decode_durations(num_seqs, context + done * num_seqs,
-                                                 min(_BATCH_STEPS, num_steps - done)).tolist()
+            base = self._base(float(num_seqs), float(num_seqs))
+            kv, grow = float(context + num_seqs), float(num_seqs)
+            for _ in range(num_steps):
+                duration = base + kv * slope if slope else _decode_step(self._c, base, kv)
+                append(duration)
+                before, end = end, end + duration
+                if end >= horizon:
+                    return durations, before, end, True
+                kv += grow
+        return durations, before, end, False
 
     def _durations_with_prefill(self, num_seqs: int, total_context_tokens: int,
                                 num_steps: int, computed: int, new: int) -> np.ndarray:

@@ -7,6 +7,7 @@ The simulator predicts durations (:class:`~kvsim.sim.perf.cost_model.CostModel`)
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -19,7 +20,7 @@ class Executor(Protocol):
 
     Decode runs are an optional extension: an executor that sets ``supports_decode_runs``
     predicts a whole run of decode-only steps at once (:meth:`decode_durations`), which lets the
-    loop wait out the run as one event; the loop asks for them through :meth:`decode_steps`,
+    loop wait out the run as one event; the loop asks for them through :meth:`steps_until`,
     which an executor may provide faster (one that does not gets this class's, built on
     :meth:`decode_durations`). The default (inherited by an executor that subclasses this
     protocol) does not support them, and the loop then takes every step one at a time.
@@ -45,11 +46,27 @@ class Executor(Protocol):
         raise NotImplementedError(f"{type(self).__name__} does not predict decode runs "
                                   "(supports_decode_runs is False)")
 
-    def decode_steps(self, stretches):
-        """The durations of the steps of ``stretches``, one float at a time, lazily (a run
-        stops asking at the next arrival): for each ``(num_steps, num_seqs, context tokens,
-        prompt tokens)``, the :meth:`decode_durations` of ``num_steps`` decode steps, beside a
-        whole prompt of that many tokens computed from nothing when there is one."""
-        for num_steps, num_seqs, context, prompt in stretches:
-            yield from self.decode_durations(num_seqs, context, num_steps,
-                                             prefill=(0, prompt) if prompt else None).tolist()
+    def steps_until(self, stretches, now: float, horizon: float) -> tuple:
+        """The steps of ``stretches`` run back to back from ``now``, up to the first that ends
+        at or after ``horizon`` (all of them if none does): ``(durations, before, end,
+        crossed)``, ``durations`` a list of floats, ``end`` when the last of them ends (SimPy's
+        sum, one step at a time), ``before`` when it starts, ``crossed`` whether it ends at or
+        after ``horizon``. A stretch ``(num_steps, num_seqs, context tokens, prompt tokens)``
+        is :meth:`decode_durations` of ``num_steps`` decode steps, beside a whole prompt of
+        that many tokens computed from nothing when there is one. Lazily: a run usually meets
+        the next arrival within a few dozen steps, so an executor may provide this faster."""
+        return back_to_back(chain.from_iterable(
+            self.decode_durations(num_seqs, context, num_steps,
+                                  prefill=(0, prompt) if prompt else None).tolist()
+            for num_steps, num_seqs, context, prompt in stretches), now, horizon)
+
+
+def back_to_back(durations, now: float, horizon: float) -> tuple:
+    """:meth:`Executor.steps_until` of steps taking ``durations`` (an iterable of floats)."""
+    taken, before, end = [], now, now
+    for duration in durations:
+        taken.append(duration)
+        before, end = end, end + duration
+        if end >= horizon:
+            return taken, before, end, True
+    return taken, before, end, False

@@ -63,7 +63,7 @@ from kvsim.cache.scheduler import Scheduler
 from kvsim.cache.request_state import RequestState
 from kvsim.cache.step_plan import TRANSFER_KINDS, StepOutcome, StepPlan
 
-from kvsim.sim.serving.executor import Executor
+from kvsim.sim.serving.executor import Executor, back_to_back
 from kvsim.sim.serving.recorder import STEP_COLUMNS, RequestLog, StepLog, StepRecord
 
 _COLUMN = {name: i for i, name in enumerate(STEP_COLUMNS)}     # step log column positions
@@ -82,9 +82,9 @@ class Replica:
         self.steps = steps
         self.requests = requests
         self.skip_ahead = skip_ahead and executor.supports_decode_runs
-        # (an executor that only follows the protocol gets its decode_steps from the protocol)
-        self._decode_steps = (getattr(executor, "decode_steps", None)
-                              or partial(Executor.decode_steps, executor))
+        # (an executor that only follows the protocol gets its steps_until from the protocol)
+        self._steps_until = (getattr(executor, "steps_until", None)
+                             or partial(Executor.steps_until, executor))
         self._arrivals = arrivals
         self.outstanding_tokens = 0
         self.num_finished = 0
@@ -212,20 +212,14 @@ class Replica:
         ``horizon``, less that last one if requests finish at its end (an arrival then must
         see them still running); and when those end (SimPy's sum, one step at a time)."""
         if run.prefill is not None:     # (such a run ends with its first finish)
-            steps = self.executor.decode_durations(
+            durations, before, end, crossed = back_to_back(self.executor.decode_durations(
                 run.num_seqs, int(run.num_computed.sum()), run.max_steps,
-                prefill=(run.prefill.num_computed, run.prefill.num_new)).tolist()
+                prefill=(run.prefill.num_computed, run.prefill.num_new)).tolist(), now, horizon)
         else:
-            steps = run.stretches(start) if start else ((*b, 0) for b in run.batches())
-            steps = self._decode_steps(steps)
-        durations, end, before = [], now, now
-        for duration in steps:
-            durations.append(duration)
-            before, end = end, end + duration
-            if end >= horizon:
-                if start + len(durations) - 1 in run.finish_step:
-                    return durations, len(durations) - 1, before
-                break
+            stretches = run.stretches(start) if start else ((*b, 0) for b in run.batches())
+            durations, before, end, crossed = self._steps_until(stretches, now, horizon)
+        if crossed and start + len(durations) - 1 in run.finish_step:
+            return durations, len(durations) - 1, before
         return durations, len(durations), end
 
     def _admit_arrivals(self, run: DecodeRun, compute: list[float], n: int, start: float):
