@@ -17,6 +17,7 @@ from kvsim.real_backend.profile_fit import fit_errors, fit_profile, predict  # n
 from kvsim.real_backend.profiling import Limits, default_grid  # noqa: E402
 from kvsim.sim.perf.cost_model import CostModel  # noqa: E402
 from kvsim.sim.perf.profile import FITTED_TERMS, MODEL_SHAPE_KEYS  # noqa: E402
+from kvsim.sim.serving.executor import Executor  # noqa: E402
 from clirun import kvsim  # noqa: E402
 
 TINY = resolve_backend_model("tiny-llama")
@@ -85,6 +86,12 @@ def test_fitted_profile_sets_the_cost_model_directly():
     plans = [StepPlan(scheduled=[ScheduledRequest(i, 1, 100 + k) for i in range(4)])
              for k in range(3)]
     assert decode.tolist() == [cm.step_duration(p) for p in plans]   # skip-ahead bit for bit
+    stretches = [(1, 3, 300, 40), (5, 4, 400, 0), (2, 2, 90, 0)]    # (the per-step path: the
+    assert cm._decode_slope == 0.0                                    # fitted additive terms)
+    assert cm.steps_until(iter(stretches), 1.0, 2.0) == \
+        Executor.steps_until(cm, iter(stretches), 1.0, 2.0)
+    assert cm.steps_until(iter(stretches), 1.0, 2.0)[0][1:6] == decode.tolist() + \
+        cm.decode_durations(4, 412, 2).tolist()
 
 
 def test_fitted_profile_refuses_another_model_and_names_the_one_of_its_shape():
