@@ -11,7 +11,9 @@ that process and its workers) and peak RSS (its own ``wait4`` rusage), and check
 versions simulated the same thing (completed requests and output throughput from
 ``summary.json``; a plan's recommended deployment). The table's ratios are old / new from this
 one run: they hold on another machine as long as nothing else runs during the measurement
-(the line under the table says how much CPU other processes took meanwhile).
+(the line under the table says how much CPU other processes took meanwhile). Both versions'
+bytecode is compiled before the first run, so that no timed run compiles modules (with
+``PYTHONDONTWRITEBYTECODE`` set, or a fresh worktree, every run would, and unevenly: ~0.1 s).
 
 Cases (the targets of issue 15):
 
@@ -177,12 +179,20 @@ def old_checkout(rev: str, work: Path) -> Path:
     if not tree.exists():
         subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(tree), rev],
                        check=True, capture_output=True)
+    compile_ahead(tree)
     path = work / f"pp-{rev}"
     path.mkdir(exist_ok=True)
     link = path / "kvsim"
     if not link.exists():
         link.symlink_to(tree)
     return path
+
+
+def compile_ahead(tree: Path) -> None:
+    """Write the bytecode of ``tree``'s modules now (``compileall`` writes it whatever
+    ``PYTHONDONTWRITEBYTECODE`` says), so that the timed runs only load it."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-x", r"[/\\]\.git[/\\]",
+                    str(tree)], check=True, capture_output=True)
 
 
 def other_cpu_s() -> float:
@@ -217,6 +227,7 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     versions = {"old": kvsim_argv(old_checkout(args.old, args.work)), "new": kvsim_argv(None)}
+    compile_ahead(HERE)
     rows, own_cpu, host0 = [], 0.0, other_cpu_s()
     found = cases(args.shared, args.work, args.old_million)
     new_args = {c.name: c.new for c in found}
