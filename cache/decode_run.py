@@ -154,13 +154,16 @@ class DecodeRun:
             raise ValueError(f"step {start} admits no request last (step {step} does)")
         finishes, computed = self.finish_step.tolist(), self.num_computed.tolist()
         num_seqs = context = 0
-        for finish, tokens in zip(finishes[:-1], computed[:-1]):   # (all but it joined
-            if finish >= start:                                      # before)
+        staying = [(finishes.pop(), computed.pop())]    # (it joined last, decodes after)
+        for pair in zip(finishes, computed):
+            if pair[0] >= start:
                 num_seqs += 1
-                context += tokens
+                context += pair[1]
+                if pair[0] > start:
+                    staying.append(pair)
         yield 1, num_seqs, context + start * num_seqs, seq.num_prompt_tokens
-        staying = sorted(pair for pair in zip(finishes, computed) if pair[0] > start)
-        for stretch in _stretches(staying, start + 1, self.max_steps):   # (it decodes after)
+        staying.sort()
+        for stretch in _stretches(staying, start + 1, self.max_steps):
             yield (*stretch, 0)
 
 

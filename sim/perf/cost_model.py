@@ -215,8 +215,10 @@ class CostModel(Executor):
         append, slope = durations.append, self._decode_slope
         for num_steps, num_seqs, context, prompt in stretches:
             if prompt:
-                for duration in self._durations_with_prefill(num_seqs, context, num_steps, 0,
-                                                             prompt).tolist():
+                for duration in ((self._prefill_step(num_seqs, context, 0, prompt),)
+                                 if num_steps == 1 else   # (a run's admitting step)
+                                 self._durations_with_prefill(num_seqs, context, num_steps, 0,
+                                                              prompt).tolist()):
                     append(duration)
                     before, end = end, end + duration
                     if end >= horizon:
