@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -331,10 +332,13 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     if options is None and run_cfg.long_prompt == "truncate":
         from kvsim.workloads.request_list import copied_requests
         source = copied_requests(source)     # (the run cuts them in place; not the caller's)
-    requests = (lambda: iter(source)) if options is None else (lambda: read(source, options))
+    left_out = Counter()     # (a trace file's rows holding no request; emptied per reading)
+    requests = ((lambda: iter(source)) if options is None
+                else (lambda: read(source, options, left_out)))
     read_with = options if options is not None else getattr(trace, "options", None)
     frames = run_frames(simulate(requests(), run_cfg, keep_steps=keep_steps,
-                                 sharing=scan_trace_sharing(requests), trace_options=read_with))
+                                 sharing=scan_trace_sharing(requests), trace_options=read_with,
+                                 left_out=left_out))
     if slo:
         frames[0]["slo"] = dict(slo)
     if frames[0]["num_rejected"]:

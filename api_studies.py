@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -113,9 +114,10 @@ def _simulate_point(point) -> tuple:
     from kvsim.sim.serving.runner import simulate
     from kvsim.workloads import load_trace as read
     from kvsim.workloads.sharing import scan_trace_sharing
-    requests = partial(read, point.job.trace_path, point.job.trace_options)
+    left_out = Counter()
+    requests = partial(read, point.job.trace_path, point.job.trace_options, left_out)
     return run_frames(simulate(requests(), point.job.config, sharing=scan_trace_sharing(requests),
-                               trace_options=point.job.trace_options))
+                               trace_options=point.job.trace_options, left_out=left_out))
 
 
 def compare(trace: Any = None, *, config: Any = None, workers: int = 1,

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections import Counter
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
 from kvsim.workloads import TraceOptions, load_trace
+from kvsim.workloads.request import left_out_text
 from kvsim.workloads.sharing import read_scanned
 from kvsim.workloads.sources import check_regular_file, resolve_trace
 
@@ -199,14 +201,21 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
         if notes and (scan.num_long or job.config.long_prompt == "truncate"
                       and scan.num_overflowing):
             say(long_prompt_note(scan, job.config, deployment))
+        if notes and scan.left_out:
+            total = sum(scan.left_out.values())
+            say(f"{total:,} row{'s' * (total != 1)} of the trace hold{'s' * (total == 1)} no "
+                f"request to run and {'are' if total != 1 else 'is'} left out: "
+                f"{left_out_text(scan.left_out)}")
         show = None if quiet else (
             RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
             else ProgressLines("simulating", scan.num_requests))
         with show or nullcontext():
+            left_out = Counter()
             requests, sharing = read_scanned(partial(load_trace, job.trace_path,
-                                                     job.trace_options))
+                                                     job.trace_options, left_out=left_out))
             result = simulate(requests, job.config, progress=show.update if show else None,
-                              sharing=sharing, trace_options=job.trace_options)
+                              sharing=sharing, trace_options=job.trace_options,
+                              left_out=left_out)
         summary, requests_df, timeline_df = run_outputs(result)
         if job.slo:
             summary["slo"] = job.slo
@@ -225,18 +234,20 @@ class TraceScan:
     num_long: int
     longest_prompt: int
     num_overflowing: int = 0    # prompt and output together longer than max_model_len
+    left_out: Counter = field(default_factory=Counter)  # rows holding no request, by reason
 
 
 def scan_trace(job: RunJob, max_model_len: int) -> TraceScan:
     """Count the job's requests, their span and those whose prompt is ``max_model_len`` tokens
     or more (vLLM rejects those)."""
     count = span = long = longest = over = 0
-    for request in load_trace(job.trace_path, job.trace_options):
+    left_out = Counter()
+    for request in load_trace(job.trace_path, job.trace_options, left_out):
         count, span = count + 1, request.arrival_s
         longest = max(longest, request.prompt_tokens)
         long += request.prompt_tokens >= max_model_len
         over += request.prompt_tokens + request.output_tokens > max_model_len
-    return TraceScan(count, span, long, longest, over)
+    return TraceScan(count, span, long, longest, over, left_out)
 
 
 def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:

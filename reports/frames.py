@@ -113,7 +113,7 @@ SUMMARY_SHAPE = {
                 "bytes_to_device": NUMBER, "transfer_time_s": NUMBER},
     "config": {"trace": TEXT, "model": TEXT, "gpu": TEXT, "tp": INTEGER, "replicas": INTEGER,
                "block_size": INTEGER, "eviction": TEXT, "layout": TEXT},
-    "slo": OBJECT,
+    "slo": OBJECT, "trace_rows_left_out": OBJECT,
 }
 #: ``config.trace_options`` of a run's summary: how the trace was read, key -> (the
 #: :class:`~kvsim.workloads.TraceOptions` attribute, the command-line option).
@@ -135,6 +135,7 @@ SUMMARY_OPTIONAL = frozenset({
     "throughput_total_tokens_per_s", "prefix_cache.host_hit_tokens",
     "kv.mean_cached_idle_fraction", "kv.max_model_len", "tiering", "config.tp",
     "config.replicas", "config.block_size", "config.eviction", "config.layout", "slo",
+    "trace_rows_left_out",
 })
 
 def add_phase_columns(requests: pd.DataFrame) -> pd.DataFrame:

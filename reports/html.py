@@ -23,8 +23,9 @@ from kvsim.reports.frames import HITRATE_FILE, HITRATE_REPORT
 from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample, write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
-from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, parse_slo, rejected_text, slo_met,
-                    stopped_text, tier_text, truncated_text)
+from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, left_out_summary_text,
+                                 parse_slo, rejected_text, slo_met, stopped_text, tier_text,
+                                 truncated_text)
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",
@@ -126,7 +127,8 @@ def run_header(summary: dict, slo: dict | None) -> str:
             f"{esc(m.replace('_s', '').upper())} p{p:g} ≤ {esc(fmt_seconds(t))}"
             for m, p, t in targets) + "</p>")
     warnings = "".join(f'<p class="note"><b>{esc(name.capitalize())}:</b> {esc(text)}</p>'
-                       for name, text in (("rejected", rejected_text(summary)),
+                       for name, text in (("left out", left_out_summary_text(summary)),
+                                          ("rejected", rejected_text(summary)),
                                           ("truncated", truncated_text(summary)),
                                           ("cut by length", stopped_text(summary))) if text)
     return (f"<h1>kvsim run report</h1><p class=\"subtitle\">{_subtitle(summary, config)}</p>"

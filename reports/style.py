@@ -8,6 +8,7 @@ from typing import Any
 
 from kvsim.reports.frames import SUMMARY_PERCENTILES
 from kvsim.reports.plot import Figure, template
+from kvsim.workloads.request import left_out_text
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
 #: One colour per run in comparison views (colour-blind friendly, Okabe-Ito-like).
@@ -180,6 +181,14 @@ def stopped_text(summary: dict) -> str:
     n = summary.get("num_stopped_by_length") or 0
     return (f"{fmt_num(n)} requests ended at max_model_len before their requested output "
             "(finish_reason length in requests.csv)") if n else ""
+
+
+def left_out_summary_text(summary: dict) -> str:
+    """The trace's rows that held no request to run, by reason, or ``""`` when none did."""
+    left_out = summary.get("trace_rows_left_out") or {}
+    total = sum(left_out.values())
+    return (f"{fmt_num(total)} trace row{'s' * (total != 1)} without a request to run: "
+            f"{left_out_text(left_out)}") if total else ""
 
 
 def truncated_text(summary: dict) -> str:

@@ -12,8 +12,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
 from rich.table import Table
 
 from kvsim.reports.frames import TRACE_OPTIONS
-from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number, parse_slo,
-                    rejected_text, slo_met, stopped_text, tier_text, truncated_text)
+from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number,
+                                 left_out_summary_text, parse_slo, rejected_text, slo_met,
+                                 stopped_text, tier_text, truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -86,7 +87,8 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
             ("KV cache", cache_text(cfg))]
     if cfg.get("profile"):
         rows.append(("step times", f"from the profile {cfg['profile']}"))
-    return rows + [(name, text) for name, text in (("rejected", rejected_text(summary)),
+    return rows + [(name, text) for name, text in (("left out", left_out_summary_text(summary)),
+                                                     ("rejected", rejected_text(summary)),
                                                      ("truncated", truncated_text(summary)),
                                                      ("cut by length", stopped_text(summary)),
                                                      ("SLO", slo_verdicts(summary)))

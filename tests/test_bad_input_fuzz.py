@@ -82,11 +82,11 @@ MOONCAKE_FIELDS = [
 ]
 AZURE_ROWS = ["2023-13-16 18:15:46.68,374,44", "2023-11-16 25:15:46.68,374,44",
               "yesterday,374,44", "2023-11-16 18:15:46.68,-1,44", "2023-11-16 18:15:46.68,x,44",
-              "2023-11-16 18:15:46.68,374,0", "2023-11-16 18:15:46.68,374", "2023-11-16 18:15:46"
+              "2023-11-16 18:15:46.68,374,-1", "2023-11-16 18:15:46.68,374", "2023-11-16 18:15:46"
               ".68,374.5,44", "2023-11-16 18:15:46.68,99999999999,44"]
 BURST_ROWS = ["-5,ChatGPT,472,18,490,Conversation log", "x,ChatGPT,472,18,490,Conversation log",
               "5,ChatGPT,-472,18,490,Conversation log", "5,ChatGPT,472,abc,490,Conversation log",
-              "5,ChatGPT,472.5,18,490,Conversation log", "5,ChatGPT,0,18,490,Conversation log"]
+              "5,ChatGPT,472.5,18,490,Conversation log", "5,ChatGPT,472,-1,490,Conversation log"]
 
 
 def trace_cases():

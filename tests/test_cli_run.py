@@ -306,6 +306,32 @@ def test_the_example_config_runs_as_the_readme_shows(tmp_path):
         "sample:azure-conv", "llama-3.1-8b", 2, "prefix-affinity")
 
 
+def test_rows_left_out_of_a_csv_trace_are_announced_and_counted(tmp_path):
+    """A BurstGPT file's failed rows and rows without a prompt run no request: the run says
+    so before it starts, its summary counts them by reason (quiet or not: the same summary),
+    and the terminal summary shows them."""
+    trace = tmp_path / "burst.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,472,18,490,Conversation log\n"
+                     "45,ChatGPT,1087,0,1087,Conversation log\n"
+                     "118,GPT-4,417,276,693,Conversation log\n"
+                     "130,ChatGPT,0,12,12,API log\n")
+    done = kvsim("run", trace, "--out", tmp_path / "r", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(
+        "kvsim: 2 rows of the trace hold no request to run and are left out: failed (BurstGPT "
+        "Response tokens 0): 1, no prompt (0 prompt tokens): 1\nkvsim: wrote ")
+    summary = json.loads(done.stdout)
+    assert (summary["num_requests"], summary["trace_rows_left_out"]) == (
+        2, {"empty_prompt": 1, "failed": 1})
+    quiet = kvsim("run", trace, "--out", tmp_path / "q", "--quiet")
+    assert quiet.stderr == ""
+    written = json.loads((tmp_path / "q" / "summary.json").read_text())
+    assert written["trace_rows_left_out"] == summary["trace_rows_left_out"]
+    shown = kvsim("run", trace, "--out", tmp_path / "s").stdout
+    assert " left out " in shown and "2 trace rows without a request to run" in shown
+
+
 def test_long_prompts_are_announced_counted_and_can_be_truncated(tmp_path):
     done = kvsim("run", "--model", "llama-3-70b", "--gpu", "h100-80gb", "--tp", "4",
                  "--limit", "40", "--out", tmp_path / "r", "--json")

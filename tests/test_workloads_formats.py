@@ -3,6 +3,7 @@
 import inspect
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -82,16 +83,61 @@ def test_azure_csv_wallclock_times_become_seconds_from_the_first_row(tmp_path):
     assert second.prefix_hashes is None
 
 
-def test_burstgpt_drops_failed_rows_and_filters_by_model(tmp_path):
+def test_burstgpt_leaves_out_failed_rows_and_filters_by_model(tmp_path):
     header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
     path = write(tmp_path, "b.csv", header + "5,ChatGPT,100,20,120,Conversation log\n"
-                 "6,GPT-4,50,0,50,Conversation log\n"          # failed: dropped
+                 "6,GPT-4,50,0,50,Conversation log\n"          # failed: left out
                  "7.5,GPT-4,30,10,40,API log\n"
                  "9,ChatGPT,80,8,88,API log\n")
-    assert [(r.arrival_s, r.prompt_tokens) for r in read_trace(path)] == \
+    left_out = Counter()
+    assert [(r.arrival_s, r.prompt_tokens) for r in load_trace(path, left_out=left_out)] == \
         [(0.0, 100), (2.5, 30), (4.0, 80)]
-    gpt4 = read_trace(path, TraceOptions(model_filter="gpt-4"))
+    assert left_out == {"failed": 1}
+    gpt4 = list(load_trace(path, TraceOptions(model_filter="gpt-4"), left_out))
     assert [(r.request_id, r.arrival_s, r.output_tokens) for r in gpt4] == [(0, 0.0, 10)]
+    assert left_out == {"other_model": 2, "failed": 1}
+
+
+def test_csv_rows_without_prompt_or_output_are_left_out_and_counted_inside_the_window(
+        tmp_path):
+    """Public traces carry such rows: they are counted by reason, those inside the time
+    window read only (timed from the first request, as the window is), and no request is
+    made of them; a window or limit that stops early does not read the rest."""
+    burst = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,"
+                  "Total tokens,Log Type\n"
+                  "2,ChatGPT,0,20,20,API log\n"              # before the first request
+                  "5,ChatGPT,100,20,120,Conversation log\n"
+                  "6,ChatGPT,0,20,20,API log\n"
+                  "7,ChatGPT,0,0,0,API log\n"                # both: failed
+                  "8,ChatGPT,80,8,88,API log\n"
+                  "30,ChatGPT,0,9,9,API log\n"
+                  "31,ChatGPT,70,7,77,API log\n")
+    left_out = Counter()
+    kept = [(r.request_id, r.arrival_s) for r in load_trace(burst, left_out=left_out)]
+    assert kept == [(0, 0.0), (1, 3.0), (2, 26.0)]
+    assert left_out == {"empty_prompt": 3, "failed": 1}
+    assert [r.request_id for r in load_trace(burst, TraceOptions(end_s=10), left_out)] == [0, 1]
+    assert left_out == {"empty_prompt": 2, "failed": 1}
+    assert len(list(load_trace(burst, TraceOptions(start_s=4), left_out))) == 1
+    assert left_out == {"empty_prompt": 1}
+    assert len(list(load_trace(burst, TraceOptions(limit=1), left_out))) == 1
+    assert left_out == {"empty_prompt": 1}
+    azure = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                  "2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,0,44\n"
+                  "2023-11-16 18:15:48.0,374,0\n2023-11-16 18:15:49.0,0,0\n"
+                  "2023-11-16 18:15:50.0,12,3\n")
+    assert [r.arrival_s for r in load_trace(azure, left_out=left_out)] == [0.0, 4.0]
+    assert left_out == {"empty_prompt": 2, "no_output": 1}
+
+
+def test_a_trace_of_rows_left_out_only_says_why(tmp_path):
+    from kvsim.errors import TraceError
+    path = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:47.0,0,44\n2023-11-16 18:15:48.0,374,0\n")
+    with pytest.raises(TraceError) as err:
+        read_trace(path)
+    assert err.value.message == ("no requests: every row was left out (no output (Azure "
+                                 "GeneratedTokens 0): 1, no prompt (0 prompt tokens): 1)")
 
 
 def test_a_burstgpt_file_of_failed_rows_only_says_so(tmp_path):

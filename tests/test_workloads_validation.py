@@ -301,7 +301,8 @@ def test_unknown_forced_format(tmp_path):
 
 
 @pytest.mark.parametrize("row, field, words", [
-    ("2023-11-16 18:15:47.0,0,44", "ContextTokens", "positive"),
+    ("2023-11-16 18:15:47.0,-3,44", "ContextTokens", "must not be negative"),
+    ("2023-11-16 18:15:47.0,374,-1", "GeneratedTokens", "must not be negative"),
     ("2023-11-16 18:15:47.0,12.5,44", "ContextTokens", "expected an integer"),
     ("2023-11-16 18:15:47.0,374,nan", "GeneratedTokens", "expected an integer"),
     ("2023-11-16 18:15:47.0,374", "GeneratedTokens", "columns"),

@@ -7,8 +7,13 @@ offset). No prefix information: every request's blocks are its own.
 
 **BurstGPT**: header ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``;
 ``Timestamp`` is seconds since the trace start. Rows with zero ``Response tokens`` are failed
-requests and are dropped; :attr:`TraceOptions.model_filter` keeps one model (``ChatGPT``,
-``GPT-4``). No prefix information.
+requests; :attr:`TraceOptions.model_filter` keeps one model (``ChatGPT``, ``GPT-4``). No prefix
+information.
+
+Rows that hold no request to run (BurstGPT's failed ones, zero prompt tokens, zero generated
+tokens in Azure's, another model's) are left out and counted by reason
+(:class:`~kvsim.workloads.request.LeftOutRow`; a run's summary reports them): public traces
+carry such rows, and a user cannot be asked to edit them away.
 
 Columns are matched by header name, in any order; extra columns are ignored. Errors name the
 file's line number (the header is line 1 of the file, blank lines count).
@@ -25,7 +30,7 @@ from typing import Iterator
 from kvsim.errors import TraceError
 from kvsim.workloads.bundled import shown
 from kvsim.workloads import fields as F
-from kvsim.workloads.request import Request
+from kvsim.workloads.request import LeftOutRow, Request
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
@@ -86,29 +91,46 @@ def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[
         yield line_no, loc, [cells[c] for c in cols]
 
 
-def azure_requests(lines, path) -> Iterator[tuple[int, Request]]:
-    """``(line_no, request)`` per Azure row; ``arrival_s`` is seconds since 2000-01-01."""
+def azure_requests(lines, path) -> Iterator[tuple[int, Request | LeftOutRow]]:
+    """``(line_no, request)`` per Azure row (a :class:`LeftOutRow` for one without prompt or
+    output); ``arrival_s`` is seconds since 2000-01-01."""
     for line_no, loc, (stamp, context, generated) in rows(lines, path, AZURE_COLUMNS):
-        yield line_no, Request(
-            -1, wallclock_seconds(stamp, AZURE_TIME_FIELD, loc),
-            F.length(context, "ContextTokens", loc, text=True),
+        t = wallclock_seconds(stamp, AZURE_TIME_FIELD, loc)
+        empty = _left_out(context, "ContextTokens", "empty_prompt", loc) or \
+            _left_out(generated, "GeneratedTokens", "no_output", loc)
+        yield line_no, LeftOutRow(t, empty) if empty else Request(
+            -1, t, F.length(context, "ContextTokens", loc, text=True),
             F.length(generated, "GeneratedTokens", loc, text=True), may_be_continued=False)
 
 
-def burstgpt_requests(lines, path, model: str | None) -> Iterator[tuple[int, Request]]:
-    """``(line_no, request)`` per successful BurstGPT row of ``model`` (all models if None)."""
+def _left_out(cell: str, name: str, reason: str, loc: str) -> str | None:
+    """``reason`` when the token count ``cell`` is 0 (a negative one is an error)."""
+    n = F.integer(cell, name, loc, text=True)
+    if n < 0:
+        raise F.fail(loc, name, f"must not be negative, got {n}")
+    return reason if n == 0 else None
+
+
+def burstgpt_requests(lines, path, model: str | None
+                      ) -> Iterator[tuple[int, Request | LeftOutRow]]:
+    """``(line_no, request)`` per BurstGPT row: a request for a successful row of ``model``
+    (all models if None), else a :class:`LeftOutRow`."""
     wanted = None if model is None else model.strip().lower()
     kept = failed = 0
     others: set[str] = set()         # models of the rows the filter left out
     for line_no, loc, (stamp, name, request, response) in rows(lines, path, BURSTGPT_COLUMNS):
         t = F.number(stamp, BURSTGPT_TIME_FIELD, loc, text=True)
-        if F.integer(response, "Response tokens", loc, text=True) == 0:
-            if F.integer(request, "Request tokens", loc, text=True) < 0:    # (checked too)
-                raise F.fail(loc, "Request tokens", "must not be negative")
-            failed += 1
-            continue
+        no_prompt = _left_out(request, "Request tokens", "empty_prompt", loc)
+        empty = _left_out(response, "Response tokens", "failed", loc)
         if wanted is not None and name.lower() != wanted:
-            others.add(name)
+            if not empty:
+                others.add(name)        # (a model the filter could have kept)
+            empty = "other_model"
+        else:
+            failed += empty == "failed"
+            empty = empty or no_prompt
+        if empty:
+            yield line_no, LeftOutRow(t, empty)
             continue
         kept += 1
         yield line_no, Request(-1, t, F.length(request, "Request tokens", loc, text=True),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from typing import Iterable, Iterator
 
 from kvsim.errors import TraceError
@@ -21,14 +22,15 @@ from kvsim.workloads import csvs, jsonl
 from kvsim.workloads import fields as F
 from kvsim.workloads.lines import numbered_lines, where
 from kvsim.workloads.options import TraceOptions
-from kvsim.workloads.request import Request
+from kvsim.workloads.request import LeftOutRow, Request, left_out_text
 
 TIME_FIELDS = {"native": jsonl.NATIVE_TIME_FIELD, "mooncake": jsonl.MOONCAKE_TIME_FIELD,
                "azure": csvs.AZURE_TIME_FIELD, "burstgpt": csvs.BURSTGPT_TIME_FIELD}
 
 
 
-def load_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> Iterator[Request]:
+def load_trace(path: str | os.PathLike, opts: TraceOptions | None = None,
+               left_out: Counter | None = None) -> Iterator[Request]:
     """Yield the requests of the trace at ``path``, validated, as a stream.
 
     Requests come in arrival order with ``request_id`` ``0, 1, ..., n-1`` and ``arrival_s`` in
@@ -43,24 +45,32 @@ def load_trace(path: str | os.PathLike, opts: TraceOptions | None = None) -> Ite
     that do not match the prompt length, a timestamp earlier than the previous line's (unless
     ``opts.sort``), or when no request is left after the window and filters. Errors are raised
     while iterating, at the first bad line.
+
+    ``left_out``: counts the rows inside the time window that hold no request to run, by
+    reason (:data:`~kvsim.workloads.request.LEFT_OUT_REASONS`; emptied when reading starts).
     """
     opts = (opts or TraceOptions()).checked()
+    left_out = Counter() if left_out is None else left_out
+    left_out.clear()
     fmt, records = _parse(path, opts)
     ordered = _sorted(records) if opts.sort else _check_order(records, path, TIME_FIELDS[fmt])
     count = 0
-    for count, request in enumerate(_transform(ordered, opts), start=1):
+    for count, request in enumerate(_transform(ordered, opts, left_out), start=1):
         yield request
     if count == 0:
-        raise TraceError(_none_left(opts), location=where(path))
+        raise TraceError(_none_left(opts, left_out), location=where(path))
 
 
-def _none_left(opts: TraceOptions) -> str:
-    """Why a trace gave no request: its filters (those given), or no data lines."""
+def _none_left(opts: TraceOptions, left_out: Counter) -> str:
+    """Why a trace gave no request: its filters (those given), its rows left out, or no data
+    lines."""
     filters = [text for text, given in (
         ("the time window (--start, --end)", (opts.start_s, opts.end_s) != (None, None)),
         ("the model filter (--trace-model)", opts.model_filter is not None)) if given]
     if filters:
         return f"no request left after {' and '.join(filters)}"
+    if left_out:
+        return f"no requests: every row was left out ({left_out_text(left_out)})"
     return "no requests: the trace has no data lines"
 
 
@@ -132,13 +142,20 @@ def _sorted(records) -> list[Request]:
     return sorted((request for _, request in records), key=lambda r: r.arrival_s)
 
 
-def _transform(requests: Iterable[Request], opts: TraceOptions) -> Iterator[Request]:
-    """Window, limit, re-time and renumber requests already in arrival order."""
+def _transform(requests: Iterable[Request | LeftOutRow], opts: TraceOptions,
+               left_out: Counter) -> Iterator[Request]:
+    """Window, limit, re-time and renumber requests already in arrival order; count the rows
+    left out inside the window (timed from the first request, as the window is)."""
     origin = kept_origin = None
     start = float("-inf") if opts.start_s is None else opts.start_s
     end = float("inf") if opts.end_s is None else opts.end_s
     kept = 0
     for request in requests:
+        if request.__class__ is LeftOutRow:
+            offset = 0.0 if origin is None else request.arrival_s - origin
+            if start <= offset < end:
+                left_out[request.reason] += 1
+            continue
         origin = request.arrival_s if origin is None else origin
         offset = request.arrival_s - origin
         if offset < start:

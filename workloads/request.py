@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -66,3 +67,29 @@ class Request:
         ``greedy``: the sampling mode of generated tokens with no recorded ids (see
         :func:`kvsim.workloads.identity.block_ids`)."""
         return block_ids(self, block_size, num_tokens, greedy)
+
+
+#: Why a trace row holds no request to run (a key of a run summary's ``trace_rows_left_out``),
+#: and how a report says it.
+LEFT_OUT_REASONS = {
+    "failed": "failed (BurstGPT Response tokens 0)",
+    "no_output": "no output (Azure GeneratedTokens 0)",
+    "empty_prompt": "no prompt (0 prompt tokens)",
+    "other_model": "another model (--trace-model)",
+}
+
+
+@dataclass(slots=True)
+class LeftOutRow:
+    """A trace row that holds no request to run: a failed one, an empty one, another model's
+    (``reason``: a key of :data:`LEFT_OUT_REASONS`). The loader counts those inside the time
+    window read and yields no request for them."""
+
+    arrival_s: float
+    reason: str
+
+
+def left_out_text(left_out: Mapping[str, int]) -> str:
+    """The rows left out by reason, in words: ``failed (BurstGPT Response tokens 0): 2, ...``."""
+    return ", ".join(f"{LEFT_OUT_REASONS[reason]}: {left_out[reason]:,}"
+                     for reason in LEFT_OUT_REASONS if left_out.get(reason))

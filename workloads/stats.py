@@ -22,6 +22,7 @@ Definitions (these are what ``kvsim trace-stats`` prints):
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Iterable
 
 import numpy as np
@@ -29,7 +30,7 @@ import numpy as np
 from kvsim.workloads.lines import numbered_lines, where
 from kvsim.workloads.loader import detect_format, load_trace
 from kvsim.workloads.options import TraceOptions
-from kvsim.workloads.request import Request
+from kvsim.workloads.request import Request, left_out_text
 
 PERCENTILES = (50, 90, 99)
 _MERGE_EVERY = 16_000_000
@@ -134,8 +135,10 @@ def trace_file_stats(path: str | os.PathLike, opts: TraceOptions | None = None,
                      block_size: int = 16) -> dict:
     """:func:`trace_stats` of the trace at ``path``, plus its ``trace`` path and ``format``."""
     opts = (opts or TraceOptions()).checked()
-    stats = trace_stats(load_trace(path, opts), block_size)
-    return {"trace": str(path), "format": _format_of(path, opts), **stats}
+    left_out = Counter()
+    stats = trace_stats(load_trace(path, opts, left_out), block_size)
+    return {"trace": str(path), "format": _format_of(path, opts), **stats,
+            "rows_left_out": dict(left_out)}
 
 
 def length_summary(values) -> dict:
@@ -184,9 +187,12 @@ def render_stats(stats: dict) -> str:
     """``stats`` as a few aligned lines for people."""
     rate = stats["mean_rate_per_s"]
     cv = stats["burstiness_cv"]
+    left_out = stats.get("rows_left_out")
     lines = [
         f"trace         {stats['trace']} ({stats['format']})" if "trace" in stats else None,
         f"requests      {stats['num_requests']:,}",
+        f"left out      {sum(left_out.values()):,} rows without a request to run: "
+        f"{left_out_text(left_out)}" if left_out else None,
         f"time span     {stats['time_span_s']:,.1f} s",
         f"mean rate     {'-' if rate is None else f'{rate:.3f}'} req/s",
         f"burstiness    {'-' if cv is None else f'{cv:.2f}'} (CV of inter-arrival gaps)",

@@ -109,6 +109,7 @@ def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
     idle = mean("kv_cached_idle_blocks")
     return {
         "num_requests": int(len(requests)),
+        "trace_rows_left_out": result.trace_rows_left_out,
         "num_completed": completed,
         "num_rejected": int(requests["rejected"].sum()),
         "num_truncated": int(requests["truncated"].sum()),

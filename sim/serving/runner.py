@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
 
 import simpy
 
@@ -66,6 +66,7 @@ class RunResult:
     duration_s: float
     wall_time_s: float
     trace_options: dict | None = None   # how the trace file was read (summary's config)
+    trace_rows_left_out: dict = field(default_factory=dict)   # that file's, by reason
 
 
 def resolve_deployment(config: RunConfig) -> Deployment:
@@ -138,7 +139,7 @@ def default_executor(config: RunConfig) -> CostModel:
 def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
              progress: Callable[[float, int], None] | None = None,
              keep_steps: bool = False, stop=None, sharing=None,
-             trace_options=None) -> RunResult:
+             trace_options=None, left_out: Mapping[str, int] | None = None) -> RunResult:
     """Replay ``requests`` (in arrival order; an iterator is read as the run goes) and return
     the logs of the run. ``keep_steps``: also keep every engine step (memory grows with the
     steps; ``kvsim validate`` and tests need them), not just totals and the timeline.
@@ -147,7 +148,9 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     :class:`~kvsim.sim.plan.stop.SloStop`), leaving partial logs. ``sharing``: the trace's
     :class:`~kvsim.workloads.sharing.SharedPrefixes` (the same results, with less prefix-index
     work for blocks that only their own request can hit). ``trace_options``: the
-    ``TraceOptions`` the requests were read with, recorded in the summary."""
+    ``TraceOptions`` the requests were read with, recorded in the summary; ``left_out``: the
+    rows of that file holding no request to run (``load_trace``'s count, filled as the
+    requests are read), by reason, reported in the summary."""
     config.validate()
     requests, oracle = prepare_eviction(config.eviction, requests, config.block_size)
     deployment = resolve_deployment(config)
@@ -169,7 +172,8 @@ def simulate(requests: Iterable[Request], config: RunConfig, executor=None,
     steps.finish(env.now)
     return RunResult(config, deployment, steps, log, replicas, env.now,
                      time.perf_counter() - start,
-                     None if trace_options is None else recorded_trace_options(trace_options))
+                     None if trace_options is None else recorded_trace_options(trace_options),
+                     dict(left_out or {}))
 
 
 def make_kv_manager(config: RunConfig, deployment: Deployment, oracle=None):
