@@ -7,7 +7,8 @@ share are defined once in ``options``.
 
 Conventions every command follows:
 - ``--json`` prints the command's machine-readable result on stdout and nothing else;
-- a :class:`kvsim.errors.KvsimError` becomes one line on stderr and exit status 2;
+- a :class:`kvsim.errors.KvsimError` becomes one line on stderr and exit status 2 (a lost
+  worker process, :class:`kvsim.errors.WorkerLost`, 1);
 - a command's ``typer.Exit(n)`` is exit status ``n`` (``kvsim plan``: 3, no deployment).
 """
 
@@ -102,7 +103,7 @@ def main() -> None:
     except KvsimError as e:
         from kvsim.workloads.sources import naming_stdin
         sys.stderr.write(f"kvsim: error: {naming_stdin(e.one_line())}\n")
-        sys.exit(2)
+        sys.exit(e.exit_status)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except OSError as e:     # the disk, not the input: a full disk, a vanished directory

@@ -1,4 +1,5 @@
-"""Errors a user can act on. The CLI prints them as one line and exits with status 2."""
+"""Errors a user can act on. The CLI prints them as one line and exits with status 2 (1 for
+:class:`WorkerLost`: the host, not the input)."""
 
 
 class KvsimError(ValueError):
@@ -9,6 +10,9 @@ class KvsimError(ValueError):
     ``location`` names where it was found (``file:line`` or ``file:row``) and ``field`` what was
     wrong there; both are optional.
     """
+
+    #: The command line's exit status for it.
+    exit_status = 2
 
     def __init__(self, message: str, *, location: str | None = None, field: str | None = None):
         self.message = message
@@ -28,6 +32,14 @@ class TraceError(KvsimError):
 
 class ConfigError(KvsimError):
     """Settings that cannot produce a run (a model that does not fit, an unknown GPU, ...)."""
+
+
+class WorkerLost(KvsimError):
+    """A worker process ended without its result (killed, out of memory, or a script that
+    starts kvsim's workers without a ``__main__`` guard): the host's doing, not the input's,
+    so the command line exits 1, as for a full disk."""
+
+    exit_status = 1
 
 
 class KvsimWarning(UserWarning):

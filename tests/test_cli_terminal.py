@@ -264,3 +264,18 @@ def test_a_report_path_under_a_file_names_the_file_in_the_way(tmp_path):
     assert done.returncode == 2
     assert done.stderr == (f"kvsim: error: {target}: field 'out': cannot create it: "
                            f"{tmp_path / 'notes.txt'} is not a directory\n")
+
+
+@pytest.mark.parametrize("error, status", [("WorkerLost", 1), ("ConfigError", 2)])
+def test_a_lost_worker_exits_1_not_as_bad_input(monkeypatch, capsys, error, status):
+    """A worker process killed (out of memory) is the host's doing: one line and exit 1, as a
+    full disk; bad settings stay exit 2."""
+    from kvsim import cli, errors
+
+    def app(**_):
+        raise getattr(errors, error)("what happened")
+    monkeypatch.setattr(cli, "app", app)
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code == status
+    assert capsys.readouterr().err == "kvsim: error: what happened\n"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvsim import pipeline
-from kvsim.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, WorkerLost
 from kvsim.sim.plan import planner
 from kvsim.sim.config import RunConfig
 from kvsim.sim.plan.bounds import latency_floors
@@ -146,7 +146,7 @@ def test_the_process_pool_gives_the_serial_result_in_candidate_order():
 def test_a_worker_that_dies_is_one_error_naming_the_likely_causes():
     """A worker ending without its result (here: ``os._exit``; killed, out of memory, or a
     script without a main guard re-run by spawn) stops the others and says so."""
-    with pytest.raises(KvsimError, match="^a worker process ended without its result "
+    with pytest.raises(WorkerLost, match="^a worker process ended without its result "
                                          r"\(killed, or out of memory; a Python script that "
                                          "starts workers must call kvsim under `if __name__"):
         run_tasks(os._exit, [3, 3], SweepOptions(workers=2))

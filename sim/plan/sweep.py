@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kvsim.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, WorkerLost
 
 Progress = Callable[[int, int, Any], None]
 
@@ -84,7 +84,7 @@ def _run_pool(fn, items, workers: int, report: Progress) -> list:
             report(done, len(items), out[futures[future]])
     except BrokenProcessPool:
         _stop_workers(pool)
-        raise KvsimError(WORKER_LOST) from None
+        raise WorkerLost(WORKER_LOST) from None
     except BaseException:   # an error, Ctrl-C or SIGTERM: stop the workers now
         _stop_workers(pool)
         raise
