@@ -270,11 +270,14 @@ def test_a_report_path_under_a_file_names_the_file_in_the_way(tmp_path):
 def test_a_lost_worker_exits_1_not_as_bad_input(monkeypatch, capsys, error, status):
     """A worker process killed (out of memory) is the host's doing: one line and exit 1, as a
     full disk; bad settings stay exit 2."""
+    import gc
     from kvsim import cli, errors
 
     def app(**_):
         raise getattr(errors, error)("what happened")
     monkeypatch.setattr(cli, "app", app)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)     # (pytest's own handlers stay)
+    monkeypatch.setattr(gc, "set_threshold", lambda *_: None)
     with pytest.raises(SystemExit) as done:
         cli.main()
     assert done.value.code == status
