@@ -21,11 +21,10 @@ from kvsim.errors import KvsimError
 
 
 @contextmanager
-def replacing(path: str | os.PathLike, binary: bool = False,
-              parents: bool = True) -> Iterator[IO]:
+def replacing(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
     """``with replacing(path) as fh: fh.write(...)``: ``path`` is replaced by what was written
-    once the block ends without an exception (text: UTF-8, newlines as written). ``parents``:
-    create missing parent directories (else a missing one is bad input)."""
+    once the block ends without an exception (text: UTF-8, newlines as written); missing
+    parent directories are created, as for every ``--out``."""
     target = _checked(path)
     mode, kwargs = ("wb", {}) if binary else ("w", {"encoding": "utf-8", "newline": ""})
     if _is_special(target):
@@ -33,8 +32,7 @@ def replacing(path: str | os.PathLike, binary: bool = False,
             yield fh
         return
     try:
-        if parents:
-            target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours umask
     except OSError as e:

@@ -281,6 +281,9 @@ def test_gen_refuses_a_directory_and_writes_through_a_device(tmp_path):
     link.symlink_to(target)            # (as /dev/stdout is: it was replaced by a file)
     assert kvsim("gen", "chat", "-n", "5", "--out", str(link)).returncode == 0
     assert link.is_symlink() and len(target.read_text().splitlines()) == 5
+    nested = tmp_path / "new" / "folder" / "trace.jsonl"     # (made, as every --out's is)
+    assert kvsim("gen", "chat", "-n", "5", "--out", str(nested)).returncode == 0
+    assert len(nested.read_text().splitlines()) == 5
 
 
 @pytest.mark.parametrize("args, message", [

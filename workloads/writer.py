@@ -56,7 +56,7 @@ def write_lines(records: Iterable[tuple[Request, bool]], path: str | os.PathLike
     replaces it only once every request is written. ``"-"``: standard output, as they come.
     """
     count = 0
-    with nullcontext(sys.stdout) if str(path) == "-" else replacing(path, parents=False) as f:
+    with nullcontext(sys.stdout) if str(path) == "-" else replacing(path) as f:
         try:
             for count, (request, continued) in enumerate(records, start=1):
                 f.write(json.dumps(native_record(request, continued), separators=(", ", ": "))
