@@ -25,7 +25,7 @@ from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, left_out_summary_text,
                                  parse_slo, rejected_text, slo_met, stopped_text, tier_text,
-                                 truncated_text)
+                                 trace_name, truncated_text)
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",
@@ -101,7 +101,7 @@ def _subtitle(summary: dict, config: dict) -> str:
     """``Trace X · model Y · GPU × TP × replicas · block size · eviction``, present parts only."""
     parts = []
     if config.get("trace") is not None:
-        parts.append(("Trace", Path(str(config["trace"])).name))
+        parts.append(("Trace", Path(trace_name(config["trace"])).name))
     if config.get("model") is not None:
         parts.append(("model", config["model"]))
     if config.get("gpu") is not None:

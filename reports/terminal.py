@@ -14,7 +14,7 @@ from rich.table import Table
 from kvsim.reports.frames import TRACE_OPTIONS
 from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number,
                                  left_out_summary_text, parse_slo, rejected_text, slo_met,
-                                 stopped_text, tier_text, truncated_text)
+                                 stopped_text, tier_text, trace_name, truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
@@ -115,7 +115,7 @@ def trace_text(cfg: dict) -> str:
              if value not in (None, False) and not (name == "rate_scale" and value == 1)]
     shown = ", ".join(name if value is True else f"{name} {_as_given(value)}"
                       for name, value in given)
-    return str(cfg.get("trace", "?")) + (f" ({shown})" if shown else "")
+    return trace_name(cfg.get("trace", "?")) + (f" ({shown})" if shown else "")
 
 
 def _as_given(value) -> str:

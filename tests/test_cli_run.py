@@ -379,6 +379,19 @@ def test_a_bad_line_read_from_stdin_is_named_as_stdin(tmp_path):
                            "integer, got a string ('x')\n")
 
 
+def test_a_run_of_a_trace_read_from_stdin_calls_it_stdin(tmp_path):
+    """The summary keeps what was given ('-'); the terminal and the report say <stdin>, as
+    the errors do."""
+    done = subprocess.run([sys.executable, "-m", "kvsim.cli", "run", "-", "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300,
+                          input='{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3}\n')
+    assert done.returncode == 0, done.stderr
+    assert [line.split() for line in done.stdout.splitlines() if " trace " in line] == [
+        ["trace", "<stdin>"]]
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["config"]["trace"] == "-"
+    assert "Trace <b>&lt;stdin&gt;</b>" in (tmp_path / "o" / "report.html").read_text()
+
+
 def test_tier_options_without_a_tier_refuse_one_run_but_not_a_grid_spanning_tiers():
     from kvsim.errors import ConfigError
     from kvsim.sim.config import RunConfig
