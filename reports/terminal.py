@@ -128,8 +128,9 @@ def _as_given(value) -> str:
 def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:
     """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16``: every GPU counted (``on 8 x
     a100-80gb (2 replicas of tp 4)``), ``, int4 weights`` when the weights are stored
-    otherwise than the KV cache (``--weight-dtype``, else the ``checkpoint``'s quantized
-    weights)."""
+    otherwise than the KV cache as ``--weight-dtype`` says, or ``, 4-bit quantized
+    weights`` as the ``checkpoint`` stores them (by size: AWQ, GPTQ, MXFP4, NVFP4 are all
+    priced as kvsim's int4)."""
     replicas, tp = cfg.get("replicas", 1), cfg.get("tp", 1)
     gpus = replicas * tp if is_number(replicas) and is_number(tp) else "?"
     shape = f"{replicas} replicas of tp {tp}" if replicas != 1 else f"tp {tp}"
@@ -137,8 +138,13 @@ def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:
             f"{cfg.get('dtype', '?')}")
     weights = cfg.get("weight_dtype") or checkpoint
     if weights and weights != cfg.get("dtype"):
-        text += f", {weights} weights"
+        quantized = _QUANTIZED.get(weights) if not cfg.get("weight_dtype") else None
+        text += f", {quantized or weights} weights"
     return text
+
+
+#: A checkpoint's quantized weights by size (the method is not kept: MXFP4 is not int4).
+_QUANTIZED = {"int4": "4-bit quantized", "int8": "8-bit quantized", "fp8": "fp8 quantized"}
 
 
 def cache_text(cfg: dict) -> str:
