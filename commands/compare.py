@@ -60,11 +60,12 @@ def _table(result: dict) -> str:
     """The comparison table, in blocks as wide as the terminal (whole when piped)."""
     import shutil
     import sys
-    from kvsim.reports.grid_table import render_compare_table
+    import textwrap
+    from kvsim.reports.grid_table import LEGEND, render_compare_table
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     return _header(result) + "\n\n" + render_compare_table(
         [run["label"] for run in result["runs"]], [run["summary"] for run in result["runs"]],
-        width)
+        width) + "\n\n" + (textwrap.fill(LEGEND, width) if width else LEGEND)
 
 
 def _header(result: dict) -> str:

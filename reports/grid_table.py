@@ -92,6 +92,12 @@ def _cells(m: dict) -> list[str]:
 HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hit rate",
            "preempt", "batch", "frag tok/int/ext", "moved", "rejected")
 
+#: What the table's short headers stand for (printed under it).
+LEGEND = ("preempt: preemptions · batch: mean requests per step · frag tok/int/ext: shares "
+          "of the GPU KV slots holding tokens / in blocks' unused tails / free but unusable, "
+          "time-averaged · moved: bytes copied between GPU and host, or compacted · rejected: "
+          "requests refused at arrival")
+
 
 def render_compare_table(labels: Sequence[str], summaries: Sequence[dict],
                          width: int | None = None) -> str:

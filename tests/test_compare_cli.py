@@ -35,8 +35,9 @@ def test_the_table_has_one_row_per_grid_point_in_grid_order(grid):
     lines = lines[3:]
     assert lines[0].startswith("configuration") and "TTFT p50 / p99" in lines[0]
     assert set(lines[1]) <= {"-", " "}
-    rows = [line for line in lines[2:] if not line.startswith("wrote ")]
+    rows = lines[2:lines.index("")]
     assert [re.split(r"\s{2,}", row)[0] for row in rows] == LABELS
+    assert lines[-2].startswith("preempt: preemptions · batch: mean requests per step")
     assert lines[-1].startswith("wrote ")
 
 
