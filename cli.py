@@ -102,7 +102,7 @@ def main() -> None:
         sys.exit(128 + e.signum)
     except KvsimError as e:
         from kvsim.workloads.sources import naming_stdin
-        sys.stderr.write(f"kvsim: error: {naming_stdin(e.one_line())}\n")
+        sys.stderr.write(f"kvsim: error: {naming_stdin(_error_line(e))}\n")
         sys.exit(e.exit_status)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -119,6 +119,36 @@ def main() -> None:
         text = " ".join(e.format_message().split()).replace("Value error, ", "")
         sys.stderr.write(f"kvsim: error: {text}\n")
         sys.exit(e.exit_code)
+
+
+def _error_line(e: KvsimError) -> str:
+    """``e`` in one line, a setting given on the command line (or by no file) named by its
+    option as typed (``--max-num-seqs: must be at least 1``), not by its schema name."""
+    flag = _option_of(e.field) if e.location in (None, "command line") else None
+    if flag is None:
+        return e.one_line()
+    return e.message if e.message.startswith(flag) else f"{flag}: {e.message}"
+
+
+def _option_of(field: str | None) -> str | None:
+    """The option of the command being run for the setting ``field`` (its schema or Python
+    name, or the option itself), or None when it has none of that name (a trace
+    argument's field stays ``field 'trace'``)."""
+    if not field or field.startswith("--"):
+        return field
+    from kvsim.reports.frames import TRACE_OPTIONS
+    commands = typer.main.get_command(app).commands
+    name = next((arg for arg in sys.argv[1:] if arg in commands), None)
+    if name is None:
+        return None
+    params = [*commands[name].params,   # (compare takes every run setting as --FIELD)
+              *(commands["run"].params if name == "compare" else ())]
+    options = {param.name: next(o for o in param.opts if o.startswith("--"))
+               for param in params
+               if param.param_type_name == "option" and any(o.startswith("--")
+                                                           for o in param.opts)}
+    trace = {key: flag for key, (_, flag) in TRACE_OPTIONS.items() if flag in options.values()}
+    return options.get(field) or trace.get(field)
 
 
 def _stdout_closed() -> None:

@@ -155,9 +155,9 @@ PROFILES = [
     ([1, 2], "profile"),
 ]
 CLI = [
-    (["run", "--num-gpu-blocks", "0"], "num_gpu_blocks"), (["run", "--max-model-len", "-1"],
-                                                           "max_model_len"),
-    (["run", "--max-model-len", "0"], "max_model_len"), (["run", "--router", "random"],
+    (["run", "--num-gpu-blocks", "0"], "--num-gpu-blocks: "), (["run", "--max-model-len", "-1"],
+                                                           "--max-model-len: "),
+    (["run", "--max-model-len", "0"], "--max-model-len: "), (["run", "--router", "random"],
                                                          "--router"),
     (["run", "--tp", "3", "--model", "llama-2-70b"], "tp"), (["run", "--tp", "x"], "--tp"),
     (["run", "--block-size", "1.5"], "--block-size"), (["run", "--eviction", "fifo"],
@@ -169,7 +169,7 @@ CLI = [
     (["run", "--limit", "0"], "--limit"), (["run", "--rate-scale", "0"], "--rate-scale"),
     (["run", "--rate-scale", "-2"], "--rate-scale"), (["run", "--format", "xml"], "--format"),
     (["run", "--start", "10", "--end", "5"], "end"), (["run", "--seed", "x"], "--seed"),
-    (["run", "--gpu-memory-utilization", "2"], "gpu_memory_utilization"),
+    (["run", "--gpu-memory-utilization", "2"], "--gpu-memory-utilization: "),
     (["run", "--slo-ttft-p99", "-1"], "--slo-ttft-p99"), (["run", "--slo-ttft-p99", "0"],
                                                           "--slo-ttft-p99"),
     (["compare", "sample:azure-conv", "--slo-tpot-p99", "nan", "--eviction", "lru,lfu"],
@@ -183,13 +183,13 @@ CLI = [
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--workers", "0"], "--workers"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--router", "x"], "--router"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "1", "--target-rate", "-5"],
-     "command line: field '--target-rate': must be a request rate > 0, got -5.0"),
-    (["run", "--start", "nan"], "command line: field '--start': must be a finite number of "
+     "--target-rate: must be a request rate > 0, got -5.0"),
+    (["run", "--start", "nan"], "--start: must be a finite number of "
      "seconds >= 0 (from the first arrival), got nan"),
-    (["run", "--start", "-5"], "command line: field '--start': must be a finite number of "
+    (["run", "--start", "-5"], "--start: must be a finite number of "
      "seconds >= 0 (from the first arrival), got -5.0"),
     (["trace-stats", "sample:mooncake", "--rate-scale", "-1"],
-     "command line: field '--rate-scale': must be a finite number > 0, got -1.0"),
+     "--rate-scale: must be a finite number > 0, got -1.0"),
     (["plan", "sample:azure-conv", "--slo-ttft-p99", "2", "--target-rate", "500"],
      "sample:azure-conv: field '--target-rate': at 500 req/s (rate scale 140) the trace's 300 "
      "requests arrive within 0.6 s, too short for a 10% overload to show against the TTFT/E2E "
@@ -202,18 +202,18 @@ CLI = [
     (["trace-stats", "sample:nope"], "sample"), (["gen", "chat", "--out", "g.jsonl",
                                                   "--arrival", "x"], "--arrival"),
     (["gen", "nope", "--out", "g.jsonl"], "'PRESET': 'nope' is not one of"),
-    (["run", "--gpu-memory-utilization", "nan"], "'gpu_memory_utilization': expected a finite "
-                                                 "number, got nan"),
+    (["run", "--gpu-memory-utilization", "nan"], "--gpu-memory-utilization: expected a "
+                                                 "finite number, got nan"),
     (["hitrate", "sample:mooncake", "--capacity-tokens", "10"],
-     "'capacity_tokens': capacities must be from one block of 16 tokens (--block-size)"),
+     "--capacity-tokens: capacities must be from one block of 16 tokens (--block-size)"),
     (["gen", "chat", "--input-len", "fixed:0", "--out", "g.jsonl"],
-     "command line: field '--input-len'"),
-    (["gen", "chat", "--cv", "2", "--out", "g.jsonl"], "command line: field '--cv': shapes "
+     "--input-len: "),
+    (["gen", "chat", "--cv", "2", "--out", "g.jsonl"], "--cv: shapes "
                                                        "gamma arrivals only (--arrival gamma"),
     (["gen", "chat", "--arrival", "trace", "--out", "g.jsonl"],
-     "command line: field '--arrival-trace': trace arrivals need a trace path"),
+     "--arrival-trace: trace arrivals need a trace path"),
     (["gen", "chat", "--high-priority-fraction", "2", "--out", "g.jsonl"],
-     "command line: field '--high-priority-fraction': must be between 0 and 1, got 2.0"),
+     "--high-priority-fraction: must be between 0 and 1, got 2.0"),
 ]
 
 

@@ -124,7 +124,7 @@ def test_parquet_without_pyarrow_is_one_line_and_writes_nothing(tmp_path):
             "'parquet']; from kvsim.cli import main; main()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr == ("kvsim: error: field 'output_format': Parquet output needs "
+    assert done.stderr == ("kvsim: error: --output-format: Parquet output needs "
                            "pyarrow: pip install 'kvsim[parquet]' (or pip install pyarrow)\n")
     assert not (tmp_path / "o").exists()
 

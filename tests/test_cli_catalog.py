@@ -30,6 +30,6 @@ def test_an_alias_runs_as_its_catalog_name_and_bare_a100_is_ambiguous(tmp_path):
     done = kvsim("run", "--gpu", "H100", "--limit", "5", "--out", tmp_path, "--json")
     assert json.loads(done.stdout)["config"]["gpu"] == "h100-80gb"
     done = kvsim("run", "--gpu", "a100", "--limit", "5", "--out", tmp_path / "b")
-    assert (done.returncode, done.stderr) == (2, "kvsim: error: field 'gpu': 'a100' names "
+    assert (done.returncode, done.stderr) == (2, "kvsim: error: --gpu: 'a100' names "
                                                  "more than one GPU: give a100-40gb or "
                                                  "a100-80gb\n")

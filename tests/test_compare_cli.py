@@ -127,7 +127,7 @@ def test_a_bad_value_is_one_line_and_exit_2(tmp_path):
                  str(tmp_path))
     assert done.returncode == 2
     assert done.stderr.strip() == \
-        "kvsim: error: field 'max_num_seqs': expected an integer, got 'lots'"
+        "kvsim: error: --max-num-seqs: expected an integer, got 'lots'"
 
 
 def test_a_second_compare_into_the_same_out_keeps_the_users_folders(tmp_path):
@@ -154,7 +154,7 @@ def test_a_setting_given_twice_is_refused_not_half_dropped(tmp_path):
     done = kvsim("compare", "sample:mooncake", "--eviction", "lru", "--eviction", "lfu",
                  "--out", str(tmp_path / "o"))
     assert done.returncode == 2
-    assert done.stderr == ("kvsim: error: field 'eviction': given twice; list every value "
+    assert done.stderr == ("kvsim: error: --eviction: given twice; list every value "
                            "once: --eviction lru,lfu\n")
 
 

@@ -185,5 +185,5 @@ def test_a_lookahead_that_is_no_time_is_one_line(value):
                            f"--lookahead-s={value}"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
-    assert done.stderr.startswith("kvsim: error: command line: field '--lookahead-s': must be "
+    assert done.stderr.startswith("kvsim: error: --lookahead-s: must be "
                                   "a finite number of seconds >= 0, got ")

@@ -164,7 +164,7 @@ def test_cpu_offload_gb_is_refused_in_one_line_pointing_to_kv_offloading_size(tm
     done = kvsim("run", "--cpu-offload-gb", "16", "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "kvsim: error: command line: field 'cpu_offload_gb': --cpu-offload-gb is vLLM's "
+        "kvsim: error: --cpu-offload-gb is vLLM's "
         "weight offload, which kvsim does not model; a CPU tier for the KV cache is "
         "--kv-offloading-size GIB (or --num-cpu-blocks N)"]
     with pytest.raises(Exception, match="--kv-offloading-size"):

@@ -252,4 +252,4 @@ def test_a_fit_file_that_cannot_be_written_is_refused_before_the_replay(tmp_path
 def test_a_bad_override_is_the_command_lines_not_an_api_call():
     done = kvsim("validate-real", FIXTURE, "--tp", "0")
     assert done.returncode == 2
-    assert done.stderr == "kvsim: error: command line: field 'tp': must be at least 1, got 0\n"
+    assert done.stderr == "kvsim: error: --tp: must be at least 1, got 0\n"

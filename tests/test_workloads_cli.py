@@ -64,7 +64,7 @@ def test_gen_out_dash_writes_the_trace_on_stdout_as_the_readers_take_it(tmp_path
     assert done.stdout == (tmp_path / "c.jsonl").read_text()
     refused = kvsim("gen", "chat", "-n", "5", "--out", "-", "--json", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stdout == ""
-    assert "field '--json': --json prints the summary on standard output" in refused.stderr
+    assert "error: --json prints the summary on standard output" in refused.stderr
 
 
 def test_a_bundled_sample_is_named_by_its_name_in_messages(tmp_path):
