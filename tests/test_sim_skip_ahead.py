@@ -55,6 +55,7 @@ CASES = {
     "tight-pool-priority": dict(num_gpu_blocks=260, max_num_seqs=64,
                                 scheduling_policy="priority", block_size=8),
     "two-replicas-affinity": dict(num_gpu_blocks=500, replicas=2, router="prefix-affinity"),
+    "three-replicas-cache-aware": dict(num_gpu_blocks=400, replicas=3, router="cache-aware"),
     "no-prefix-caching": dict(num_gpu_blocks=700, enable_prefix_caching=False, block_size=32),
     "hybrid-eviction": dict(num_gpu_blocks=300, max_num_seqs=64, eviction="hybrid"),
     "host-tier-swap": dict(num_gpu_blocks=260, max_num_seqs=64, num_cpu_blocks=400,
