@@ -104,12 +104,10 @@ class DecodeRun:
         with its whole prompt (it emits its first token there and decodes from the next step
         on) and finishing at the end of ``finish_step``: its computed tokens are kept as those
         before step 0 that would give its own after ``step`` (negative ones, as it were)."""
-        n = len(self.requests)
-        joined = np.empty(n + 1, dtype=np.int64)
-        joined[:n] = -1 if self.joined is None else self.joined
-        joined[n] = step
-        return (np.append(self.num_computed, seq.num_prompt_tokens - 1 - step),
-                np.append(self.finish_step, finish_step), joined)
+        return (_appended(self.num_computed, seq.num_prompt_tokens - 1 - step),
+                _appended(self.finish_step, finish_step),
+                _appended(-1 if self.joined is None else self.joined, step,
+                          len(self.requests)))
 
     def admit(self, seq, step: int, arrays: tuple, max_steps: int, blocks: int) -> None:
         """Add ``seq`` as :meth:`joining` gave ``arrays``, its prompt taking ``blocks``; the
@@ -165,6 +163,16 @@ class DecodeRun:
         staying.sort()
         for stretch in _stretches(staying, start + 1, self.max_steps):
             yield (*stretch, 0)
+
+
+def _appended(values, last: int, n: int | None = None) -> np.ndarray:
+    """A new int64 array: ``values`` (an array, or one value for all ``n``), then ``last``
+    (what ``np.append`` gives, at a third of its cost on a run's few dozen entries)."""
+    n = len(values) if n is None else n
+    out = np.empty(n + 1, dtype=np.int64)
+    out[:n] = values
+    out[n] = last
+    return out
 
 
 def _stretches(members: list[tuple[int, int]], start: int, max_steps: int):

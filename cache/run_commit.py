@@ -44,15 +44,17 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     taking_part = steps[:, None] <= run.finish_step[None, :]     # (n x B)
     staying = steps[:, None] < run.finish_step[None, :]           # still running after it
     decoding = taking_part
+    ends = np.sort(run.finish_step)
     if run.joined is not None:      # (one admitted takes part from then on, decodes after it)
         started = steps[:, None] >= run.joined[None, :]
         taking_part, staying = taking_part & started, staying & started
         decoding = taking_part & (steps[:, None] > run.joined[None, :])
-        num_staying, batch = staying.sum(axis=1), taking_part.sum(axis=1)
+        # (each joins at or before its finish: those finished are among those started)
+        num_started = np.searchsorted(np.sort(run.joined), steps, side="right")
     else:
-        ends = np.sort(run.finish_step)
-        num_staying = run.num_seqs - np.searchsorted(ends, steps, side="right")
-        batch = run.num_seqs - np.searchsorted(ends, steps, side="left")
+        num_started = run.num_seqs
+    num_staying = num_started - np.searchsorted(ends, steps, side="right")
+    batch = num_started - np.searchsorted(ends, steps, side="left")
     opens = (offset == 0) & decoding
     internal = (bs - 1) * num_staying - (offset * staying).sum(axis=1)   # the blocks' tails
 
