@@ -62,6 +62,7 @@ REQUEST_COLUMNS = {name: "d" if name.endswith("_s") else "q" for name in LOGGED_
 #: ``finish_reason`` codes of the log, and their words in ``requests.csv`` (vLLM's ``stop``
 #: and ``length``; ``rejected`` where vLLM answers with an error; empty while unfinished).
 FINISH_REASONS = ("", "stop", "length", "rejected")
+_STOP, _LENGTH = FINISH_REASONS.index("stop"), FINISH_REASONS.index("length")
 
 
 class StepLog:
@@ -206,15 +207,14 @@ class RequestLog:
             self.watch.on_first_token(self, self._row[seq.request_id], now)
 
     def on_finish(self, seq, now: float) -> None:
-        rid = seq.request_id
-        self._set(rid, "finish_s", now)
-        self._set(rid, "completed", 1)
-        self._set(rid, "cached_tokens", max(seq.num_cached_tokens, 0))
-        self._set(rid, "num_preemptions", seq.num_preemptions)
-        self._set(rid, "generated_tokens", seq.num_output_tokens)
-        self._set(rid, "finish_reason", FINISH_REASONS.index(
-            "stop" if seq.num_output_tokens >= seq.max_tokens else "length"))
-        row = self._row.pop(rid)
+        row, columns = self._row.pop(seq.request_id), self.columns
+        columns["finish_s"][row] = now
+        columns["completed"][row] = 1
+        columns["cached_tokens"][row] = max(seq.num_cached_tokens, 0)
+        columns["num_preemptions"][row] = seq.num_preemptions
+        columns["generated_tokens"][row] = seq.num_output_tokens
+        columns["finish_reason"][row] = _STOP if seq.num_output_tokens >= seq.max_tokens \
+            else _LENGTH
         if self.watch is not None:
             self.watch.on_finish(self, row, now)
 
