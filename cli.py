@@ -121,10 +121,14 @@ def main() -> None:
         sys.exit(e.exit_code)
 
 
+#: Where a setting given as an option is said to come from (compare's grid: its --FIELD).
+_COMMAND_LINE = (None, "command line", "compare options")
+
+
 def _error_line(e: KvsimError) -> str:
     """``e`` in one line, a setting given on the command line (or by no file) named by its
     option as typed (``--max-num-seqs: must be at least 1``), not by its schema name."""
-    flag = _option_of(e.field) if e.location in (None, "command line") else None
+    flag = _option_of(e.field) if e.location in _COMMAND_LINE else None
     if flag is None:
         return e.one_line()
     return e.message if e.message.startswith(flag) else f"{flag}: {e.message}"

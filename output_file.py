@@ -45,6 +45,11 @@ def replacing(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
+    except OSError as e:        # (a full disk names no file: say which one was being written)
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(target)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

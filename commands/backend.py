@@ -10,8 +10,9 @@ from typing import Literal, Optional
 import typer
 
 from kvsim.commands.options import (JSON_OPTION, OFFLOAD_WRITE_OPTION, PREEMPTION_MODE_OPTION,
-                          SEED_OPTION, OptionGroup, emit, given_path, opt, progress, setting,
-                          trace_options, trace_reading, with_groups)
+                                    SEED_OPTION, TRACE_MODEL_OPTION, OptionGroup, emit,
+                                    given_path, opt, progress, setting, trace_options,
+                                    trace_reading, with_groups)
 from kvsim.sim.config import OffloadWrite, PreemptionMode, SchedulingPolicy
 
 DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda.")
@@ -121,7 +122,7 @@ def validate_command(
                                    "and host work of every real step."),
     html: bool = typer.Option(True, "--html/--no-html", help="Also write validation.html."),
     engine: dict = VALIDATE_ENGINE,
-    reading: dict = trace_reading(),
+    reading: dict = trace_reading(model=TRACE_MODEL_OPTION),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run a trace through the real backend and the simulator and compare them.

@@ -13,8 +13,9 @@ import typer
 
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
-from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, emit, given_path, opt,
-                          trace_options, trace_reading, with_groups)
+from kvsim.commands.options import (JSON_OPTION, MODEL_OPTION, SEED_OPTION, TRACE_MODEL_OPTION,
+                                    emit, given_path, opt, trace_options, trace_reading,
+                                    with_groups)
 from kvsim.sim.config import MAX_BLOCK_SIZE
 from kvsim.workloads.generators.presets import PresetName
 
@@ -128,7 +129,7 @@ def hitrate_command(
     lookahead_s: float = typer.Option(DEFAULT_LOOKAHEAD_S, "--lookahead-s",
                                       help="lookahead policy: requests arriving within this "
                                       "many seconds count as queued (a queueing delay)."),
-    reading: dict = trace_reading(rate_scale=None),
+    reading: dict = trace_reading(rate_scale=None, model=TRACE_MODEL_OPTION),
     html: bool = typer.Option(True, "--html/--no-html", help="With --out: also write "
                               "hitrate.html."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),

@@ -298,3 +298,17 @@ def test_a_file_named_like_another_commands_is_kvsims_only_beside_that_commands_
     with OutputDir(out):
         (out / "summary.json").write_text("newer")
     assert names(out) == ["summary.json"]
+
+
+def test_a_file_the_disk_cannot_hold_is_named_and_leaves_nothing_behind(tmp_path):
+    """A full disk raises an error that names no file: kvsim's names the one it was
+    writing (the command line prints it), and neither it nor its temporary file is left."""
+    import errno
+    from kvsim.output_file import replacing
+    target = tmp_path / "requests.csv"
+    with pytest.raises(OSError) as failed:
+        with replacing(target) as fh:
+            fh.write("request_id\n")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(target))
+    assert names(tmp_path) == []

@@ -147,8 +147,8 @@ def test_a_burstgpt_file_of_failed_rows_only_says_so(tmp_path):
                  "6,GPT-4,50,0,50,Conversation log\n")
     with pytest.raises(TraceError) as err:
         read_trace(path)          # (it said "the trace has no data lines")
-    assert err.value.message == ("no requests: all 2 rows are failed requests (Response tokens "
-                                 "0), which kvsim leaves out")
+    assert err.value.message == ("no requests: every row was left out (failed (BurstGPT "
+                                 "Response tokens 0): 2)")
 
 
 def test_bom_crlf_and_blank_lines_are_accepted(tmp_path):

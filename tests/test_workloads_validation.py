@@ -326,8 +326,12 @@ def test_a_model_filter_that_keeps_nothing_names_the_traces_models(tmp_path):
              "5,ChatGPT,100,20,120,Conversation log\n6,GPT-4,50,10,60,Conversation log\n"
              "7,Llama,50,0,50,Conversation log\n")                # (failed: not counted)
     err = trace_error(tmp_path, burst, TraceOptions(model_filter="gpt4"), name="b.csv")
-    assert (err.field, err.message) == ("trace_model", "no successful request of model "
-                                        "'gpt4'; the trace's models: ChatGPT, GPT-4")
+    assert (err.field, err.message) == ("trace_model", f"{tmp_path / 'b.csv'} has no row of "
+                                        "model 'gpt4'; its models: ChatGPT, GPT-4")
+    err = trace_error(tmp_path, burst, TraceOptions(model_filter="llama"), name="b.csv")
+    assert err.message == ("no requests: every row read with the model filter (--trace-model) "
+                           "was left out (failed (BurstGPT Response tokens 0): 1, another "
+                           "model (--trace-model): 2)")     # (its rows are there, all failed)
 
 
 def test_a_failed_burstgpt_row_is_checked_before_it_is_left_out(tmp_path):

@@ -116,33 +116,27 @@ def burstgpt_requests(lines, path, model: str | None
     """``(line_no, request)`` per BurstGPT row: a request for a successful row of ``model``
     (all models if None), else a :class:`LeftOutRow`."""
     wanted = None if model is None else model.strip().lower()
-    kept = failed = 0
+    found = False                    # a row of the model asked for
     others: set[str] = set()         # models of the rows the filter left out
     for line_no, loc, (stamp, name, request, response) in rows(lines, path, BURSTGPT_COLUMNS):
         t = F.number(stamp, BURSTGPT_TIME_FIELD, loc, text=True)
         no_prompt = _left_out(request, "Request tokens", "empty_prompt", loc)
-        empty = _left_out(response, "Response tokens", "failed", loc)
+        empty = _left_out(response, "Response tokens", "failed", loc) or no_prompt
         if wanted is not None and name.lower() != wanted:
             if not empty:
                 others.add(name)        # (a model the filter could have kept)
             empty = "other_model"
         else:
-            failed += empty == "failed"
-            empty = empty or no_prompt
+            found = True
         if empty:
             yield line_no, LeftOutRow(t, empty)
             continue
-        kept += 1
         yield line_no, Request(-1, t, F.length(request, "Request tokens", loc, text=True),
                                F.length(response, "Response tokens", loc, text=True),
                                may_be_continued=False)
-    if failed and not kept and wanted is None:
-        raise TraceError(f"no requests: all {failed} rows are failed requests (Response tokens "
-                         "0), which kvsim leaves out", location=shown(path))
-    if wanted is not None and not kept and others:
-        raise TraceError(f"no successful request of model {model!r}; the trace's models: "
-                         f"{', '.join(sorted(others))}", location=shown(path),
-                         field="trace_model")
+    if wanted is not None and not found and others:
+        raise TraceError(f"{shown(path)} has no row of model {model!r}; its models: "
+                         f"{', '.join(sorted(others))}", field="trace_model")
 
 
 def wallclock_seconds(text: str, name: str, loc: str) -> float:

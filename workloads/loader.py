@@ -67,10 +67,11 @@ def _none_left(opts: TraceOptions, left_out: Counter) -> str:
     filters = [text for text, given in (
         ("the time window (--start, --end)", (opts.start_s, opts.end_s) != (None, None)),
         ("the model filter (--trace-model)", opts.model_filter is not None)) if given]
+    if left_out:
+        within = f" read with {' and '.join(filters)}" if filters else ""
+        return f"no requests: every row{within} was left out ({left_out_text(left_out)})"
     if filters:
         return f"no request left after {' and '.join(filters)}"
-    if left_out:
-        return f"no requests: every row was left out ({left_out_text(left_out)})"
     return "no requests: the trace has no data lines"
 
 

@@ -66,7 +66,7 @@ class TraceOptions:
         if self.model_filter is not None and not (isinstance(self.model_filter, str)
                                                   and self.model_filter.strip()):
             raise TraceError(f"expected a model name, got {self.model_filter!r}",
-                             field="model_filter")
+                             field="trace_model")
         return replace(self, rate_scale=float(self.rate_scale),   # (3 and 3.0: one record)
                        start_s=None if self.start_s is None else float(self.start_s),
                        end_s=None if self.end_s is None else float(self.end_s))
