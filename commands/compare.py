@@ -53,7 +53,7 @@ def compare_command(
                                   (lambda done, total, _: show(done, total)) if told else None)
     emit(result, as_json, None if quiet else lambda r: typer.echo(
         _table(r) + f"\nwrote {Path(out) / 'compare.json'}{', report.html' if html else ''} "
-        f"and {len(r['runs'])} run directories"))
+        f"and {len(r['runs'])} run director{'ies' if len(r['runs']) != 1 else 'y'}"))
 
 
 def _table(result: dict) -> str:
@@ -71,14 +71,16 @@ def _table(result: dict) -> str:
 def _header(result: dict) -> str:
     """What every configuration shares: the trace, and the deployment and KV cache where
     no dimension of the grid changes them."""
-    from kvsim.reports.style import get
+    from kvsim.reports.style import get, left_out_summary_text
     from kvsim.reports.terminal import cache_text, deployment_text, trace_text
     configs = [run["summary"].get("config") or {} for run in result["runs"]]
     deployments = {deployment_text(c, get(run["summary"], "model", "weight_dtype"))
                    for c, run in zip(configs, result["runs"])}
-    rows = [("trace", {trace_text(c) for c in configs}), ("deployment", deployments),
-            ("KV cache", {cache_text(c) for c in configs})]
+    rows = [("trace", {trace_text(c) for c in configs}),
+            ("left out", {left_out_summary_text(run["summary"]) for run in result["runs"]}),
+            ("deployment", deployments), ("KV cache", {cache_text(c) for c in configs})]
     if len(deployments) > 1:    # (a grid over GPUs, TP or replicas: what they share)
-        rows[1:1] = [("model", {c.get("model") for c in configs}),
+        rows[2:2] = [("model", {c.get("model") for c in configs}),
                      ("GPU", {c.get("gpu") for c in configs})]
-    return "\n".join(f"{name:<12}{texts.pop()}" for name, texts in rows if len(texts) == 1)
+    shared = [(name, texts.pop()) for name, texts in rows if len(texts) == 1]
+    return "\n".join(f"{name:<12}{text}" for name, text in shared if text)

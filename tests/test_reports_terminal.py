@@ -120,6 +120,8 @@ def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
     assert deployment_text(config) == "llama-3.1-8b on 1 x l4 (tp 1), bf16"
     assert deployment_text({**config, "replicas": 2, "tp": 4}) == \
         "llama-3.1-8b on 8 x l4 (2 replicas of tp 4), bf16"
+    assert deployment_text({**config, "replicas": 2, "router": "cache-aware"}) == \
+        "llama-3.1-8b on 2 x l4 (2 replicas of tp 1, cache-aware router), bf16"
     assert deployment_text({**config, "weight_dtype": "int4"}) == \
         "llama-3.1-8b on 1 x l4 (tp 1), bf16, int4 weights"
     assert deployment_text({**config, "weight_dtype": "bf16"}) == \

@@ -138,7 +138,7 @@ def trace_file_stats(path: str | os.PathLike, opts: TraceOptions | None = None,
     left_out = Counter()
     stats = trace_stats(load_trace(path, opts, left_out), block_size)
     return {"trace": str(path), "format": _format_of(path, opts), **stats,
-            "rows_left_out": dict(left_out)}
+            "trace_rows_left_out": dict(left_out)}
 
 
 def length_summary(values) -> dict:
@@ -187,11 +187,11 @@ def render_stats(stats: dict) -> str:
     """``stats`` as a few aligned lines for people."""
     rate = stats["mean_rate_per_s"]
     cv = stats["burstiness_cv"]
-    left_out = stats.get("rows_left_out")
+    left_out = stats.get("trace_rows_left_out")
     lines = [
         f"trace         {stats['trace']} ({stats['format']})" if "trace" in stats else None,
         f"requests      {stats['num_requests']:,}",
-        f"left out      {sum(left_out.values()):,} rows without a request to run: "
+        f"left out      {_rows(sum(left_out.values()))} without a request to run: "
         f"{left_out_text(left_out)}" if left_out else None,
         f"time span     {stats['time_span_s']:,.1f} s",
         f"mean rate     {'-' if rate is None else f'{rate:.3f}'} req/s",
@@ -203,6 +203,10 @@ def render_stats(stats: dict) -> str:
         f"{stats['ideal_prefix_hit_tokens_ratio']:.1%} of prompt tokens (infinite cache)",
     ]
     return "\n".join(line for line in lines if line)
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row{'s' * (n != 1)}"
 
 
 def _length_line(name: str, s: dict) -> str:
