@@ -289,10 +289,13 @@ def test_a_preset_that_cannot_make_a_request_is_an_error_not_a_hang():
         generate(preset, GenConfig(num_requests=5))
 
 
-def test_writing_into_a_missing_directory_is_a_user_error(tmp_path):
+def test_a_missing_directory_is_made_and_a_file_in_the_way_is_a_user_error(tmp_path):
     from kvsim.errors import KvsimError
-    with pytest.raises(KvsimError, match="cannot write there") as info:
-        write_workload("chat", tmp_path / "missing" / "x.jsonl", GenConfig(num_requests=2))
+    write_workload("chat", tmp_path / "missing" / "x.jsonl", GenConfig(num_requests=2))
+    assert len((tmp_path / "missing" / "x.jsonl").read_text().splitlines()) == 2
+    (tmp_path / "file").write_text("")
+    with pytest.raises(KvsimError, match="is not a directory") as info:
+        write_workload("chat", tmp_path / "file" / "x.jsonl", GenConfig(num_requests=2))
     assert info.value.field == "out"
 
 
