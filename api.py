@@ -35,9 +35,12 @@ class Trace(list):
     file and reading options they came from (``None`` for requests built in Python)."""
 
     def __init__(self, requests: Iterable[Request], path: Path | None = None,
-                 label: str = PYTHON_LABEL, options: TraceOptions | None = None) -> None:
+                 label: str = PYTHON_LABEL, options: TraceOptions | None = None,
+                 rows_left_out: dict | None = None) -> None:
         super().__init__(requests)
         self.path, self.label, self.options = path, label, options
+        #: the file's rows that held no request to run, by reason (``load_trace``'s count)
+        self.rows_left_out = dict(rows_left_out or {})
         self._as_read = tuple(self)     # (the requests the file gave, to tell an edit)
         self._read_print = _fingerprint(self)
 
@@ -171,8 +174,8 @@ def load_trace(trace: str | os.PathLike | None = None, **reading: Any) -> Trace:
     from kvsim.workloads import load_trace as read
     path, label = resolve_trace(
         None if trace is None else checked_path(trace, "trace", "kvsim.load_trace"))
-    options = trace_options(reading, call="kvsim.load_trace")
-    return Trace(read(path, options), path, label, options)
+    options, left_out = trace_options(reading, call="kvsim.load_trace"), Counter()
+    return Trace(read(path, options, left_out), path, label, options, left_out)
 
 
 def run_config(trace_label: str, settings: dict, config: Any = None,

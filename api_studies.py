@@ -340,4 +340,5 @@ def hitrate(trace: Any = None, *, capacity: Sequence[int] | int | None = None,
     else:       # (requests given in Python: checked as kvsim.run checks them)
         label, requests = trace_source(trace, reading, "kvsim.hitrate")
     result = hr.hitrate_curves(iter(requests), caps, policies, block_size, float(lookahead_s))
-    return HitRates({**result, "trace": label})
+    return HitRates({**result, "trace": label,
+                     "trace_rows_left_out": getattr(requests, "rows_left_out", {})})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -152,11 +153,12 @@ def hitrate_command(
         check_writable_dir(Path(out))
     path, label = resolve_trace(trace)
     from kvsim.reports.terminal import ProgressLines
-    requests = load_trace(path, trace_options(reading, seed=0))
+    left_out = Counter()
+    requests = load_trace(path, trace_options(reading, seed=0), left_out)
     with ProgressLines("hitrate") as lines:     # (a line every 10 s: a replay takes minutes)
         result = {**hitrate.hitrate_curves(requests, caps, policies, block_size, lookahead_s,
                                            None if quiet else lines.update_count),
-                  "trace": label}
+                  "trace": label, "trace_rows_left_out": dict(left_out)}
     if out is not None:
         from kvsim.reports.html import write_hitrate_outputs
         write_hitrate_outputs(result, Path(out), html)
