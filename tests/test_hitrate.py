@@ -187,3 +187,20 @@ def test_a_lookahead_that_is_no_time_is_one_line(value):
     assert done.returncode == 2
     assert done.stderr.startswith("kvsim: error: --lookahead-s: must be "
                                   "a finite number of seconds >= 0, got ")
+
+
+def test_hitrate_says_which_rows_of_the_trace_it_left_out(tmp_path):
+    """A BurstGPT file's failed row holds no request: the table and hitrate.json count it, as
+    a run's summary does."""
+    trace = tmp_path / "burst.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,472,18,490,Conversation log\n"
+                     "45,ChatGPT,1087,0,1087,Conversation log\n")
+    done = subprocess.run([sys.executable, "-m", "kvsim.cli", "hitrate", str(trace),
+                           "--capacity", "10", "--eviction", "lru", "--out", str(tmp_path / "h")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == ("left out 1 trace row without a request to run: "
+                                           "failed (BurstGPT Response tokens 0): 1")
+    written = json.loads((tmp_path / "h" / "hitrate.json").read_text())
+    assert (written["num_requests"], written["trace_rows_left_out"]) == (1, {"failed": 1})
