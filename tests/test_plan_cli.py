@@ -172,3 +172,18 @@ def test_a_terminal_too_narrow_for_the_table_gets_a_line_per_candidate(json_run,
         shown[width]
     assert "…" not in shown[width] and "Candidate" not in shown[width]
     assert "Candidate" in shown[80] and "…" not in shown[80]
+
+
+def test_a_plan_says_which_rows_of_the_trace_it_left_out(tmp_path):
+    trace = tmp_path / "burst.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,472,18,490,Conversation log\n"
+                     "45,ChatGPT,1087,0,1087,Conversation log\n"
+                     "118,GPT-4,417,276,693,Conversation log\n")
+    done = kvsim("plan", trace, "--slo-ttft-p99", "2", "--gpu", "a100-80gb", "--burst",
+                 "--out", tmp_path / "p")
+    assert done.returncode == 0, done.stderr
+    assert ("2 requests at rate scale 1 (0.02 req/s) as one burst (1 trace row left out: "
+            "failed (BurstGPT Response tokens 0): 1)") in done.stdout
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["load"]["trace_rows_left_out"] == {"failed": 1}

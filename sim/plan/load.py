@@ -14,6 +14,7 @@ not grow with a queue and set no span.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
 
 from kvsim.errors import ConfigError
@@ -25,15 +26,16 @@ TOO_SHORT = (f"too short for a {100 // SUSTAINED_SPANS}% overload to show agains
              "TTFT/E2E targets")
 
 
-def resolve_load(path: str, opts: TraceOptions, target_rate: float | None
-                 ) -> tuple[TraceOptions, float | None, int]:
+def resolve_load(path: str, opts: TraceOptions, target_rate: float | None,
+                 left_out: Counter | None = None) -> tuple[TraceOptions, float | None, int]:
     """(options at the planned rate scale, native mean rate, request count).
 
-    Reads the trace once at rate scale 1 (validating every kept line). ``target_rate``
-    (requests/s), when given, replaces ``opts.rate_scale`` by ``target_rate / native rate``.
+    Reads the trace once at rate scale 1 (validating every kept line; ``left_out`` counts
+    the rows holding no request). ``target_rate`` (requests/s), when given, replaces
+    ``opts.rate_scale`` by ``target_rate / native rate``.
     """
     count, span = 0, 0.0
-    for request in load_trace(path, replace(opts, rate_scale=1.0)):
+    for request in load_trace(path, replace(opts, rate_scale=1.0), left_out):
         count, span = count + 1, request.arrival_s
     native = count / span if span > 0 else None
     if target_rate is None:

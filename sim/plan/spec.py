@@ -12,7 +12,8 @@ import itertools
 import math
 import numbers
 import re
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from kvsim.errors import ConfigError
@@ -69,6 +70,7 @@ class PlanSpec:
     rate_iterations: int = 8
     prune: bool = True
     burst: bool = False
+    trace_rows_left_out: dict = field(default_factory=dict)   # the trace's, by reason
 
     @property
     def targets(self) -> list[tuple[str, str, float, float]]:
@@ -246,13 +248,14 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
                                                for g in dims.get("gpu") or (base.gpu,)))}
     candidates = expand_candidates(base, dims)
     varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
-    opts, native, count = resolve_load(str(trace_path), opts, target_rate)
+    left_out = Counter()
+    opts, native, count = resolve_load(str(trace_path), opts, target_rate, left_out)
     if not burst:
         check_sustained(opts, native, count, slo_targets(slo), trace_label,
                         target_rate is not None)
     return PlanSpec(str(trace_path), trace_label, opts, base, slo, candidates, varying,
                     load_prices(price_table), native, count, max_replicas, rate_iterations,
-                    prune, burst)
+                    prune, burst, dict(left_out))
 
 
 def spec_from_options(trace_path, trace_label: str, opts: TraceOptions,
