@@ -335,7 +335,9 @@ def run(trace: Any = None, *, config: Any = None, slo: dict | None = None,
     if options is None and run_cfg.long_prompt == "truncate":
         from kvsim.workloads.request_list import copied_requests
         source = copied_requests(source)     # (the run cuts them in place; not the caller's)
-    left_out = Counter()     # (a trace file's rows holding no request; emptied per reading)
+    # a trace file's rows holding no request (emptied per reading; a Trace as read: its own)
+    left_out = Counter(trace.rows_left_out if isinstance(trace, Trace) and trace.is_as_read
+                       else {})
     requests = ((lambda: iter(source)) if options is None
                 else (lambda: read(source, options, left_out)))
     read_with = options if options is not None else getattr(trace, "options", None)

@@ -135,9 +135,9 @@ def _error_line(e: KvsimError) -> str:
 
 
 def _option_of(field: str | None) -> str | None:
-    """The option of the command being run for the setting ``field`` (its schema or Python
-    name, or the option itself), or None when it has none of that name (a trace
-    argument's field stays ``field 'trace'``)."""
+    """The option, as typed, that gave the setting ``field`` (its schema or Python name, or
+    the option itself) to the command being run; None when no option of that name was
+    typed (a setting from a file or a default keeps ``field 'x'``)."""
     if not field or field.startswith("--"):
         return field
     from kvsim.reports.frames import TRACE_OPTIONS
@@ -147,12 +147,12 @@ def _option_of(field: str | None) -> str | None:
         return None
     params = [*commands[name].params,   # (compare takes every run setting as --FIELD)
               *(commands["run"].params if name == "compare" else ())]
-    options = {param.name: next(o for o in param.opts if o.startswith("--"))
-               for param in params
-               if param.param_type_name == "option" and any(o.startswith("--")
-                                                           for o in param.opts)}
-    trace = {key: flag for key, (_, flag) in TRACE_OPTIONS.items() if flag in options.values()}
-    return options.get(field) or trace.get(field)
+    options = {param.name: [o for o in param.opts if o.startswith("--")]
+               for param in params if param.param_type_name == "option"}
+    for key, (_, flag) in TRACE_OPTIONS.items():
+        options.setdefault(key, [flag])
+    typed = [arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--")]
+    return next((flag for flag in options.get(field, ()) if flag in typed), None)
 
 
 def _stdout_closed() -> None:

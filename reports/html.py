@@ -25,7 +25,8 @@ from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, left_out_summary_text,
                                  parse_slo, rejected_text, slo_met, stopped_text, tier_text,
-                                 trace_name, truncated_text)
+                                 truncated_text)
+from kvsim.workloads.request import trace_name
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",

@@ -183,11 +183,6 @@ def stopped_text(summary: dict) -> str:
             "(finish_reason length in requests.csv)") if n else ""
 
 
-def trace_name(trace) -> str:
-    """A run's trace as a reader knows it: ``<stdin>`` for ``-`` (as errors call it)."""
-    return "<stdin>" if str(trace) == "-" else str(trace)
-
-
 def left_out_summary_text(summary: dict) -> str:
     """The trace's rows that held no request to run, by reason, or ``""`` when none did."""
     left_out = summary.get("trace_rows_left_out") or {}

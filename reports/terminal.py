@@ -14,7 +14,8 @@ from rich.table import Table
 from kvsim.reports.frames import TRACE_OPTIONS
 from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number,
                                  left_out_summary_text, parse_slo, rejected_text, slo_met,
-                                 stopped_text, tier_text, trace_name, truncated_text)
+                                 stopped_text, tier_text, truncated_text)
+from kvsim.workloads.request import trace_name
 
 
 def _latency_row(summary: dict, metric: str) -> str:

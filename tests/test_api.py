@@ -431,3 +431,19 @@ def test_a_command_line_option_given_to_run_says_what_python_does_instead(keywor
     with pytest.raises(kvsim.ConfigError) as info:
         kvsim.run(limit=5, **keyword)
     assert str(info.value) == f"kvsim.run: {words}"
+
+
+def test_a_trace_read_in_python_keeps_the_rows_its_file_left_out(tmp_path):
+    """kvsim.load_trace counts a CSV's rows holding no request; kvsim.run of that Trace, as
+    read, reports them as a run of the file does; an edited list is the caller's own."""
+    path = tmp_path / "burst.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n"
+                    "45,ChatGPT,1087,0,1087,Conversation log\n"
+                    "118,GPT-4,417,276,693,Conversation log\n")
+    trace = kvsim.load_trace(path)
+    assert (len(trace), trace.rows_left_out) == (2, {"failed": 1})
+    assert kvsim.run(trace).summary["trace_rows_left_out"] == {"failed": 1}
+    assert kvsim.run(path).summary["trace_rows_left_out"] == {"failed": 1}
+    trace.pop()
+    assert kvsim.run(trace).summary["trace_rows_left_out"] == {}

@@ -130,6 +130,24 @@ def test_csv_rows_without_prompt_or_output_are_left_out_and_counted_inside_the_w
     assert left_out == {"empty_prompt": 2, "no_output": 1}
 
 
+def test_rows_left_out_are_not_held_to_the_time_order_nor_counted_before_a_start(tmp_path):
+    """A failed row, or another model's under --trace-model, may carry any time (BurstGPT's
+    failed rows are not in order); rows before the first request count only when the window
+    starts with the trace (no --start)."""
+    path = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,"
+                 "Total tokens,Log Type\n0,GPT-4,100,10,1,x\n5,ChatGPT,300,0,1,x\n"
+                 "3,ChatGPT,200,50,1,x\n6,ChatGPT,120,20,1,x\n")
+    left_out = Counter()
+    chat = list(load_trace(path, TraceOptions(model_filter="chatgpt"), left_out))
+    assert [r.arrival_s for r in chat] == [0.0, 3.0]
+    assert left_out == {"other_model": 1, "failed": 1}
+    list(load_trace(path, TraceOptions(model_filter="chatgpt", start_s=0), left_out))
+    assert left_out == {}       # (both come before the first ChatGPT request in the file)
+    assert [r.arrival_s for r in load_trace(path, left_out=left_out)] == [0.0, 3.0, 6.0]
+    assert left_out == {"failed": 1}       # (3 s follows 0 s: the failed row at 5 s between
+                                           # them is not held to the order)
+
+
 def test_a_trace_of_rows_left_out_only_says_why(tmp_path):
     from kvsim.errors import TraceError
     path = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"

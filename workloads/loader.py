@@ -128,8 +128,13 @@ def _parse(path, opts: TraceOptions) -> tuple[str, Iterator[tuple[int, Request]]
 
 
 def _check_order(records, path, time_field: str) -> Iterator[Request]:
+    """The records' requests, refused where one arrives before the request before it (the
+    rows left out are passed on unchecked: a failed row's time says nothing of the order)."""
     last, last_line = float("-inf"), 0
     for line_no, request in records:
+        if request.__class__ is LeftOutRow:
+            yield request
+            continue
         if request.arrival_s < last:    # (in seconds apart: the field may be ms, or a date)
             raise TraceError(f"time goes backwards: it arrives "
                              f"{last - request.arrival_s:.6g} s before line {last_line}; use "
@@ -146,15 +151,16 @@ def _sorted(records) -> list[Request]:
 def _transform(requests: Iterable[Request | LeftOutRow], opts: TraceOptions,
                left_out: Counter) -> Iterator[Request]:
     """Window, limit, re-time and renumber requests already in arrival order; count the rows
-    left out inside the window (timed from the first request, as the window is)."""
+    left out inside the window (timed from the first request, as the window is; those
+    before it count when the window starts with the trace)."""
     origin = kept_origin = None
     start = float("-inf") if opts.start_s is None else opts.start_s
     end = float("inf") if opts.end_s is None else opts.end_s
     kept = 0
     for request in requests:
-        if request.__class__ is LeftOutRow:
-            offset = 0.0 if origin is None else request.arrival_s - origin
-            if start <= offset < end:
+        if request.__class__ is LeftOutRow:     # (before the first request: in the window
+            if (opts.start_s is None if origin is None   # only when it starts with the trace)
+                    else start <= request.arrival_s - origin < end):
                 left_out[request.reason] += 1
             continue
         origin = request.arrival_s if origin is None else origin

@@ -93,3 +93,8 @@ def left_out_text(left_out: Mapping[str, int]) -> str:
     """The rows left out by reason, in words: ``failed (BurstGPT Response tokens 0): 2, ...``."""
     return ", ".join(f"{LEFT_OUT_REASONS[reason]}: {left_out[reason]:,}"
                      for reason in LEFT_OUT_REASONS if left_out.get(reason))
+
+
+def trace_name(trace) -> str:
+    """A trace as a reader knows it: ``<stdin>`` for ``-`` (as errors call it)."""
+    return "<stdin>" if str(trace) == "-" else str(trace)

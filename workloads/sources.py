@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvsim.errors import TraceError
 from kvsim.workloads.bundled import sample_path
+from kvsim.workloads.request import trace_name
 
 DEFAULT_SAMPLE = "mooncake"
 
@@ -54,7 +55,7 @@ def naming_stdin(message: str) -> str:
     """``message`` with the copy of a trace read from stdin called ``<stdin>``, as the user
     gave it."""
     for path in _stdin_copies:
-        message = message.replace(path, "<stdin>")
+        message = message.replace(path, trace_name("-"))
     return message
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from kvsim.workloads.lines import numbered_lines, where
 from kvsim.workloads.loader import detect_format, load_trace
 from kvsim.workloads.options import TraceOptions
-from kvsim.workloads.request import Request, left_out_text
+from kvsim.workloads.request import Request, left_out_text, trace_name
 
 PERCENTILES = (50, 90, 99)
 _MERGE_EVERY = 16_000_000
@@ -189,7 +189,8 @@ def render_stats(stats: dict) -> str:
     cv = stats["burstiness_cv"]
     left_out = stats.get("trace_rows_left_out")
     lines = [
-        f"trace         {stats['trace']} ({stats['format']})" if "trace" in stats else None,
+        f"trace         {trace_name(stats['trace'])} ({stats['format']})" if "trace" in stats
+        else None,
         f"requests      {stats['num_requests']:,}",
         f"left out      {_rows(sum(left_out.values()))} without a request to run: "
         f"{left_out_text(left_out)}" if left_out else None,
