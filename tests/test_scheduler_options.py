@@ -56,7 +56,7 @@ def test_a_run_without_chunked_prefill_needs_a_budget_for_the_longest_prompt(tmp
     done = kvsim("run", "sample:azure-conv", "--limit", "20", "--no-enable-chunked-prefill",
                  "--out", str(tmp_path / "x"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "error: --max-num-batched-tokens: " in done.stderr
+    assert "error: field 'max_num_batched_tokens': " in done.stderr    # (not typed)
     assert len(done.stderr.strip().splitlines()) == 1
     # a 4,096-token budget under a burst: with chunking a prompt that does not fit the budget
     # left is split; without it, it waits for a step with room for all of it (more steps,
