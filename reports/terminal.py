@@ -128,10 +128,10 @@ def _as_given(value) -> str:
 
 def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:
     """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16``: every GPU counted (``on 8 x
-    a100-80gb (2 replicas of tp 4, round-robin router)``), ``, int4 weights`` when the weights are stored
-    otherwise than the KV cache as ``--weight-dtype`` says, or ``, 4-bit quantized
-    weights`` as the ``checkpoint`` stores them (by size: AWQ, GPTQ, MXFP4, NVFP4 are all
-    priced as kvsim's int4)."""
+    a100-80gb (2 replicas of tp 4, round-robin router)``), ``, int4 weights`` when the
+    weights are stored otherwise than the KV cache as ``--weight-dtype`` says, or ``, 4-bit
+    quantized weights`` as the ``checkpoint`` stores them (by size: AWQ, GPTQ, MXFP4, NVFP4
+    are all priced as kvsim's int4)."""
     replicas, tp = cfg.get("replicas", 1), cfg.get("tp", 1)
     gpus = replicas * tp if is_number(replicas) and is_number(tp) else "?"
     router = f", {cfg['router']} router" if cfg.get("router") else ""
