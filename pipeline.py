@@ -79,12 +79,14 @@ PATH_SETTINGS = ("trace", "profile")
 def _beside(settings: dict, folder: Path) -> dict:
     """``settings`` with each relative path of :data:`PATH_SETTINGS` made relative to
     ``folder`` (a TOML file's), as a configuration file's paths are read; so is ``model``
-    where it names a file or folder there (else it is a catalog name or a Hugging Face id)."""
+    where it names a ``.json`` file or something there (else it is a catalog name or a
+    Hugging Face id: a missing config.json is then named where it was looked for)."""
     for name in (*PATH_SETTINGS, "model"):
         value = settings.get(name)
         if (isinstance(value, str) and value.strip() and value != "-"
                 and not value.startswith("sample:") and not Path(value).is_absolute()
-                and (name != "model" or (folder / value).exists())):
+                and (name != "model" or value.endswith(".json")
+                     or (folder / value).exists())):
             settings[name] = str(folder / value)
     return settings
 

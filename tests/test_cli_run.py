@@ -215,6 +215,10 @@ def test_a_relative_trace_in_a_config_file_is_read_from_the_files_folder(tmp_pat
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["config"]["trace"] == "exp/t.jsonl" and summary["num_completed"] == 1
     assert summary["config"]["model"] == "exp/m.json"      # (a file there: read from there)
+    (tmp_path / "exp" / "run.toml").write_text('model = "gone/config.json"\n')
+    done = kvsim("run", "--config", "exp/run.toml", "--out", "o", "-q", cwd=tmp_path)
+    assert done.stderr == ("kvsim: error: exp/gone/config.json: field 'model': no such model "
+                           "config file\n")     # (named where it was looked for)
     (tmp_path / "exp" / "run.toml").write_text('trace = ""\n')
     done = kvsim("run", "--config", "exp/run.toml", "--out", "o", "-q", cwd=tmp_path)
     assert done.stderr == ("kvsim: error: exp/run.toml:1: field 'trace': is empty: give a trace "
