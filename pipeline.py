@@ -21,7 +21,7 @@ from kvsim.reports.style import long_prompt_advice
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.terminal import ProgressLines, RunProgress
 from kvsim.sim.serving import results
-from kvsim.sim.config import RunConfig
+from kvsim.sim.config import RunConfig, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
 from kvsim.workloads import TraceOptions, load_trace
 from kvsim.workloads.request import left_out_text
@@ -68,6 +68,14 @@ def read_config_file(path: str) -> dict:
             raise ConfigError("settings go inside the [run] table (or all at the top level)",
                               location=path, field=extra[0])
         data = dict(data["run"])
+    # a table under another name than a setting's (a setting given a table is its own error)
+    known = setting_names()
+    tables = [key for key, value in data.items()
+              if isinstance(value, dict) and str(key).replace("-", "_") not in known]
+    if tables:
+        raise _at_line(ConfigError(f"a table [{tables[0]}] is not read: give the settings at "
+                                   "the top level, or in a [run] table",
+                                   location=path, field=tables[0]), path)
     _refuse_twice(data, path)
     return _beside(data, Path(path).parent)
 

@@ -177,6 +177,20 @@ def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
                            "tier in blocks or in GiB, not both\n")
 
 
+def test_a_table_in_a_config_file_that_is_not_run_is_named_as_a_table(tmp_path):
+    """[other] is not a misspelt setting ("did you mean 'router'?" it said): kvsim reads the
+    top level or [run]; a setting given a table is that setting's error."""
+    config = tmp_path / "c.toml"
+    config.write_text('[other]\ngpu = "h100-80gb"\n')
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr == (f"kvsim: error: {config}: field 'other': a table [other] is not "
+                           "read: give the settings at the top level, or in a [run] table\n")
+    config.write_text('gpu = {name = "h100-80gb"}\n')
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr == (f"kvsim: error: {config}:1: field 'gpu': expected a string, got "
+                           "{'name': 'h100-80gb'}\n")
+
+
 def test_a_setting_given_twice_in_a_config_file_is_refused(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("max-num-seqs = 3\nmax_num_seqs = 4\n")
