@@ -213,8 +213,7 @@ def _ends_a_line(path: Path) -> bool:
 
 def _read_csv(path: Path) -> pd.DataFrame:
     if not path.is_file():
-        raise KvsimError(f"missing {path.name}; is this a kvsim run directory?",
-                         location=str(path))
+        raise KvsimError("no such file: is this a kvsim run directory?", location=str(path))
     if not _ends_a_line(path):
         raise KvsimError("ends in the middle of a row: the file was cut short", location=str(path))
     try:
@@ -283,7 +282,7 @@ def read_summary(path: str | os.PathLike) -> dict:
     """Read a ``summary.json``; a missing, unparsable or non-object file is a KvsimError."""
     p = Path(path)
     if not p.is_file():
-        raise KvsimError(f"missing {p.name}; the run is incomplete or this is not a kvsim run "
+        raise KvsimError("no such file: the run is incomplete or this is not a kvsim run "
                          "directory", location=str(p))
     try:
         data = json.loads(p.read_text(encoding="utf-8"))

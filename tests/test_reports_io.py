@@ -289,3 +289,14 @@ def test_docs_name_every_summary_key_a_run_writes():
             if isinstance(value, dict) and depth and key not in ("config", "moe"):
                 yield from keys(value, depth - 1)
     assert sorted(set(keys(summary, 1)) - named) == []
+
+
+def test_a_folder_without_a_summary_is_named_once(tmp_path):
+    """`kvsim report` on an empty folder: the missing file is the location, said once (it
+    read 'empty/summary.json: missing summary.json')."""
+    from kvsim.errors import KvsimError
+    from kvsim.reports.io import read_summary
+    with pytest.raises(KvsimError) as err:
+        read_summary(tmp_path / "summary.json")
+    assert err.value.one_line() == (f"{tmp_path / 'summary.json'}: no such file: the run is "
+                                    "incomplete or this is not a kvsim run directory")
