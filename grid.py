@@ -110,11 +110,13 @@ def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
         name, value = _field_name(option), text if "=" in token else None
         negated = name.startswith("no_") and name not in types and name[3:] in types
         name = name[3:] if negated else name
+        if name == "trace":
+            raise ConfigError("the trace is the first argument (kvsim compare TRACE --FIELD "
+                              "V1,V2 ...), one file for every configuration", field=option)
         if name not in types or name in NOT_DIMENSIONS:
-            varied = [n for n in types if n not in NOT_DIMENSIONS]
-            hint = close_matches(name, {n: "--" + n.replace("_", "-") for n in varied})
-            raise ConfigError(f"not a run setting that can vary{hint} (those are: "
-                              f"{', '.join(varied)})", field=option.lstrip("-"))
+            varied = {n: "--" + n.replace("_", "-") for n in types if n not in NOT_DIMENSIONS}
+            raise ConfigError(f"not a run setting that can vary{close_matches(name, varied)}; "
+                              f"those are {', '.join(varied.values())}", field=option)
         is_flag = _base_type(types[name])[0] is bool
         if value is None and is_flag and (negated or not tokens or tokens[0].startswith("--")):
             value = "false" if negated else "true"

@@ -118,7 +118,7 @@ def test_a_dimension_that_is_no_run_setting_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvsim: error: field 'no-such-field'")
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: --no-such-field: not a run setting")
     assert not (tmp_path / "compare.json").exists()
 
 

@@ -31,10 +31,10 @@ def test_bool_flags_and_the_trace_anywhere():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--layout-of-doom", "a,b"], "field 'layout-of-doom': not a run setting"),
-    (["--trace", "a,b"], "field 'trace': not a run setting"),
-    (["--evicton", "lru,lfu"], r"field 'evicton': not a run setting that can vary \(did you "
-                               r"mean '--eviction'\?\)"),
+    (["--layout-of-doom", "a,b"], "field '--layout-of-doom': not a run setting"),
+    (["--trace", "a,b"], "field '--trace': the trace is the first argument"),
+    (["--evicton", "lru,lfu"], r"field '--evicton': not a run setting that can vary \(did you "
+                               r"mean '--eviction'\?\); those are --model, --gpu, --tp, "),
     (["--tp", "1,two"], "field 'tp': expected an integer, got 'two'"),
     (["--enable-prefix-caching", "maybe"], "expected true or false, got 'maybe'"),
     (["--tp"], "field 'tp': needs a value"),
