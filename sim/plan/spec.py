@@ -152,7 +152,8 @@ def parse_list(text: str | Sequence | None, field: str, cast: Callable = str) ->
         try:
             value = cast(part)
         except (TypeError, ValueError):
-            raise ConfigError(f"not a comma-separated list of {cast.__name__}: {text!r}",
+            kind = {"int": "integers", "float": "numbers"}.get(cast.__name__, "values")
+            raise ConfigError(f"expected {kind} separated by commas, got {text!r}",
                               field=field) from None
         if value not in out:
             out.append(value)
