@@ -63,9 +63,11 @@ def progress(message: str) -> None:
 
 def given_path(value: str | None) -> str | None:
     """An option callback: a path option given as an empty string is refused (it would mean
-    the current directory, or nothing)."""
+    the current directory, or nothing), and so is the next option taken as the path."""
     if value is not None and not value.strip():
         raise typer.BadParameter("an empty path; give a file or directory")
+    if value is not None and value.startswith("--"):    # (`--out --limit 5`: took the option)
+        raise typer.BadParameter(f"{value!r} is an option, not a path: give the path first")
     return value
 
 

@@ -284,6 +284,10 @@ def test_an_empty_out_is_refused(args):
     assert done.returncode == 2
     assert done.stderr == "kvsim: error: Invalid value for '--out': an empty path; give a file " \
                           "or directory\n"
+    done = kvsim(*args, "--out", "--seed", "3")      # (the next option taken as the path)
+    assert done.returncode == 2
+    assert done.stderr == "kvsim: error: Invalid value for '--out': '--seed' is an option, " \
+                          "not a path: give the path first\n"
 
 
 def test_gen_refuses_a_directory_and_writes_through_a_device(tmp_path):
