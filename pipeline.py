@@ -68,16 +68,35 @@ def read_config_file(path: str) -> dict:
             raise ConfigError("settings go inside the [run] table (or all at the top level)",
                               location=path, field=extra[0])
         data = dict(data["run"])
-    # a table under another name than a setting's (a setting given a table is its own error)
-    known = setting_names()
-    tables = [key for key, value in data.items()
-              if isinstance(value, dict) and str(key).replace("-", "_") not in known]
-    if tables:
-        raise _at_line(ConfigError(f"a table [{tables[0]}] is not read: give the settings at "
-                                   "the top level, or in a [run] table",
-                                   location=path, field=tables[0]), path)
+    _refuse_other_tables(data, path)
     _refuse_twice(data, path)
     return _beside(data, Path(path).parent)
+
+
+def _table_key(header: str) -> str:
+    """The key a table's header gives the settings read: ``other`` for ``[other.sub]`` and
+    for ``[run.other]``."""
+    parts = [part.strip().strip("\"'") for part in header.split(".")]
+    return parts[1] if parts[0] == "run" and len(parts) > 1 else parts[0]
+
+
+_HEADER = re.compile(r"\s*\[\[?\s*([^\]]+?)\s*\]")     # a TOML table's header: [a.b], [[a]]
+
+
+def _refuse_other_tables(settings: dict, path: str) -> None:
+    """A table the file heads with a name that is no setting (``[other]``, ``[[other]]``,
+    ``[run.other]``) is refused as a table kvsim does not read; a misspelt key given an
+    inline table is left to the unknown-setting check (and its "did you mean")."""
+    known = setting_names()
+    headers = [m.group(1) for m in map(_HEADER.match, Path(path).read_text(
+        encoding="utf-8-sig").splitlines()) if m]
+    for key, value in settings.items():
+        if str(key).replace("-", "_") in known or not isinstance(value, (dict, list)):
+            continue
+        header = next((h for h in headers if _table_key(h) == key), None)
+        if header is not None:
+            raise ConfigError(f"a table [{header}] is not read: kvsim reads the settings at "
+                              "the top level or in [run]", location=path, field=str(key))
 
 
 #: Settings naming a file; a relative path in a TOML file is read from the file's folder.

@@ -61,13 +61,16 @@ def progress(message: str) -> None:
     typer.echo(f"kvsim: {message}", err=True)
 
 
-def given_path(value: str | None) -> str | None:
+def given_path(ctx: typer.Context, value: str | None) -> str | None:
     """An option callback: a path option given as an empty string is refused (it would mean
-    the current directory, or nothing), and so is the next option taken as the path."""
+    the current directory, or nothing), and so is the next option taken as the path (``--out
+    --limit 5``, ``--out -q``: ``./-q`` names such a path)."""
     if value is not None and not value.strip():
         raise typer.BadParameter("an empty path; give a file or directory")
-    if value is not None and value.startswith("--"):    # (`--out --limit 5`: took the option)
-        raise typer.BadParameter(f"{value!r} is an option, not a path: give the path first")
+    options = {o for param in ctx.command.params for o in param.opts if o.startswith("-")}
+    if value is not None and (value.startswith("--") or value in options):
+        raise typer.BadParameter(f"{value!r} is an option, not a path: give the path first "
+                                 f"(./{value} for a path of that name)")
     return value
 
 

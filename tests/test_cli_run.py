@@ -181,10 +181,18 @@ def test_a_table_in_a_config_file_that_is_not_run_is_named_as_a_table(tmp_path):
     """[other] is not a misspelt setting ("did you mean 'router'?" it said): kvsim reads the
     top level or [run]; a setting given a table is that setting's error."""
     config = tmp_path / "c.toml"
-    config.write_text('[other]\ngpu = "h100-80gb"\n')
+    for text, header in (('[other]\ngpu = "h100-80gb"\n', "[other]"),
+                         ("[[other]]\nx = 1\n", "[other]"),
+                         ("[run]\nseed = 1\n[run.other]\nx = 1\n", "[run.other]")):
+        config.write_text(text)
+        done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+        assert done.stderr == (f"kvsim: error: {config}: field 'other': a table {header} is "
+                               "not read: kvsim reads the settings at the top level or in "
+                               "[run]\n")
+    config.write_text('gpuu = {name = "h100-80gb"}\n')     # (a misspelt key, not a table)
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
-    assert done.stderr == (f"kvsim: error: {config}: field 'other': a table [other] is not "
-                           "read: give the settings at the top level, or in a [run] table\n")
+    assert done.stderr.startswith(f"kvsim: error: {config}:1: field 'gpuu': unknown setting "
+                                  "(did you mean 'gpu'?)")
     config.write_text('gpu = {name = "h100-80gb"}\n')
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
     assert done.stderr == (f"kvsim: error: {config}:1: field 'gpu': expected a string, got "
@@ -278,8 +286,9 @@ def test_a_new_result_replaces_the_earlier_one_whole(tmp_path):
                                                     "timeline.csv"]   # no older report.html
 
 
-@pytest.mark.parametrize("args", [["run", "--limit", "5"], ["gen", "chat", "-n", "5"]])
-def test_an_empty_out_is_refused(args):
+@pytest.mark.parametrize("args, short", [(["run", "--limit", "5"], "-q"),
+                                         (["gen", "chat", "-n", "5"], "-n")])
+def test_an_empty_out_is_refused(args, short):
     done = kvsim(*args, "--out", "")
     assert done.returncode == 2
     assert done.stderr == "kvsim: error: Invalid value for '--out': an empty path; give a file " \
@@ -287,7 +296,11 @@ def test_an_empty_out_is_refused(args):
     done = kvsim(*args, "--out", "--seed", "3")      # (the next option taken as the path)
     assert done.returncode == 2
     assert done.stderr == "kvsim: error: Invalid value for '--out': '--seed' is an option, " \
-                          "not a path: give the path first\n"
+                          "not a path: give the path first (./--seed for a path of that name)\n"
+    done = kvsim(*args, "--out", short)         # (a short option of the command, too)
+    assert (done.returncode, done.stderr) == (
+        2, f"kvsim: error: Invalid value for '--out': '{short}' is an option, not a path: give "
+           f"the path first (./{short} for a path of that name)\n")
 
 
 def test_gen_refuses_a_directory_and_writes_through_a_device(tmp_path):

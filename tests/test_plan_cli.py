@@ -79,7 +79,7 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tp", "1,x"], "--tp: "),
+    (["--tp", "1,x"], "--tp: expected integers separated by commas, got '1,x'"),
     (["--gpu", "b200"], "unknown GPU 'b200'"),
     (["--target-rate", "3"], "not both"),
     (["--max-replicas", "0"], "max-replicas"),

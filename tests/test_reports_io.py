@@ -295,8 +295,15 @@ def test_a_folder_without_a_summary_is_named_once(tmp_path):
     """`kvsim report` on an empty folder: the missing file is the location, said once (it
     read 'empty/summary.json: missing summary.json')."""
     from kvsim.errors import KvsimError
-    from kvsim.reports.io import read_summary
+    from kvsim.reports.io import read_run_outputs, read_summary
     with pytest.raises(KvsimError) as err:
         read_summary(tmp_path / "summary.json")
     assert err.value.one_line() == (f"{tmp_path / 'summary.json'}: no such file: the run is "
                                     "incomplete or this is not a kvsim run directory")
+    import kvsim
+    kvsim.run(limit=3).write(tmp_path / "run")
+    (tmp_path / "run" / "requests.csv").unlink()
+    with pytest.raises(KvsimError) as err:
+        read_run_outputs(tmp_path / "run")
+    assert err.value.one_line() == (f"{tmp_path / 'run' / 'requests.csv'}: no such file: is "
+                                    "this a kvsim run directory?")

@@ -153,8 +153,8 @@ def parse_list(text: str | Sequence | None, field: str, cast: Callable = str) ->
             value = cast(part)
         except (TypeError, ValueError):
             kind = {"int": "integers", "float": "numbers"}.get(cast.__name__, "values")
-            raise ConfigError(f"expected {kind} separated by commas, got {text!r}",
-                              field=field) from None
+            sep = " separated by commas" if isinstance(text, str) else ""
+            raise ConfigError(f"expected {kind}{sep}, got {text!r}", field=field) from None
         if value not in out:
             out.append(value)
     if not out or "" in out:
