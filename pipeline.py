@@ -51,7 +51,8 @@ def read_config_file(path: str) -> dict:
         import tomli as tomllib
     try:
         check_regular_file(path, "TOML file")
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))   # (a BOM is fine)
+        text = Path(path).read_text(encoding="utf-8-sig")     # (a BOM is fine)
+        data = tomllib.loads(text)
     except TraceError as e:
         raise ConfigError(e.message, location=path, field="config") from None
     except OSError as e:
@@ -68,7 +69,7 @@ def read_config_file(path: str) -> dict:
             raise ConfigError("settings go inside the [run] table (or all at the top level)",
                               location=path, field=extra[0])
         data = dict(data["run"])
-    _refuse_other_tables(data, path)
+    _refuse_other_tables(data, text, path)
     _refuse_twice(data, path)
     return _beside(data, Path(path).parent)
 
@@ -83,13 +84,12 @@ def _table_key(header: str) -> str:
 _HEADER = re.compile(r"\s*\[\[?\s*([^\]]+?)\s*\]")     # a TOML table's header: [a.b], [[a]]
 
 
-def _refuse_other_tables(settings: dict, path: str) -> None:
-    """A table the file heads with a name that is no setting (``[other]``, ``[[other]]``,
-    ``[run.other]``) is refused as a table kvsim does not read; a misspelt key given an
+def _refuse_other_tables(settings: dict, text: str, path: str) -> None:
+    """A table the file (``text``) heads with a name that is no setting (``[other]``,
+    ``[[other]]``, ``[run.other]``) is refused as a table kvsim does not read; a misspelt key given an
     inline table is left to the unknown-setting check (and its "did you mean")."""
     known = setting_names()
-    headers = [m.group(1) for m in map(_HEADER.match, Path(path).read_text(
-        encoding="utf-8-sig").splitlines()) if m]
+    headers = [m.group(1) for m in map(_HEADER.match, text.splitlines()) if m]
     for key, value in settings.items():
         if str(key).replace("-", "_") in known or not isinstance(value, (dict, list)):
             continue
