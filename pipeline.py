@@ -24,7 +24,7 @@ from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
 from kvsim.workloads import TraceOptions, load_trace
-from kvsim.workloads.request import left_out_text
+from kvsim.workloads.request import left_out_text, rows_text
 from kvsim.workloads.sharing import read_scanned
 from kvsim.workloads.sources import check_regular_file, resolve_trace
 
@@ -232,7 +232,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
             say(long_prompt_note(scan, job.config, deployment))
         if notes and scan.left_out:
             total = sum(scan.left_out.values())
-            say(f"{total:,} row{'s' * (total != 1)} of the trace hold{'s' * (total == 1)} no "
+            say(f"{rows_text(total)} of the trace hold{'s' * (total == 1)} no "
                 f"request to run and {'are' if total != 1 else 'is'} left out: "
                 f"{left_out_text(scan.left_out)}")
         show = None if quiet else (

@@ -27,7 +27,7 @@ from kvsim.errors import ConfigError
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.cache.block_pool import MAX_POOL_BLOCKS
 from kvsim.cache.policies import POLICY_NAMES, BeladyOracle
-from kvsim.workloads.request import left_out_text
+from kvsim.workloads.request import left_out_text, rows_text
 
 # the replay's stand-in for the waiting queue of a busy server: requests that arrive within
 # this many seconds after the one being served (see docs/eviction.md)
@@ -273,8 +273,8 @@ def render_hitrate_table(result: dict, width: int | None = None) -> str:
     left_out = result.get("trace_rows_left_out")
     if left_out:
         total = sum(left_out.values())
-        lines.append(f"left out {total:,} trace row{'s' * (total != 1)} without a request to "
-                     f"run: {left_out_text(left_out)}")
+        lines.append(f"left out {rows_text(total, 'trace row')} without a request to run: "
+                     f"{left_out_text(left_out)}")
     per_block = len(policies) if width is None else max(1, (width - 24) // 10)
     for first in range(0, len(policies), per_block):
         lines += _policy_block(result, policies[first:first + per_block])

@@ -22,7 +22,7 @@ from kvsim.reports.io import write_csv_atomic, write_json_atomic
 from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
-from kvsim.workloads.request import left_out_text
+from kvsim.workloads.request import left_out_text, rows_text
 from kvsim.reports.terminal import CountBar, print_table
 
 PLAN_FIGURE_IDS = ("fig-pareto", "fig-max-rate")
@@ -161,7 +161,7 @@ def load_text(result: dict) -> str:
     return (f"{load['num_requests']:,} requests at rate scale {load['rate_scale']:.4g}"
             + ("" if rate is None else f" ({rate:,.2f} req/s)")
             + (" as one burst" if load.get("kind") == "burst" else "")
-            + (f" ({total:,} trace row{'s' * (total != 1)} left out: "
+            + (f" ({rows_text(total, 'trace row')} left out: "
                f"{left_out_text(left_out)})" if total else ""))
 
 

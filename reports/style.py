@@ -8,7 +8,7 @@ from typing import Any
 
 from kvsim.reports.frames import SUMMARY_PERCENTILES
 from kvsim.reports.plot import Figure, template
-from kvsim.workloads.request import left_out_text
+from kvsim.workloads.request import left_out_text, rows_text
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
 #: One colour per run in comparison views (colour-blind friendly, Okabe-Ito-like).
@@ -187,7 +187,7 @@ def left_out_summary_text(summary: dict) -> str:
     """The trace's rows that held no request to run, by reason, or ``""`` when none did."""
     left_out = summary.get("trace_rows_left_out") or {}
     total = sum(left_out.values())
-    return (f"{fmt_num(total)} trace row{'s' * (total != 1)} without a request to run: "
+    return (f"{rows_text(total, 'trace row')} without a request to run: "
             f"{left_out_text(left_out)}") if total else ""
 
 

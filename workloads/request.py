@@ -89,6 +89,11 @@ class LeftOutRow:
     reason: str
 
 
+def rows_text(n: int, word: str = "row") -> str:
+    """``1 row``, ``2,048 rows`` (``word``: ``trace row``, ...)."""
+    return f"{n:,} {word}{'s' * (n != 1)}"
+
+
 def left_out_text(left_out: Mapping[str, int]) -> str:
     """The rows left out by reason, in words: ``failed (BurstGPT Response tokens 0): 2, ...``."""
     return ", ".join(f"{LEFT_OUT_REASONS[reason]}: {left_out[reason]:,}"

@@ -30,7 +30,7 @@ import numpy as np
 from kvsim.workloads.lines import numbered_lines, where
 from kvsim.workloads.loader import detect_format, load_trace
 from kvsim.workloads.options import TraceOptions
-from kvsim.workloads.request import Request, left_out_text, trace_name
+from kvsim.workloads.request import Request, left_out_text, rows_text, trace_name
 
 PERCENTILES = (50, 90, 99)
 _MERGE_EVERY = 16_000_000
@@ -192,7 +192,7 @@ def render_stats(stats: dict) -> str:
         f"trace         {trace_name(stats['trace'])} ({stats['format']})" if "trace" in stats
         else None,
         f"requests      {stats['num_requests']:,}",
-        f"left out      {_rows(sum(left_out.values()))} without a request to run: "
+        f"left out      {rows_text(sum(left_out.values()))} without a request to run: "
         f"{left_out_text(left_out)}" if left_out else None,
         f"time span     {stats['time_span_s']:,.1f} s",
         f"mean rate     {'-' if rate is None else f'{rate:.3f}'} req/s",
@@ -204,10 +204,6 @@ def render_stats(stats: dict) -> str:
         f"{stats['ideal_prefix_hit_tokens_ratio']:.1%} of prompt tokens (infinite cache)",
     ]
     return "\n".join(line for line in lines if line)
-
-
-def _rows(n: int) -> str:
-    return f"{n:,} row{'s' * (n != 1)}"
 
 
 def _length_line(name: str, s: dict) -> str:
