@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.cache.decode_run import DecodeRun, DecodeSteps
+from kvsim.cache.run_grid import MIN_ARITHMETIC_CELLS, StepGrid, open_events, tail_offsets
 
 
 def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
@@ -26,7 +27,7 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     ends the commit there (fewer than ``n`` steps, as many as the result holds).
 
     The block events (a request opening a block, or filling one it registers) of all ``n``
-    steps are found in one array operation; only they call ``kv.allocate``, step by step in
+    steps are found at once (:mod:`kvsim.cache.run_grid`); only they call ``kv.allocate``, step by step in
     scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would, or, where the
     manager allows, the opened blocks of each stretch between finishes are taken in one call
     (:func:`_open_in_bulk`). Requests finishing at a step are brought forward and finished
@@ -35,51 +36,37 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     first finish). ``admit(seq)``: admits a request the run took (``run.admissions``) at its
     step, after the decodes' blocks of that step (the scheduler's)."""
     bs, first = kv.block_size, run.num_committed
-    steps = np.arange(first, first + n, dtype=np.int64)
-    offset = run.num_computed[None, :] + steps[:, None]     # in the block, before each step
-    if bs & (bs - 1):
-        offset %= bs
-    else:               # (a power of two: the same values, negative tokens too, cheaper)
-        offset &= bs - 1
-    taking_part = steps[:, None] <= run.finish_step[None, :]     # (n x B)
-    staying = steps[:, None] < run.finish_step[None, :]           # still running after it
-    decoding = taking_part
-    ends = np.sort(run.finish_step)
-    if run.joined is not None:      # (one admitted takes part from then on, decodes after it)
-        started = steps[:, None] >= run.joined[None, :]
-        taking_part, staying = taking_part & started, staying & started
-        decoding = taking_part & (steps[:, None] > run.joined[None, :])
-        # (each joins at or before its finish: those finished are among those started)
-        num_started = np.searchsorted(np.sort(run.joined), steps, side="right")
-    else:
-        num_started = run.num_seqs
-    num_staying = num_started - np.searchsorted(ends, steps, side="right")
-    batch = num_started - np.searchsorted(ends, steps, side="left")
-    opens = (offset == 0) & decoding
-    internal = (bs - 1) * num_staying - (offset * staying).sum(axis=1)   # the blocks' tails
+    grid = StepGrid(run, first, n, bs)
+    num_staying, batch = _batch_sizes(run, grid.steps)
+    arithmetic = (run.prefill is None and host is None and kv.always_opens_blocks_in_bulk
+                  and n * run.num_seqs >= MIN_ARITHMETIC_CELLS)
+    events = open_events(run, first, n, bs) if arithmetic else None
+    tails = tail_offsets(run, first, n, bs, events) if arithmetic else grid.tail_offsets()
+    internal = (bs - 1) * num_staying - tails         # the blocks' tails
 
     def fills() -> np.ndarray:
         """Where a request fills a block it registers (an event; after its open, if both)."""
-        registers = np.array(kv.registers_while_decoding([s.request_id for s in run.requests]),
-                             dtype=bool)
-        return (offset == bs - 1) & registers & decoding
+        return grid.fills(np.array(
+            kv.registers_while_decoding([s.request_id for s in run.requests]), dtype=bool))
 
     late = lookups = None     # the late fills' order, for a pool that keeps it; admissions'
     if run.prefill is not None and host is None:
-        used, idle, finished = _allocate_with_prefill(kv, run, opens | fills(), first, finish)
+        used, idle, finished = _allocate_with_prefill(kv, run, grid.opens | fills(), first,
+                                                      finish)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     elif host is None:
         joining = _admitted_by_stretch(run, first, n)
-        used, idle, finished, late, lookups = _allocate_stretches(kv, run, opens, fills, first,
-                                                                  finish, joining, admit)
+        events = events if arithmetic else grid.open_events()
+        used, idle, finished, late, lookups = _allocate_stretches(
+            kv, run, grid, events, fills, finish, joining, admit)
         transfers, host_used = [()] * n, np.zeros(n, dtype=np.int64)
     else:
-        used, idle, host_used, transfers = _allocate_steps_with_copies(kv, run, opens | fills(),
-                                                                      first, host, stop)
+        used, idle, host_used, transfers = _allocate_steps_with_copies(
+            kv, run, grid.opens | fills(), first, host, stop)
         n, finished = len(used), []
         if run.prefill is not None:
             run.prefill.seq.num_computed_tokens = run.prefill.computed_before(first + n)
-        steps, num_staying, internal, batch = steps[:n], num_staying[:n], internal[:n], batch[:n]
+        num_staying, internal, batch = num_staying[:n], internal[:n], batch[:n]
     run.num_committed += n
     _bring_forward(kv, run, np.flatnonzero(run.finish_step >= run.num_committed).tolist())
     if late is not None:
@@ -88,23 +75,36 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
         return DecodeSteps(batch, num_staying, used, idle, used * bs - internal, internal,
                            host_used, transfers, finished, 0, *(lookups or (None,) * 3))
     chunks = run.prefill     # one more request in each step, its last block's tail internal
+    steps = grid.steps[:n]
     internal = internal + (-(chunks.num_computed + (steps + 1) * chunks.num_new)) % bs
     return DecodeSteps(batch + 1, num_staying + 1, used, idle, used * bs - internal, internal,
                        host_used, transfers, finished, chunks.num_new)
 
 
-def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int, finish,
+def _batch_sizes(run: DecodeRun, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each step: the requests staying after it, and the batch it runs."""
+    ends = np.sort(run.finish_step)
+    if run.joined is not None:      # (one admitted takes part from its admitting step on)
+        num_started = np.searchsorted(np.sort(run.joined), steps, side="right")
+    else:
+        num_started = run.num_seqs
+    num_staying = num_started - np.searchsorted(ends, steps, side="right")
+    return num_staying, num_started - np.searchsorted(ends, steps, side="left")
+
+
+def _allocate_stretches(kv, run: DecodeRun, grid: StepGrid, events: tuple, fills, finish,
                         joining: dict | None = None, admit=None):
-    """Allocate the steps stretch by stretch (a stretch ends with a step where requests
-    finish, which are then finished, or that admits one: ``joining``, the requests admitted
-    by the stretch ending there, are admitted by ``admit`` after the step's other blocks);
-    the pool's used and cached idle blocks after each step, (step, finished requests) of
-    each finish, and, with admissions, each step's admitted prompt tokens, prefix-lookup
-    tokens and hits. ``fills()``: the fill matrix, asked for only when a stretch cannot open
-    its blocks in bulk, or the pool counts the fills between the blocks it hands out
-    (``opens_in_bulk == "new_fills"``: then every stretch opens in bulk or none does, as the
-    fills wait for the end of the run to be registered)."""
-    n = len(opens)
+    """Allocate the steps of ``grid`` stretch by stretch (a stretch ends with a step where
+    requests finish, which are then finished, or that admits one: ``joining``, the requests
+    admitted by the stretch ending there, are admitted by ``admit`` after the step's other
+    blocks); the pool's used and cached idle blocks after each step, (step, finished
+    requests) of each finish, and, with admissions, each step's admitted prompt tokens,
+    prefix-lookup tokens and hits. ``events``: the opens' steps and requests, step by step
+    (:meth:`StepGrid.open_events`). ``fills()``: the fill matrix, asked for only when a
+    stretch cannot open its blocks in bulk, or the pool counts the fills between the blocks
+    it hands out (``opens_in_bulk == "new_fills"``: then every stretch opens in bulk or none
+    does, as the fills wait for the end of the run to be registered)."""
+    n, first = grid.n, grid.first
     used, idle = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     ending = _finishing_by_stretch(run, first, n)
     if joining:
@@ -112,7 +112,7 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
         lookups = tuple(np.zeros(n, dtype=np.int64) for _ in range(3))
     else:
         ends, joining, lookups = ([*ending, n] if n not in ending else list(ending)), {}, None
-    rows, cols = np.nonzero(opens)          # the opens of all stretches, step by step
+    rows, cols = events                     # the opens of all stretches, step by step
     taken = np.bincount(rows, minlength=n).cumsum()     # blocks opened up to each step
     cuts = np.searchsorted(rows, ends).tolist()
     counted = kv.pool.opens_in_bulk == "new_fills"
@@ -133,7 +133,7 @@ def _allocate_stretches(kv, run: DecodeRun, opens: np.ndarray, fills, first: int
                 kv, run, cols[at:cut], taken[lo:end] - before,
                 None if counts is None else counts(lo, at, cut))
         else:
-            matrix = (opens | fills()) if matrix is None else matrix
+            matrix = (grid.opens | fills()) if matrix is None else matrix
             used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
         if end in joining:
             _admit_requests(kv, joining[end], admit, lookups, end - 1)
