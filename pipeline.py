@@ -214,7 +214,8 @@ def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,
 
 def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None,
                    notes: bool = False):
-    """:func:`run_job`, returning ``(summary, requests frame, timeline frame)``."""
+    """:func:`run_job`, returning ``(summary, requests, timeline)`` (the frames as
+    :class:`~kvsim.reports.columns.Columns`)."""
     console = _stderr_console()
     bar = not quiet and (progress if progress is not None else console.is_terminal)
     if job.output_format == "parquet":
@@ -329,9 +330,9 @@ def say(message: str) -> None:
 
 
 def run_outputs(result):
-    """(summary, requests frame, timeline frame) of a finished simulation."""
-    summary, requests_df, _, timeline_df = results.run_frames(result)
-    return summary, requests_df, timeline_df
+    """(summary, requests, timeline) of a finished simulation, the frames as
+    :class:`~kvsim.reports.columns.Columns` (no pandas)."""
+    return results.run_columns(result)
 
 
 def _stderr_console():

@@ -1,11 +1,13 @@
 """Reports from result frames (docs/frames.md): HTML pages, terminal output, result files.
 
-Knows frames only (a summary dict, a requests and a timeline DataFrame), nothing of caches or
-simulation. Public API:
+Knows frames only (a summary dict, a requests and a timeline frame: pandas DataFrames, or
+:class:`~kvsim.reports.columns.Columns` as ``kvsim run`` builds them without pandas), nothing
+of caches or simulation. Public API:
 
 - the output contract (files, frame columns) in :mod:`kvsim.reports.frames`;
-- :func:`write_run_outputs` (:mod:`kvsim.reports.run_outputs`), :func:`read_run_outputs`,
-  :func:`downsample` and the atomic writers in :mod:`kvsim.reports.io`;
+- :func:`write_run_outputs` (:mod:`kvsim.reports.run_outputs`), :func:`read_run_outputs` and
+  the atomic writers in :mod:`kvsim.reports.io`, :func:`downsample`
+  (:mod:`kvsim.reports.downsample`);
 - :func:`render_run_report`, :func:`render_compare_report`, :func:`render_hitrate_report`;
 - :func:`print_summary`, :class:`RunProgress`;
 - :func:`rerender_report` (``kvsim report DIR``).
@@ -17,7 +19,7 @@ from importlib import import_module
 #: output contract (``kvsim.reports.frames``, as the settings do) loads no HTML or plotly.
 _WHERE = {
     "render_compare_report": "html", "render_hitrate_report": "html", "render_run_report": "html",
-    "downsample": "io", "read_run_outputs": "io", "write_csv_atomic": "io",
+    "downsample": "downsample", "read_run_outputs": "io", "write_csv_atomic": "io",
     "write_json_atomic": "io", "write_text_atomic": "io", "write_run_outputs": "run_outputs",
     "rerender_report": "rerender", "RunProgress": "terminal", "print_summary": "terminal",
     "summary_table": "terminal",

@@ -42,10 +42,10 @@ def events_overlay(runs: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
         if not len(df):
             continue
         color = series_color(i)
-        pre = np.cumsum(np.nan_to_num(df["preemptions"].to_numpy(dtype=float)))
+        pre = np.cumsum(np.nan_to_num(np.asarray(df["preemptions"], dtype=float)))
         fig.add_trace(scatter(x=df["time_s"], y=pre, mode="lines", name=label,
                               legendgroup=label, line=dict(color=color)), row=1, col=1)
-        swaps = sum(np.nan_to_num(df[c].to_numpy(dtype=float))
+        swaps = sum(np.nan_to_num(np.asarray(df[c], dtype=float))
                     for c in ("swap_out_blocks", "swap_in_blocks") if c in df)
         fig.add_trace(scatter(x=df["time_s"], y=np.cumsum(swaps) if np.ndim(swaps) else
                               np.zeros(len(df)), mode="lines", name=label, legendgroup=label,

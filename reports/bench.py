@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
+from kvsim.reports.columns import Columns
 from kvsim.reports.io import write_json_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BENCH_FILE = "bench.json"
 #: vLLM's latency metrics, as its result file names them, and kvsim's requests.csv column.
@@ -64,10 +68,12 @@ def request_errors(requests: pd.DataFrame) -> list[str]:
     return [reason(r) for r in requests[["completed", "rejected"]].itertuples()]
 
 
-def bench_result(summary: dict, requests: pd.DataFrame, *, detailed: bool = True,
+def bench_result(summary: dict, requests: pd.DataFrame | Columns, *, detailed: bool = True,
                  date: str | None = None) -> dict:
     """The benchmark-shaped dict of a run (``summary.json``'s dict and its requests frame);
     ``detailed`` adds the per-request lists (vLLM's ``--save-detailed``)."""
+    if isinstance(requests, Columns):
+        requests = requests.to_pandas()
     config = summary.get("config", {})
     done = requests[requests["completed"] == 1]
     duration = float(summary.get("duration_s") or 0.0)
@@ -154,7 +160,7 @@ def _arrival_rate(requests: pd.DataFrame) -> float | str:
     return (len(arrivals) - 1) / span if span > 0 else "inf"
 
 
-def write_bench_json(path: str | os.PathLike, summary: dict, requests: pd.DataFrame,
+def write_bench_json(path: str | os.PathLike, summary: dict, requests: pd.DataFrame | Columns,
                      detailed: bool = True):
     """Write :func:`bench_result` to ``path`` atomically; returns the path."""
     return write_json_atomic(path, bench_result(summary, requests, detailed=detailed))

@@ -1,4 +1,6 @@
-"""Plotly figures built from result frames (docs/frames.md).
+"""Plotly figures built from result frames (docs/frames.md), read as
+:class:`~kvsim.reports.columns.Columns` (a DataFrame given is read through
+:func:`~kvsim.reports.columns.as_columns`).
 
 Functions taking ``runs`` accept a list of ``(label, frame)`` pairs: one pair draws a single run,
 several overlay runs (one colour each, for ``kvsim compare``). Every function tolerates empty
@@ -10,8 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import pandas as pd
 
+from kvsim.reports.columns import Columns, as_columns, numbers
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
 from kvsim.reports.style import (FRAG_COLORS, FRAG_KEYS, FRAG_LABELS, KV_COLORS, empty_figure, fmt_pct,
                     fmt_seconds, is_number, parse_slo, series_color, style_figure)
@@ -19,24 +21,28 @@ from kvsim.reports.style import (FRAG_COLORS, FRAG_KEYS, FRAG_LABELS, KV_COLORS,
 LATENCY_METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 CDF_MAX_POINTS = 2000
 
-Runs = Sequence[tuple[str, pd.DataFrame]]
+Runs = Sequence[tuple[str, Columns]]
 
 
-def _num_unfinished(df: pd.DataFrame) -> int:
+def _tables(runs) -> list[tuple[str, Columns]]:
+    return [(label, as_columns(df)) for label, df in runs]
+
+
+def _num_unfinished(df: Columns) -> int:
     """Requests of a requests frame that never completed (rejected, or cut off)."""
-    return int((df["completed"] == 0).sum()) if "completed" in df.columns else 0
+    return int((df["completed"] == 0).sum()) if "completed" in df else 0
 
 
-def _values(df: pd.DataFrame, col: str) -> np.ndarray:
+def _values(df: Columns, col: str) -> np.ndarray:
     """Finite values of ``df[col]`` as floats (empty when the column is missing)."""
-    if col not in df.columns or len(df) == 0:
+    if col not in df or len(df) == 0:
         return np.empty(0)
-    v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float)
+    v = numbers(df[col])
     return v[np.isfinite(v)]
 
 
 def _has_rows(runs: Runs, col: str) -> bool:
-    return any(col in df.columns and len(df) > 0 for _, df in runs)
+    return any(col in df and len(df) > 0 for _, df in runs)
 
 
 def cdf_points(values: np.ndarray, max_points: int = CDF_MAX_POINTS):
@@ -51,6 +57,7 @@ def cdf_points(values: np.ndarray, max_points: int = CDF_MAX_POINTS):
 
 def latency_cdf_figure(runs: Runs, slo: dict | None = None) -> Figure:
     """CDFs of TTFT, TPOT and E2E side by side; SLO targets as dashed vertical lines."""
+    runs = _tables(runs)
     if not any(len(_values(df, m)) for _, df in runs for m, _ in LATENCY_METRICS):
         return empty_figure("Latency distribution (CDF)", "no completed requests")
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in LATENCY_METRICS],
@@ -103,6 +110,7 @@ def _add_slo_lines(fig: Figure, runs: Runs, slo: dict | None) -> None:
 
 def throughput_queue_figure(runs: Runs) -> Figure:
     """Output-token throughput (top) and queue lengths (bottom) over simulated time."""
+    runs = _tables(runs)
     if not _has_rows(runs, "throughput_tokens_per_s"):
         return empty_figure("Throughput and queue", "no timeline data")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
@@ -131,11 +139,12 @@ def throughput_queue_figure(runs: Runs) -> Figure:
     return style_figure(fig, "Throughput and queue length over time", height=480)
 
 
-def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None,
+def kv_pool_figure(df: Columns, pool_blocks: float | None = None,
                    replicas: int = 1) -> Figure:
     """GPU KV pool stacked (used / cached-idle / empty) over time, all replicas together (as
     ``timeline.csv`` sums them), plus the host tier if used; the pools' size (``pool_blocks``
     a replica) is drawn as a dashed line."""
+    df = as_columns(df)
     needed = ("kv_used_blocks", "kv_cached_idle_blocks", "kv_free_blocks")
     if len(df) == 0 or any(c not in df for c in needed):
         return empty_figure("KV pool", "no timeline data")
@@ -167,8 +176,9 @@ def kv_pool_figure(df: pd.DataFrame, pool_blocks: float | None = None,
     return style_figure(fig, "KV pool over time", height=480 if host else 380)
 
 
-def fragmentation_time_figure(df: pd.DataFrame) -> Figure:
+def fragmentation_time_figure(df: Columns) -> Figure:
     """Stacked shares of the GPU pool (token states … free) over time."""
+    df = as_columns(df)
     cols = [f"frag_{k}" for k in FRAG_KEYS]
     if len(df) == 0 or any(c not in df for c in cols):
         return empty_figure("Memory use", "no timeline data")
@@ -208,6 +218,7 @@ def fragmentation_bar_figure(items: Sequence[tuple[str, dict]]) -> Figure:
 
 def hit_rate_figure(runs: Runs) -> Figure:
     """Prefix-cache hit rate per interval and cumulative, over time."""
+    runs = _tables(runs)
     if not _has_rows(runs, "prefix_hit_rate"):
         return empty_figure("Prefix cache", "no timeline data")
     fig = Figure()
@@ -218,14 +229,14 @@ def hit_rate_figure(runs: Runs) -> Figure:
         color = series_color(i)
         rate = df["prefix_hit_rate"].astype(float)
         if "prefix_queries_tokens" in df:  # no lookups in an interval: no rate, not 0%
-            rate = rate.where(df["prefix_queries_tokens"].astype(float) > 0)
+            rate = np.where(df["prefix_queries_tokens"].astype(float) > 0, rate, np.nan)
         if single:
             fig.add_trace(scatter(x=df["time_s"], y=rate, mode="lines",
                                   name="per interval", connectgaps=False,
                                   line=dict(color="#93c5fd", width=1)))
         if {"prefix_hit_tokens", "prefix_queries_tokens"} <= set(df.columns):
-            q = np.cumsum(np.nan_to_num(df["prefix_queries_tokens"].to_numpy(dtype=float)))
-            h = np.cumsum(np.nan_to_num(df["prefix_hit_tokens"].to_numpy(dtype=float)))
+            q = np.cumsum(np.nan_to_num(df["prefix_queries_tokens"].astype(float)))
+            h = np.cumsum(np.nan_to_num(df["prefix_hit_tokens"].astype(float)))
             with np.errstate(invalid="ignore", divide="ignore"):
                 cum = np.where(q > 0, h / q, np.nan)
             fig.add_trace(scatter(x=df["time_s"], y=cum, mode="lines",
@@ -246,8 +257,9 @@ TRANSFER_COLUMNS = (("swap_out_blocks", "swap out"), ("swap_in_blocks", "swap in
                     ("compact_blocks", "compaction moves"))
 
 
-def events_figure(df: pd.DataFrame) -> Figure:
+def events_figure(df: Columns) -> Figure:
     """Preemptions per interval (top) and block transfers per interval (bottom)."""
+    df = as_columns(df)
     if len(df) == 0 or "preemptions" not in df:
         return empty_figure("Preemptions and transfers", "no timeline data")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,

@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import pandas as pd
-
-from kvsim.reports import across_runs as cmp
 from kvsim.reports import figures as figs
 from kvsim.reports import phases
+from kvsim.reports.columns import Columns, as_columns
+from kvsim.reports.downsample import DEFAULT_MAX_POINTS, downsample
 from kvsim.reports.frames import HITRATE_FILE, HITRATE_REPORT
-from kvsim.reports.io import DEFAULT_MAX_POINTS, downsample, write_json_atomic
+from kvsim.reports.io import write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, left_out_summary_text,
                                  parse_slo, rejected_text, slo_met, stopped_text, tier_text,
                                  truncated_text)
 from kvsim.workloads.request import trace_name
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: div ids of the figures in a run report, in page order.
 RUN_FIGURE_IDS = ("fig-latency-cdf", "fig-time-split", "fig-throughput-queue", "fig-kv-pool",
@@ -137,11 +139,11 @@ def run_header(summary: dict, slo: dict | None) -> str:
             f"{settings_block(config, open_=True)}")
 
 
-def _interval_note(timeline: pd.DataFrame) -> str:
+def _interval_note(timeline: Columns) -> str:
     """How long an interval of the per-interval counts is (timeline.csv's ``interval_s``)."""
     if "interval_s" not in timeline or not len(timeline):
         return ""
-    return (f"Counts per interval of {fmt_seconds(float(timeline['interval_s'].iloc[0]))} "
+    return (f"Counts per interval of {fmt_seconds(float(timeline['interval_s'][0]))} "
             "of simulated time (the last may be shorter).")
 
 
@@ -152,7 +154,8 @@ def _downsample_note(before: int, after: int) -> str:
             f"{before:,} intervals).</p>")
 
 
-def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFrame,
+def render_run_report(summary: dict, requests: pd.DataFrame | Columns,
+                      timeline: pd.DataFrame | Columns,
                       path: str | os.PathLike, slo: dict | None = None, *,
                       plotlyjs: str = "inline", max_points: int = DEFAULT_MAX_POINTS) -> Path:
     """Write the interactive report of one run to ``path``; returns the path.
@@ -161,6 +164,7 @@ def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFr
     ``"inline"`` (self-contained page) or ``"sibling"`` (``plotly.min.js`` beside the page).
     """
     slo = summary.get("slo") if slo is None else slo
+    requests, timeline = as_columns(requests), as_columns(timeline)
     tl = downsample(timeline, max_points)
     runs_tl = [("run", tl)]
     body = [
@@ -195,14 +199,17 @@ def render_run_report(summary: dict, requests: pd.DataFrame, timeline: pd.DataFr
                        plotlyjs=plotlyjs)
 
 
-def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame, pd.DataFrame]],
+def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame | Columns,
+                                               pd.DataFrame | Columns]],
                           path: str | os.PathLike, slo: dict | None = None, *,
                           plotlyjs: str = "inline",
                           max_points: int = DEFAULT_MAX_POINTS) -> Path:
     """Write a report overlaying several runs, given as ``(label, summary, requests,
     timeline)``; returns the path. Runs are ranked (SLO met first, then throughput); ``slo``
     defaults to the first run's ``summary["slo"]`` and applies to every run."""
-    runs = [(str(label), s, r, downsample(t, max_points)) for label, s, r, t in runs]
+    from kvsim.reports import across_runs as cmp
+    runs = [(str(label), s, as_columns(r), downsample(as_columns(t), max_points))
+            for label, s, r, t in runs]
     slo = cmp.common_slo(runs, slo)
     tls = [(label, t) for label, _, _, t in runs]
     facts = cmp.describe_runs(runs)
@@ -238,6 +245,7 @@ def render_hitrate_report(curves: pd.DataFrame, path: str | os.PathLike, *,
                           title: str = "kvsim hit-rate curves", config: dict | None = None,
                           plotlyjs: str = "inline") -> Path:
     """Write miss-ratio curves (``curves``: columns policy, capacity_blocks, hit_rate)."""
+    from kvsim.reports import across_runs as cmp
     policies = sorted(curves["policy"].astype(str).unique()) if "policy" in curves else []
     header = (f"<h1>{esc(title)}</h1><p class=\"subtitle\"><b>{len(policies)}</b> policies · "
               f"<b>{esc(', '.join(policies)) or 'none'}</b></p>"
@@ -257,6 +265,7 @@ def write_hitrate_outputs(result: dict, out: Path, html: bool = True,
     """``hitrate.json`` (and ``hitrate.html``) of a hit-rate replay's ``result`` into the
     output directory ``out`` (given as ``option``), as ``kvsim hitrate --out`` writes them;
     ``{name: path}``."""
+    import pandas as pd
     written = {}
     with OutputDir(out, option=option):
         if html:

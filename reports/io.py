@@ -1,4 +1,4 @@
-"""Reading and writing result files, atomically, and downsampling a timeline.
+"""Reading and writing result files, atomically.
 
 Every writer goes through :func:`kvsim.output_file.replacing` (a temporary file in the
 target's own directory, then ``os.replace``), so a reader sees either the previous complete
@@ -13,22 +13,23 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import pandas as pd
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import replacing
+from kvsim.reports.columns import Columns
 from kvsim.reports.frames import (COMPARE_FILE, HITRATE_FILE, HITRATE_REPORT, INTEGER, NUMBER,
                                   NUMBER_COLUMNS, OBJECT, PHASE_COLUMNS, PLAN_FILE, REPORT_FILE,
                                   REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE, SUMMARY_OPTIONAL,
                                   SUMMARY_SHAPE, TEXT, TIMELINE_COLUMNS, TIMELINE_FILE,
-                                  TIMELINE_SUM_COLUMNS, VALIDATION_FILE, VALIDATION_REPORT,
-                                  add_phase_columns)
+                                  VALIDATION_FILE, VALIDATION_REPORT, add_phase_columns)
 
-DEFAULT_MAX_POINTS = 2000
+if TYPE_CHECKING:      # (pandas is loaded where a DataFrame is read or written)
+    import pandas as pd
 
 
 # --- atomic writers ----------------------------------------------------------------------------
@@ -65,9 +66,16 @@ def to_jsonable(value: Any) -> Any:
         return os.fspath(value)
     if value is None or isinstance(value, str):
         return value
-    if value is pd.NA or value is pd.NaT:
+    if is_pandas_missing(value):
         return None
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def is_pandas_missing(value: Any) -> bool:
+    """Whether ``value`` is pandas' ``NA`` or ``NaT`` (only when pandas is loaded: else no
+    value can be)."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and (value is pd.NA or value is pd.NaT)
 
 
 def dumps_json(obj: Any) -> str:
@@ -82,12 +90,13 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     return write_text_atomic(path, text)
 
 
-def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame, *,
+def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame | Columns, *,
                      float_format: str | None = None) -> Path:
-    """Write ``df`` as CSV (no index column) to ``path`` atomically: the bytes of pandas'
-    ``to_csv``, built column by column, :data:`CSV_CHUNK_ROWS` rows at a time, where every
-    column is numbers, booleans or text (several times faster on a long run's requests, in
-    memory that does not grow with them), else by pandas itself."""
+    """Write ``df`` (a DataFrame or :class:`Columns`) as CSV (no index column) to ``path``
+    atomically: the bytes of pandas' ``to_csv``, built column by column,
+    :data:`CSV_CHUNK_ROWS` rows at a time, where every column is numbers, booleans or text
+    (several times faster on a long run's requests, in memory that does not grow with them),
+    else by pandas itself."""
     def write(fh) -> None:
         if float_format is None:
             try:
@@ -96,7 +105,8 @@ def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame, *,
             except _NotByColumn:        # (found part-way: pandas writes the file again)
                 fh.seek(0)
                 fh.truncate()
-        df.to_csv(fh, index=False, float_format=float_format, lineterminator="\n")
+        frame = df.to_pandas() if isinstance(df, Columns) else df
+        frame.to_csv(fh, index=False, float_format=float_format, lineterminator="\n")
     return _atomic_write(path, write, binary=False)
 
 
@@ -108,7 +118,7 @@ class _NotByColumn(Exception):
     """A frame the column-by-column writer does not cover."""
 
 
-def csv_text(df: pd.DataFrame) -> str | None:
+def csv_text(df: pd.DataFrame | Columns) -> str | None:
     """``df.to_csv(index=False, lineterminator="\\n")``, or None for a frame it does not
     cover (a column of another type, text that is not ``str``, a single column)."""
     try:
@@ -117,7 +127,7 @@ def csv_text(df: pd.DataFrame) -> str | None:
         return None
 
 
-def csv_chunks(df: pd.DataFrame, rows: int | None = None):
+def csv_chunks(df: pd.DataFrame | Columns, rows: int | None = None):
     """The text of :func:`csv_text`, the header and then ``rows`` rows at a time; raises
     :class:`_NotByColumn` (when it is reached) for a frame it does not cover."""
     if len(df.columns) < 2:
@@ -125,23 +135,25 @@ def csv_chunks(df: pd.DataFrame, rows: int | None = None):
     rows = rows or CSV_CHUNK_ROWS
     yield ",".join(_quoted(str(name)) for name in df.columns) + "\n"
     for start in range(0, len(df), rows):
-        part = df.iloc[start:start + rows]
+        part = df.rows(slice(start, start + rows)) if isinstance(df, Columns) \
+            else df.iloc[start:start + rows]
         fields = [_csv_fields(part[name]) for name in df.columns]
         if any(column is None for column in fields):
             raise _NotByColumn
         yield "".join([",".join(row) + "\n" for row in zip(*fields)])
 
 
-def _csv_fields(column: pd.Series) -> list[str] | None:
-    """The CSV fields of one column as pandas writes them (``repr`` of floats, empty for
-    missing values), or None when it is not a column of numbers, booleans or text."""
+def _csv_fields(column) -> list[str] | None:
+    """The CSV fields of one column (a numpy array or a pandas Series) as pandas writes them
+    (``repr`` of floats, empty for missing values), or None when it is not a column of
+    numbers, booleans or text."""
     kind = column.dtype.kind
     if not isinstance(column.dtype, np.dtype):      # pandas' own types: only its text
         kind = "O" if kind == "O" else "?"
     if kind == "f":
         if column.dtype != np.float64:      # numpy prints narrower floats shorter
             return None
-        values = column.to_numpy()
+        values = np.asarray(column)
         fields = list(map(float.__repr__, values.tolist()))
         return ["" if f == "nan" else f for f in fields] if np.isnan(values).any() else fields
     if kind in "iu":
@@ -152,7 +164,8 @@ def _csv_fields(column: pd.Series) -> list[str] | None:
         return None
     fields = []
     for value in column.tolist():
-        if value is None or value is pd.NA or (value.__class__ is float and value != value):
+        if value is None or (value.__class__ is float and value != value) \
+                or is_pandas_missing(value):
             fields.append("")
         elif value.__class__ is str:
             fields.append(_quoted(value))
@@ -180,9 +193,11 @@ def require_parquet() -> None:
                          "pip install pyarrow)", field="output_format") from None
 
 
-def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame) -> Path:
-    """Write ``df`` as Parquet (pyarrow, no index) to ``path`` atomically."""
+def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame | Columns) -> Path:
+    """Write ``df`` (a DataFrame or :class:`Columns`) as Parquet (pyarrow, no index) to
+    ``path`` atomically."""
     require_parquet()
+    df = df.to_pandas() if isinstance(df, Columns) else df
     return _atomic_write(path, lambda fh: df.to_parquet(fh, index=False, engine="pyarrow"),
                          binary=True)
 
@@ -190,6 +205,7 @@ def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame) -> Path:
 def _read_frame(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     """``path`` (a .csv), or the .parquet beside it when only that exists, checked by
     :func:`_check_frame`."""
+    import pandas as pd
     parquet = path.with_suffix(".parquet")
     if path.is_file() or not parquet.is_file():
         return _check_frame(_read_csv(path), columns, path)
@@ -212,6 +228,7 @@ def _ends_a_line(path: Path) -> bool:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
     if not path.is_file():
         raise KvsimError("no such file: is this a kvsim run directory?", location=str(path))
     if not _ends_a_line(path):
@@ -228,6 +245,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 def _check_frame(df: pd.DataFrame, columns: tuple[str, ...], source: Path) -> pd.DataFrame:
     """``df`` when it has ``columns``, and numbers in those of its contract's columns that
     hold numbers; else a KvsimError naming ``source`` and what is missing or not a number."""
+    import pandas as pd
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise KvsimError(f"missing columns: {', '.join(missing)}", location=str(source))
@@ -327,64 +345,3 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
                          f"summary.json counts {steps:,} (a file cut short, or of another run)",
                          location=str(out / TIMELINE_FILE))
     return summary, requests, timeline
-
-
-# --- downsampling ------------------------------------------------------------------------------
-
-def downsample(df: pd.DataFrame, max_points: int = DEFAULT_MAX_POINTS, *,
-               sum_columns=TIMELINE_SUM_COLUMNS) -> pd.DataFrame:
-    """Merge runs of consecutive rows so that at most ``max_points`` rows remain.
-
-    Meant for timeline frames: ``time_s`` keeps each group's first value, ``sum_columns``
-    (event counts, ``interval_s``) are summed, other numeric columns are averaged weighted by
-    ``interval_s`` when present, and the rates ``throughput_tokens_per_s`` and
-    ``prefix_hit_rate`` are recomputed from the summed counts. A frame already small enough is
-    returned unchanged.
-    """
-    if max_points < 1:
-        raise ValueError("max_points must be >= 1")
-    n = len(df)
-    if n <= max_points:
-        return df
-    group_size = math.ceil(n / max_points)
-    groups = np.arange(n) // group_size
-    numeric = df.select_dtypes(include="number")
-    weights = (df["interval_s"].to_numpy(dtype=float) if "interval_s" in df
-               else np.ones(n))
-    weights = np.where(np.isfinite(weights) & (weights > 0), weights, 0.0)
-    out = {}
-    for col in df.columns:
-        if col == "time_s" or col not in numeric:
-            out[col] = df[col].groupby(groups).first().to_numpy()
-        elif col in sum_columns:
-            out[col] = numeric[col].groupby(groups).sum(min_count=1).to_numpy()
-        else:
-            out[col] = _weighted_mean(numeric[col].to_numpy(dtype=float), weights, groups)
-    result = pd.DataFrame(out, columns=list(df.columns))
-    _recompute_rates(result)
-    return result
-
-
-def _weighted_mean(values: np.ndarray, weights: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Per-group weighted mean ignoring NaN values; groups with no weight fall back to mean."""
-    ok = np.isfinite(values)
-    w = np.where(ok, weights, 0.0)
-    v = np.where(ok, values, 0.0)
-    num = np.bincount(groups, weights=v * w)
-    den = np.bincount(groups, weights=w)
-    cnt = np.bincount(groups, weights=ok.astype(float))
-    plain = np.bincount(groups, weights=v)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / den, np.where(cnt > 0, plain / cnt, np.nan))
-
-
-def _recompute_rates(df: pd.DataFrame) -> None:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if {"throughput_tokens_per_s", "output_tokens", "interval_s"} <= set(df.columns):
-            iv = df["interval_s"].to_numpy(dtype=float)
-            tok = df["output_tokens"].to_numpy(dtype=float)
-            df["throughput_tokens_per_s"] = np.where(iv > 0, tok / iv, np.nan)
-        if {"prefix_hit_rate", "prefix_hit_tokens", "prefix_queries_tokens"} <= set(df.columns):
-            q = df["prefix_queries_tokens"].to_numpy(dtype=float)
-            h = df["prefix_hit_tokens"].to_numpy(dtype=float)
-            df["prefix_hit_rate"] = np.where(q > 0, h / q, np.nan)

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from kvsim.reports.frames import PHASE_COLUMNS, add_phase_columns
+from kvsim.reports.columns import Columns, as_columns
+from kvsim.reports.frames import PHASE_COLUMNS
 from kvsim.reports.plot import Figure, bar
 from kvsim.reports.style import empty_figure, fmt_pct, fmt_seconds, style_figure
 
@@ -15,38 +15,49 @@ PHASES = (("queue_s", "queueing", "#dc2626"), ("prefill_s", "prefill", "#f59e0b"
 MAX_BARS = 120
 
 
-def completed_phases(requests: pd.DataFrame) -> pd.DataFrame:
-    """The completed requests with their phase columns (computed if the frame lacks them)."""
-    done = requests[requests.get("completed", pd.Series(dtype=int)) == 1]
+def completed_phases(requests) -> Columns:
+    """The completed requests (a requests frame's), in arrival order, with their phase
+    columns (computed if the frame lacks them)."""
+    requests = as_columns(requests)
+    if "completed" not in requests:
+        return Columns({name: requests[name][:0] for name in requests.columns})
+    done = requests.rows(requests["completed"] == 1)
     if not set(PHASE_COLUMNS) <= set(done.columns):
-        done = add_phase_columns(done.copy())
-    return done.sort_values("arrival_s")
+        done = Columns({**{name: done[name] for name in done.columns},
+                        **{column: done[end] - done[start]
+                           for column, (start, end) in PHASE_COLUMNS.items()}})
+    return done.rows(np.argsort(done["arrival_s"], kind="stable"))
 
 
-def phase_shares(requests: pd.DataFrame) -> dict[str, float]:
+def phase_shares(requests) -> dict[str, float]:
     """Each phase's share of all completed requests' end-to-end time."""
     done = completed_phases(requests)
-    totals = {col: float(done[col].sum()) for col, _, _ in PHASES}
+    totals = {col: float(np.nansum(done[col])) for col, _, _ in PHASES}
     whole = sum(totals.values())
     return {col: (t / whole if whole else 0.0) for col, t in totals.items()}
 
 
-def time_split_figure(requests: pd.DataFrame) -> Figure:
+def time_split_figure(requests) -> Figure:
     """Mean queueing, prefill and decode seconds of the requests arriving in each of at most
     :data:`MAX_BARS` equal arrival-time bins, stacked: a bar's height is their mean E2E
     latency (bins by time, not by count: requests sharing an arrival time share one bar)."""
     done = completed_phases(requests)
-    if done.empty:
+    if not len(done):
         return empty_figure("Where time goes", "no completed requests")
-    bins, at = arrival_bins(done["arrival_s"].to_numpy(dtype=float))
-    means = done.groupby(bins)[[c for c, _, _ in PHASES]].mean()
-    count = done.groupby(bins).size()
-    x = at[means.index.to_numpy()]
+    bins, at = arrival_bins(done["arrival_s"].astype(float))
+    count = np.bincount(bins)
+    shown = np.flatnonzero(count)           # (the bins holding a request)
+    x, count = at[shown], count[shown]
     width = float(at[1] - at[0]) * 0.95 if len(at) > 1 else None
     fig = Figure()
     for col, name, color in PHASES:
+        values = done[col].astype(float)
+        present = ~np.isnan(values)         # (a mean over the values there are)
+        sums = np.bincount(bins, weights=np.where(present, values, 0.0))[shown]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = sums / np.bincount(bins, weights=present)[shown]
         fig.add_trace(bar(
-            x=x, y=means[col], width=width, name=name, marker=dict(color=color),
+            x=x, y=means, width=width, name=name, marker=dict(color=color),
             customdata=count, hovertemplate=f"{name} %{{y:.3f}} s (mean of %{{customdata}} "
             "requests arriving near %{x:.1f} s)<extra></extra>"))
     fig.update_layout(barmode="stack", bargap=0.05)
@@ -67,11 +78,12 @@ def arrival_bins(arrivals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return bins, lo + (np.arange(num) + 0.5) * width
 
 
-def time_split_note(requests: pd.DataFrame) -> str:
+def time_split_note(requests) -> str:
     """One sentence: the phases' shares of all end-to-end time, and what each measures."""
     shares = phase_shares(requests)
     done = completed_phases(requests)
-    mean = float(done["e2e_s"].mean()) if len(done) else float("nan")
+    e2e = done["e2e_s"].astype(float)
+    mean = float(np.nanmean(e2e)) if len(done) and not np.isnan(e2e).all() else float("nan")
     parts = ", ".join(f"{name} {fmt_pct(shares[col])}" for col, name, _ in PHASES)
     return (f"Of all completed requests' end-to-end time (mean {fmt_seconds(mean)}): {parts}. "
             "Queueing: arrival to first scheduled; prefill: first scheduled to first token "

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvsim.errors import KvsimError
 from kvsim.reports.bench import write_bench_json
+from kvsim.reports.columns import Columns
 from kvsim.reports.frames import (BENCH_FILE, OUTPUT_FORMATS, REPORT_FILE, REQUESTS_FILE, SUMMARY_FILE,
                      TIMELINE_FILE)
 from kvsim.reports.html import render_run_report
 from kvsim.reports.io import require_parquet, write_csv_atomic, write_json_atomic, write_parquet_atomic
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def write_frames(out: Path, requests_df: pd.DataFrame, timeline_df: pd.DataFrame,
+
+def write_frames(out: Path, requests_df: pd.DataFrame | Columns,
+                 timeline_df: pd.DataFrame | Columns,
                  output_format: str = "csv") -> dict[str, Path]:
-    """``requests`` and ``timeline`` as CSV or Parquet files in ``out``."""
+    """``requests`` and ``timeline`` (DataFrames, or :class:`Columns` as ``kvsim run`` builds
+    them) as CSV or Parquet files in ``out``."""
     if output_format not in OUTPUT_FORMATS:
         raise KvsimError(f"expected one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}",
                          field="output_format")
@@ -33,8 +38,9 @@ def write_frames(out: Path, requests_df: pd.DataFrame, timeline_df: pd.DataFrame
             "timeline": write_csv_atomic(out / TIMELINE_FILE, timeline_df)}
 
 
-def write_run_outputs(out_dir: str | os.PathLike, summary: dict, requests_df: pd.DataFrame,
-                      timeline_df: pd.DataFrame, html: bool = True, *,
+def write_run_outputs(out_dir: str | os.PathLike, summary: dict,
+                      requests_df: pd.DataFrame | Columns, timeline_df: pd.DataFrame | Columns,
+                      html: bool = True, *,
                       plotlyjs: str = "inline", output_format: str = "csv",
                       bench: bool = False) -> dict[str, Path]:
     """Write a run's result files into ``out_dir``; returns ``{name: path}``.

@@ -12,7 +12,7 @@ top (docs/architecture.md):
 - ``reports/`` (result frames to files and pages), beside the engine: never ``cache/``,
   ``sim/`` or ``real_backend/``;
 - ``sim/`` above ``cache/`` (and ``workloads/``); of ``reports/`` it sees only the output
-  contract, ``reports/frames.py``;
+  contract, ``reports/frames.py``, and the frame type, ``reports/columns.py``;
 - ``real_backend/`` above ``sim/``;
 - the top: the root modules (``cli.py`` and its command modules, ``pipeline``, ``api``...),
   which no room below imports.
@@ -34,7 +34,7 @@ ALLOWED = {
     "workloads": set(),
     "cache": set(),
     "reports": set(),
-    "sim": {"cache", "workloads", "kvsim.reports.frames"},
+    "sim": {"cache", "workloads", "kvsim.reports.frames", "kvsim.reports.columns"},
     "real_backend": {"sim", "cache", "workloads", "reports"},
     "top": {"top", "sim", "cache", "workloads", "reports", "real_backend"},
 }

@@ -13,6 +13,7 @@ import pytest
 from kvsim.errors import KvsimError
 from kvsim.reports import frames
 from kvsim.reports import io as rio
+from kvsim.reports.downsample import downsample
 from kvsim.reports import run_outputs
 from synthetic_runs import synthetic_run
 
@@ -210,12 +211,12 @@ def test_read_reports_bad_files(tmp_path, run):
 
 def test_downsample_keeps_small_frames(run):
     timeline = run[2]
-    assert rio.downsample(timeline, 1000) is timeline
+    assert downsample(timeline, 1000) is timeline
 
 
 def test_downsample_preserves_totals_and_recomputes_rates():
     _, _, timeline = synthetic_run(num_requests=50, timeline_rows=10_001, seed=3)
-    small = rio.downsample(timeline, 2000)
+    small = downsample(timeline, 2000)
     assert len(small) <= 2000
     assert list(small.columns) == list(timeline.columns)
     for col in ("output_tokens", "preemptions", "swap_out_blocks", "num_steps",
@@ -237,12 +238,12 @@ def test_downsample_preserves_totals_and_recomputes_rates():
 def test_downsample_handles_nan_and_rejects_bad_max():
     df = pd.DataFrame({"time_s": np.arange(10.0), "interval_s": 1.0,
                        "kv_usage": [np.nan] * 5 + [0.5] * 5, "preemptions": 1})
-    small = rio.downsample(df, 2)
+    small = downsample(df, 2)
     assert len(small) == 2
     assert np.isnan(small["kv_usage"].iloc[0]) and small["kv_usage"].iloc[1] == 0.5
     assert list(small["preemptions"]) == [5, 5]
     with pytest.raises(ValueError):
-        rio.downsample(df, 0)
+        downsample(df, 0)
 
 
 def test_empty_run_round_trips_and_renders(tmp_path):

@@ -38,8 +38,8 @@ def test_rejected_length_and_stop_are_told_apart_and_only_generated_tokens_count
     assert (summary["num_rejected"], summary["num_stopped_by_length"]) == (1, 1)
     assert summary["throughput_output_tokens_per_s"] * summary["duration_s"] == \
         pytest.approx(262)
-    tpot = df.loc[2, "finish_s"] - df.loc[2, "first_token_s"]
-    assert df.loc[2, "tpot_s"] == pytest.approx(tpot / 211)
+    tpot = df["finish_s"][2] - df["first_token_s"][2]
+    assert df["tpot_s"][2] == pytest.approx(tpot / 211)
 
 
 def test_truncate_runs_what_reject_refuses():

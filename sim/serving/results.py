@@ -1,13 +1,17 @@
 """Turn a :class:`~kvsim.sim.serving.runner.RunResult` into the output contract: ``summary.json``'s
-dict and the ``requests`` and ``timeline`` frames (see ``docs/frames.md``)."""
+dict and the ``requests`` and ``timeline`` frames (see ``docs/frames.md``), as
+:class:`~kvsim.reports.columns.Columns` (what ``kvsim run`` writes and draws) or as pandas
+DataFrames (the Python API's)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from kvsim.sim.perf.model_summary import kv_extra, model_info
 from kvsim.sim.perf.models import resolve_model
+from kvsim.reports.columns import Columns
 from kvsim.reports.frames import PHASE_COLUMNS, REQUEST_COLUMNS, SUMMARY_PERCENTILES
 from kvsim.reports.frames import TIMELINE_COLUMNS
 
@@ -16,11 +20,14 @@ from kvsim.sim.serving.recorder import REQUEST_COLUMNS as LOG_COLUMNS
 from kvsim.sim.serving.runner import RunResult
 from kvsim.sim.serving.step_totals import StepTotals, Timeline
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 FRAGMENT_COLUMNS = ("frag_token_states", "frag_reservation", "frag_internal", "frag_external",
                     "frag_free")
 
 
-def requests_frame(result: RunResult) -> pd.DataFrame:
+def request_columns(result: RunResult) -> Columns:
     """One row per request, in arrival order, with its latencies. The logged columns are
     views of the log, not copies (the log no longer grows once the run is over)."""
     cols = {k: np.frombuffer(v, dtype=np.float64 if LOG_COLUMNS[k] == "d" else np.int64)
@@ -33,16 +40,21 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
                 finish_reason=np.asarray(FINISH_REASONS, dtype=object)[cols["finish_reason"]])
     for column, (start, end) in PHASE_COLUMNS.items():    # as reports.frames.add_phase_columns
         cols[column] = cols[end] - cols[start]
-    return pd.DataFrame({k: cols[k] for k in REQUEST_COLUMNS}, copy=False)
+    return Columns({k: cols[k] for k in REQUEST_COLUMNS})
+
+
+def requests_frame(result: RunResult) -> pd.DataFrame:
+    """:func:`request_columns` as a DataFrame."""
+    return request_columns(result).to_pandas()
 
 
 def steps_frame(result: RunResult) -> pd.DataFrame:
     """One row per engine step (per replica): only for a run simulated with ``keep_steps``."""
-    return pd.DataFrame(result.steps.columns)
+    return Columns(result.steps.columns).to_pandas()
 
 
-def _percentiles(values: pd.Series) -> dict:
-    v = values.dropna().to_numpy()
+def _percentiles(values: np.ndarray) -> dict:
+    v = values[~np.isnan(values)]
     names = [f"p{p}" for p in SUMMARY_PERCENTILES]
     if not len(v):
         return dict.fromkeys(["mean", *names])
@@ -79,21 +91,21 @@ def _step_means(steps: StepTotals):
     return steps.time_average if steps.num_steps and steps.sum("duration") else None
 
 
-def _latencies(requests: pd.DataFrame) -> dict:
+def _latencies(requests: Columns) -> dict:
     """Counts and latency percentiles of the completed requests (column by column, so no
     filtered copy of the whole frame is made)."""
-    done = (requests["completed"] == 1).to_numpy()
-    stopped = (requests["finish_reason"] == "length").to_numpy() & done
+    done = requests["completed"] == 1
+    stopped = (requests["finish_reason"] == "length") & done
     return {
         "num_completed": int(done.sum()),
         "num_stopped_by_length": int(stopped.sum()),
-        "generated": int(requests["generated_tokens"].to_numpy()[done].sum()),
-        "prompt": int(requests["prompt_tokens"].to_numpy()[done].sum()),
+        "generated": int(requests["generated_tokens"][done].sum()),
+        "prompt": int(requests["prompt_tokens"][done].sum()),
         **{k: _percentiles(requests[k][done]) for k in ("ttft_s", "tpot_s", "e2e_s")},
     }
 
 
-def build_summary(result: RunResult, requests: pd.DataFrame) -> dict:
+def build_summary(result: RunResult, requests: Columns) -> dict:
     """The ``summary.json`` dict (keys are a stable contract: see ``../shared/DESIGN.md``)."""
     cfg, dep = result.config, result.deployment
     steps = result.steps.totals
@@ -194,40 +206,49 @@ def _compaction(result: RunResult) -> dict:
             "external_after": sum(s.external_after_sum for s in stats) / n if n else 0.0}
 
 
-def timeline_frame(timeline: Timeline, pool_blocks: int, block_size: int,
-                   num_replicas: int = 1) -> pd.DataFrame:
+def timeline_columns(timeline: Timeline, pool_blocks: int, block_size: int,
+                     num_replicas: int = 1) -> Columns:
     """The closed :class:`~kvsim.sim.serving.step_totals.Timeline` as ``timeline.csv``'s frame: at
     most ``MAX_TIMELINE_ROWS`` rows of a power-of-two width (the smallest that covers the run,
     and no more rows than steps); states are time averages over each row's interval (blocks
     summed over replicas), counts are the steps ending in it. Shares are of all replicas'
     pools."""
-    grid = pd.DataFrame(timeline.rows())
-    return _finish_timeline(grid, pool_blocks * num_replicas, block_size)
-
-
-def _finish_timeline(grid: pd.DataFrame, pool_blocks: int, block_size: int) -> pd.DataFrame:
+    grid = timeline.rows()
+    pool_blocks *= num_replicas
     slots = pool_blocks * block_size
     grid["throughput_tokens_per_s"] = grid["output_tokens"] / grid["interval_s"]
     grid["kv_free_blocks"] = pool_blocks - grid["kv_used_blocks"] - grid["kv_cached_idle_blocks"]
     grid["kv_usage"] = grid["kv_used_blocks"] / pool_blocks
-    grid["frag_token_states"] = grid["token_slots"] / slots
-    grid["frag_reservation"] = grid["reserved_slots"] / slots
-    grid["frag_internal"] = grid["internal_slots"] / slots
-    grid["frag_external"] = grid["external_slots"] / slots
-    grid["frag_free"] = (1.0 - grid[list(FRAGMENT_COLUMNS[:-1])].sum(axis=1)).clip(lower=0)
+    for share, column in zip(FRAGMENT_COLUMNS, ("token_slots", "reserved_slots",
+                                                "internal_slots", "external_slots")):
+        grid[share] = grid[column] / slots
+    taken = [np.nan_to_num(grid[share], nan=0.0) for share in FRAGMENT_COLUMNS[:-1]]
+    grid["frag_free"] = np.maximum(1.0 - (((taken[0] + taken[1]) + taken[2]) + taken[3]), 0)
     q = grid["prefix_queries_tokens"]
-    grid["prefix_hit_rate"] = (grid["prefix_hit_tokens"] / q.where(q > 0)).fillna(0.0)
-    drop = ["token_slots", "internal_slots", "reserved_slots", "external_slots"]
-    return grid.drop(columns=drop).reset_index(drop=True)[list(TIMELINE_COLUMNS)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        grid["prefix_hit_rate"] = np.where(q > 0, grid["prefix_hit_tokens"] / q, 0.0)
+    return Columns({name: grid[name] for name in TIMELINE_COLUMNS})
+
+
+def timeline_frame(timeline: Timeline, pool_blocks: int, block_size: int,
+                   num_replicas: int = 1) -> pd.DataFrame:
+    """:func:`timeline_columns` as a DataFrame."""
+    return timeline_columns(timeline, pool_blocks, block_size, num_replicas).to_pandas()
+
+
+def run_columns(result: RunResult) -> tuple[dict, Columns, Columns]:
+    """``(summary, requests, timeline)`` of a finished simulation, as written and drawn."""
+    requests = request_columns(result)
+    summary = build_summary(result, requests)
+    timeline = timeline_columns(result.steps.timeline, result.deployment.num_gpu_blocks,
+                                result.config.block_size, result.config.replicas)
+    return summary, requests, timeline
 
 
 def run_frames(result: RunResult) -> tuple[dict, pd.DataFrame, pd.DataFrame | None,
                                            pd.DataFrame]:
-    """``(summary, requests, steps, timeline)`` of a finished simulation; ``steps`` is
-    ``None`` unless it was simulated with ``keep_steps``."""
-    requests = requests_frame(result)
-    summary = build_summary(result, requests)
+    """``(summary, requests, steps, timeline)`` of a finished simulation as DataFrames;
+    ``steps`` is ``None`` unless it was simulated with ``keep_steps``."""
+    summary, requests, timeline = run_columns(result)
     steps = steps_frame(result) if result.steps.keep_steps else None
-    timeline = timeline_frame(result.steps.timeline, result.deployment.num_gpu_blocks,
-                              result.config.block_size, result.config.replicas)
-    return summary, requests, steps, timeline
+    return summary, requests.to_pandas(), steps, timeline.to_pandas()
