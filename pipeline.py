@@ -19,7 +19,6 @@ from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.style import long_prompt_advice
 from kvsim.reports.outdir import OutputDir
-from kvsim.reports.terminal import ProgressLines, RunProgress
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
@@ -216,7 +215,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
                    notes: bool = False):
     """:func:`run_job`, returning ``(summary, requests, timeline)`` (the frames as
     :class:`~kvsim.reports.columns.Columns`)."""
-    console = _stderr_console()
+    console = None if quiet else _stderr_console()   # (rich: only for someone to read)
     bar = not quiet and (progress if progress is not None else console.is_terminal)
     if job.output_format == "parquet":
         require_parquet()
@@ -236,9 +235,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
             say(f"{rows_text(total)} of the trace hold{'s' * (total == 1)} no "
                 f"request to run and {'are' if total != 1 else 'is'} left out: "
                 f"{left_out_text(scan.left_out)}")
-        show = None if quiet else (
-            RunProgress(scan.span_s, scan.num_requests, True, console=console) if bar
-            else ProgressLines("simulating", scan.num_requests))
+        show = None if quiet else _progress(scan, bar, console)
         with show or nullcontext():
             left_out = Counter()
             requests, sharing = read_scanned(partial(load_trace, job.trace_path,
@@ -333,6 +330,14 @@ def run_outputs(result):
     """(summary, requests, timeline) of a finished simulation, the frames as
     :class:`~kvsim.reports.columns.Columns` (no pandas)."""
     return results.run_columns(result)
+
+
+def _progress(scan: TraceScan, bar: bool, console):
+    """A progress bar over the trace's span (at a terminal), else a line now and then."""
+    from kvsim.reports.terminal import ProgressLines, RunProgress
+    if bar:
+        return RunProgress(scan.span_s, scan.num_requests, True, console=console)
+    return ProgressLines("simulating", scan.num_requests)
 
 
 def _stderr_console():

@@ -27,7 +27,8 @@ _AXIS_KEY = re.compile(r"^([xy])axis(\d*)$")
 #: numpy dtypes plotly.js reads from base64 (its typed-array spec), by their short names.
 _TYPED = {"int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4",
           "uint32": "u4", "float32": "f4", "float64": "f8"}
-_HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "/": "\\u002f"})
+#: Characters a figure's JSON escapes, so that it can sit inside a <script> element.
+_HTML_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("/", "\\u002f"))
 
 
 def scatter(**props) -> dict:
@@ -241,7 +242,10 @@ def _merge(target: dict, props: dict) -> None:
 
 
 def _json(obj) -> str:
-    return json.dumps(_plain(obj), separators=(",", ":")).translate(_HTML_SAFE)
+    text = json.dumps(_plain(obj), separators=(",", ":"))
+    for char, escaped in _HTML_SAFE:      # (str.replace: a C scan each, ten times faster
+        text = text.replace(char, escaped)  # than one str.translate through a table)
+    return text
 
 
 def _plain(value):
