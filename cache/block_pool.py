@@ -174,6 +174,11 @@ class BlockPool:
         # what a block holds: nothing, content in the index, or content nothing can reach
         self._content = np.zeros(num_blocks, dtype=np.int8)
         self._free = FreeQueue(num_blocks)
+        # whether every free block holding nothing is ahead of every free cached one in the
+        # queue (freed empty blocks go to its head, cached ones to its tail), so that taking
+        # ``n`` blocks evicts exactly those past the empty ones; only a block released to the
+        # tail (the hybrid layout's) behind cached ones ends it
+        self._empty_first = True
 
     # --- queries -------------------------------------------------------------------------
 
@@ -210,19 +215,32 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue, evicting their cached content."""
-        if n > len(self._free):
-            raise ValueError(f"cannot get {n} free blocks: only {len(self._free)} are free")
+        num_free = len(self._free)
+        if n > num_free:
+            raise ValueError(f"cannot get {n} free blocks: only {num_free} are free")
         taken = self._free.popleft(n)
         self.ref_counts[taken] = 1
-        self._evict(taken)
+        if not self._empty_first:
+            self._evict(taken)
+            return taken.tolist()
+        cached = n - (num_free - self.num_cached_free_blocks)   # (the empty ones come first)
+        if cached > 0:
+            self._forget(taken[n - cached:], cached)
         return taken.tolist()
 
     def _evict(self, block_ids: np.ndarray) -> None:
         """Forget the cached content of ``block_ids`` (just taken from the free queue)."""
         content = self._content[block_ids]
         num_evicted = np.count_nonzero(content)
-        if not num_evicted:
-            return
+        if num_evicted:
+            self._forget(block_ids, num_evicted, content)
+
+    def _forget(self, block_ids: np.ndarray, num_evicted: int,
+                content: np.ndarray | None = None) -> None:
+        """Evict ``num_evicted`` cached blocks among ``block_ids`` (all of them when
+        ``content``, their marks, is not given)."""
+        if self.index._map and content is None:
+            content = self._content[block_ids]
         self._content[block_ids] = 0
         self.num_cached_free_blocks -= num_evicted
         self.num_evictions += num_evicted
@@ -329,6 +347,8 @@ class BlockPool:
         ids = _array(block_ids)
         free = ids[self.ref_counts[ids] == 0]
         if len(free):
+            if self.num_cached_free_blocks and not self._content[free].all():
+                self._empty_first = False         # (an empty block behind cached ones)
             self._free.move_many_to_end(free)
 
     def claim(self, block_ids) -> None:
@@ -350,6 +370,8 @@ class BlockPool:
         if len(wrong):
             raise ValueError(f"block {wrong[0]} was not claimed")
         self.ref_counts[ids] = 0
+        if self.num_cached_free_blocks:       # (empty blocks behind cached ones)
+            self._empty_first = False
         self._free.extend(ids)
 
     def can_reset(self) -> bool:
@@ -363,4 +385,5 @@ class BlockPool:
         self.block_hashes = [None] * self.num_blocks
         self._content[:] = 0
         self.num_cached_free_blocks = 0
+        self._empty_first = True
         return True

@@ -88,6 +88,19 @@ class FreeQueue:
             raise ValueError(f"cannot take {n} blocks: only {self._len} are queued")
         if n <= 0:
             return _NONE
+        if not self._num_stale:         # (the usual case: the first segment holds them all)
+            segment = self._segments[0]
+            ids, start = segment[0], segment[2]
+            end = start + n
+            if end <= len(ids):
+                taken = ids[start:end]
+                if end == len(ids):
+                    self._segments.popleft()
+                else:
+                    segment[2] = end
+                self._serial[taken] = _NOT_QUEUED
+                self._len -= n
+                return taken
         parts, want = [], n
         while want:
             part = self._take_from_first(want)

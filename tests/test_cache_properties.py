@@ -241,6 +241,13 @@ class CacheMachine(RuleBasedStateMachine):
             assert hashed == []
 
     @invariant()
+    def empty_free_blocks_come_first_while_the_pool_counts_on_it(self):
+        pool = self.m.pool
+        if pool._empty_first:
+            cached = [pool.is_cached(b) for b in pool.free_queue()]
+            assert cached == sorted(cached)     # (False, the empty ones, first)
+
+    @invariant()
     def matches_the_reference_model(self):
         m, model = self.m, self.model
         assert m.free_queue() == model.queue
