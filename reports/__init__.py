@@ -7,7 +7,7 @@ of caches or simulation. Public API:
 - the output contract (files, frame columns) in :mod:`kvsim.reports.frames`;
 - :func:`write_run_outputs` (:mod:`kvsim.reports.run_outputs`), :func:`read_run_outputs` and
   the atomic writers in :mod:`kvsim.reports.io`, :func:`downsample`
-  (:mod:`kvsim.reports.downsample`);
+  (:mod:`kvsim.reports.downsampling`);
 - :func:`render_run_report`, :func:`render_compare_report`, :func:`render_hitrate_report`;
 - :func:`print_summary`, :class:`RunProgress`;
 - :func:`rerender_report` (``kvsim report DIR``).
@@ -19,7 +19,7 @@ from importlib import import_module
 #: output contract (``kvsim.reports.frames``, as the settings do) loads no HTML or plotly.
 _WHERE = {
     "render_compare_report": "html", "render_hitrate_report": "html", "render_run_report": "html",
-    "downsample": "downsample", "read_run_outputs": "io", "write_csv_atomic": "io",
+    "downsample": "downsampling", "read_run_outputs": "io", "write_csv_atomic": "io",
     "write_json_atomic": "io", "write_text_atomic": "io", "write_run_outputs": "run_outputs",
     "rerender_report": "rerender", "RunProgress": "terminal", "print_summary": "terminal",
     "summary_table": "terminal",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvsim.reports.columns import Columns
+from kvsim.reports.columns import Columns, as_frame
 from kvsim.reports.io import write_json_atomic
 
 if TYPE_CHECKING:
@@ -72,8 +72,7 @@ def bench_result(summary: dict, requests: pd.DataFrame | Columns, *, detailed: b
                  date: str | None = None) -> dict:
     """The benchmark-shaped dict of a run (``summary.json``'s dict and its requests frame);
     ``detailed`` adds the per-request lists (vLLM's ``--save-detailed``)."""
-    if isinstance(requests, Columns):
-        requests = requests.to_pandas()
+    requests = as_frame(requests)
     config = summary.get("config", {})
     done = requests[requests["completed"] == 1]
     duration = float(summary.get("duration_s") or 0.0)

@@ -14,6 +14,7 @@ is asked for: the Python API's results, Parquet, ``bench.json``, result files re
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -26,7 +27,7 @@ class Columns:
     __slots__ = ("_data", "_len")
 
     def __init__(self, data: Mapping[str, Any]):
-        self._data = {str(name): np.asarray(values) for name, values in data.items()}
+        self._data = {str(name): _array(values) for name, values in data.items()}
         lengths = {len(values) for values in self._data.values()}
         if len(lengths) > 1:
             raise ValueError(f"columns of different lengths: {sorted(lengths)}")
@@ -58,12 +59,32 @@ class Columns:
         return pd.DataFrame(self._data, copy=False)
 
 
+def _array(values) -> np.ndarray:
+    """``values`` as a numpy array, text as Python strings (``object``, as pandas keeps it)."""
+    array = np.asarray(values)
+    return array.astype(object) if array.dtype.kind == "U" else array
+
+
+def as_frame(frame):
+    """``frame`` (a pandas DataFrame, or :class:`Columns`) as a pandas DataFrame."""
+    return frame.to_pandas() if isinstance(frame, Columns) else frame
+
+
 def as_columns(frame) -> Columns:
     """``frame`` (:class:`Columns`, or a pandas DataFrame) as :class:`Columns` (a
     DataFrame's columns as numpy arrays)."""
     if isinstance(frame, Columns):
         return frame
     return Columns({name: frame[name].to_numpy() for name in frame.columns})
+
+
+def is_missing(value: Any) -> bool:
+    """Whether one value of a column is missing: None, a float NaN, or pandas' ``NA`` or
+    ``NaT`` (only when pandas is loaded: else no value can be)."""
+    if value is None or (value.__class__ is float and value != value):
+        return True
+    pd = sys.modules.get("pandas")
+    return pd is not None and (value is pd.NA or value is pd.NaT)
 
 
 def numbers(values: np.ndarray) -> np.ndarray:

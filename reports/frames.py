@@ -138,9 +138,15 @@ SUMMARY_OPTIONAL = frozenset({
     "trace_rows_left_out",
 })
 
+def phase_columns(requests) -> dict:
+    """The :data:`PHASE_COLUMNS` of a requests frame (a DataFrame, :class:`Columns`, or a
+    dict of its columns) from its timestamps (NaN until the phase has ended)."""
+    return {column: requests[end] - requests[start]
+            for column, (start, end) in PHASE_COLUMNS.items()}
+
+
 def add_phase_columns(requests: pd.DataFrame) -> pd.DataFrame:
-    """Set the :data:`PHASE_COLUMNS` of a requests frame from its timestamps (NaN until the
-    phase has ended); returns the frame."""
-    for column, (start, end) in PHASE_COLUMNS.items():
-        requests[column] = requests[end] - requests[start]
+    """Set the :data:`PHASE_COLUMNS` of a requests frame; returns the frame."""
+    for column, values in phase_columns(requests).items():
+        requests[column] = values
     return requests

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 from kvsim.reports import figures as figs
 from kvsim.reports import phases
 from kvsim.reports.columns import Columns, as_columns
-from kvsim.reports.downsample import DEFAULT_MAX_POINTS, downsample
+from kvsim.reports.downsampling import DEFAULT_MAX_POINTS, downsample
 from kvsim.reports.frames import HITRATE_FILE, HITRATE_REPORT
 from kvsim.reports.io import write_json_atomic
 from kvsim.reports.outdir import OutputDir

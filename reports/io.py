@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -21,7 +20,8 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.output_file import replacing
-from kvsim.reports.columns import Columns
+from kvsim.reports.columns import Columns, as_frame, is_missing
+from kvsim.reports.downsampling import DEFAULT_MAX_POINTS, downsample  # noqa: F401 (its old home)
 from kvsim.reports.frames import (COMPARE_FILE, HITRATE_FILE, HITRATE_REPORT, INTEGER, NUMBER,
                                   NUMBER_COLUMNS, OBJECT, PHASE_COLUMNS, PLAN_FILE, REPORT_FILE,
                                   REQUEST_COLUMNS, REQUESTS_FILE, SUMMARY_FILE, SUMMARY_OPTIONAL,
@@ -66,16 +66,9 @@ def to_jsonable(value: Any) -> Any:
         return os.fspath(value)
     if value is None or isinstance(value, str):
         return value
-    if is_pandas_missing(value):
+    if is_missing(value):
         return None
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
-
-
-def is_pandas_missing(value: Any) -> bool:
-    """Whether ``value`` is pandas' ``NA`` or ``NaT`` (only when pandas is loaded: else no
-    value can be)."""
-    pd = sys.modules.get("pandas")
-    return pd is not None and (value is pd.NA or value is pd.NaT)
 
 
 def dumps_json(obj: Any) -> str:
@@ -105,8 +98,7 @@ def write_csv_atomic(path: str | os.PathLike, df: pd.DataFrame | Columns, *,
             except _NotByColumn:        # (found part-way: pandas writes the file again)
                 fh.seek(0)
                 fh.truncate()
-        frame = df.to_pandas() if isinstance(df, Columns) else df
-        frame.to_csv(fh, index=False, float_format=float_format, lineterminator="\n")
+        as_frame(df).to_csv(fh, index=False, float_format=float_format, lineterminator="\n")
     return _atomic_write(path, write, binary=False)
 
 
@@ -164,8 +156,7 @@ def _csv_fields(column) -> list[str] | None:
         return None
     fields = []
     for value in column.tolist():
-        if value is None or (value.__class__ is float and value != value) \
-                or is_pandas_missing(value):
+        if is_missing(value):
             fields.append("")
         elif value.__class__ is str:
             fields.append(_quoted(value))
@@ -197,7 +188,7 @@ def write_parquet_atomic(path: str | os.PathLike, df: pd.DataFrame | Columns) ->
     """Write ``df`` (a DataFrame or :class:`Columns`) as Parquet (pyarrow, no index) to
     ``path`` atomically."""
     require_parquet()
-    df = df.to_pandas() if isinstance(df, Columns) else df
+    df = as_frame(df)
     return _atomic_write(path, lambda fh: df.to_parquet(fh, index=False, engine="pyarrow"),
                          binary=True)
 

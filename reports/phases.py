@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.reports.columns import Columns, as_columns
-from kvsim.reports.frames import PHASE_COLUMNS
+from kvsim.reports.frames import PHASE_COLUMNS, phase_columns
 from kvsim.reports.plot import Figure, bar
 from kvsim.reports.style import empty_figure, fmt_pct, fmt_seconds, style_figure
 
@@ -19,13 +19,10 @@ def completed_phases(requests) -> Columns:
     """The completed requests (a requests frame's), in arrival order, with their phase
     columns (computed if the frame lacks them)."""
     requests = as_columns(requests)
-    if "completed" not in requests:
-        return Columns({name: requests[name][:0] for name in requests.columns})
-    done = requests.rows(requests["completed"] == 1)
+    done = requests.rows(requests["completed"] == 1 if "completed" in requests
+                         else np.zeros(len(requests), dtype=bool))
     if not set(PHASE_COLUMNS) <= set(done.columns):
-        done = Columns({**{name: done[name] for name in done.columns},
-                        **{column: done[end] - done[start]
-                           for column, (start, end) in PHASE_COLUMNS.items()}})
+        done = Columns({**{name: done[name] for name in done.columns}, **phase_columns(done)})
     return done.rows(np.argsort(done["arrival_s"], kind="stable"))
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from kvsim.reports import io as rio
 from kvsim.reports.columns import Columns, as_columns, numbers
-from kvsim.reports.downsample import downsample
+from kvsim.reports.downsampling import downsample
 from kvsim.reports.html import render_run_report
 from synthetic_runs import synthetic_run
 
@@ -76,3 +76,17 @@ def test_kvsim_run_loads_no_pandas(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "[]", done.stderr
     assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_the_public_downsample_is_the_function_after_the_report_module_loads():
+    code = ("import kvsim.reports.html, kvsim.reports; from kvsim.reports import downsample; "
+            "from kvsim.reports.io import downsample as old_home; "
+            "print(callable(downsample), old_home is downsample)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["True", "True"], done.stderr
+
+
+def test_text_given_as_python_strings_is_written_without_pandas():
+    t = Columns({"n": [1, 2], "name": ["a,b", "c"]})
+    assert t["name"].dtype == object          # (as pandas keeps text)
+    assert rio.csv_text(t) == 'n,name\n1,"a,b"\n2,c\n'

@@ -13,7 +13,7 @@ import pytest
 from kvsim.errors import KvsimError
 from kvsim.reports import frames
 from kvsim.reports import io as rio
-from kvsim.reports.downsample import downsample
+from kvsim.reports.downsampling import downsample
 from kvsim.reports import run_outputs
 from synthetic_runs import synthetic_run
 

@@ -12,7 +12,7 @@ import numpy as np
 from kvsim.sim.perf.model_summary import kv_extra, model_info
 from kvsim.sim.perf.models import resolve_model
 from kvsim.reports.columns import Columns
-from kvsim.reports.frames import PHASE_COLUMNS, REQUEST_COLUMNS, SUMMARY_PERCENTILES
+from kvsim.reports.frames import REQUEST_COLUMNS, SUMMARY_PERCENTILES, phase_columns
 from kvsim.reports.frames import TIMELINE_COLUMNS
 
 from kvsim.sim.serving.recorder import FINISH_REASONS
@@ -38,8 +38,7 @@ def request_columns(result: RunResult) -> Columns:
         tpot = np.where(generated > 1, (finish - first) / (np.maximum(generated, 2) - 1), np.nan)
     cols.update(ttft_s=first - arrival, e2e_s=finish - arrival, tpot_s=tpot,
                 finish_reason=np.asarray(FINISH_REASONS, dtype=object)[cols["finish_reason"]])
-    for column, (start, end) in PHASE_COLUMNS.items():    # as reports.frames.add_phase_columns
-        cols[column] = cols[end] - cols[start]
+    cols.update(phase_columns(cols))
     return Columns({k: cols[k] for k in REQUEST_COLUMNS})
 
 
@@ -219,15 +218,21 @@ def timeline_columns(timeline: Timeline, pool_blocks: int, block_size: int,
     grid["throughput_tokens_per_s"] = grid["output_tokens"] / grid["interval_s"]
     grid["kv_free_blocks"] = pool_blocks - grid["kv_used_blocks"] - grid["kv_cached_idle_blocks"]
     grid["kv_usage"] = grid["kv_used_blocks"] / pool_blocks
-    for share, column in zip(FRAGMENT_COLUMNS, ("token_slots", "reserved_slots",
-                                                "internal_slots", "external_slots")):
-        grid[share] = grid[column] / slots
-    taken = [np.nan_to_num(grid[share], nan=0.0) for share in FRAGMENT_COLUMNS[:-1]]
-    grid["frag_free"] = np.maximum(1.0 - (((taken[0] + taken[1]) + taken[2]) + taken[3]), 0)
+    grid.update(_fragment_shares(grid, slots))
     q = grid["prefix_queries_tokens"]
     with np.errstate(divide="ignore", invalid="ignore"):
         grid["prefix_hit_rate"] = np.where(q > 0, grid["prefix_hit_tokens"] / q, 0.0)
     return Columns({name: grid[name] for name in TIMELINE_COLUMNS})
+
+
+def _fragment_shares(grid: dict, slots: int) -> dict:
+    """The ``frag_*`` columns: each kind of slot as a share of the pools, and the rest free
+    (never below 0; the shares added one after the other, missing ones as 0)."""
+    shares = {share: grid[column] / slots for share, column in zip(
+        FRAGMENT_COLUMNS, ("token_slots", "reserved_slots", "internal_slots", "external_slots"))}
+    taken = [np.nan_to_num(shares[share], nan=0.0) for share in FRAGMENT_COLUMNS[:-1]]
+    shares["frag_free"] = np.maximum(1.0 - (((taken[0] + taken[1]) + taken[2]) + taken[3]), 0)
+    return shares
 
 
 def timeline_frame(timeline: Timeline, pool_blocks: int, block_size: int,

@@ -143,6 +143,9 @@ class Timeline:
         self._cover(float(ends.max()))
         self._add_counts(block, ends)
         replicas = block[:, _R]
+        if (replicas == replicas[0]).all():     # (one replica: no selection to copy)
+            self._add_states(replicas[0], block)
+            return
         for replica in np.unique(replicas):
             self._add_states(replica, block[replicas == replica])
 

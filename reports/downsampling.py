@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvsim.reports.columns import Columns, as_columns
+from kvsim.reports.columns import Columns, as_columns, is_missing
 from kvsim.reports.frames import TIMELINE_SUM_COLUMNS
-from kvsim.reports.io import is_pandas_missing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,8 +68,7 @@ def _missing(values: np.ndarray) -> np.ndarray:
     if values.dtype.kind == "f":
         return np.isnan(values)
     if values.dtype.kind == "O":
-        return np.array([v is None or (v.__class__ is float and v != v)
-                         or is_pandas_missing(v) for v in values.tolist()], dtype=bool)
+        return np.array([is_missing(v) for v in values.tolist()], dtype=bool)
     return np.zeros(len(values), dtype=bool)
 
 
