@@ -272,14 +272,15 @@ class BlockPool:
         evicted first)."""
         ids = np.fromiter(ordered_block_ids, dtype=np.int64)
         refs = self.ref_counts
-        refs[ids] -= 1
-        released = ids[refs[ids] == 0]
-        content = self._content[released]
-        if np.count_nonzero(content) == len(released):
+        left = refs[ids] - 1
+        refs[ids] = left
+        released = ids[left == 0] if left.any() else ids
+        holding = self._content[released] != 0
+        if holding.all():
             last = released
         else:
-            self._free.extendleft(released[content == 0])
-            last = released[content != 0]
+            self._free.extendleft(released[~holding])
+            last = released[holding]
         self._free.extend(last)
         self.num_cached_free_blocks += len(last)
 

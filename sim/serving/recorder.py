@@ -151,6 +151,11 @@ class StepLog:
             self._kept.append(block)
 
 
+#: The request log's columns an arrival fills, in :meth:`RequestLog.on_arrival`'s order.
+_ARRIVAL_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority",
+                   "replica")
+
+
 class RequestLog:
     """Per-request timestamps (simulated seconds, NaN until they happen) and cache facts, by
     arrival order.
@@ -162,7 +167,11 @@ class RequestLog:
 
     def __init__(self, watch=None) -> None:
         self.columns = {name: array(code) for name, code in REQUEST_COLUMNS.items()}
-        self._blank_row = [(name, column.append, math.nan if code == "d" else 0)
+        # per column: its append, and where an arrival's value comes from (_ARRIVAL_FIELDS'
+        # index) or its blank (times NaN, counts 0 until they happen)
+        self._blank_row = [(column.append, _ARRIVAL_FIELDS.index(name)
+                            if name in _ARRIVAL_FIELDS else None,
+                            math.nan if code == "d" else 0)
                            for (name, code), column in zip(REQUEST_COLUMNS.items(),
                                                            self.columns.values())]
         self._row: dict[int, int] = {}
@@ -173,12 +182,10 @@ class RequestLog:
 
     def on_arrival(self, request, replica: int) -> None:
         self._row[request.request_id] = len(self)
-        known = {"request_id": request.request_id, "arrival_s": request.arrival_s,
-                 "prompt_tokens": request.prompt_tokens, "output_tokens": request.output_tokens,
-                 "priority": request.priority, "replica": replica}
-        get = known.get
-        for name, append, blank in self._blank_row:   # times NaN, counts 0 until they happen
-            append(get(name, blank))
+        known = (request.request_id, request.arrival_s, request.prompt_tokens,
+                 request.output_tokens, request.priority, replica)     # (_ARRIVAL_FIELDS)
+        for append, at, blank in self._blank_row:
+            append(blank if at is None else known[at])
         if self.watch is not None:
             self.watch.on_arrival(self, len(self) - 1)
 
