@@ -27,10 +27,10 @@ def commit_steps(kv, run: DecodeRun, n: int, host=None, finish=None,
     ends the commit there (fewer than ``n`` steps, as many as the result holds).
 
     The block events (a request opening a block, or filling one it registers) of all ``n``
-    steps are found at once (:mod:`kvsim.cache.run_grid`); only they call ``kv.allocate``, step by step in
-    scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would, or, where the
-    manager allows, the opened blocks of each stretch between finishes are taken in one call
-    (:func:`_open_in_bulk`). Requests finishing at a step are brought forward and finished
+    steps are found at once (:mod:`kvsim.cache.run_grid`); only they call ``kv.allocate``,
+    step by step in scheduling order, as :meth:`~kvsim.cache.Scheduler.schedule` would, or,
+    where the manager allows, the opened blocks of each stretch between finishes are taken in
+    one call (:func:`_open_in_bulk`). Requests finishing at a step are brought forward and finished
     after its allocations, in scheduling order, as ``update_from_output`` would.
     ``host``: the host tier (its copies are taken step by step; such runs end before the
     first finish). ``admit(seq)``: admits a request the run took (``run.admissions``) at its
