@@ -176,8 +176,9 @@ class BlockPool:
         self._free = FreeQueue(num_blocks)
         # whether every free block holding nothing is ahead of every free cached one in the
         # queue (freed empty blocks go to its head, cached ones to its tail), so that taking
-        # ``n`` blocks evicts exactly those past the empty ones; only a block released to the
-        # tail (the hybrid layout's) behind cached ones ends it
+        # ``n`` blocks evicts exactly those past the empty ones; an empty block released or
+        # refreshed to the tail behind cached ones ends it, until the free blocks are all
+        # empty or all cached again
         self._empty_first = True
 
     # --- queries -------------------------------------------------------------------------
@@ -215,30 +216,37 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue, evicting their cached content."""
+        taken = self._take(n)
+        self.ref_counts[taken] = 1
+        return taken.tolist()
+
+    def _take(self, n: int) -> np.ndarray:
+        """The ``n`` blocks at the head of the free queue, out of it, their content evicted."""
         num_free = len(self._free)
         if n > num_free:
             raise ValueError(f"cannot get {n} free blocks: only {num_free} are free")
         taken = self._free.popleft(n)
-        self.ref_counts[taken] = 1
-        if not self._empty_first:
+        if self._empty_first:           # (the empty ones come first: the rest is cached)
+            cached = n - (num_free - self.num_cached_free_blocks)
+            if cached > 0:
+                self._forget_content(taken[n - cached:], cached)
+        else:
             self._evict(taken)
-            return taken.tolist()
-        cached = n - (num_free - self.num_cached_free_blocks)   # (the empty ones come first)
-        if cached > 0:
-            self._forget(taken[n - cached:], cached)
-        return taken.tolist()
+            cached = self.num_cached_free_blocks        # (all empty or all cached: again)
+            self._empty_first = not cached or cached == len(self._free)
+        return taken
 
     def _evict(self, block_ids: np.ndarray) -> None:
         """Forget the cached content of ``block_ids`` (just taken from the free queue)."""
         content = self._content[block_ids]
         num_evicted = np.count_nonzero(content)
         if num_evicted:
-            self._forget(block_ids, num_evicted, content)
+            self._forget_content(block_ids, num_evicted, content)
 
-    def _forget(self, block_ids: np.ndarray, num_evicted: int,
-                content: np.ndarray | None = None) -> None:
-        """Evict ``num_evicted`` cached blocks among ``block_ids`` (all of them when
-        ``content``, their marks, is not given)."""
+    def _forget_content(self, block_ids: np.ndarray, num_evicted: int,
+                        content: np.ndarray | None = None) -> None:
+        """Evict the ``num_evicted`` cached blocks among ``block_ids``: given their marks
+        (``content``), those marked; else all of them."""
         if self.index._map and content is None:
             content = self._content[block_ids]
         self._content[block_ids] = 0
@@ -262,6 +270,9 @@ class BlockPool:
         if not len(ids):
             return
         free = ids[self.ref_counts[ids] == 0]
+        if len(free) and not self._content[free].all():
+            raise ValueError("a free block to touch holds nothing: only a prefix hit's "
+                             "cached blocks are touched")
         self.ref_counts[ids] += 1
         if len(free):
             self._free.remove(free)
@@ -328,8 +339,7 @@ class BlockPool:
         n = len(block_hashes)
         if n > len(self._free):
             raise ValueError(f"cannot put {n} cached blocks: only {len(self._free)} are free")
-        taken = self._free.popleft(n)
-        self._evict(taken)
+        taken = self._take(n)
         self.num_cached_free_blocks += n
         block_ids = taken.tolist()
         self.cache_blocks(block_ids, block_hashes)

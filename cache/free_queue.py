@@ -88,25 +88,14 @@ class FreeQueue:
             raise ValueError(f"cannot take {n} blocks: only {self._len} are queued")
         if n <= 0:
             return _NONE
-        if not self._num_stale:         # (the usual case: the first segment holds them all)
-            segment = self._segments[0]
-            ids, start = segment[0], segment[2]
-            end = start + n
-            if end <= len(ids):
-                taken = ids[start:end]
-                if end == len(ids):
-                    self._segments.popleft()
-                else:
-                    segment[2] = end
-                self._serial[taken] = _NOT_QUEUED
-                self._len -= n
-                return taken
-        parts, want = [], n
-        while want:
-            part = self._take_from_first(want)
-            parts.append(part)
-            want -= len(part)
-        taken = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        taken = self._take_from_first(n)
+        if len(taken) < n:          # (the first segment ran out: on to the next ones)
+            parts, want = [taken], n - len(taken)
+            while want:
+                part = self._take_from_first(want)
+                parts.append(part)
+                want -= len(part)
+            taken = np.concatenate(parts)
         self._serial[taken] = _NOT_QUEUED
         self._len -= n
         return taken

@@ -138,6 +138,7 @@ SUMMARY_OPTIONAL = frozenset({
     "trace_rows_left_out",
 })
 
+
 def phase_columns(requests) -> dict:
     """The :data:`PHASE_COLUMNS` of a requests frame (a DataFrame, :class:`Columns`, or a
     dict of its columns) from its timestamps (NaN until the phase has ended)."""

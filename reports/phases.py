@@ -19,8 +19,10 @@ def completed_phases(requests) -> Columns:
     """The completed requests (a requests frame's), in arrival order, with their phase
     columns (computed if the frame lacks them)."""
     requests = as_columns(requests)
-    done = requests.rows(requests["completed"] == 1 if "completed" in requests
-                         else np.zeros(len(requests), dtype=bool))
+    if "completed" not in requests:     # (none known to have completed)
+        return Columns({**{name: requests[name][:0] for name in requests.columns},
+                        **{name: np.empty(0) for name in PHASE_COLUMNS}})
+    done = requests.rows(requests["completed"] == 1)
     if not set(PHASE_COLUMNS) <= set(done.columns):
         done = Columns({**{name: done[name] for name in done.columns}, **phase_columns(done)})
     return done.rows(np.argsort(done["arrival_s"], kind="stable"))
@@ -79,8 +81,8 @@ def time_split_note(requests) -> str:
     """One sentence: the phases' shares of all end-to-end time, and what each measures."""
     shares = phase_shares(requests)
     done = completed_phases(requests)
-    e2e = done["e2e_s"].astype(float)
-    mean = float(np.nanmean(e2e)) if len(done) and not np.isnan(e2e).all() else float("nan")
+    e2e = done["e2e_s"].astype(float) if "e2e_s" in done else np.empty(0)
+    mean = float(np.nanmean(e2e)) if len(e2e) and not np.isnan(e2e).all() else float("nan")
     parts = ", ".join(f"{name} {fmt_pct(shares[col])}" for col, name, _ in PHASES)
     return (f"Of all completed requests' end-to-end time (mean {fmt_seconds(mean)}): {parts}. "
             "Queueing: arrival to first scheduled; prefill: first scheduled to first token "

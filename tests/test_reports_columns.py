@@ -90,3 +90,11 @@ def test_text_given_as_python_strings_is_written_without_pandas():
     t = Columns({"n": [1, 2], "name": ["a,b", "c"]})
     assert t["name"].dtype == object          # (as pandas keeps text)
     assert rio.csv_text(t) == 'n,name\n1,"a,b"\n2,c\n'
+
+
+def test_a_requests_frame_without_completions_draws_its_empty_panel():
+    from kvsim.reports.phases import phase_shares, time_split_figure, time_split_note
+    for frame in (Columns({"x": [1, 2]}), Columns({"arrival_s": [2.0, 1.0], "x": [1, 2]})):
+        assert phase_shares(frame) == {"queue_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0}
+        assert "no completed requests" in str(time_split_figure(frame).to_dict())
+        assert "mean —" in time_split_note(frame) or "nan" not in time_split_note(frame)
