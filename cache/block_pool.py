@@ -270,7 +270,7 @@ class BlockPool:
         if not len(ids):
             return
         free = ids[self.ref_counts[ids] == 0]
-        if len(free) and not self._content[free].all():
+        if len(free) and np.count_nonzero(self._content[free]) < len(free):
             raise ValueError("a free block to touch holds nothing: only a prefix hit's "
                              "cached blocks are touched")
         self.ref_counts[ids] += 1
@@ -285,9 +285,9 @@ class BlockPool:
         refs = self.ref_counts
         left = refs[ids] - 1
         refs[ids] = left
-        released = ids[left == 0] if left.any() else ids
+        released = ids[left == 0] if np.count_nonzero(left) else ids
         holding = self._content[released] != 0
-        if holding.all():
+        if np.count_nonzero(holding) == len(holding):    # (``all()``: three times as long)
             last = released
         else:
             self._free.extendleft(released[~holding])

@@ -174,7 +174,7 @@ class FreeQueue:
     def remove(self, block_ids: np.ndarray) -> None:
         """Drop queued blocks (distinct ids) from wherever they are: their entries go stale."""
         serial = self._serial
-        if (serial[block_ids] == _NOT_QUEUED).any():
+        if np.count_nonzero(serial[block_ids] == _NOT_QUEUED):
             raise ValueError("a block to remove is not in the free queue")
         serial[block_ids] = _NOT_QUEUED
         self._len -= len(block_ids)

@@ -218,7 +218,7 @@ class Replica:
         else:
             stretches = run.stretches(start) if start else ((*b, 0) for b in run.batches())
             durations, before, end, crossed = self._steps_until(stretches, now, horizon)
-        if crossed and start + len(durations) - 1 in run.finish_step:
+        if crossed and start + len(durations) - 1 in run.finish_step.tolist():   # (a list: 1/5)
             return durations, len(durations) - 1, before
         return durations, len(durations), end
 
