@@ -125,13 +125,11 @@ def _allocate_stretches(kv, run: DecodeRun, grid: StepGrid, events: tuple, fills
         if kv.pool.orders_fills:
             late = _fill_order(kv, run, filled, first)
     cols = cols.tolist()
-    finished, lo, at, matrix = [], 0, 0, None
+    finished, lo, at, matrix, opened, after = [], 0, 0, None, [], []
     for end, cut in zip(ends, cuts):
         if bulk or (not counted and _in_bulk(kv, run, first + lo, first + end)):
-            before = taken[lo - 1] if lo else 0
-            used[lo:end], idle[lo:end] = _open_in_bulk(
-                kv, run, cols[at:cut], taken[lo:end] - before,
-                None if counts is None else counts(lo, at, cut))
+            opened.append((lo, end, *_open_in_bulk(
+                kv, run, cols[at:cut], None if counts is None else counts(lo, at, cut))))
         else:
             matrix = (grid.opens | fills()) if matrix is None else matrix
             used[lo:end], idle[lo:end] = _allocate_events(kv, run, matrix[lo:end], first + lo)
@@ -141,9 +139,35 @@ def _allocate_stretches(kv, run: DecodeRun, grid: StepGrid, events: tuple, fills
         if done:
             finished.append((end - 1, _finish_requests(kv, run, done, first + end, finish)))
         if done or end in joining:
-            used[end - 1], idle[end - 1] = kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks
+            after.append((end - 1, kv.pool.num_used_blocks, kv.pool.num_cached_free_blocks))
         lo, at = end, cut
+    if opened:
+        _count_opened(used, idle, taken, opened)
+    for j, num_used, num_idle in after:       # (what finishes and admissions left)
+        used[j], idle[j] = num_used, num_idle
     return used, idle, finished, late, lookups
+
+
+def _count_opened(used: np.ndarray, idle: np.ndarray, taken: np.ndarray, opened: list) -> None:
+    """The pool's used and cached idle blocks after each step of the stretches that opened
+    their blocks in bulk (``opened``: each one's first and end step, and the used, cached
+    idle and free unhashed blocks before it; ``taken``: the blocks opened up to each step of
+    the run), all stretches in one pass: the ``k``-th block a stretch takes evicts cached
+    content exactly when ``k`` exceeds the free unhashed blocks."""
+    if len(opened) == 1:        # (most runs of a busy server: one stretch)
+        (lo, end, used_before, idle_before, unhashed), = opened
+        new = taken[lo:end] - (taken[lo - 1] if lo else 0)
+        used[lo:end], idle[lo:end] = used_before + new, idle_before - np.maximum(new - unhashed, 0)
+        return
+    lo, end, used_before, idle_before, unhashed = (np.array(c, dtype=np.int64)
+                                                   for c in zip(*opened))
+    lengths = end - lo
+    stretch = np.repeat(np.arange(len(lo)), lengths)
+    steps = np.arange(len(stretch)) + np.repeat(lo - np.cumsum(lengths) + lengths, lengths)
+    before = np.where(lo > 0, taken[lo - 1], 0)
+    new = taken[steps] - before[stretch]
+    used[steps] = used_before[stretch] + new
+    idle[steps] = idle_before[stretch] - np.maximum(new - unhashed[stretch], 0)
 
 
 def _admitted_by_stretch(run: DecodeRun, first: int, n: int) -> dict[int, list]:
@@ -279,23 +303,23 @@ def _fill_order(kv, run: DecodeRun, fills: np.ndarray, first: int):
     return order
 
 
-def _open_in_bulk(kv, run: DecodeRun, opening: list[int], taken: np.ndarray,
-                  fills_before: list[int] | None = None):
+def _open_in_bulk(kv, run: DecodeRun, opening: list[int],
+                  fills_before: list[int] | None = None) -> tuple[int, int, int]:
     """:func:`_allocate_events` where the manager allows it (``opens_blocks_in_bulk``: LRU,
     or a scored pool whose free blocks the steps' registrations leave alone; no host tier):
     the new blocks of a stretch's steps in one call (``opening``: the requests opening one,
-    step by step, in scheduling order; ``taken``: how many up to each step), the blocks they
-    fill registered by :func:`_bring_forward` (one call per request; nothing is looked up
-    during a run). The free unhashed blocks go first, so the ``k``-th block taken evicts
-    cached content exactly when ``k`` exceeds their number. ``fills_before``: for a pool that
-    counts them, the blocks filled before each open and not registered yet."""
+    step by step, in scheduling order), the blocks they fill registered by
+    :func:`_bring_forward` (one call per request; nothing is looked up during a run).
+    ``fills_before``: for a pool that counts them, the blocks filled before each open and not
+    registered yet. Returns the pool's used, cached idle and free unhashed blocks before the
+    stretch (:func:`_count_opened` counts its steps from them)."""
     pool = kv.pool
     used, idle = pool.num_used_blocks, pool.num_cached_free_blocks
-    num_unhashed = pool.num_free_blocks - idle
+    unhashed = pool.num_free_blocks - idle
     if opening:
         requests = run.requests
         kv.open_blocks([requests[i] for i in opening], fills_before)
-    return used + taken, idle - np.maximum(taken - num_unhashed, 0)
+    return used, idle, unhashed
 
 
 def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: int, host,
