@@ -120,10 +120,11 @@ class DecodeRunPlanning:
         (``reserve_full_sequence`` asks no more: at admission the sequence is its prompt;
         the blocks are :meth:`_steps_with`'s)."""
         config, prompt = self.config, seq.num_prompt_tokens
-        decoding = run.finish_step >= step
-        if run.joined is not None:
-            decoding &= run.joined < step
-        num_decodes = int(np.count_nonzero(decoding))
+        num_decodes = int(np.count_nonzero(run.finish_step >= step))
+        for joined, _ in reversed(run.admissions):   # (in step order; they finish later)
+            if joined < step:
+                break
+            num_decodes -= 1        # admitted at this step: no decode in it
         threshold = config.long_prefill_token_threshold
         return (num_decodes < config.max_num_seqs and not 0 < threshold < prompt
                 and prompt <= config.max_num_batched_tokens - num_decodes)
