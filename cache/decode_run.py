@@ -131,6 +131,12 @@ class DecodeRun:
         del self.requests[n:], self.num_output[n:], self.admissions[k:], self.prompt_blocks[k:]
 
     @property
+    def last_admission_step(self) -> int:
+        """The step admitting the run's last admission (-1: none): admissions come in step
+        order."""
+        return self.admissions[-1][0] if self.admissions else -1
+
+    @property
     def num_left(self) -> int:
         return self.max_steps - self.num_committed
 

@@ -95,13 +95,15 @@ class DecodeRunPlanning:
         :meth:`schedule` would there: its whole prompt in one step, with no prefix lookup to
         make (a request no lookup can hit) and no cache policy to ask (LRU), blocks to spare
         for its prompt and every later step of the run (those freed meanwhile not counted),
-        and at least one decode step after it. If so the run takes it
-        (:meth:`DecodeRun.admit`), and committing the run admits it there."""
+        and at least one decode step after it; not before the run's last admission (they
+        come in step order). If so the run takes it (:meth:`DecodeRun.admit`), and committing
+        the run admits it there."""
         if (run is not self._run or run.num_committed or run.prefill is not None
                 or run.has_transfers or self.waiting or self._queue_reader is not None
                 or not self.kv.always_opens_blocks_in_bulk
                 or not seq.has_private_blocks or seq.num_preemptions
-                or not 0 < step < run.max_steps or not self._seat_in_run(run, step, seq)):
+                or not 0 < step < run.max_steps or step < run.last_admission_step
+                or not self._seat_in_run(run, step, seq)):
             return False
         outputs = min(seq.max_tokens, self.config.max_model_len - seq.num_prompt_tokens)
         if outputs < 2:         # (it would finish at its admitting step)
@@ -121,7 +123,7 @@ class DecodeRunPlanning:
         the blocks are :meth:`_steps_with`'s)."""
         config, prompt = self.config, seq.num_prompt_tokens
         num_decodes = int(np.count_nonzero(run.finish_step >= step))
-        for joined, _ in reversed(run.admissions):   # (in step order; they finish later)
+        for joined, _ in reversed(run.admissions):   # (none after ``step``; they finish later)
             if joined < step:
                 break
             num_decodes -= 1        # admitted at this step: no decode in it

@@ -638,8 +638,9 @@ def test_a_decode_run_admits_a_request_arriving_during_it():
     from step 4 and finishes at the end of step 7, and the run goes on to step 28 as before.
     Stepping, with request 2 queued before step 3, leaves the same blocks in use after every
     step and the same free queue. Refused: a prompt with token ids (a lookup could hit it),
-    one over the budget the decodes leave, one whose blocks the pool lacks, and a request
-    that would finish at its admitting step."""
+    one over the budget the decodes leave, one whose blocks the pool lacks, a request
+    that would finish at its admitting step, and one admitted before request 2's step (a
+    run's admissions come in step order)."""
     scheduler = two_requests_after_admission()
     run = scheduler.plan_decode_run()
     for refused in (Request(3, 0.0, 24, 5, prompt_token_ids=np.arange(24)),
@@ -651,6 +652,7 @@ def test_a_decode_run_admits_a_request_arriving_during_it():
     scheduler.config = config
     assert run.max_steps == 29 and run.finish_step.tolist() == [6, 28] and run.joined is None
     assert scheduler.admit_in_run(run, 3, RequestState(Request(2, 0.0, 24, 5), 16))
+    assert not scheduler.admit_in_run(run, 2, RequestState(Request(7, 0.0, 24, 5), 16))
     assert run.max_steps == 29 and run.finish_step.tolist() == [6, 28, 7]
     assert list(run.stretches(3)) == [(1, 2, 46, 24), (3, 3, 72, 0), (1, 2, 54, 0),
                                       (21, 1, 28, 0)]
