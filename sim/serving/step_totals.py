@@ -189,7 +189,8 @@ class Timeline:
     def _add_counts(self, block: np.ndarray, ends: np.ndarray) -> None:
         k, n = self._bins(ends), self.max_rows
         for j, col in enumerate(_COUNT):
-            self.counts[:, j] += np.bincount(k, weights=block[:, col], minlength=n)
+            if np.count_nonzero(block[:, col]):     # (adding zeros changes no bit)
+                self.counts[:, j] += np.bincount(k, weights=block[:, col], minlength=n)
         self.num_steps += np.bincount(k, minlength=n)
         self.batch_sum += np.bincount(k, weights=block[:, _COL["batch_size"]], minlength=n)
 
@@ -200,26 +201,35 @@ class Timeline:
         if last is not None:
             starts = np.concatenate([[last[0]], starts])
             values = np.vstack([last[1][None, :], values])
-        self._integrate(starts[:-1], starts[1:], values[:-1])
+        held = np.flatnonzero(values[:-1].any(axis=0))     # (zeros held add no bit)
+        if len(held) == values.shape[1]:
+            self._integrate(starts[:-1], starts[1:], values[:-1])
+        elif len(held):
+            self._integrate(starts[:-1], starts[1:], values[:-1, held], held)
         self._last[replica] = (float(starts[-1]), values[-1].copy())
 
-    def _integrate(self, a: np.ndarray, b: np.ndarray, values: np.ndarray) -> None:
-        """Add ``values`` held over ``[a, b)`` (one row per interval) to the bins' integrals."""
+    def _integrate(self, a: np.ndarray, b: np.ndarray, values: np.ndarray,
+                   columns: np.ndarray | None = None) -> None:
+        """Add ``values`` held over ``[a, b)`` (one row per interval) to the bins' integrals
+        (of the state ``columns`` of ``values``' columns; default all, in order)."""
         if not len(a):
             return
         w, n = self.width_s, self.max_rows
         ka, kb = self._bins(a), self._bins(b)
         one = ka == kb
         head_end = np.where(one, b, (ka + 1) * w)
-        _add_rows(self.state, ka, values * (head_end - a)[:, None])
+        _add_rows(self.state, ka, values * (head_end - a)[:, None], columns)
         many = ~one
         if many.any():
             ka, kb, a, b, v = ka[many], kb[many], a[many], b[many], values[many]
-            _add_rows(self.state, kb, v * (b - kb * w)[:, None])
+            _add_rows(self.state, kb, v * (b - kb * w)[:, None], columns)
             between = np.zeros((n + 1, values.shape[1]))   # whole bins ka+1 .. kb-1
             _add_rows(between, ka + 1, v * w)
             _add_rows(between, kb, -v * w)
-            self.state += np.cumsum(between, axis=0)[:n]
+            if columns is None:
+                self.state += np.cumsum(between, axis=0)[:n]
+            else:
+                self.state[:, columns] += np.cumsum(between, axis=0)[:n]
 
     def rows(self) -> dict[str, np.ndarray]:
         """The closed timeline's columns: ``time_s``, ``interval_s`` (the last row ends with the
@@ -243,13 +253,15 @@ class Timeline:
         return out
 
 
-def _add_rows(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
-    """``target[index[i]] += values[i]`` for every ``i`` in turn (repeated indexes add up), as
+def _add_rows(target: np.ndarray, index: np.ndarray, values: np.ndarray,
+              columns: np.ndarray | None = None) -> None:
+    """``target[index[i], columns] += values[i]`` for every ``i`` in turn (repeated indexes add
+    up; ``columns``: of ``target``, one per column of ``values``, default all), as
     ``np.add.at`` does, to the last bit: ``bincount`` adds its weights in order, the target's
     own value first (``0.0 + x == x``), column by column (``np.add.at`` on rows is ~20x
     slower)."""
     n = len(target)
     rows = np.concatenate([np.arange(n), index])
-    for j in range(target.shape[1]):
-        target[:, j] = np.bincount(rows, weights=np.concatenate([target[:, j], values[:, j]]),
-                                   minlength=n)
+    for j, col in enumerate(range(target.shape[1]) if columns is None else columns.tolist()):
+        target[:, col] = np.bincount(
+            rows, weights=np.concatenate([target[:, col], values[:, j]]), minlength=n)
