@@ -157,7 +157,8 @@ def _count_opened(used: np.ndarray, idle: np.ndarray, taken: np.ndarray, opened:
     if len(opened) == 1:        # (most runs of a busy server: one stretch)
         (lo, end, used_before, idle_before, unhashed), = opened
         new = taken[lo:end] - (taken[lo - 1] if lo else 0)
-        used[lo:end], idle[lo:end] = used_before + new, idle_before - np.maximum(new - unhashed, 0)
+        used[lo:end] = used_before + new
+        idle[lo:end] = idle_before - np.maximum(new - unhashed, 0)
         return
     lo, end, used_before, idle_before, unhashed = (np.array(c, dtype=np.int64)
                                                    for c in zip(*opened))

@@ -218,7 +218,8 @@ class Replica:
         else:
             stretches = run.stretches(start) if start else ((*b, 0) for b in run.batches())
             durations, before, end, crossed = self._steps_until(stretches, now, horizon)
-        if crossed and start + len(durations) - 1 in run.finish_step.tolist():   # (a list: 1/5)
+        # (``in`` on the finish steps as a list: a fifth of the time of numpy's)
+        if crossed and start + len(durations) - 1 in run.finish_step.tolist():
             return durations, len(durations) - 1, before
         return durations, len(durations), end
 
