@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvsim.errors import ConfigError
-from kvsim.pipeline import RunJob, checked_file_settings, read_config_file, run_job_frames
+from kvsim.pipeline import (RunJob, check_deployment, checked_file_settings, file_keys,
+                            read_config_file, run_job_frames)
 from kvsim.workloads.sources import resolve_trace
 from kvsim.reports.frames import COMPARE_FILE
 from kvsim.reports.grid_table import identical_to, table_metrics
@@ -170,6 +171,7 @@ class CompareSpec:
     out_dir: Path
     slo: dict | None = None
     html: bool = True
+    config_file: str | None = None      # the TOML file ``base`` was read from
 
 
 def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: TraceOptions,
@@ -181,7 +183,7 @@ def spec_from_cli(args: Sequence[str], config_file: str | None, trace_options: T
     if config_file:
         checked_file_settings(base, config_file, dims)
     trace = trace if trace is not None else in_file
-    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html)
+    return CompareSpec(trace, dims, base, trace_options, Path(out_dir), slo, html, config_file)
 
 
 def grid_points(spec: CompareSpec, source: str = "compare options") -> list[GridPoint]:
@@ -198,24 +200,15 @@ def grid_points(spec: CompareSpec, source: str = "compare options") -> list[Grid
         settings = dict(zip(names, values))
         config = RunConfig.from_dict({**spec.base, **settings, "trace": label}, source=source)
         config.validate()
-        _check_deployment(config, source)
+        # (before any run starts: a worker that found an unknown model raced the others'
+        # cleanup, and a lock file was left)
+        check_deployment(config, spec.config_file, file_keys(spec.base, settings), source)
         job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
                      spec.out_dir / point_dir(i, settings, varying), spec.slo,
                      html=spec.html, plotlyjs="parent")   # one plotly.js for the directory
         points.append(GridPoint(point_label(settings, varying), settings, job))
     _check_options_used(points, source)
     return points
-
-
-def _check_deployment(config: RunConfig, source: str) -> None:
-    """The model, GPU, TP and pool of one configuration, before any run starts (a worker
-    that found an unknown model raced the others' cleanup: a lock file was left)."""
-    from kvsim.sim.config import located
-    from kvsim.sim.serving.runner import resolve_deployment
-    try:
-        resolve_deployment(config)
-    except ConfigError as e:
-        raise located(e, source) from None
 
 
 def _check_options_used(points: list[GridPoint], source: str) -> None:

@@ -20,7 +20,7 @@ from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.style import long_prompt_advice
 from kvsim.reports.outdir import OutputDir
 from kvsim.sim.serving import results
-from kvsim.sim.config import RunConfig, setting_names
+from kvsim.sim.config import RunConfig, located, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
 from kvsim.workloads import TraceOptions, load_trace
 from kvsim.workloads.request import left_out_text, rows_text
@@ -197,7 +197,28 @@ def config_from_sources(trace: str | None, config_file: str | None,
                                  check=False)
     config.validate(where)
     config.check_unused_options(where)
+    check_deployment(config, config_file, file_keys(settings, options))
     return config, path
+
+
+def file_keys(settings: dict, overridden=()) -> set[str]:
+    """The settings a TOML file gives (``settings``, spelt with '-' or '_') that the command
+    line (``overridden``) leaves to it, by schema name."""
+    return {str(key).replace("-", "_") for key in settings} - set(overridden)
+
+
+def check_deployment(config: RunConfig, path: str | None, from_file: set,
+                     source: str | None = None) -> None:
+    """Model, GPU, TP and KV pool checked together before the run. The setting they refuse is
+    shown at its line of the TOML file at ``path`` when the file gave it (one of
+    ``from_file``), else the error is located at ``source`` (None: the command line)."""
+    try:
+        resolve_deployment(config)
+    except ConfigError as e:
+        if path and e.location is None and e.field in from_file:
+            raise _at_line(ConfigError(e.message, location=path, field=e.field),
+                           path) from None
+        raise located(e, source) from None
 
 
 def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,

@@ -177,6 +177,25 @@ def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
                            "tier in blocks or in GiB, not both\n")
 
 
+def test_a_deployment_a_toml_file_makes_impossible_is_named_at_its_setting(tmp_path):
+    """Model, GPU, TP and pool are checked together: the setting they refuse is shown at its
+    line of the file, or as its option when the command line gave it."""
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nmodel = "llama-3-8b"\ntp = 3\n')
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert (done.returncode, done.stderr) == (2, (
+        f"kvsim: error: {config}:3: field 'tp': llama-3-8b has 32 attention heads, which do "
+        "not divide over 3 GPUs (vLLM refuses this)\n"))
+    config.write_text('model = "llama-3-8b"\nmax-model-len = 1000000\n')
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith(f"kvsim: error: {config}:2: field 'max_model_len': "
+                                  "max_model_len 1,000,000 tokens exceeds the KV pool of ")
+    config.write_text('model = "llama-3-8b"\n')
+    done = kvsim("run", "--config", config, "--tp", "3", "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith("kvsim: error: --tp: llama-3-8b has 32 attention heads")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_table_in_a_config_file_that_is_not_run_is_named_as_a_table(tmp_path):
     """[other] is not a misspelt setting ("did you mean 'router'?" it said): kvsim reads the
     top level or [run]; a setting given a table is that setting's error."""
