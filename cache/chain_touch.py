@@ -45,9 +45,11 @@ class ChainTouches:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def touch(self, key, n: int, hashes_at) -> None:
+    def touch(self, key, n: int, hashes_at, stored: tuple[int, list[int]] | None = None) -> None:
         """Touch the first ``n`` positions of chain ``key``; ``hashes_at(positions)`` gives
-        their hashes (read now for positions new to the chain, later for the rest)."""
+        their hashes (read now for positions new to the chain, later for the rest).
+        ``stored``: (first position, host blocks) of positions just stored, which then need
+        no lookup when they are the positions new to the chain."""
         pending = self._pending.get(key)
         if pending is not None and pending[1] > n:
             self._apply(key)    # a shorter touch leaves the rest of the chain where it put it
@@ -59,14 +61,18 @@ class ChainTouches:
         if n < known.size:      # (a shorter chain: positions past ``n`` are looked up again)
             known.size = n
         elif n == known.size + 1:       # one position more (a decode step filled a block)
-            block_id = self._id_of_one(hashes_at([known.size])[0])
+            block_id = (stored[1][0] if stored is not None and stored[0] == known.size else
+                        self._id_of_one(hashes_at([known.size])[0]))
             if block_id >= 0:
                 floor = min(floor, int(self._recency.stamps(block_id)))
                 known.append_one(block_id, int(self._version[block_id]))
             else:
                 known.append_one(-1, -1)
         elif n > known.size:
-            new = self._ids_of(hashes_at(list(range(known.size, n))))
+            if stored is not None and stored[0] == known.size and len(stored[1]) == n - known.size:
+                new = np.array(stored[1], dtype=np.int64)
+            else:
+                new = self._ids_of(hashes_at(list(range(known.size, n))))
             held = new[new >= 0]
             if len(held):
                 floor = min(floor, int(self._recency.stamps(held).min()))

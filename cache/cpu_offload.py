@@ -170,12 +170,13 @@ class LRUOffloadingManager:
         if len(ids):
             self._recency.move_many_to_end(ids)
 
-    def touch_chain(self, key, n: int, hashes_at) -> None:
+    def touch_chain(self, key, n: int, hashes_at, stored=None) -> None:
         """``touch`` the first ``n`` blocks of the chain ``key`` (a request's blocks, touched
         again each time it stores one), where ``hashes_at(positions)`` gives the hashes at
         those positions: applied once an eviction reaches the chain, or when it is forgotten,
-        with the same victims and order (:mod:`kvsim.cache.chain_touch`)."""
-        self._chains.touch(key, n, hashes_at)
+        with the same victims and order (:mod:`kvsim.cache.chain_touch`). ``stored``: (first
+        position, host blocks) of the positions the last store took, if known."""
+        self._chains.touch(key, n, hashes_at, stored)
 
     def forget_chain(self, key) -> None:
         """The chain's request ended (call before its blocks' hashes change)."""

@@ -51,7 +51,7 @@ class ARCOffloadingManager(LRUOffloadingManager):
     def blocks(self) -> list[int]:
         return self.t1 + self.t2
 
-    def touch_chain(self, key, n: int, hashes_at) -> None:
+    def touch_chain(self, key, n: int, hashes_at, stored=None) -> None:
         """A plain :meth:`touch`: the hashes not held count too (ghost hits)."""
         self.touch(hashes_at(range(n)))
 

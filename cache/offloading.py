@@ -233,14 +233,16 @@ class OffloadingKVCacheManager(KVCacheManager):
         hosts = result.block_ids
         if not hosts:
             return
+        stored = None
         if len(hosts) == len(ids):      # every block's hash new (and in order)
             self._copies.append((request_id, list(zip(ids, hosts)), hosts))
+            stored = (start, hosts)
         else:
             host_of = dict(zip(result.hashes, hosts))
             pairs = [(b, host_of[h]) for b, h in zip(ids, hashes) if h in host_of]
             self._copies.append((request_id, pairs, [host for _, host in pairs]))
         self._being_stored.setdefault(request_id, []).extend(hosts)
-        self.offload.touch_chain(request_id, end, hashes_at)
+        self.offload.touch_chain(request_id, end, hashes_at, stored)
 
 
 def _hashes_at(tokens, table: list[int], block_hashes: list):

@@ -187,3 +187,27 @@ def test_a_chain_grown_one_block_at_a_time_keeps_every_position():
     assert blocks.size == 71
     assert blocks.ids[:71].tolist() == [*range(70), -1]
     assert blocks.versions[:71].tolist() == [*range(0, 140, 2), -1]
+
+
+def test_positions_just_stored_are_not_looked_up_again_and_touch_alike():
+    """A store hands its host blocks to the chain's touch (offloading's ``stored``): the
+    positions it covers are not looked up by hash, and the order stays the lookup's."""
+    chain = list(range(1000, 1040))
+    told, asked = LRUOffloadingManager(30), LRUOffloadingManager(30)
+    looked_up: list[int] = []
+
+    def hashes_at(positions):
+        looked_up.extend(positions)
+        return [chain[p] for p in positions]
+
+    other = iter(range(5000, 6000))
+    for start, end in ((0, 8), (8, 9), (9, 10), (10, 20)):      # a prefill, decode fills
+        result = stored(told, chain[start:end])
+        stored(asked, chain[start:end])
+        del looked_up[:]
+        told.touch_chain("c", end, hashes_at, (start, result.block_ids))
+        assert looked_up == []
+        asked.touch_chain("c", end, hashes_at)
+        extra = [next(other) for _ in range(5)]
+        assert stored(told, extra).evicted == stored(asked, extra).evicted
+    assert told.blocks == asked.blocks
