@@ -73,6 +73,19 @@ def test_a_pop_past_stale_entries_reads_the_first_segment_a_window_at_a_time():
     assert queue.popleft(3).tolist() == [605, 606, 607] and queue._num_stale == 0
 
 
+def test_stale_entries_are_counted_in_the_segment_that_holds_them():
+    """A block moved out of the second segment leaves the first one clean: pops read it as it
+    is, and the stale entry is passed (and uncounted) only when the head reaches it."""
+    queue = FreeQueue(8, filled=False)
+    queue.extend(ids(0, 1, 2))
+    queue.extend(ids(3, 4, 5))
+    queue.move_many_to_end(ids(4))
+    assert [segment[3] for segment in queue._segments] == [0, 1, 0]
+    assert queue.popleft(3).tolist() == [0, 1, 2] and queue._num_stale == 1
+    assert queue.popleft(2).tolist() == [3, 5] and queue._num_stale == 0
+    assert queue.popleft(1).tolist() == [4] and not queue._by_s0
+
+
 def test_taking_more_than_is_queued_or_removing_a_block_not_there_is_refused():
     queue = FreeQueue(2)
     with pytest.raises(ValueError):
@@ -154,6 +167,16 @@ class AgainstALinkedList(RuleBasedStateMachine):
     def same_order(self):
         assert self.queue.ids().tolist() == list(self.model)
         assert len(self.queue) == len(self.model)
+
+    @invariant()
+    def stale_entries_counted_in_their_segments(self):
+        queue, actual = self.queue, 0
+        for ids, s0, start, stale in queue._segments:
+            entries = np.arange(s0 + start, s0 + len(ids))
+            assert stale == np.count_nonzero(queue._serial[ids[start:]] != entries)
+            actual += stale
+        assert actual == queue._num_stale
+        assert sorted(queue._by_s0) == sorted(s0 for _, s0, _, _ in queue._segments)
 
 
 TestAgainstALinkedList = AgainstALinkedList.TestCase
