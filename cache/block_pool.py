@@ -11,8 +11,9 @@ Semantics follow vLLM v1's ``BlockPool`` (``vllm/v1/core/block_pool.py``):
 
 The free queue (:class:`~kvsim.cache.free_queue.FreeQueue`) is vLLM's doubly linked list kept as
 segments, and the reference counts and "holds content" marks are arrays: a long prompt's
-hundreds of blocks are taken, given back and counted a run at a time. Only the prefix index and
-the hashes themselves stay per block (a ``dict`` and a list of ints).
+hundreds of blocks are taken, given back and counted a run at a time. Only the prefix index
+(:class:`~kvsim.cache.prefix_index.PrefixIndex`, a ``dict``) and the hashes themselves (a list
+of ints) stay per block.
 
 That is the ``lru`` eviction policy. Other policies run on a subclass
 (:class:`~kvsim.cache.policy_pool.PolicyPool`); :func:`kvsim.cache.eviction.make_pool` picks the
@@ -21,20 +22,17 @@ pool class for a policy.
 
 from __future__ import annotations
 
-from functools import partial
-from itertools import takewhile
-from operator import is_not
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 
-from kvsim.cache.bulk import delete_all, gather, set_all, set_each
+from kvsim.cache.bulk import gather, set_all, set_each
 from kvsim.cache.free_queue import FreeQueue
+from kvsim.cache.prefix_index import PrefixIndex
 
 # What an LRU pool's block holds besides nothing (0): content in the prefix index, or content
 # no lookup can reach (:meth:`BlockPool.cache_unreachable`), which has no id and no index entry.
 _INDEXED, _UNREACHABLE = 1, 2
-_is_held = partial(is_not, None)        # (a lookup's answer names a block)
 
 
 #: Most KV blocks a pool may be given: a pool keeps tens of bytes per block (2 x 10^9 blocks
@@ -46,85 +44,6 @@ def _array(block_ids: list[int]) -> np.ndarray:
     """A list of block ids as an index array (``np.fromiter``: faster than numpy's own
     conversion of a list used as an index)."""
     return np.fromiter(block_ids, np.intp, len(block_ids))
-
-
-class PrefixIndex:
-    """Hash -> blocks holding that content. Identical blocks are not merged (block tables are
-    append-only), so one hash may name several blocks; the oldest is returned first.
-    ``num_shared_hashes``: hashes held by more than one block (while none is, a removal needs
-    no check of who holds the hash)."""
-
-    __slots__ = ("_map", "num_shared_hashes")
-
-    def __init__(self) -> None:
-        self._map: dict[int, int | dict[int, None]] = {}
-        self.num_shared_hashes = 0
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def get(self, block_hash: int) -> int | None:
-        found = self._map.get(block_hash)
-        if found is None or isinstance(found, int):
-            return found
-        return next(iter(found))
-
-    def find_prefix(self, block_hashes) -> list[int]:
-        """Blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
-        found = list(takewhile(_is_held, map(self._map.get, block_hashes)))   # (a C loop)
-        if self.num_shared_hashes:
-            return [b if b.__class__ is int else next(iter(b)) for b in found]
-        return found
-
-    def insert(self, block_hash: int, block_id: int) -> None:
-        found = self._map.get(block_hash)
-        if found is None:
-            self._map[block_hash] = block_id
-        elif isinstance(found, int):
-            self._map[block_hash] = {found: None, block_id: None}
-            self.num_shared_hashes += 1
-        else:
-            found[block_id] = None
-
-    def insert_many(self, block_hashes: list, block_ids: list[int]) -> None:
-        """``insert`` for each pair, in one ``dict`` update when every hash is new."""
-        index = self._map
-        if index.keys().isdisjoint(block_hashes):
-            before = len(index)
-            index.update(zip(block_hashes, block_ids))
-            if len(index) - before == len(block_hashes):
-                return
-            for block_hash in block_hashes:        # a hash twice: undone, then one at a time
-                index.pop(block_hash, None)
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            self.insert(block_hash, block_id)
-
-    def remove_many(self, block_hashes: Sequence[int], block_ids: list[int]) -> None:
-        """``remove`` for each pair, in one pass of ``dict`` deletions when each hash has a
-        single holder (then it is the block given)."""
-        index = self._map
-        if not self.num_shared_hashes or set(
-                map(type, map(index.__getitem__, block_hashes))) == {int}:
-            delete_all(index, block_hashes)
-            return
-        for block_hash, block_id in zip(block_hashes, block_ids):
-            self.remove(block_hash, block_id)
-
-    def remove(self, block_hash: int, block_id: int) -> None:
-        """Forget ``block_id`` as a holder of ``block_hash`` (a last copy left is stored
-        alone again, as an int)."""
-        found = self._map[block_hash]
-        if isinstance(found, int):
-            del self._map[block_hash]
-            return
-        del found[block_id]
-        if len(found) == 1:
-            self._map[block_hash] = next(iter(found))
-            self.num_shared_hashes -= 1
-
-    def clear(self) -> None:
-        self._map.clear()
-        self.num_shared_hashes = 0
 
 
 class BlockPool:
@@ -342,7 +261,9 @@ class BlockPool:
         taken = self._take(n)
         self.num_cached_free_blocks += n
         block_ids = taken.tolist()
-        self.cache_blocks(block_ids, block_hashes)
+        set_each(self.block_hashes, block_ids, block_hashes)
+        self._content[taken] = _INDEXED
+        self.index.insert_new(block_hashes, block_ids)
         self._free.extend(taken)
         return block_ids
 

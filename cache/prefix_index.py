@@ -1,0 +1,96 @@
+"""The prefix index: block hash -> the blocks holding that content (vLLM's
+``BlockHashToBlockMap``), a ``dict`` kept as plain ints while each hash has one holder."""
+
+from __future__ import annotations
+
+from functools import partial
+from itertools import takewhile
+from operator import is_not
+from typing import Sequence
+
+from kvsim.cache.bulk import delete_all
+
+_is_held = partial(is_not, None)        # (a lookup's answer names a block)
+
+
+class PrefixIndex:
+    """Hash -> blocks holding that content. Identical blocks are not merged (block tables are
+    append-only), so one hash may name several blocks; the oldest is returned first.
+    ``num_shared_hashes``: hashes held by more than one block (while none is, a removal needs
+    no check of who holds the hash)."""
+
+    __slots__ = ("_map", "num_shared_hashes")
+
+    def __init__(self) -> None:
+        self._map: dict[int, int | dict[int, None]] = {}
+        self.num_shared_hashes = 0
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, block_hash: int) -> int | None:
+        found = self._map.get(block_hash)
+        if found is None or isinstance(found, int):
+            return found
+        return next(iter(found))
+
+    def find_prefix(self, block_hashes) -> list[int]:
+        """Blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
+        found = list(takewhile(_is_held, map(self._map.get, block_hashes)))   # (a C loop)
+        if self.num_shared_hashes:
+            return [b if b.__class__ is int else next(iter(b)) for b in found]
+        return found
+
+    def insert(self, block_hash: int, block_id: int) -> None:
+        found = self._map.get(block_hash)
+        if found is None:
+            self._map[block_hash] = block_id
+        elif isinstance(found, int):
+            self._map[block_hash] = {found: None, block_id: None}
+            self.num_shared_hashes += 1
+        else:
+            found[block_id] = None
+
+    def insert_new(self, block_hashes: list, block_ids: list[int]) -> None:
+        """``insert`` for each pair, where no hash is indexed yet and none is given twice."""
+        self._map.update(zip(block_hashes, block_ids))
+
+    def insert_many(self, block_hashes: list, block_ids: list[int]) -> None:
+        """``insert`` for each pair, in one ``dict`` update when every hash is new."""
+        index = self._map
+        if index.keys().isdisjoint(block_hashes):
+            before = len(index)
+            index.update(zip(block_hashes, block_ids))
+            if len(index) - before == len(block_hashes):
+                return
+            for block_hash in block_hashes:        # a hash twice: undone, then one at a time
+                index.pop(block_hash, None)
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            self.insert(block_hash, block_id)
+
+    def remove_many(self, block_hashes: Sequence[int], block_ids: list[int]) -> None:
+        """``remove`` for each pair, in one pass of ``dict`` deletions when each hash has a
+        single holder (then it is the block given)."""
+        index = self._map
+        if not self.num_shared_hashes or set(
+                map(type, map(index.__getitem__, block_hashes))) == {int}:
+            delete_all(index, block_hashes)
+            return
+        for block_hash, block_id in zip(block_hashes, block_ids):
+            self.remove(block_hash, block_id)
+
+    def remove(self, block_hash: int, block_id: int) -> None:
+        """Forget ``block_id`` as a holder of ``block_hash`` (a last copy left is stored
+        alone again, as an int)."""
+        found = self._map[block_hash]
+        if isinstance(found, int):
+            del self._map[block_hash]
+            return
+        del found[block_id]
+        if len(found) == 1:
+            self._map[block_hash] = next(iter(found))
+            self.num_shared_hashes -= 1
+
+    def clear(self) -> None:
+        self._map.clear()
+        self.num_shared_hashes = 0
