@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from operator import attrgetter
 from typing import Mapping, NamedTuple
 
 import numpy as np
@@ -151,9 +152,11 @@ class StepLog:
             self._kept.append(block)
 
 
-#: The request log's columns an arrival fills, in :meth:`RequestLog.on_arrival`'s order.
-_ARRIVAL_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority",
-                   "replica")
+#: The request log's columns an arrival fills from the request's attributes of the same name,
+#: then the replica's (:meth:`RequestLog.on_arrival`).
+_REQUEST_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority")
+_ARRIVAL_FIELDS = (*_REQUEST_FIELDS, "replica")
+_arrival_values = attrgetter(*_REQUEST_FIELDS)
 
 
 class RequestLog:
@@ -182,8 +185,7 @@ class RequestLog:
 
     def on_arrival(self, request, replica: int) -> None:
         self._row[request.request_id] = len(self)
-        known = (request.request_id, request.arrival_s, request.prompt_tokens,
-                 request.output_tokens, request.priority, replica)     # (_ARRIVAL_FIELDS)
+        known = (*_arrival_values(request), replica)
         for append, at, blank in self._blank_row:
             append(blank if at is None else known[at])
         if self.watch is not None:
