@@ -119,22 +119,26 @@ def tail_offsets(run, first: int, n: int, block_size: int, events=None) -> np.nd
     (``events``, found when not given). A request staying at steps ``lo..hi`` has offset
     ``c + s - bs * floor((c + s) / bs)`` at step ``s``: the floor starts at
     ``floor((c + lo) / bs)`` and grows by one at each of its opens after ``lo`` and before its
-    finish step; each term summed per step through differences."""
+    finish step."""
     bs, c = block_size, run.num_computed
     rows, who = open_events(run, first, n, bs) if events is None else events
     lo, hi = _intervals(run, first, n, 0)
     wraps = rows[(rows + first > lo[who]) & (rows + first <= hi[who])]
     live = lo <= hi
-    c, lo, hi = c[live], lo[live], hi[live]
-    begin, end = lo - first, hi - first + 1
-    # three difference rows in one bincount (float weights: whole numbers far below 2**53,
-    # so exact): the sum of c, the number of requests, the sum of floors
-    width = n + 1
+    c_sum, count, floors = _staying_sums(c[live], lo[live], hi[live], wraps, first, n, bs)
+    return c_sum + np.arange(first, first + n, dtype=np.int64) * count - bs * floors
+
+
+def _staying_sums(c, lo, hi, wraps, first: int, n: int, bs: int) -> np.ndarray:
+    """Per step of ``first..first+n-1``, summed over the requests staying then (at steps
+    ``lo..hi``): ``c``, the number of requests, and the floors of :func:`tail_offsets`
+    (``wraps``: the steps where one grows). Three difference rows in one bincount (float
+    weights: whole numbers far below 2**53, so exact), summed along the steps."""
+    begin, end, width = lo - first, hi - first + 1, n + 1
     at = np.concatenate((begin, end, begin + width, end + width, begin + 2 * width,
                          end + 2 * width, wraps + 2 * width))
     ones = np.ones(len(c))
     weights = np.concatenate((c, -c, ones, -ones, (c + lo) // bs, -((c + hi) // bs),
                               np.ones(len(wraps))))
     delta = np.bincount(at, weights, 3 * width).astype(np.int64).reshape(3, width)
-    c_sum, count, floors = np.cumsum(delta[:, :n], axis=1)
-    return c_sum + np.arange(first, first + n, dtype=np.int64) * count - bs * floors
+    return np.cumsum(delta[:, :n], axis=1)
