@@ -202,7 +202,10 @@ def grid_points(spec: CompareSpec, source: str = "compare options") -> list[Grid
         config.validate()
         # (before any run starts: a worker that found an unknown model raced the others'
         # cleanup, and a lock file was left)
-        check_deployment(config, spec.config_file, file_keys(spec.base, settings), source)
+        # (the shared settings are the caller's too unless a file gave them)
+        mine = {*settings} if spec.config_file else {*settings, *spec.base}
+        check_deployment(config, spec.config_file, file_keys(spec.base, settings),
+                         (source, mine))
         job = RunJob(config, path, replace(spec.trace_options, seed=config.seed),
                      spec.out_dir / point_dir(i, settings, varying), spec.slo,
                      html=spec.html, plotlyjs="parent")   # one plotly.js for the directory

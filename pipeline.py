@@ -208,17 +208,23 @@ def file_keys(settings: dict, overridden=()) -> set[str]:
 
 
 def check_deployment(config: RunConfig, path: str | None, from_file: set,
-                     source: str | None = None) -> None:
+                     given: tuple[str, set] | None = None) -> None:
     """Model, GPU, TP and KV pool checked together before the run. The setting they refuse is
     shown at its line of the TOML file at ``path`` when the file gave it (one of
-    ``from_file``), else the error is located at ``source`` (None: the command line)."""
+    ``from_file``), or located at ``given[0]`` when that gave it (one of ``given[1]``: a
+    compare grid's settings); else it stays unlocated (the command line's option, as typed,
+    or a default)."""
     try:
         resolve_deployment(config)
     except ConfigError as e:
-        if path and e.location is None and e.field in from_file:
+        if e.location is not None:
+            raise
+        if path and e.field in from_file:
             raise _at_line(ConfigError(e.message, location=path, field=e.field),
                            path) from None
-        raise located(e, source) from None
+        if given is not None and e.field in given[1]:
+            raise located(e, given[0]) from None
+        raise
 
 
 def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,

@@ -248,7 +248,8 @@ class BlockPool:
     def put_cached(self, block_hash: int) -> int:
         """Fill the next free block with ``block_hash`` and leave it free and cached, as the
         most recently used (``get_new_blocks(1)``, ``cache_block``, ``free_blocks`` in one
-        step: a host tier storing a copy). Returns the block id."""
+        step: a host tier storing a copy, which it checked it does not hold: a hash cached
+        here already is not put again). Returns the block id."""
         return self.put_cached_run([block_hash])[0]
 
     def put_cached_run(self, block_hashes: list[int]) -> list[int]:

@@ -189,6 +189,8 @@ def test_a_compare_refused_leaves_the_earlier_result_whole(grid, tmp_path, bad):
     ('eviction = ["lru", "lfu"]', "field 'eviction': expected one of 'lru'"),
     ('model = "nope"', "field 'model': unknown model 'nope'"),
     ('tp = 3', "field 'tp': llama-3.1-8b has 32 attention heads, which do not divide over 3"),
+    ('num-cpu-blocks = 100\nmodel = "gemma-3-12b"',        # (the tier's own setting named)
+     "field 'num_cpu_blocks': gemma-3-12b has sliding-window or chunked-local layers"),
 ])
 def test_a_bad_setting_in_the_config_file_is_named_at_its_line(tmp_path, line, words):
     config = tmp_path / "c.toml"

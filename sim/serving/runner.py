@@ -122,7 +122,8 @@ def _check_multi_group(config: RunConfig, name: str) -> None:
     """The hybrid manager is simulated for the paged layout with LRU and no CPU tier only."""
     offending = next((field for field, bad in (
         ("layout", config.layout != "paged"), ("eviction", config.eviction != "lru"),
-        ("kv_offloading_size", config.has_host_tier),
+        ("num_cpu_blocks" if config.num_cpu_blocks else "kv_offloading_size",
+         config.has_host_tier),
         ("preemption_mode", config.preemption_mode == "swap")) if bad), None)
     if offending:
         raise ConfigError(f"{name} has sliding-window or chunked-local layers (vLLM's hybrid "
