@@ -200,9 +200,9 @@ def grid_points(spec: CompareSpec, source: str = "compare options") -> list[Grid
         settings = dict(zip(names, values))
         config = RunConfig.from_dict({**spec.base, **settings, "trace": label}, source=source)
         config.validate()
-        # (before any run starts: a worker that found an unknown model raced the others'
-        # cleanup, and a lock file was left)
-        # (the shared settings are the caller's too unless a file gave them)
+        # (checked before any run starts: a worker that found an unknown model raced the
+        # others' cleanup, and a lock file was left; the shared settings are the caller's
+        # unless a file gave them)
         mine = {*settings} if spec.config_file else {*settings, *spec.base}
         check_deployment(config, spec.config_file, file_keys(spec.base, settings),
                          (source, mine))

@@ -193,12 +193,6 @@ def test_a_deployment_a_toml_file_makes_impossible_is_named_at_its_setting(tmp_p
     config.write_text('model = "llama-3-8b"\n')
     done = kvsim("run", "--config", config, "--tp", "3", "--out", str(tmp_path / "o"))
     assert done.stderr.startswith("kvsim: error: --tp: llama-3-8b has 32 attention heads")
-    config.write_text('model = "llama-3.1-8b"\nenable-chunked-prefill = false\n'
-                      'max_model_len = 16384\n')          # (the refused budget: a default)
-    done = kvsim("compare", "--config", config, "--eviction", "lru,lfu", "--out",
-                 str(tmp_path / "o"))
-    assert done.stderr.startswith("kvsim: error: field 'max_num_batched_tokens': without "
-                                  "chunked prefill the token budget (8,192) must hold")
     assert not (tmp_path / "o").exists()
 
 

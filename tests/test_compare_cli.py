@@ -184,6 +184,21 @@ def test_a_compare_refused_leaves_the_earlier_result_whole(grid, tmp_path, bad):
                   for p in out.rglob("*") if p.is_file()) == before
 
 
+def test_a_refused_default_is_not_blamed_on_the_grid_or_the_file(tmp_path):
+    """The file turns chunked prefill off; the token budget it then refuses is the default:
+    neither the file's line nor "compare options" gave it."""
+    config = tmp_path / "c.toml"
+    config.write_text('model = "llama-3.1-8b"\nenable-chunked-prefill = false\n'
+                      'max_model_len = 16384\n')
+    done = kvsim("compare", "--config", str(config), "--eviction", "lru,lfu", "--out",
+                 str(tmp_path / "o"))
+    assert (done.returncode, done.stderr) == (2, (
+        "kvsim: error: field 'max_num_batched_tokens': without chunked prefill the token "
+        "budget (8,192) must hold the longest prompt: raise it to max_model_len (16,384) or "
+        "lower that (vLLM refuses this too)\n"))
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("line, words", [
     ('modle = "llama-2-7b"', "field 'modle': unknown setting (did you mean 'model'"),
     ('eviction = ["lru", "lfu"]', "field 'eviction': expected one of 'lru'"),
