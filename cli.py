@@ -28,7 +28,7 @@ from kvsim.commands.compare import compare_command
 from kvsim.commands.plan import plan_command
 from kvsim.commands.run import report_command, run_command
 from kvsim.commands.traces import gen_command, hitrate_command, trace_stats_command
-from kvsim.errors import Interrupted, KvsimError, raise_interrupted
+from kvsim.errors import Interrupted, KvsimError, WorkerLost, raise_interrupted
 
 app = typer.Typer(
     name="kvsim",
@@ -100,7 +100,7 @@ def main() -> None:
                                           if completed else "no result was written")
         sys.stderr.write(f"kvsim: interrupted by {signal.Signals(e.signum).name}; {left}\n")
         sys.exit(128 + e.signum)
-    except KvsimError as e:
+    except (KvsimError, WorkerLost) as e:
         from kvsim.workloads.sources import naming_stdin
         sys.stderr.write(f"kvsim: error: {naming_stdin(_error_line(e))}\n")
         sys.exit(e.exit_status)
@@ -125,9 +125,11 @@ def main() -> None:
 _COMMAND_LINE = (None, "command line", "compare options")
 
 
-def _error_line(e: KvsimError) -> str:
+def _error_line(e: KvsimError | WorkerLost) -> str:
     """``e`` in one line, a setting given on the command line (or by no file) named by its
     option as typed (``--max-num-seqs: must be at least 1``), not by its schema name."""
+    if isinstance(e, WorkerLost):
+        return str(e)
     flag = _option_of(e.field) if e.location in _COMMAND_LINE else None
     if flag is None:
         return e.one_line()

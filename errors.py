@@ -1,5 +1,5 @@
 """Errors a user can act on. The CLI prints them as one line and exits with status 2 (1 for
-:class:`WorkerLost`: the host, not the input)."""
+:class:`WorkerLost`: the host, not the input; a ``RuntimeError``, not a :class:`KvsimError`)."""
 
 
 class KvsimError(ValueError):
@@ -34,10 +34,11 @@ class ConfigError(KvsimError):
     """Settings that cannot produce a run (a model that does not fit, an unknown GPU, ...)."""
 
 
-class WorkerLost(KvsimError):
+class WorkerLost(RuntimeError):
     """A worker process ended without its result (killed, out of memory, or a script that
     starts kvsim's workers without a ``__main__`` guard): the host's doing, not the input's,
-    so the command line exits 1, as for a full disk."""
+    so it is no ``ValueError`` (no :class:`KvsimError`), and the command line prints it as
+    one line and exits 1, as for a full disk."""
 
     exit_status = 1
 

@@ -148,8 +148,10 @@ def test_a_worker_that_dies_is_one_error_naming_the_likely_causes():
     script without a main guard re-run by spawn) stops the others and says so."""
     with pytest.raises(WorkerLost, match="^a worker process ended without its result "
                                          r"\(killed, or out of memory; a Python script that "
-                                         "starts workers must call kvsim under `if __name__"):
+                                         "starts workers must call kvsim under `if __name__") as lost:
         run_tasks(os._exit, [3, 3], SweepOptions(workers=2))
+    assert not isinstance(lost.value, ValueError)   # (a caller's `except ValueError` for bad
+                                                    # settings does not swallow it)
 
 
 def write_native(path, n=24, gap=0.5, burst=1):
