@@ -70,6 +70,7 @@ class Case:
     baseline: str = ""          # ratio against this case's new time instead of against old
     target: str = ""
     setup: list[list[str]] = field(default_factory=list)  # commands run first, untimed
+    inputs: list[str] = field(default_factory=list)        # the trace files it reads
 
 
 def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
@@ -79,7 +80,8 @@ def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
     million = str(work / "million.jsonl")
     run = ["run", "--quiet"]  # report.html too: b45c6b7 always wrote it
     found = [
-        Case("vidur", [*run, vidur, *VIDUR], [*run, vidur, *VIDUR], target=">= 5x"),
+        Case("vidur", [*run, vidur, *VIDUR], [*run, vidur, *VIDUR], target=">= 5x",
+             inputs=[vidur]),
         Case("mooncake", [*run, mooncake, *MOONCAKE], [*run, mooncake, *MOONCAKE],
              target="<= 8 s"),
     ]
@@ -103,8 +105,31 @@ def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
     found.append(Case("million", [*run, million], [*run, million] if old_million else None,
                       target="<= 1 GB", setup=gen))
     plan = ["plan", azure, *PLAN, "--quiet", "--json"]
-    found.append(Case("plan70b", plan, plan, target="<= 300 s, <= 1 GB"))
+    found.append(Case("plan70b", plan, plan, target="<= 300 s, <= 1 GB", inputs=[azure]))
+    for case in found:
+        if case.name.startswith("mooncake"):
+            case.inputs.append(mooncake)
     return found
+
+
+def check_cases(found: list[Case], only: list[str] | None) -> list[Case]:
+    """The cases ``--only`` names (all by default); exits (status 2) with one line when a
+    name is unknown or a trace they read is missing."""
+    names = [case.name for case in found]
+    unknown = [name for name in only or () if name not in names]
+    if unknown:
+        _refuse(f"no case {unknown[0]!r} (cases: {', '.join(names)})")
+    chosen = [case for case in found if not only or case.name in only]
+    missing = [p for case in chosen for p in case.inputs if not Path(p).is_file()]
+    if missing:
+        _refuse(f"no trace {missing[0]}: --shared DIR must hold the public traces "
+                "(docs/performance.md, 'Measuring', says which)")
+    return chosen
+
+
+def _refuse(message: str) -> None:
+    print(f"sim_speed.py: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 @dataclass
@@ -225,15 +250,14 @@ def main() -> None:
                         "and take the ratio of their CPU seconds (on a host whose speed swings "
                         "within a minute, runs made one after the other do not see it alike)")
     args = parser.parse_args()
+    found = cases(args.shared, args.work, args.old_million)
+    chosen = check_cases(found, args.only)
     args.work.mkdir(parents=True, exist_ok=True)
     versions = {"old": kvsim_argv(old_checkout(args.old, args.work)), "new": kvsim_argv(None)}
     compile_ahead(HERE)
     rows, own_cpu, host0 = [], 0.0, other_cpu_s()
-    found = cases(args.shared, args.work, args.old_million)
     new_args = {c.name: c.new for c in found}
-    for case in found:
-        if args.only and case.name not in args.only:
-            continue
+    for case in chosen:
         for command in case.setup:
             subprocess.run(versions["new"][0] + command, env=versions["new"][1], check=True,
                            capture_output=True)

@@ -4,6 +4,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "sim_speed.py"
 
 
@@ -78,3 +80,20 @@ def test_a_case_both_versions_run_gives_old_over_new_per_repeat_and_every_new_ti
     assert best["old"].wall_s == 12.0 and best["new"].wall_s == 4.0
     bench.print_table([(case, best, pairs, news)], "b45c6b7")
     assert "vidur: each pair 3.00 3.10; new s 4.00 4.20" in capsys.readouterr().out
+
+
+def test_a_missing_trace_or_unknown_case_is_one_line_and_status_2_before_anything_runs(
+        tmp_path, capsys):
+    bench = load_bench()
+    found = bench.cases(tmp_path, tmp_path, False)
+    for only, line in ((["mooncake-arc"], "sim_speed.py: no trace "
+                        f"{tmp_path}/traces/mooncake/conversation_trace.jsonl: --shared DIR must "
+                        "hold the public traces (docs/performance.md, 'Measuring', says which)"),
+                       (["vidu"], "sim_speed.py: no case 'vidu' (cases: vidur, mooncake, ")):
+        with pytest.raises(SystemExit) as stop:
+            bench.check_cases(found, only)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(line) and err.count("\n") == 1
+    assert [c.name for c in bench.check_cases(found, ["million", "million-gen"])] == [
+        "million-gen", "million"]       # (generated: no trace to find)
