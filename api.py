@@ -226,7 +226,7 @@ class Result:
                               field="output_format")
         if output_format == "parquet":
             require_parquet()
-        with OutputDir(out_dir, option="out_dir"):
+        with OutputDir(out_dir, option="out_dir", reads=[self.config.trace]):
             return write_run_outputs(out_dir, self.summary, self.requests, self.timeline,
                                      html=html, output_format=output_format, bench=bench)
 

@@ -84,7 +84,8 @@ class Comparison:
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
         out = Path(out_dir)
-        with OutputDir(out, subdirs=run_dirs(self.points), option="out_dir"):
+        traces = {point.job.trace_path for point in self.points}
+        with OutputDir(out, subdirs=run_dirs(self.points), option="out_dir", reads=traces):
             for point, r in zip(self.points, self.runs):
                 write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
                                   r.timeline, html=html, plotlyjs="parent")

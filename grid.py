@@ -263,7 +263,7 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     points = grid_points(spec)
     if progress is not None:
         progress(0, len(points), None)      # (how many, from the start)
-    with OutputDir(spec.out_dir, subdirs=run_dirs(points)):
+    with OutputDir(spec.out_dir, subdirs=run_dirs(points), reads=[spec.trace]):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
         if spec.html:

@@ -55,15 +55,34 @@ def replacing(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
         raise
 
 
-def check_output_file(path: str | os.PathLike, field: str = "out") -> Path:
+def check_output_file(path: str | os.PathLike, field: str = "out", reads=()) -> Path:
     """``path`` as a :class:`Path`, checked before a long command starts (``field``: its
-    option): refused when it is empty, names a directory, or lies under a file or a directory
-    that cannot be written to."""
+    option): refused when it is empty, names a directory, is one of the files the command
+    ``reads`` (None entries skipped), or lies under a file or a directory that cannot be
+    written to."""
     target = _checked(path, field)
+    refuse_overwriting(target, reads, field)
     why = blocked(target.parent)
     if why:
         raise KvsimError(why, location=str(target), field=field)
     return target
+
+
+def refuse_overwriting(target: Path, reads, field: str = "out") -> None:
+    """A :class:`~kvsim.errors.KvsimError` when ``target`` is the same file as one of
+    ``reads`` (the command's inputs; None entries skipped): writing it would destroy what the
+    command reads, often a recording that cannot be made again."""
+    for source in reads:
+        if source is not None and _same_file(target, source):
+            raise KvsimError("this command reads that file, and writing there would replace "
+                             "it: give another path", location=str(target), field=field)
+
+
+def _same_file(a: Path, b: str | os.PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):      # (one of them missing: not the same file)
+        return False
 
 
 def blocked(folder: Path) -> str | None:

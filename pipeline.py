@@ -246,7 +246,7 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
     bar = not quiet and (progress if progress is not None else console.is_terminal)
     if job.output_format == "parquet":
         require_parquet()
-    with OutputDir(job.out_dir):
+    with OutputDir(job.out_dir, reads=[job.trace_path]):
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):

@@ -46,6 +46,7 @@ class RealRun:
     duration_s: float
     settings: dict                  # kvsim run settings the run implies
     steps: pd.DataFrame | None = None   # oracle: per engine step features and wall_s
+    trace_path: Path | None = None      # the trace it was read with, if any
 
 
 def _load_json(path: Path) -> dict:
@@ -113,7 +114,7 @@ def _oracle_run(path: Path, data: dict, trace: Path) -> RealRun:
         "tpot_s": ((rows["e2e_s"] - rows["ttft_s"]) / (out - 1)).where(out > 1)})
     return RealRun(path.name, "vllm-oracle", requests, measured,
                    float(data["summary"]["wall_s"]), oracle_settings(data["summary"]),
-                   oracle_steps(data, requests))
+                   oracle_steps(data, requests), trace)
 
 
 def oracle_settings(summary: dict) -> dict:
@@ -168,7 +169,8 @@ def _bench_run(path: Path, data: dict, trace) -> RealRun:
                              "tpot_s": np.where(out > 1, itl_sum / np.maximum(out - 1, 1),
                                                 np.nan)})[ok]
     return RealRun(path.name, "vllm bench serve", requests, measured,
-                   bench_duration(str(path), data), _bench_settings(data))
+                   bench_duration(str(path), data), _bench_settings(data),
+                   trace_path=None if trace is None else Path(trace))
 
 
 def _bench_settings(data: dict) -> dict:
@@ -316,8 +318,10 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
         raise ConfigError(f"expected a dict of settings, got {type(settings).__name__}",
                           location=source, field="settings")
     if fit is not None:
-        check_output_file(fit, "fit")
+        check_output_file(fit, "fit", reads=(result, trace))
     real = read_real_run(result, trace)
+    if fit is not None:         # (and the trace found beside the result)
+        check_output_file(fit, "fit", reads=(real.trace_path,))
     run_config(real.label, real.settings, source=str(result))  # (the run's own, then ours)
     chosen = {**real.settings, **(settings or {})}
     run_config(real.label, chosen, source=source)

@@ -107,7 +107,7 @@ def plan_command(
         raise slo_option_error(e) from None
     options = sweep.SweepOptions(workers or sweep.default_workers(),
                                  use_ray or ray_address is not None, ray_address)
-    with OutputDir(out):
+    with OutputDir(out, reads=[path]):
         with plan_report.PlanProgress(not (quiet or as_json)) as bar:
             result = planner.plan(spec, options, bar.update)
         plan_report.write_plan_outputs(out, result, html=html)

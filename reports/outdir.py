@@ -30,7 +30,7 @@ from stat import S_ISREG
 from typing import Iterable
 
 from kvsim.errors import KvsimError
-from kvsim.output_file import blocked
+from kvsim.output_file import blocked, refuse_overwriting
 from kvsim.reports.frames import COMPARE_FILE, RESULT_FILES, RESULT_GROUPS, RUN_FILES
 
 LOCK_FILE = ".kvsim.lock"
@@ -47,9 +47,10 @@ class OutputDir:
     (``--out``, or a Python argument such as ``out_dir``)."""
 
     def __init__(self, path: str | os.PathLike, subdirs: Iterable[str] = (),
-                 option: str = "--out") -> None:
+                 option: str = "--out", reads=()) -> None:
         self.given = os.fspath(path)
         self.option = option
+        self.reads = [r for r in reads if r is not None]    # the command's input files
         self.path = Path(path)
         self.subdirs = sorted(set(subdirs))  # results also live in these (a compare's runs)
         self._owned = list(self.subdirs)     # and those of the compare found there
@@ -65,6 +66,7 @@ class OutputDir:
             raise KvsimError(f"is empty; {self.option} needs a directory",
                              location=self.option)
         check_writable_dir(self.path, self.option)
+        self._check_inputs()
         self._created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -114,6 +116,15 @@ class OutputDir:
         self.left = self._left(began)
         if exc is not None:
             exc.left = self.left
+
+    def _check_inputs(self) -> None:
+        """Refuse a directory where the command would write or remove one of its own input
+        files (a trace named ``requests.csv`` in ``--out``, or in a run directory of it)."""
+        if not self.reads:
+            return
+        for folder in ("", *self.subdirs, *earlier_run_dirs(self.path)):
+            for name in RESULT_FILES:
+                refuse_overwriting(self.path / folder / name, self.reads, _field(self.option))
 
     def _left(self, began: bool) -> str:
         """What the aborted command left, in words."""

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from kvsim.output_file import refuse_overwriting
 from kvsim.reports.html import render_run_report
-from kvsim.reports.frames import REPORT_FILE
+from kvsim.reports.frames import REPORT_FILE, RUN_FILES
 from kvsim.reports.io import read_run_outputs
 from kvsim.reports.page import PLOTLY_JS_FILE
 
@@ -22,10 +23,12 @@ def rerender_report(run_dir: str | os.PathLike, out: Optional[str | os.PathLike]
     ``--json``: ``report`` (path), ``run_dir``, ``num_requests``, ``num_completed``,
     ``timeline_rows``.
     """
-    summary, requests, timeline = read_run_outputs(run_dir)
     target = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     if target.is_dir():
         target = target / REPORT_FILE
+    refuse_overwriting(target, [Path(run_dir) / name for name in RUN_FILES
+                                if name != REPORT_FILE])
+    summary, requests, timeline = read_run_outputs(run_dir)
     mode = plotlyjs or _plotly_mode(target)
     path = render_run_report(summary, requests, timeline, target, plotlyjs=mode)
     completed = int((requests["completed"] == 1).sum()) if len(requests) else 0

@@ -8,11 +8,13 @@ import itertools
 import os
 from collections import Counter, deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.output_file import refuse_overwriting
 from kvsim.workloads.fields import MAX_SECONDS, MAX_TOKENS
 from kvsim.workloads.request import Request
 from kvsim.workloads.writer import write_lines
@@ -55,6 +57,12 @@ class GenConfig:
     hash_block_size: int = 16
     token_ids: bool = False
     vocab_size: int = 32000
+
+    def input_files(self) -> list[str]:
+        """The traces these settings read: timestamps, or lengths to resample."""
+        lengths = (self.input_tokens, self.output_tokens)
+        return [p for p in (self.arrival_trace, *(getattr(x, "path", None) for x in lengths))
+                if p is not None]
 
     def checked(self) -> "GenConfig":
         """These settings, or a :class:`ConfigError` naming the first bad one."""
@@ -107,6 +115,8 @@ def write_workload(preset, path: str | os.PathLike, config: GenConfig | None = N
     line at a time; ``progress(n)`` is told of every 1,000th. Returns a summary: ``preset``,
     ``path``, ``num_requests``, ``seed``."""
     config = (config or GenConfig()).checked()
+    if path != "-":
+        refuse_overwriting(Path(path), config.input_files())
     count = write_lines(_stream(preset, config), path, progress)
     name = preset if isinstance(preset, str) else preset.name
     return {"preset": name, "path": str(path), "num_requests": count, "seed": config.seed}
