@@ -210,7 +210,7 @@ def slo_option_error(error):
                            field="--" + error.field.replace("_", "-"))
     if not is_slo_key(error.field):
         return error
-    return ConfigError(error.message, location=error.location,
+    return ConfigError(error.message, location=error.location or "command line",
                        field=f"--slo-{error.field[:-2].replace('_', '-')}")
 
 

@@ -187,3 +187,18 @@ def test_a_plan_says_which_rows_of_the_trace_it_left_out(tmp_path):
             "failed (BurstGPT Response tokens 0): 1)") in done.stdout
     plan = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert plan["load"]["trace_rows_left_out"] == {"failed": 1}
+
+
+def test_a_tpot_target_on_a_trace_that_never_decodes_is_refused_before_any_simulation(
+        tmp_path):
+    """Every request generates one token: no TPOT is measured, so no deployment could be
+    judged against it (before: six simulations, then 'TPOT P99 n/a > 100.0 ms', exit 3)."""
+    trace = tmp_path / "one_token.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,100,1\n2023-11-16 18:15:47.6805900,100,1\n")
+    done = kvsim("plan", trace, "--slo-tpot-p99", "0.1", "--burst", "--out", tmp_path / "p")
+    assert done.returncode == 2
+    assert done.stderr == (f"kvsim: error: --slo-tpot-p99: no request of {trace} generates "
+                           "more than one token, so no TPOT (time per output token after the "
+                           "first) is measured to judge: drop the TPOT target\n")
+    assert not (tmp_path / "p").exists()

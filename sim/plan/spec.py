@@ -250,7 +250,12 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     candidates = expand_candidates(base, dims)
     varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
     left_out = Counter()
-    opts, native, count = resolve_load(str(trace_path), opts, target_rate, left_out)
+    opts, native, count, decoding = resolve_load(str(trace_path), opts, target_rate, left_out)
+    tpot = [key for key in slo if key.startswith("tpot_")]
+    if tpot and not decoding:
+        raise ConfigError(f"no request of {trace_label} generates more than one token, so no "
+                          "TPOT (time per output token after the first) is measured to judge: "
+                          "drop the TPOT target", field=tpot[0])
     if not burst:
         check_sustained(opts, native, count, slo_targets(slo), trace_label,
                         target_rate is not None)
