@@ -173,3 +173,28 @@ def test_bad_tiles_are_refused(tmp_path):
 def test_shipped_profiles_are_shaped_with_their_gpus_sm_count():
     assert [load_profile(g).gemm.num_sms for g in ("a100-80gb", "h100-80gb", "l4")] == [108, 132, 58]
     assert all(load_profile(g).gemm.shaped for g in ("a100-80gb", "h100-80gb"))
+
+
+def test_a_profile_of_another_gpu_is_refused_and_a_fitted_one_that_costs_nothing_too(tmp_path):
+    """A roofline profile is one GPU's efficiencies (applied silently to another before); a
+    fitted profile whose every step term is 0 made every step free (TTFT 0)."""
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.sim.perf.profile import FITTED_TERMS, MODEL_SHAPE_KEYS, profile_path
+    with pytest.raises(ConfigError) as other:
+        load_profile("l4", profile_path("h100-80gb"))
+    assert other.value.one_line() == (
+        f"{profile_path('h100-80gb')}: field 'gpu': holds the efficiencies of h100-80gb, and "
+        "this run's GPU is l4: give --gpu h100-80gb, or a profile of l4")
+    assert load_profile("h100-80gb", profile_path("h100-80gb")).gemm.num_sms == 132
+    fitted = {"kind": "fitted", "gpu": "a100-80gb", "fitted": dict.fromkeys(FITTED_TERMS, 0.0),
+              "model_shape": dict.fromkeys(MODEL_SHAPE_KEYS, 64)}
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps(fitted))
+    with pytest.raises(ConfigError, match="every fitted step term is 0: each step would take "
+                                          "no time$"):
+        load_profile("a100-80gb", path)
+    fitted["fitted"]["per_token_s"] = 1e-6
+    path.write_text(json.dumps(fitted))
+    assert load_profile("l4", path).fitted.per_token_s == 1e-6     # (checked by its model)

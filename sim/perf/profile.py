@@ -188,6 +188,7 @@ def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Pro
     where = None if profile is None or isinstance(profile, dict) else str(profile)
     if profile is not None:
         override = profile if isinstance(profile, dict) else _read(Path(profile))
+        check_gpu(override, gpu_name, where)
         check_sections(override, where)
         check_keys(override, where)
         check_numbers(override, where)
@@ -197,6 +198,17 @@ def load_profile(gpu_name: str, profile: None | str | Path | dict = None) -> Pro
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"calibration profile is missing or has a bad value: {exc}",
                           location=where, field="profile") from None
+
+
+def check_gpu(d: dict, gpu_name: str, where: str | None) -> None:
+    """A roofline profile holds one GPU's efficiencies: one measured on another GPU than the
+    run's is refused (it was applied silently). A fitted profile's step times are checked by
+    the model they were measured on instead (its ``gpu`` is the label of the replay)."""
+    measured = d.get("gpu")
+    if d.get("kind") != "fitted" and isinstance(measured, str) and measured != gpu_name:
+        raise ConfigError(f"holds the efficiencies of {measured}, and this run's GPU is "
+                          f"{gpu_name}: give --gpu {measured}, or a profile of {gpu_name}",
+                          location=where, field="gpu")
 
 
 NUMBER_SECTIONS = ("gemm", "elementwise", "attention", "all_reduce", "transfers", "overhead",
@@ -367,6 +379,9 @@ def _fitted(d: dict) -> Fitted:
     values = {k: float(f[k]) for k in FITTED_TERMS}
     if any(v < 0 for v in values.values()):
         raise ValueError(f"fitted coefficients must be >= 0: {values}")
+    if not any(values[k] for k in FITTED_TERMS if "copy" not in k) and not any(
+            f.get("per_batch_s") or ()) and not f.get("per_batch_slope_s"):
+        raise ValueError("every fitted step term is 0: each step would take no time")
     shape = {k: int(d["model_shape"][k]) for k in MODEL_SHAPE_KEYS}
     table = tuple(float(v) for v in f.get("per_batch_s") or ())
     slope = float(f.get("per_batch_slope_s", 0.0))
