@@ -74,7 +74,8 @@ def _header(result: dict) -> str:
     from kvsim.reports.style import get, left_out_summary_text
     from kvsim.reports.terminal import cache_text, deployment_text, trace_text
     configs = [run["summary"].get("config") or {} for run in result["runs"]]
-    deployments = {deployment_text(c, get(run["summary"], "model", "weight_dtype"))
+    deployments = {deployment_text(c, get(run["summary"], "model", "weight_dtype"),
+                                   get(run["summary"], "model", "name"))
                    for c, run in zip(configs, result["runs"])}
     rows = [("trace", {trace_text(c) for c in configs}),
             ("left out", {left_out_summary_text(run["summary"]) for run in result["runs"]}),

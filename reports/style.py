@@ -166,8 +166,8 @@ def long_prompt_advice(limit: str, blocks_given: bool) -> str:
                 "and give it more KV memory")
     if limit == "model":
         return ("that is the model's own context: pass --long-prompt truncate, choose a "
-                "model with a longer one, or raise --max-model-len past it (vLLM then needs "
-                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+                "model with a longer one, or raise --max-model-len past it, which vLLM allows "
+                "with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
     if limit != "kv_pool":
         return "raise --max-model-len, or pass --long-prompt truncate"
     more = "raise --num-gpu-blocks" if blocks_given else (

@@ -84,7 +84,8 @@ def run_rows(summary: dict) -> list[tuple[str, str]]:
     """What ran (trace, model, deployment) and which requests did not run as asked."""
     cfg = summary.get("config") or {}
     rows = [("trace", trace_text(cfg)),
-            ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype"))),
+            ("deployment", deployment_text(cfg, get(summary, "model", "weight_dtype"),
+                                           get(summary, "model", "name"))),
             ("KV cache", cache_text(cfg))]
     if cfg.get("profile"):
         rows.append(("step times", f"from the profile {cfg['profile']}"))
@@ -126,18 +127,20 @@ def _as_given(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def deployment_text(cfg: dict, checkpoint: str | None = None) -> str:
+def deployment_text(cfg: dict, checkpoint: str | None = None, name: str | None = None) -> str:
     """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16``: every GPU counted (``on 8 x
     a100-80gb (2 replicas of tp 4, round-robin router)``), ``, int4 weights`` when the
     weights are stored otherwise than the KV cache as ``--weight-dtype`` says, or ``, 4-bit
     quantized weights`` as the ``checkpoint`` stores them (by size: AWQ, GPTQ, MXFP4, NVFP4
-    are all priced as kvsim's int4)."""
+    are all priced as kvsim's int4). ``name``: the model the given one resolved to
+    (``llama-3-8b (given as llama3-8b)``)."""
     replicas, tp = cfg.get("replicas", 1), cfg.get("tp", 1)
     gpus = replicas * tp if is_number(replicas) and is_number(tp) else "?"
     router = f", {cfg['router']} router" if cfg.get("router") else ""
     shape = f"{replicas} replicas of tp {tp}{router}" if replicas != 1 else f"tp {tp}"
-    text = (f"{cfg.get('model', '?')} on {gpus} x {cfg.get('gpu', '?')} ({shape}), "
-            f"{cfg.get('dtype', '?')}")
+    given = cfg.get("model", "?")
+    model = given if name in (None, given) else f"{name} (given as {given})"
+    text = f"{model} on {gpus} x {cfg.get('gpu', '?')} ({shape}), {cfg.get('dtype', '?')}"
     weights = cfg.get("weight_dtype") or checkpoint
     if weights and weights != cfg.get("dtype"):
         quantized = _QUANTIZED.get(weights) if not cfg.get("weight_dtype") else None
@@ -406,5 +409,5 @@ def _idle_text(summary: dict) -> str:
     if blocks is None:
         return "-"
     return (f"{fmt_num(round(blocks))} blocks on average "
-            f"({fmt_pct(get(summary, 'kv', 'mean_cached_idle_fraction'))}): the room an "
-            f"eviction policy chooses in")
+            f"({fmt_pct(get(summary, 'kv', 'mean_cached_idle_fraction'))}, counted as free): "
+            "what an eviction policy chooses among")

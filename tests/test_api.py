@@ -215,8 +215,8 @@ def test_rejected_requests_are_a_warning_in_python_names():
     assert [str(w.message) for w in caught] == [
         "kvsim.run: rejected 17 of 20 requests: prompt of max_model_len 4,096 tokens or more "
         "(that is the model's own context: pass long_prompt=\"truncate\", choose a model with "
-        "a longer one, or raise max_model_len past it (vLLM then needs "
-        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1))"]
+        "a longer one, or raise max_model_len past it, which vLLM allows with "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"]
     assert caught[0].filename == __file__
 
 

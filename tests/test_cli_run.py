@@ -486,8 +486,8 @@ def test_quiet_still_warns_of_rejected_requests(tmp_path):
     assert done.stderr == ("kvsim: rejected 24 of 50 requests: prompt of max_model_len 8,192 "
                            "tokens or more (that is the model's own context: pass "
                            "--long-prompt truncate, choose a model with a longer one, or "
-                           "raise --max-model-len past it (vLLM then needs "
-                           "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1))\n")
+                           "raise --max-model-len past it, which vLLM allows with "
+                           "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)\n")
 
 
 def test_a_fitted_profile_run_says_where_its_step_times_come_from(tmp_path):

@@ -214,3 +214,13 @@ def test_requests_cut_by_max_model_len_are_a_row_of_their_own():
         "3 requests ended at max_model_len before their requested output (finish_reason "
         "length in requests.csv)")
     assert stopped_text({"num_stopped_by_length": 0}) == ""
+
+
+def test_the_deployment_line_names_the_model_a_given_name_resolved_to():
+    """``--model llama3-8b`` is Llama 3 (8k context), not 3.1: the line says which it ran."""
+    from kvsim.reports.terminal import deployment_text
+    config = {"model": "llama3-8b", "replicas": 1, "gpu": "l4", "tp": 1, "dtype": "bf16"}
+    assert deployment_text(config, None, "llama-3-8b") == \
+        "llama-3-8b (given as llama3-8b) on 1 x l4 (tp 1), bf16"
+    assert deployment_text({**config, "model": "llama-3-8b"}, None, "llama-3-8b") == \
+        "llama-3-8b on 1 x l4 (tp 1), bf16"
