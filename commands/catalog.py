@@ -21,11 +21,11 @@ def models_command(as_json: bool = JSON_OPTION) -> None:
                      "max_model_len": m.max_model_len,
                      "kv_bytes_per_token": m.kv_bytes_per_token("bf16")})
     emit(rows, as_json, lambda r: typer.echo(_table(
-        ("model", "family", "params", "active", "layers", "attention", "max len",
-         "KV/token (bf16)"),
-        [(m["name"], m["family"], _billions(m["num_params"]), _billions(m["active_params"]),
+        ("model", "params", "active", "layers", "attn", "max len", "KV/token"),
+        [(m["name"], _billions(m["num_params"]), _billions(m["active_params"]),
           str(m["num_layers"]), m["attention"], f"{m['max_model_len']:,}",
-          f"{m['kv_bytes_per_token'] / 1024:,.0f} KiB") for m in r])))
+          f"{m['kv_bytes_per_token'] / 1024:,.0f} KiB") for m in r])
+        + "\nparams, active (per token): billions; KV/token: one token's K and V, bf16"))
 
 
 def gpus_command(as_json: bool = JSON_OPTION) -> None:

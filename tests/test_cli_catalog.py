@@ -9,10 +9,13 @@ def test_models_lists_every_catalog_model_with_its_shape():
     from kvsim.sim.perf.models import list_models
     done = kvsim("models")
     lines = done.stdout.splitlines()
-    assert done.returncode == 0 and lines[0].split()[:3] == ["model", "family", "params"]
-    assert [line.split()[0] for line in lines[1:]] == list_models()
+    assert done.returncode == 0 and lines[0].split() == [
+        "model", "params", "active", "layers", "attn", "max", "len", "KV/token"]
+    assert [line.split()[0] for line in lines[1:-1]] == list_models()
+    assert lines[-1] == "params, active (per token): billions; KV/token: one token's K and V, bf16"
+    assert max(map(len, lines)) <= 80           # (a terminal of 80 columns: no line wraps)
     row = next(line for line in lines if line.startswith("llama-2-7b "))
-    assert row.split()[1:7] == ["llama", "6.7B", "6.7B", "32", "mha", "4,096"]
+    assert row.split()[1:8] == ["6.7B", "6.7B", "32", "mha", "4,096", "512", "KiB"]
     listed = json.loads(kvsim("models", "--json").stdout)
     assert {m["name"]: m["kv_bytes_per_token"] for m in listed}["llama-2-7b"] == 524288
 
