@@ -135,20 +135,26 @@ def recommendation_text(result: dict) -> str:
     best = result["recommended"]
     if best is None:
         return "No candidate meets every SLO; see the reasons above."
-    return (f"Recommended: {best['label']} x {best['replicas']} replica(s) = {best['gpus']} "
-            f"GPU(s), {_money(best['cost_per_hour_usd'])}/hour, headroom "
+    return (f"Recommended: {best['label']} x {_count(best['replicas'], 'replica')} = "
+            f"{_count(best['gpus'], 'GPU')}, {_money(best['cost_per_hour_usd'])}/hour, headroom "
             f"{fmt_pct(best['min_headroom'])}.\n  reproduce: {best['kvsim_run']}")
 
 
+def _count(n, noun: str) -> str:
+    """``1 replica``, ``2 replicas``."""
+    return f"{fmt_num(n)} {noun}" + ("" if n == 1 else "s")
+
+
 def block_size_lines(result: dict) -> list[str]:
-    """Per GPU: the L2 rule's block size beside the best block size of the sweep."""
-    return [f"block size on {b['gpu']}: the tokens whose K and V of one layer fill its L2 "
-            f"cache (tp {b['tp']}), {b['l2_cache_bytes']:,} B / "
-            f"{b['kv_bytes_per_token_per_layer']:,} B = "
-            f"{b['tokens']:,.0f} (power of two {b['power_of_two']:,}; a rule of thumb, "
-            "not simulated); best in sweep "
+    """Per GPU: the best block size of the sweep, then the L2 rule of thumb's bound (not a
+    suggestion: vLLM's blocks are 16 or 32 tokens, far below it)."""
+    return [f"block size on {b['gpu']}: best in sweep "
             f"{b['best_block_size'] if b['best_block_size'] is not None else '—'} "
-            f"(swept {', '.join(map(str, b['swept_block_sizes']))})"
+            f"(swept {', '.join(map(str, b['swept_block_sizes']))}); a rule of thumb, not "
+            f"simulated, bounds it by the tokens whose K and V of one layer fill its L2 cache "
+            f"(tp {b['tp']}), {b['l2_cache_bytes']:,} B / "
+            f"{b['kv_bytes_per_token_per_layer']:,} B = {b['tokens']:,.0f} (power of two "
+            f"{b['power_of_two']:,})"
             for b in result["block_size"]]
 
 
@@ -221,7 +227,7 @@ class PlanProgress:
 def candidate_line(row: dict) -> str:
     """``a100-80gb TP1: 3 replicas, $9.12/h`` or ``h100-80gb TP2: infeasible (reason)``."""
     if row.get("feasible"):
-        return (f"{row['label']}: meets the SLOs with {row['replicas']} replica(s), "
+        return (f"{row['label']}: meets the SLOs with {_count(row['replicas'], 'replica')}, "
                 f"{_money(row.get('cost_per_hour_usd'))}/h")
     return f"{row['label']}: no ({row.get('reason') or 'misses an SLO'})"
 
