@@ -10,15 +10,16 @@ import re
 import sys
 from collections import Counter
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from kvsim.errors import ConfigError, TraceError
 from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
-from kvsim.reports.style import long_prompt_advice
 from kvsim.reports.outdir import OutputDir
+from kvsim.run_notes import (TraceScan, beyond_context_note, fell_behind, fell_behind_note,
+                             long_prompt_note, median_queue_s, profile_note, scan_trace)
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig, located, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
@@ -271,80 +272,15 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
                               sharing=sharing, trace_options=job.trace_options,
                               left_out=left_out)
         summary, requests_df, timeline_df = run_outputs(result)
+        queued = median_queue_s(requests_df) if notes else None
+        if fell_behind(scan, queued):
+            say(fell_behind_note(scan, queued))
         if job.slo:
             summary["slo"] = job.slo
         write_run_outputs(job.out_dir, summary, requests_df, timeline_df, html=job.html,
                           output_format=job.output_format, bench=job.bench,
                           plotlyjs=job.plotlyjs)
     return summary, requests_df, timeline_df
-
-
-@dataclass(frozen=True)
-class TraceScan:
-    """One pass over the trace before the run: its size, time span and too-long prompts."""
-
-    num_requests: int
-    span_s: float
-    num_long: int
-    longest_prompt: int
-    num_overflowing: int = 0    # prompt and output together longer than max_model_len
-    left_out: Counter = field(default_factory=Counter)  # rows holding no request, by reason
-
-
-def scan_trace(job: RunJob, max_model_len: int) -> TraceScan:
-    """Count the job's requests, their span and those whose prompt is ``max_model_len`` tokens
-    or more (vLLM rejects those)."""
-    count = span = long = longest = over = 0
-    left_out = Counter()
-    for request in load_trace(job.trace_path, job.trace_options, left_out):
-        count, span = count + 1, request.arrival_s
-        longest = max(longest, request.prompt_tokens)
-        long += request.prompt_tokens >= max_model_len
-        over += request.prompt_tokens + request.output_tokens > max_model_len
-    return TraceScan(count, span, long, longest, over, left_out)
-
-
-def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
-    """One line saying how many prompts do not fit the deployment's ``max_model_len``, what
-    happens to them and what to do about it."""
-    max_model_len = deployment.max_model_len
-    share = f"{scan.num_long:,} of {scan.num_requests:,} requests"
-    fit = (f"have prompts of {max_model_len:,} tokens or more (max_model_len; the longest "
-           f"has {scan.longest_prompt:,})")
-    if config.long_prompt == "truncate" and not scan.num_long:
-        return (f"{scan.num_overflowing:,} of {scan.num_requests:,} requests have prompt and "
-                f"output together past max_model_len {max_model_len:,}: truncating them "
-                "(--long-prompt truncate)")
-    if config.long_prompt == "truncate":
-        return (f"{share} {fit}; truncating the {scan.num_overflowing:,} whose prompt and "
-                "output together pass it (--long-prompt truncate)")
-    advice = long_prompt_advice(deployment.max_model_len_limit,
-                                config.num_gpu_blocks is not None)
-    return f"{share} {fit} and will be rejected; {advice}"
-
-
-def beyond_context_note(config: RunConfig, deployment) -> str:
-    """One line: ``--max-model-len`` is above the model's own context, as vLLM allows only on
-    request."""
-    return (f"--max-model-len {deployment.max_model_len:,} is above {config.model}'s context "
-            f"of {deployment.model_max_len:,} tokens: vLLM refuses that unless "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; kvsim runs it, its costs extrapolated past the "
-            "lengths the model was made for")
-
-
-def profile_note(config: RunConfig, data: dict) -> str:
-    """One line: where the step times come from with ``--profile`` (``data``: the profile as
-    loaded), and what of the run differs from what the profile was measured with (a fitted
-    profile's device, dtype and block size; ``--gpu`` then sizes the memory only)."""
-    if data.get("kind") != "fitted":
-        return f"step times: the cost model with {config.profile}'s efficiencies"
-    measured = data.get("settings") or {}
-    differ = [f"{name} {measured[key]} (this run: {value})" for name, key, value in (
-        ("dtype", "dtype", config.dtype), ("block size", "block_size", config.block_size))
-        if key in measured and measured[key] != value]
-    return (f"step times: fitted on {data.get('device_name') or data.get('device', '?')} "
-            f"({config.profile}); --gpu {config.gpu} sizes the KV pool only"
-            + (f"; measured with {', '.join(differ)}" if differ else ""))
 
 
 def say(message: str) -> None:

@@ -5,8 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from clirun import kvsim
+
+from kvsim.reports.style import fmt_seconds
 
 CONTRACT_KEYS = {
     "num_requests", "num_completed", "num_steps", "duration_s", "wall_time_s",
@@ -496,7 +499,7 @@ def test_a_fitted_profile_run_says_where_its_step_times_come_from(tmp_path):
         "kind": "fitted", "device": "cpu", "device_name": "a test CPU",
         "settings": {"dtype": "fp32", "block_size": 32},
         "model_shape": {"num_layers": 2}}))
-    from kvsim.pipeline import profile_note
+    from kvsim.run_notes import profile_note
     from kvsim.sim.config import RunConfig
     data = json.loads(profile.read_text())
     assert profile_note(RunConfig(profile=str(profile)), data) == (
@@ -506,7 +509,7 @@ def test_a_fitted_profile_run_says_where_its_step_times_come_from(tmp_path):
 
 def test_the_truncate_note_counts_prompt_and_output_past_the_length_when_no_prompt_is():
     from types import SimpleNamespace
-    from kvsim.pipeline import TraceScan, long_prompt_note
+    from kvsim.run_notes import TraceScan, long_prompt_note
     from kvsim.sim.config import RunConfig
     scan = TraceScan(num_requests=300, span_s=60.0, num_long=0, longest_prompt=4000,
                      num_overflowing=11)
@@ -522,3 +525,28 @@ def test_format_names_take_any_case(tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["config"]["trace_options"]["format"] == "azure"
+
+
+def test_a_deployment_that_falls_behind_its_arrivals_says_so_and_a_long_burst_does_not(
+        tmp_path):
+    """Forty 4,000-token prompts arriving over 3.9 s queue for seconds on one L4: the note
+    says so; ten prompts of 100 tokens generating 2,000 each take long, but queue for
+    nothing (their latencies are the deployment's, not a queue's)."""
+    def trace(name, n, gap, prompt, output):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"arrival_s": i * gap, "prompt_tokens": prompt,
+                                            "output_tokens": output}) + "\n"
+                                for i in range(n)))
+        return path
+    args = ("--gpu", "l4", "--out", tmp_path / "o")      # (not --quiet: no notes then)
+    done = kvsim("run", trace("busy.jsonl", 40, 0.1, 4000, 10), *args)
+    assert done.returncode == 0, done.stderr
+    line, = done.stderr.splitlines()        # (the summary is on stdout)
+    queued = float(pd.read_csv(tmp_path / "o" / "requests.csv")["queue_s"].median())
+    assert line == ("kvsim: the deployment fell behind the arrivals: 40 requests arrived over "
+                    f"3.90 s (10.3 req/s) and waited {fmt_seconds(queued)} on median before "
+                    "their first step, so their latencies measure the queue; give it more "
+                    "--replicas, --tp or a larger --gpu, or lower --rate-scale")
+    done = kvsim("run", trace("long.jsonl", 10, 0.1, 100, 2000), *args)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert kvsim("run", tmp_path / "busy.jsonl", *args, "--quiet").stderr == ""

@@ -235,8 +235,10 @@ def test_a_reader_that_closes_stdout_ends_kvsim_quietly_with_141(tmp_path, args)
     assert proc.wait(timeout=120) == 141
     assert "Traceback" not in err and "Exception" not in err
     if args[0] == "run":
-        assert err == "kvsim: wrote kvsim-out/summary.json, requests.csv, " \
-                      "timeline.csv, report.html\n"
+        fell_behind, wrote = err.splitlines()       # (20 long prompts queue on one A100)
+        assert fell_behind.startswith("kvsim: the deployment fell behind the arrivals: ")
+        assert wrote == "kvsim: wrote kvsim-out/summary.json, requests.csv, timeline.csv, " \
+                        "report.html"
         assert json.loads((tmp_path / "kvsim-out" / "summary.json").read_text())
 
 

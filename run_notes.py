@@ -1,0 +1,111 @@
+"""The notes a run prints for the person at the terminal (on stderr, one line each), from one
+pass over the trace before the run (:class:`TraceScan`) and from its result: prompts longer
+than the deployment takes, a ``--max-model-len`` past the model's context, where step times
+come from, and a deployment that fell behind its arrivals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+import numpy as np
+
+from kvsim.reports.style import fmt_seconds, long_prompt_advice
+from kvsim.sim.config import RunConfig
+from kvsim.workloads import load_trace
+
+@dataclass(frozen=True)
+class TraceScan:
+    """One pass over the trace before the run: its size, time span and too-long prompts."""
+
+    num_requests: int
+    span_s: float
+    num_long: int
+    longest_prompt: int
+    num_overflowing: int = 0    # prompt and output together longer than max_model_len
+    left_out: Counter = field(default_factory=Counter)  # rows holding no request, by reason
+
+
+def scan_trace(job, max_model_len: int) -> TraceScan:
+    """Count the job's (a :class:`~kvsim.pipeline.RunJob`) requests, their span and those whose
+    prompt is ``max_model_len`` tokens or more (vLLM rejects those)."""
+    count = span = long = longest = over = 0
+    left_out = Counter()
+    for request in load_trace(job.trace_path, job.trace_options, left_out):
+        count, span = count + 1, request.arrival_s
+        longest = max(longest, request.prompt_tokens)
+        long += request.prompt_tokens >= max_model_len
+        over += request.prompt_tokens + request.output_tokens > max_model_len
+    return TraceScan(count, span, long, longest, over, left_out)
+
+
+#: A run whose median request waited this share of the arrivals' span (and a second at
+#: least) fell behind them: with arrivals steady at twice what it serves, the queue grows
+#: to half the span, a quarter on median (:func:`fell_behind`).
+BEHIND_SHARE = 0.25
+
+
+def median_queue_s(requests) -> float | None:
+    """The completed requests' median wait between arrival and first scheduling."""
+    queued = np.asarray(requests["queue_s"], dtype=float)
+    queued = queued[~np.isnan(queued)]
+    return float(np.median(queued)) if len(queued) else None
+
+
+def fell_behind(scan: TraceScan | None, queued: float | None) -> bool:
+    """Whether requests arriving over time (not all at once) queued, on median, for more
+    than :data:`BEHIND_SHARE` of their arrivals' span and more than a second: the queue grew
+    as they came, and latencies measure it more than the deployment."""
+    return (scan is not None and scan.span_s > 0 and queued is not None
+            and queued > max(1.0, BEHIND_SHARE * scan.span_s))
+
+
+def fell_behind_note(scan: TraceScan, queued: float) -> str:
+    """One line: how long requests queued against how they arrived, and what to do."""
+    return (f"the deployment fell behind the arrivals: {scan.num_requests:,} requests arrived "
+            f"over {fmt_seconds(scan.span_s)} ({scan.num_requests / scan.span_s:.3g} req/s) "
+            f"and waited {fmt_seconds(queued)} on median before their first step, so their "
+            "latencies measure the queue; give it more --replicas, --tp or a larger --gpu, or "
+            "lower --rate-scale")
+
+
+def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
+    """One line saying how many prompts do not fit the deployment's ``max_model_len``, what
+    happens to them and what to do about it."""
+    max_model_len = deployment.max_model_len
+    share = f"{scan.num_long:,} of {scan.num_requests:,} requests"
+    fit = (f"have prompts of {max_model_len:,} tokens or more (max_model_len; the longest "
+           f"has {scan.longest_prompt:,})")
+    if config.long_prompt == "truncate" and not scan.num_long:
+        return (f"{scan.num_overflowing:,} of {scan.num_requests:,} requests have prompt and "
+                f"output together past max_model_len {max_model_len:,}: truncating them "
+                "(--long-prompt truncate)")
+    if config.long_prompt == "truncate":
+        return (f"{share} {fit}; truncating the {scan.num_overflowing:,} whose prompt and "
+                "output together pass it (--long-prompt truncate)")
+    advice = long_prompt_advice(deployment.max_model_len_limit,
+                                config.num_gpu_blocks is not None)
+    return f"{share} {fit} and will be rejected; {advice}"
+
+
+def beyond_context_note(config: RunConfig, deployment) -> str:
+    """One line: ``--max-model-len`` is above the model's own context, as vLLM allows only on
+    request."""
+    return (f"--max-model-len {deployment.max_model_len:,} is above {config.model}'s context "
+            f"of {deployment.model_max_len:,} tokens: vLLM refuses that unless "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; kvsim runs it, its costs extrapolated past the "
+            "lengths the model was made for")
+
+
+def profile_note(config: RunConfig, data: dict) -> str:
+    """One line: where the step times come from with ``--profile`` (``data``: the profile as
+    loaded), and what of the run differs from what the profile was measured with (a fitted
+    profile's device, dtype and block size; ``--gpu`` then sizes the memory only)."""
+    if data.get("kind") != "fitted":
+        return f"step times: the cost model with {config.profile}'s efficiencies"
+    measured = data.get("settings") or {}
+    differ = [f"{name} {measured[key]} (this run: {value})" for name, key, value in (
+        ("dtype", "dtype", config.dtype), ("block size", "block_size", config.block_size))
+        if key in measured and measured[key] != value]
+    return (f"step times: fitted on {data.get('device_name') or data.get('device', '?')} "
+            f"({config.profile}); --gpu {config.gpu} sizes the KV pool only"
+            + (f"; measured with {', '.join(differ)}" if differ else ""))
