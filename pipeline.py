@@ -191,14 +191,18 @@ def config_from_sources(trace: str | None, config_file: str | None,
                        config_file) from None
     options = {k: v for k, v in given.items() if v is not None}
     in_toml = checked_file_settings({**settings, "trace": label}, config_file, options)
-    where = (f"{config_file} with the command line" if config_file and options
-             else config_file or "command line")
     # (the file's values were checked: a value wrong on its own is the command line's)
     config = RunConfig.from_dict({**in_toml.to_dict(), **options}, "command line",
                                  check=False)
-    config.validate(where)
-    config.check_unused_options(where)
-    check_deployment(config, config_file, file_keys(settings, options))
+    from_file = file_keys(settings, options)
+    try:
+        config.validate()
+        config.check_unused_options()
+    except ConfigError as e:
+        if config_file and options:     # (settings checked together, from both: say so)
+            raise located(e, f"{config_file} with the command line") from None
+        raise _placed(e, config_file, from_file, ("command line", set(options))) from None
+    check_deployment(config, config_file, from_file)
     return config, path
 
 
@@ -218,14 +222,21 @@ def check_deployment(config: RunConfig, path: str | None, from_file: set,
     try:
         resolve_deployment(config)
     except ConfigError as e:
-        if e.location is not None:
-            raise
-        if path and e.field in from_file:
-            raise _at_line(ConfigError(e.message, location=path, field=e.field),
-                           path) from None
-        if given is not None and e.field in given[1]:
-            raise located(e, given[0]) from None
-        raise
+        raise _placed(e, path, from_file, given) from None
+
+
+def _placed(error: ConfigError, path: str | None, from_file: set,
+            given: tuple[str, set] | None) -> ConfigError:
+    """A refusal of settings checked together, shown where its setting came from: its line
+    of the TOML file at ``path`` (one of ``from_file``), ``given[0]`` (one of ``given[1]``),
+    else unlocated (a default: ``field 'x'``); one that names its place already as it is."""
+    if error.location is not None:
+        return error
+    if path and error.field in from_file:
+        return _at_line(ConfigError(error.message, location=path, field=error.field), path)
+    if given is not None and error.field in given[1]:
+        return located(error, given[0])
+    return error
 
 
 def run_job(job: RunJob, quiet: bool = True, progress: bool | None = None,

@@ -176,8 +176,15 @@ def test_a_misspelt_or_conflicting_toml_setting_is_named_where_it_is(tmp_path):
         "command line, or start= to kvsim.run" in done.stderr
     config.write_text("kv_offloading_size = 8\nnum_cpu_blocks = 100\n")
     done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
-    assert done.stderr == (f"kvsim: error: {config}: field 'kv_offloading_size': give the host "
-                           "tier in blocks or in GiB, not both\n")
+    assert done.stderr == (f"kvsim: error: {config}:1: field 'kv_offloading_size': give the "
+                           "host tier in blocks or in GiB, not both\n")
+    config.write_text("max_num_seqs = 64\n\nmax-num-batched-tokens = 8\n")
+    done = kvsim("run", "--config", config, "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith(f"kvsim: error: {config}:3: field 'max_num_batched_tokens': "
+                                  "8 is below max_num_seqs (64)")
+    done = kvsim("run", "--max-num-seqs", "9999", "--out", str(tmp_path / "o"))
+    assert done.stderr.startswith("kvsim: error: field 'max_num_batched_tokens': 8192 is below "
+                                  "max_num_seqs (9999)")     # (a default: no place to name)
 
 
 def test_a_deployment_a_toml_file_makes_impossible_is_named_at_its_setting(tmp_path):
