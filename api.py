@@ -216,7 +216,7 @@ class Result:
         from kvsim.reports.io import require_parquet
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
-        from kvsim.reports.frames import OUTPUT_FORMATS
+        from kvsim.reports.frames import OUTPUT_FORMATS, RUN_FILES
         for name, flag in (("html", html), ("bench", bench)):
             checked_flag(flag, name, "Result.write")
         checked_path(out_dir, "out_dir", "Result.write")
@@ -226,7 +226,8 @@ class Result:
                               field="output_format")
         if output_format == "parquet":
             require_parquet()
-        with OutputDir(out_dir, option="out_dir", reads=[self.config.trace]):
+        with OutputDir(out_dir, option="out_dir", reads=[self.config.trace],
+                       writes=RUN_FILES):
             return write_run_outputs(out_dir, self.summary, self.requests, self.timeline,
                                      html=html, output_format=output_format, bench=bench)
 

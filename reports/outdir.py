@@ -47,10 +47,11 @@ class OutputDir:
     (``--out``, or a Python argument such as ``out_dir``)."""
 
     def __init__(self, path: str | os.PathLike, subdirs: Iterable[str] = (),
-                 option: str = "--out", reads=()) -> None:
+                 option: str = "--out", reads=(), writes=()) -> None:
         self.given = os.fspath(path)
         self.option = option
         self.reads = [r for r in reads if r is not None]    # the command's input files
+        self.writes = tuple(writes)         # the names of the files it writes there
         self.path = Path(path)
         self.subdirs = sorted(set(subdirs))  # results also live in these (a compare's runs)
         self._owned = list(self.subdirs)     # and those of the compare found there
@@ -119,7 +120,13 @@ class OutputDir:
 
     def _check_inputs(self) -> None:
         """Refuse a directory where the command would write or remove one of its own input
-        files (a trace named ``requests.csv`` in ``--out``, or in a run directory of it)."""
+        files (a trace named ``requests.csv`` in ``--out``, or in a run directory of it), or
+        where a file it writes is a directory (found only at the end, after the work)."""
+        for name in self.writes:
+            if (self.path / name).is_dir():
+                raise KvsimError("is a directory, where the command writes its file of that "
+                                 "name: move it, or give another directory",
+                                 location=str(self.path / name), field=_field(self.option))
         if not self.reads:
             return
         for folder in ("", *self.subdirs, *earlier_run_dirs(self.path)):

@@ -312,3 +312,19 @@ def test_a_file_the_disk_cannot_hold_is_named_and_leaves_nothing_behind(tmp_path
             raise OSError(errno.ENOSPC, "No space left on device")
     assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(target))
     assert names(tmp_path) == []
+
+
+def test_a_directory_where_the_command_writes_a_file_is_refused_before_the_work(tmp_path):
+    """``summary.json`` being a folder was found only when the run was over (exit 1)."""
+    from kvsim.errors import KvsimError
+    out = tmp_path / "o"
+    (out / "summary.json").mkdir(parents=True)
+    with pytest.raises(KvsimError) as refused:
+        with OutputDir(out, writes=("requests.csv", "summary.json")):
+            raise AssertionError("no work starts")
+    assert refused.value.one_line() == (
+        f"{out}/summary.json: field 'out': is a directory, where the command writes its file "
+        "of that name: move it, or give another directory")
+    with OutputDir(out, writes=("report.html",)):     # (not a file this command writes)
+        pass
+    assert names(out) == ["summary.json"]
