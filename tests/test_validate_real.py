@@ -119,6 +119,23 @@ def test_an_oracle_replay_missing_a_field_names_it(tmp_path):
     assert str(e.value) == f"{broken}: field 'wall_s': missing from the result"
 
 
+def test_an_oracle_replay_with_no_request_or_too_few_blocks_names_its_field(tmp_path):
+    """Before: 'field output_tokens: missing' and 'field num_gpu_blocks: ... got -2', a
+    field the file does not have and a value it does not hold."""
+    trace, broken = FIXTURE.with_name("timed_chat.jsonl"), tmp_path / "r.vllm.json"
+    for change, line in (
+            (lambda d: d.update(requests=[]), "field 'requests': holds no request"),
+            (lambda d: d["summary"]["settings"].update(num_blocks=-1),
+             "field 'summary.settings.num_blocks': must be a whole number of at least 2 "
+             "(block 0 is vLLM's null block), got -1")):
+        data = json.loads(FIXTURE.read_text())
+        change(data)
+        broken.write_text(json.dumps(data))
+        with pytest.raises(KvsimError) as e:
+            read_real_run(broken, trace)
+        assert str(e.value) == f"{broken}: {line}"
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("ttft_s", -5, "is -5; expected a time in seconds >= 0"),
     ("output_tokens", -3, "is -3; expected a whole number >= 1"),
