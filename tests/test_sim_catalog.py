@@ -99,6 +99,9 @@ def test_config_json_missing_a_field_names_it(tmp_path):
     path.write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ConfigError, match="'gpt2' is not supported"):
         resolve_model(path)
+    path.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}))
+    with pytest.raises(ConfigError, match=r": LlamaForCausalLM \(no model_type\) is not "):
+        resolve_model(path)         # (not "model_type 'None'")
 
 
 def test_config_json_with_absurdly_many_layers_is_refused_at_once(tmp_path):

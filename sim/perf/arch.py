@@ -153,8 +153,10 @@ _HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "opt":
 
 
 def _architecture_name(cfg: dict) -> str:
-    """``MixtralForCausalLM (model_type 'mixtral')``, or the model type alone."""
-    arch, kind = cfg.get("architectures"), f"model_type '{cfg.get('model_type')}'"
+    """``MixtralForCausalLM (model_type 'mixtral')``, or the model type alone (``no
+    model_type`` where the config has none)."""
+    kind = f"model_type '{cfg['model_type']}'" if "model_type" in cfg else "no model_type"
+    arch = cfg.get("architectures")
     return f"{', '.join(map(str, arch))} ({kind})" if isinstance(arch, list) and arch else kind
 
 
