@@ -277,6 +277,22 @@ def test_an_azure_row_going_backwards_says_by_how_much_not_since_when(tmp_path):
     assert err.message.startswith("time goes backwards: it arrives 4 s before line 2;")
 
 
+def test_azure_times_with_and_without_a_zone_are_not_mixed(tmp_path):
+    """A zone's offset between two rows was taken as a gap (here 5 hours); times all with a
+    zone, or all without, read as before."""
+    zoned = AZURE_ROW.replace(",374", "+05:00,374")
+    err = trace_error(tmp_path, AZURE_HEADER + zoned + AZURE_ROW, name="t.csv")
+    assert (err.location.split(":")[-1], err.field, err.message) == (
+        "3", "TIMESTAMP", "'2023-11-16 18:15:46.6805900' has no time zone, and the rows before "
+                          "do: their gap would be off by the zone's offset")
+    err = trace_error(tmp_path, AZURE_HEADER + AZURE_ROW + zoned, name="t.csv")
+    assert err.message.startswith("'2023-11-16 18:15:46.6805900+05:00' has a time zone, and "
+                                  "the rows before do not")
+    path = tmp_path / "zoned.csv"
+    path.write_text(AZURE_HEADER + zoned + zoned.replace("46.68", "47.68"))
+    assert [r.arrival_s for r in read_trace(path)] == [0.0, 1.0]
+
+
 @pytest.mark.parametrize("field, base", [("arrival_s", NATIVE), ("timestamp", MOON)])
 @pytest.mark.parametrize("digits", [310, 5000])
 def test_a_time_too_big_for_a_float_is_one_error_not_a_traceback(tmp_path, field, base,

@@ -93,9 +93,17 @@ def rows(lines, path, wanted: tuple[str, ...]) -> Iterator[tuple[int, str, list[
 
 def azure_requests(lines, path) -> Iterator[tuple[int, Request | LeftOutRow]]:
     """``(line_no, request)`` per Azure row (a :class:`LeftOutRow` for one without prompt or
-    output); ``arrival_s`` is seconds since 2000-01-01."""
+    output); ``arrival_s`` is seconds since 2000-01-01. Times with a zone and times without
+    one (local to no one knows where) are not mixed."""
+    zoned = None
     for line_no, loc, (stamp, context, generated) in rows(lines, path, AZURE_COLUMNS):
-        t = wallclock_seconds(stamp, AZURE_TIME_FIELD, loc)
+        t, has_zone = wallclock_seconds(stamp, AZURE_TIME_FIELD, loc)
+        if zoned is None:
+            zoned = has_zone
+        elif has_zone != zoned:
+            raise F.fail(loc, AZURE_TIME_FIELD, f"{stamp!r} has {'a' if has_zone else 'no'} "
+                         f"time zone, and the rows before {'do not' if has_zone else 'do'}: "
+                         "their gap would be off by the zone's offset")
         empty = _left_out(context, "ContextTokens", "empty_prompt", loc) or \
             _left_out(generated, "GeneratedTokens", "no_output", loc)
         yield line_no, LeftOutRow(t, empty) if empty else Request(
@@ -139,8 +147,9 @@ def burstgpt_requests(lines, path, model: str | None
                          f"{', '.join(sorted(others))}", field="trace_model")
 
 
-def wallclock_seconds(text: str, name: str, loc: str) -> float:
-    """Seconds since 2000-01-01 00:00 UTC of a ``YYYY-MM-DD hh:mm:ss[.f][tz]`` time."""
+def wallclock_seconds(text: str, name: str, loc: str) -> tuple[float, bool]:
+    """Seconds since 2000-01-01 00:00 UTC of a ``YYYY-MM-DD hh:mm:ss[.f][tz]`` time (UTC
+    without a zone), and whether it has one."""
     m = _WALLCLOCK.match(text)
     if m is None:
         raise F.fail(loc, name, f"expected a time like '2023-11-16 18:17:03.98', got {text!r}")
@@ -151,7 +160,8 @@ def wallclock_seconds(text: str, name: str, loc: str) -> float:
         raise F.fail(loc, name, f"invalid date {text!r}: {e}") from None
     if hour > 23 or minute > 59 or float(m.group(6)) >= 61:
         raise F.fail(loc, name, f"invalid time of day {text!r}")
-    return days * 86400.0 + hour * 3600 + minute * 60 + float(m.group(6)) - _offset_s(m.group(7))
+    seconds = days * 86400.0 + hour * 3600 + minute * 60 + float(m.group(6))
+    return seconds - _offset_s(m.group(7)), m.group(7) is not None
 
 
 @lru_cache(maxsize=64)
