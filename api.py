@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 import pandas as pd
 
 from kvsim.errors import ConfigError, TraceError
+from kvsim.output_file import refuse_overwriting
 from kvsim.sim.config import RunConfig, located
 from kvsim.workloads import Request, TraceOptions
 
@@ -216,7 +217,7 @@ class Result:
         from kvsim.reports.io import require_parquet
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
-        from kvsim.reports.frames import OUTPUT_FORMATS, RUN_FILES
+        from kvsim.reports.frames import OUTPUT_FORMATS, run_files
         for name, flag in (("html", html), ("bench", bench)):
             checked_flag(flag, name, "Result.write")
         checked_path(out_dir, "out_dir", "Result.write")
@@ -227,7 +228,7 @@ class Result:
         if output_format == "parquet":
             require_parquet()
         with OutputDir(out_dir, option="out_dir", reads=[self.config.trace],
-                       writes=RUN_FILES):
+                       writes=run_files(output_format, html, bench)):
             return write_run_outputs(out_dir, self.summary, self.requests, self.timeline,
                                      html=html, output_format=output_format, bench=bench)
 
@@ -235,6 +236,7 @@ class Result:
         """Write the run's interactive HTML report to ``path``; returns the path."""
         from kvsim.reports.html import render_run_report
         checked_path(path, "path", "Result.report")
+        refuse_overwriting(Path(path), [self.config.trace], "path")
         return render_run_report(self.summary, self.requests, self.timeline, path,
                                  slo=self.summary.get("slo"))
 

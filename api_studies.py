@@ -25,6 +25,7 @@ from kvsim.api import (PYTHON_LABEL, TRACE_KEYWORDS, Result, Trace, checked_coun
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
+from kvsim.output_file import refuse_overwriting
 from kvsim.sim.config import CPU_OFFLOAD_GB_REFUSAL, located
 from kvsim.sim.perf._catalog import close_matches
 
@@ -78,14 +79,15 @@ class Comparison:
         checked_flag(html, "html", "Comparison.write")
         checked_path(out_dir, "out_dir", "Comparison.write")
         from kvsim.grid import compare_result, run_dirs
-        from kvsim.reports.frames import COMPARE_FILE
+        from kvsim.reports.frames import COMPARE_FILE, COMPARE_FILES
         from kvsim.reports.html import render_compare_report
         from kvsim.reports.io import write_json_atomic
         from kvsim.reports.run_outputs import write_run_outputs
         from kvsim.reports.outdir import OutputDir
         out = Path(out_dir)
         traces = {point.job.trace_path for point in self.points}
-        with OutputDir(out, subdirs=run_dirs(self.points), option="out_dir", reads=traces):
+        with OutputDir(out, subdirs=run_dirs(self.points), option="out_dir", reads=traces,
+                       writes=COMPARE_FILES):
             for point, r in zip(self.points, self.runs):
                 write_run_outputs(out / point.job.out_dir.name, r.summary, r.requests,
                                   r.timeline, html=html, plotlyjs="parent")
@@ -100,6 +102,7 @@ class Comparison:
         """Write the comparison's HTML report (every run overlaid) to ``path``."""
         from kvsim.reports.html import render_compare_report
         checked_path(path, "path", "Comparison.report")
+        refuse_overwriting(Path(path), {p.job.trace_path for p in self.points}, "path")
         return render_compare_report(self._frames(), path, self.spec.slo)
 
     def _frames(self) -> list[tuple]:
@@ -185,15 +188,18 @@ class Plan:
         """Write ``plan.json``, ``plan.csv`` and ``report.html`` as ``kvsim plan --out``."""
         checked_flag(html, "html", "Plan.write")
         checked_path(out_dir, "out_dir", "Plan.write")
+        from kvsim.reports.frames import PLAN_FILES
         from kvsim.reports.outdir import OutputDir
         from kvsim.reports.plan import write_plan_outputs
-        with OutputDir(out_dir, option="out_dir"):
+        with OutputDir(out_dir, option="out_dir", reads=[self.result.get("trace")],
+                       writes=PLAN_FILES):
             return write_plan_outputs(out_dir, self.result, html=html)
 
     def report(self, path: str | os.PathLike) -> Path:
         """Write the plan's HTML report to ``path``; returns the path."""
         from kvsim.reports.plan import render_plan_report
         checked_path(path, "path", "Plan.report")
+        refuse_overwriting(Path(path), [self.result.get("trace")], "path")
         return render_plan_report(self.result, path)
 
     def __repr__(self) -> str:

@@ -28,7 +28,7 @@ from kvsim.errors import ConfigError
 from kvsim.pipeline import (RunJob, check_deployment, checked_file_settings, file_keys,
                             read_config_file, run_job_frames)
 from kvsim.workloads.sources import resolve_trace
-from kvsim.reports.frames import COMPARE_FILE
+from kvsim.reports.frames import COMPARE_FILE, COMPARE_FILES
 from kvsim.reports.grid_table import identical_to, table_metrics
 from kvsim.sim.config import RunConfig
 from kvsim.sim.perf._catalog import close_matches
@@ -263,7 +263,8 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
     points = grid_points(spec)
     if progress is not None:
         progress(0, len(points), None)      # (how many, from the start)
-    with OutputDir(spec.out_dir, subdirs=run_dirs(points), reads=[spec.trace]):
+    with OutputDir(spec.out_dir, subdirs=run_dirs(points), reads=[spec.trace],
+                   writes=COMPARE_FILES):
         outputs = run_tasks(run_point, points, SweepOptions(workers=workers), progress)
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
         if spec.html:

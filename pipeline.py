@@ -17,7 +17,7 @@ from pathlib import Path
 from kvsim.errors import ConfigError, TraceError
 from kvsim.reports.io import require_parquet
 from kvsim.reports.run_outputs import write_run_outputs
-from kvsim.reports.frames import RUN_FILES
+from kvsim.reports.frames import run_files
 from kvsim.reports.outdir import OutputDir
 from kvsim.run_notes import (TraceScan, beyond_context_note, fell_behind, fell_behind_note,
                              long_prompt_note, median_queue_s, profile_note, scan_trace)
@@ -259,7 +259,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
     bar = not quiet and (progress if progress is not None else console.is_terminal)
     if job.output_format == "parquet":
         require_parquet()
-    with OutputDir(job.out_dir, reads=[job.trace_path], writes=RUN_FILES):
+    with OutputDir(job.out_dir, reads=[job.trace_path],
+                   writes=run_files(job.output_format, job.html, job.bench)):
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
         if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):

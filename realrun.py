@@ -102,13 +102,12 @@ def _trace_requests(trace: Path) -> list[Request]:
 
 
 def _oracle_run(path: Path, data: dict, trace: Path) -> RealRun:
-    if not data["requests"]:
+    if isinstance(data["requests"], list) and not data["requests"]:
         raise KvsimError("holds no request", location=str(path), field="requests")
     blocks = data["summary"]["settings"]["num_blocks"]
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 2:
         raise KvsimError(f"must be a whole number of at least 2 (block 0 is vLLM's null "
-                         f"block), got {blocks!r}", location=str(path),
-                         field="summary.settings.num_blocks")
+                         f"block), got {blocks!r}", location=str(path), field="num_blocks")
     rows = pd.DataFrame(oracle_requests(str(path), data))
     requests = _trace_requests(trace)
     if len(requests) != data["summary"].get("num_requests"):

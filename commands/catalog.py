@@ -25,7 +25,7 @@ def models_command(as_json: bool = JSON_OPTION) -> None:
         [(m["name"], _billions(m["num_params"]), _billions(m["active_params"]),
           str(m["num_layers"]), m["attention"], f"{m['max_model_len']:,}",
           f"{m['kv_bytes_per_token'] / 1024:,.0f} KiB") for m in r])
-        + "\nparams, active (per token): billions; KV/token: one token's K and V, bf16"))
+        + "\nactive: parameters used per token; KV/token: its cache over all layers, bf16"))
 
 
 def gpus_command(as_json: bool = JSON_OPTION) -> None:

@@ -91,6 +91,7 @@ def plan_command(
     Searches GPU x TP (x other listed settings) and the fewest replicas for each; writes
     plan.json, plan.csv and report.html into --out."""
     from kvsim.reports import plan as plan_report
+    from kvsim.reports.frames import PLAN_FILES
     from kvsim.reports.outdir import OutputDir
     from kvsim.sim.plan import spec as plan_spec
     from kvsim.sim.plan import planner
@@ -107,7 +108,7 @@ def plan_command(
         raise slo_option_error(e) from None
     options = sweep.SweepOptions(workers or sweep.default_workers(),
                                  use_ray or ray_address is not None, ray_address)
-    with OutputDir(out, reads=[path]):
+    with OutputDir(out, reads=[path], writes=PLAN_FILES):
         with plan_report.PlanProgress(not (quiet or as_json)) as bar:
             result = planner.plan(spec, options, bar.update)
         plan_report.write_plan_outputs(out, result, html=html)

@@ -24,6 +24,15 @@ OUTPUT_FORMATS = ("csv", "parquet")
 #: The files a run's result may consist of (``kvsim run --out DIR``): a new run removes them.
 RUN_FILES = (SUMMARY_FILE, REQUESTS_FILE, TIMELINE_FILE, REPORT_FILE, "requests.parquet",
              "timeline.parquet", BENCH_FILE)
+
+
+def run_files(output_format: str = "csv", html: bool = True, bench: bool = False) -> tuple:
+    """The files a run writes into its ``--out`` (of :data:`RUN_FILES`)."""
+    frames = (REQUESTS_FILE, TIMELINE_FILE) if output_format == "csv" else (
+        "requests.parquet", "timeline.parquet")
+    return (SUMMARY_FILE, *frames) + (REPORT_FILE,) * html + (BENCH_FILE,) * bench
+
+
 COMPARE_FILE = "compare.json"
 #: The files of a comparison directory besides its run directories (``compare.json``'s
 #: ``runs[].dir``): ``report.html`` and the run pages under it share one ``plotly.min.js``.

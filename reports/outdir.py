@@ -119,19 +119,23 @@ class OutputDir:
             exc.left = self.left
 
     def _check_inputs(self) -> None:
-        """Refuse a directory where the command would write or remove one of its own input
-        files (a trace named ``requests.csv`` in ``--out``, or in a run directory of it), or
-        where a file it writes is a directory (found only at the end, after the work)."""
+        """Refuse a directory where a file the command writes (``writes``; its run
+        directories' :data:`RUN_FILES`) is a directory (found only at the end, after the
+        work), or where the command would write or remove one of its own input files (a trace
+        named ``requests.csv`` in ``--out``, or an earlier result's file)."""
+        field = _field(self.option)
         for name in self.writes:
             if (self.path / name).is_dir():
                 raise KvsimError("is a directory, where the command writes its file of that "
                                  "name: move it, or give another directory",
-                                 location=str(self.path / name), field=_field(self.option))
-        if not self.reads:
+                                 location=str(self.path / name), field=field)
+        if not self.reads or not self.path.is_dir():
             return
-        for folder in ("", *self.subdirs, *earlier_run_dirs(self.path)):
-            for name in RESULT_FILES:
-                refuse_overwriting(self.path / folder / name, self.reads, _field(self.option))
+        self._owned = sorted({*self.subdirs, *earlier_run_dirs(self.path)})
+        touched = [self.path / name for name in self.writes]
+        touched += [self.path / run / name for run in self.subdirs for name in RUN_FILES]
+        for path in [*touched, *self._earlier()]:
+            refuse_overwriting(path, self.reads, field)
 
     def _left(self, began: bool) -> str:
         """What the aborted command left, in words."""

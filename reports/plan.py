@@ -21,7 +21,8 @@ from kvsim.reports.frames import PLAN_CSV, PLAN_FILE, REPORT_FILE
 from kvsim.reports.io import write_csv_atomic, write_json_atomic
 from kvsim.reports.page import card, cards, esc, figure_div, panel, render_page
 from kvsim.reports.plot import Figure, bar, make_subplots, scatter
-from kvsim.reports.style import empty_figure, fmt_num, fmt_pct, fmt_seconds, series_color, style_figure
+from kvsim.reports.style import (empty_figure, fmt_count, fmt_num, fmt_pct, fmt_seconds,
+                                 series_color, style_figure)
 from kvsim.workloads.request import left_out_text, rows_text
 from kvsim.reports.terminal import CountBar, print_table
 
@@ -135,14 +136,9 @@ def recommendation_text(result: dict) -> str:
     best = result["recommended"]
     if best is None:
         return "No candidate meets every SLO; see the reasons above."
-    return (f"Recommended: {best['label']} x {_count(best['replicas'], 'replica')} = "
-            f"{_count(best['gpus'], 'GPU')}, {_money(best['cost_per_hour_usd'])}/hour, headroom "
+    return (f"Recommended: {best['label']} x {fmt_count(best['replicas'], 'replica')} = "
+            f"{fmt_count(best['gpus'], 'GPU')}, {_money(best['cost_per_hour_usd'])}/hour, headroom "
             f"{fmt_pct(best['min_headroom'])}.\n  reproduce: {best['kvsim_run']}")
-
-
-def _count(n, noun: str) -> str:
-    """``1 replica``, ``2 replicas``."""
-    return f"{fmt_num(n)} {noun}" + ("" if n == 1 else "s")
 
 
 def block_size_lines(result: dict) -> list[str]:
@@ -227,7 +223,7 @@ class PlanProgress:
 def candidate_line(row: dict) -> str:
     """``a100-80gb TP1: 3 replicas, $9.12/h`` or ``h100-80gb TP2: infeasible (reason)``."""
     if row.get("feasible"):
-        return (f"{row['label']}: meets the SLOs with {_count(row['replicas'], 'replica')}, "
+        return (f"{row['label']}: meets the SLOs with {fmt_count(row['replicas'], 'replica')}, "
                 f"{_money(row.get('cost_per_hour_usd'))}/h")
     return f"{row['label']}: no ({row.get('reason') or 'misses an SLO'})"
 

@@ -85,6 +85,11 @@ def fmt_seconds(value: Any) -> str:
     return f"{v / 3600:.2f} h"
 
 
+def fmt_count(n: Any, noun: str) -> str:
+    """``1 replica``, ``2 replicas``."""
+    return f"{fmt_num(n)} {noun}" + ("" if n == 1 else "s")
+
+
 def fmt_pct(value: Any, digits: int = 1) -> str:
     """``0.1234`` → ``12.3%``."""
     return f"{float(value) * 100:.{digits}f}%" if is_number(value) else "—"

@@ -12,7 +12,7 @@ def test_models_lists_every_catalog_model_with_its_shape():
     assert done.returncode == 0 and lines[0].split() == [
         "model", "params", "active", "layers", "attn", "max", "len", "KV/token"]
     assert [line.split()[0] for line in lines[1:-1]] == list_models()
-    assert lines[-1] == "params, active (per token): billions; KV/token: one token's K and V, bf16"
+    assert lines[-1] == "active: parameters used per token; KV/token: its cache over all layers, bf16"
     assert max(map(len, lines)) <= 80           # (a terminal of 80 columns: no line wraps)
     row = next(line for line in lines if line.startswith("llama-2-7b "))
     assert row.split()[1:8] == ["6.7B", "6.7B", "32", "mha", "4,096", "512", "KiB"]

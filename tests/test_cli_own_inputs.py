@@ -48,13 +48,22 @@ def test_gen_does_not_write_over_the_trace_it_resamples(tmp_path):
 
 
 def test_a_run_does_not_replace_its_trace_with_its_requests(tmp_path):
+    """A compare writes no requests.csv beside its compare.json (its runs have their own
+    folders): the same trace there is left alone, and a second compare may follow."""
     assert kvsim("gen", "chat", "-n", "5", "--out", "d/requests.csv", cwd=tmp_path).returncode == 0
     before = (tmp_path / "d" / "requests.csv").read_text()
-    for command in (("run",), ("compare", "--max-num-seqs", "4,8")):
-        refused(kvsim(*command, "d/requests.csv", "--out", "d", "-q", cwd=tmp_path),
-                "d/requests.csv")
-    assert (tmp_path / "d" / "requests.csv").read_text() == before
+    refused(kvsim("run", "d/requests.csv", "--out", "d", "-q", cwd=tmp_path), "d/requests.csv")
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["requests.csv"]
+    for _ in range(2):
+        done = kvsim("compare", "d/requests.csv", "--max-num-seqs", "4,8", "--out", "d", "-q",
+                     cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "d" / "requests.csv").read_text() == before
+    done = kvsim("run", "d/requests.csv", "--no-html", "--out", "r", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "r" / "report.html").mkdir()        # (a run that writes none: not in its way)
+    done = kvsim("run", "d/requests.csv", "--no-html", "--out", "r", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_python_api_does_not_write_a_result_over_its_trace(tmp_path, monkeypatch):
@@ -64,4 +73,6 @@ def test_the_python_api_does_not_write_a_result_over_its_trace(tmp_path, monkeyp
     result = api.run("d/requests.csv")
     with pytest.raises(api.KvsimError, match="^d/requests.csv: field 'out_dir': this "):
         result.write("d")
+    with pytest.raises(api.KvsimError, match="^d/requests.csv: field 'path': this "):
+        result.report("d/requests.csv")
     assert (tmp_path / "d" / "requests.csv").read_text() == before

@@ -186,8 +186,10 @@ def test_a_profile_of_another_gpu_is_refused_and_a_fitted_one_that_costs_nothing
         load_profile("l4", profile_path("h100-80gb"))
     assert other.value.one_line() == (
         f"{profile_path('h100-80gb')}: field 'gpu': holds the efficiencies of h100-80gb, and "
-        "this run's GPU is l4: give --gpu h100-80gb, or a profile of l4")
+        "the GPU simulated is l4: simulate h100-80gb (--gpu), or give a profile of l4")
     assert load_profile("h100-80gb", profile_path("h100-80gb")).gemm.num_sms == 132
+    aliased = json.loads(profile_path("h100-80gb").read_text()) | {"gpu": "H100"}
+    assert load_profile("h100", aliased).gemm.num_sms == 132       # (names an alias gives)
     fitted = {"kind": "fitted", "gpu": "a100-80gb", "fitted": dict.fromkeys(FITTED_TERMS, 0.0),
               "model_shape": dict.fromkeys(MODEL_SHAPE_KEYS, 64)}
     path = tmp_path / "zero.json"

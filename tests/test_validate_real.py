@@ -126,7 +126,7 @@ def test_an_oracle_replay_with_no_request_or_too_few_blocks_names_its_field(tmp_
     for change, line in (
             (lambda d: d.update(requests=[]), "field 'requests': holds no request"),
             (lambda d: d["summary"]["settings"].update(num_blocks=-1),
-             "field 'summary.settings.num_blocks': must be a whole number of at least 2 "
+             "field 'num_blocks': must be a whole number of at least 2 "
              "(block 0 is vLLM's null block), got -1")):
         data = json.loads(FIXTURE.read_text())
         change(data)

@@ -155,7 +155,8 @@ _HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "opt":
 def _architecture_name(cfg: dict) -> str:
     """``MixtralForCausalLM (model_type 'mixtral')``, or the model type alone (``no
     model_type`` where the config has none)."""
-    kind = f"model_type '{cfg['model_type']}'" if "model_type" in cfg else "no model_type"
+    kind = (f"model_type '{cfg['model_type']}'" if cfg.get("model_type") is not None
+            else "no model_type")
     arch = cfg.get("architectures")
     return f"{', '.join(map(str, arch))} ({kind})" if isinstance(arch, list) and arch else kind
 

@@ -205,10 +205,22 @@ def check_gpu(d: dict, gpu_name: str, where: str | None) -> None:
     run's is refused (it was applied silently). A fitted profile's step times are checked by
     the model they were measured on instead (its ``gpu`` is the label of the replay)."""
     measured = d.get("gpu")
-    if d.get("kind") != "fitted" and isinstance(measured, str) and measured != gpu_name:
-        raise ConfigError(f"holds the efficiencies of {measured}, and this run's GPU is "
-                          f"{gpu_name}: give --gpu {measured}, or a profile of {gpu_name}",
-                          location=where, field="gpu")
+    if d.get("kind") == "fitted" or not isinstance(measured, str):
+        return
+    measured, simulated = _gpu_name(measured), _gpu_name(gpu_name)
+    if measured != simulated:
+        raise ConfigError(f"holds the efficiencies of {measured}, and the GPU simulated is "
+                          f"{simulated}: simulate {measured} (--gpu), or give a profile of "
+                          f"{simulated}", location=where, field="gpu")
+
+
+def _gpu_name(name: str) -> str:
+    """The catalog name of GPU ``name`` (an alias such as ``h100``), or ``name`` itself."""
+    from kvsim.sim.perf.gpus import resolve_gpu
+    try:
+        return resolve_gpu(name).name
+    except ConfigError:
+        return name
 
 
 NUMBER_SECTIONS = ("gemm", "elementwise", "attention", "all_reduce", "transfers", "overhead",
@@ -379,12 +391,12 @@ def _fitted(d: dict) -> Fitted:
     values = {k: float(f[k]) for k in FITTED_TERMS}
     if any(v < 0 for v in values.values()):
         raise ValueError(f"fitted coefficients must be >= 0: {values}")
-    if not any(values[k] for k in FITTED_TERMS if "copy" not in k) and not any(
-            f.get("per_batch_s") or ()) and not f.get("per_batch_slope_s"):
-        raise ValueError("every fitted step term is 0: each step would take no time")
     shape = {k: int(d["model_shape"][k]) for k in MODEL_SHAPE_KEYS}
     table = tuple(float(v) for v in f.get("per_batch_s") or ())
     slope = float(f.get("per_batch_slope_s", 0.0))
     if any(v < 0 for v in table) or slope < 0:
         raise ValueError("per_batch_s and per_batch_slope_s must be >= 0")
+    if not any(values[k] for k in FITTED_TERMS if "copy" not in k) and not any(table) \
+            and not slope:
+        raise ValueError("every fitted step term is 0: each step would take no time")
     return Fitted(**values, model_shape=shape, per_batch_s=table, per_batch_slope_s=slope)
