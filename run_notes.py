@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from kvsim.reports.style import fmt_seconds, long_prompt_advice
 from kvsim.sim.config import RunConfig
 from kvsim.workloads import load_trace
+
 
 @dataclass(frozen=True)
 class TraceScan:
