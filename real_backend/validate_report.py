@@ -193,13 +193,17 @@ def _timing(quality: dict | None) -> str:
         "timing") == "interleaved" else ""
 
 
-def render_table(report: dict) -> str:
-    """The error table as plain text."""
+def headline(report: dict) -> str:
+    """``validate tiny-llama on cpu (...), 30 requests, profile: ...``: what was compared."""
     s = report["settings"]
-    head = (f"validate {s['model']} on {s['device']} ({report['device_name']}), "
+    return (f"validate {s['model']} on {s['device']} ({report['device_name']}), "
             f"{report['num_requests']} requests, profile: {report['profile_source']}"
             f"{_timing(report.get('profile_quality'))}")
-    lines = [head, f"{'quantity':<36}{'real':>12}{'sim':>12}  error"]
+
+
+def render_table(report: dict) -> str:
+    """The error table as plain text."""
+    lines = [headline(report), f"{'quantity':<36}{'real':>12}{'sim':>12}  error"]
     lines += [f"{q:<36}{r:>12}{m:>12}  {e}" for q, r, m, e in error_rows(report)]
     return "\n".join(lines + decision_lines(report) + note_lines(report))
 
@@ -234,10 +238,10 @@ def scatter_figure(report: dict) -> Figure:
 
 
 def _table_html(report: dict) -> str:
-    body = "".join(f"<tr><td>{esc(q)}</td><td>{esc(r)}</td><td>{esc(m)}</td><td>{esc(e)}"
-                   f"</td></tr>" for q, r, m, e in error_rows(report))
-    return (f"<table><thead><tr><th>quantity</th><th>real</th><th>sim</th><th>error</th></tr>"
-            f"</thead><tbody>{body}</tbody></table>"
+    body = "".join(f'<tr><td class="label">{esc(q)}</td><td>{esc(r)}</td><td>{esc(m)}</td>'
+                   f"<td>{esc(e)}</td></tr>" for q, r, m, e in error_rows(report))
+    return (f'<table class="ranked"><thead><tr><th class="label">quantity</th><th>real</th>'
+            f"<th>sim</th><th>error</th></tr></thead><tbody>{body}</tbody></table>"
             + "".join(f"<p>{esc(line)}</p>"
                       for line in decision_lines(report) + note_lines(report)))
 
@@ -246,10 +250,11 @@ def write_html(path: str | os.PathLike, report: dict) -> Path:
     """A self-contained HTML page of the report."""
     m = report["metrics"]["throughput_output_tokens_per_s"]
     sd = report["step_duration"]["all"]
-    header = cards([
+    header = f'<h1>kvsim validation</h1><p class="subtitle">{esc(headline(report))}</p>' + cards([
         card("median step error", fmt_pct(sd["median_abs_rel_error"]), f"{sd['steps']} steps"),
         card("throughput error", fmt_pct(m["rel_error"]), f"real {m['real']:.1f} tok/s"),
-        card("decisions", "identical" if report["decisions"]["identical"] else "different"),
+        card("decisions", "identical" if report["decisions"]["identical"] else "different",
+             "" if report["decisions"]["identical"] else "step sequences differ; see below"),
         *[card(f"{k.replace('_', ' ')} verdict", v["verdict"],
                f"noise floor {_pct(v['noise_floor'])}")
           for k, v in report.get("verdicts", {}).items()],

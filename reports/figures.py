@@ -211,9 +211,13 @@ def fragmentation_bar_figure(items: Sequence[tuple[str, dict]]) -> Figure:
     fig.update_xaxes(tickformat=".0%", range=[0, 1],
                      title=dict(text="share of GPU KV pool (time-averaged)"))
     fig.update_yaxes(autorange="reversed")
-    height = 170 + 46 * len(items)
-    return style_figure(fig, "Time-averaged breakdown", height=max(height, 300),
-                        hovermode="closest", legend="bottom")
+    height = max(170 + 46 * len(items), 300) + 40
+    style_figure(fig, "Time-averaged breakdown", height=height, hovermode="closest",
+                 legend="bottom")
+    # the legend below the axis title, not on it: 62 px down, as a share of the plot's height
+    bottom = 110
+    fig.update_layout(margin=dict(b=bottom), legend=dict(y=-62 / (height - 70 - bottom)))
+    return fig
 
 
 def hit_rate_figure(runs: Runs) -> Figure:
@@ -231,9 +235,11 @@ def hit_rate_figure(runs: Runs) -> Figure:
         if "prefix_queries_tokens" in df:  # no lookups in an interval: no rate, not 0%
             rate = np.where(df["prefix_queries_tokens"].astype(float) > 0, rate, np.nan)
         if single:
-            fig.add_trace(scatter(x=df["time_s"], y=rate, mode="lines",
+            fig.add_trace(scatter(x=df["time_s"], y=rate, mode="lines+markers",
                                   name="per interval", connectgaps=False,
-                                  line=dict(color="#93c5fd", width=1)))
+                                  line=dict(color="#93c5fd", width=1),
+                                  marker=dict(color="#93c5fd", size=3)))
+            # (markers: an interval with lookups between two without draws no line)
         if {"prefix_hit_tokens", "prefix_queries_tokens"} <= set(df.columns):
             q = np.cumsum(np.nan_to_num(df["prefix_queries_tokens"].astype(float)))
             h = np.cumsum(np.nan_to_num(df["prefix_hit_tokens"].astype(float)))
@@ -271,11 +277,17 @@ def events_figure(df: Columns) -> Figure:
     for i, (col, name) in enumerate(shown):
         fig.add_trace(scatter(x=df["time_s"], y=df[col], name=name, mode="lines",
                               line=dict(color=series_color(i), width=1.4)), row=2, col=1)
-    if not any(float(np.nansum(df[c])) > 0 for c, _ in present):
-        fig.add_annotation(text="no block transfers in this run", showarrow=False, x=0.5,
-                           y=0.5, xref="x2 domain", yref="y2 domain",
-                           font=dict(color="#6b7280"))
-        fig.update_yaxes(range=[0, 1], row=2, col=1)
+    for row, empty, text in ((1, not float(np.nansum(df["preemptions"])) > 0,
+                              "no preemptions in this run"),
+                             (2, not any(float(np.nansum(df[c])) > 0 for c, _ in present),
+                              "no block transfers in this run")):
+        if empty:       # (counts: an empty panel from 0, not centred on it)
+            axis = "" if row == 1 else "2"
+            fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5,
+                               xref=f"x{axis} domain", yref=f"y{axis} domain",
+                               font=dict(color="#6b7280"))
+            fig.update_yaxes(range=[0, 1], row=row, col=1)
+    fig.update_yaxes(rangemode="tozero")
     fig.update_layout(bargap=0)
     fig.update_xaxes(title=dict(text="simulated time (s)"), row=2, col=1)
     fig.update_yaxes(title=dict(text="preemptions"), row=1, col=1)

@@ -68,7 +68,8 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
              f"{fmt_num(get(summary, 'num_steps'))} steps"),
         lat("ttft_s", "TTFT"), lat("tpot_s", "TPOT"), lat("e2e_s", "E2E"),
         card("Prefix hit rate", fmt_pct(get(summary, "prefix_cache", "hit_rate")),
-             f"{fmt_num(hits)} of {fmt_num(queries)} tokens"),
+             f"{fmt_num(hits)} of {fmt_num(queries)} tokens") if queries else
+        card("Prefix hit rate", "—", "no prefix lookups (caching off, or a contiguous layout)"),
         card("Preemptions", fmt_num(get(summary, "preemptions")),
              f"swapped out {fmt_num(get(summary, 'swapped_out_blocks'))} / in "
              f"{fmt_num(get(summary, 'swapped_in_blocks'))} blocks"),
@@ -105,8 +106,8 @@ def _subtitle(summary: dict, config: dict) -> str:
     parts = []
     if config.get("trace") is not None:
         parts.append(("Trace", Path(trace_name(config["trace"])).name))
-    if config.get("model") is not None:
-        parts.append(("model", config["model"]))
+    if config.get("model") is not None:     # (the name it resolved to)
+        parts.append(("model", get(summary, "model", "name") or config["model"]))
     if config.get("gpu") is not None:
         tp, replicas = config.get("tp"), config.get("replicas")
         hw = str(config["gpu"]) + (f" × TP{tp}" if tp not in (None, 1) else "")
@@ -114,7 +115,8 @@ def _subtitle(summary: dict, config: dict) -> str:
     block = config.get("block_size", get(summary, "kv", "block_size"))
     if block is not None:
         parts.append(("block size", block))
-    for key in ("eviction", "layout"):
+    caching = config.get("enable_prefix_caching", True) and config.get("layout") != "contiguous"
+    for key in ("eviction",) * caching + ("layout",):    # (no eviction without caching)
         if config.get(key) is not None:
             parts.append((key, config[key]))
     return " · ".join(f"{esc(k)} <b>{esc(v)}</b>".strip() for k, v in parts)
@@ -194,7 +196,9 @@ def render_run_report(summary: dict, requests: pd.DataFrame | Columns,
               _interval_note(tl)),
         _downsample_note(len(timeline), len(tl)),
     ]
-    title = f"kvsim · {Path(str(get(summary, 'config', 'trace', default='run'))).name}"
+    title = " · ".join(["kvsim", Path(str(get(summary, "config", "trace", default="run"))).name,
+                        *(str(v) for v in (get(summary, "model", "name"),
+                                           get(summary, "config", "gpu")) if v)])
     return render_page(path, title=title, header=run_header(summary, slo), body="".join(body),
                        plotlyjs=plotlyjs)
 

@@ -98,6 +98,10 @@ def test_report_is_written_as_json_and_html(report, tmp_path):
     assert {"ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "e2e_s.p90"} <= set(data["metrics"])
     html = (tmp_path / "validation.html").read_text()
     assert "median step error" in html and paths["html"].endswith("validation.html")
+    from kvsim.real_backend.validate_report import headline
+    assert f'<h1>kvsim validation</h1><p class="subtitle">{headline(report)}</p>' in html
+    assert headline(report).startswith(f"validate {report['settings']['model']} on ")
+    assert '<table class="ranked">' in html      # (the report's own table style)
 
 
 def test_validate_command_prints_the_table_and_json(tmp_path):

@@ -240,3 +240,22 @@ def test_the_run_report_says_how_long_an_interval_is_and_mentions_slo_lines_only
     with_slo = kvsim.run("sample:azure-conv", limit=20, slo={"ttft_p99_s": 1.0})
     page = with_slo.report(tmp_path / "s.html").read_text().replace(get_plotlyjs(), "")
     assert "dashed lines mark SLO targets." in page
+
+
+def test_a_run_without_prefix_lookups_shows_no_eviction_and_no_hit_rate(tmp_path):
+    """A contiguous layout shares no prefixes: its header names no eviction policy and its
+    hit-rate card says there were no lookups (it showed 'eviction lru' and '0.0%, 0 of 0');
+    the tab names the model and GPU (several open reports told apart)."""
+    from synthetic_runs import synthetic_run
+    summary, requests, timeline = synthetic_run(num_requests=20, timeline_rows=20)
+    summary["config"]["layout"] = "contiguous"
+    summary["prefix_cache"] = {"queries_tokens": 0, "hit_tokens": 0, "hit_rate": 0.0}
+    summary["model"] = {"name": "llama-3.1-8b"}
+    page = render_run_report(summary, requests, timeline, tmp_path / "r.html").read_text()
+    header = re.sub("<[^>]+>", "", page[page.index("Trace <b>"):].split("</p>")[0])
+    assert "eviction" not in header and header.endswith("layout contiguous")
+    assert re.search(r"Prefix hit rate</div>\s*<div[^>]*>—</div>\s*<div[^>]*>no prefix lookups",
+                     page)
+    title = re.search("<title>([^<]*)</title>", page).group(1)
+    assert title == f"kvsim · {summary['config']['trace']} · llama-3.1-8b · " \
+                    f"{summary['config']['gpu']}"
