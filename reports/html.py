@@ -241,7 +241,8 @@ def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame | Columns
         panel("Settings", "".join(settings_block(get(s, "config", default={}), f"{label}")
                                   for label, s, _, _ in runs)),
     ]
-    return render_page(path, title="kvsim comparison", header=header, body="".join(body),
+    title = " · ".join(["kvsim comparison", *facts["traces"]])
+    return render_page(path, title=title, header=header, body="".join(body),
                        plotlyjs=plotlyjs)
 
 
@@ -250,10 +251,19 @@ def render_hitrate_report(curves: pd.DataFrame, path: str | os.PathLike, *,
                           plotlyjs: str = "inline") -> Path:
     """Write miss-ratio curves (``curves``: columns policy, capacity_blocks, hit_rate)."""
     from kvsim.reports import across_runs as cmp
-    policies = sorted(curves["policy"].astype(str).unique()) if "policy" in curves else []
-    header = (f"<h1>{esc(title)}</h1><p class=\"subtitle\"><b>{len(policies)}</b> policies · "
-              f"<b>{esc(', '.join(policies)) or 'none'}</b></p>"
-              + (settings_block(config) if config else ""))
+    # (in the order asked for)
+    policies = list(dict.fromkeys(curves["policy"].astype(str))) if "policy" in curves else []
+    config = config or {}
+    what = [f"trace <b>{esc(trace_name(config['trace']))}</b>"] if config.get("trace") else []
+    what += [text.format(fmt_num(config[k])) for k, text in (
+        ("num_requests", "<b>{}</b> requests"), ("block_size", "<b>{}</b>-token blocks"))
+        if k in config]
+    header = (f"<h1>{esc(title)}</h1><p class=\"subtitle\">"
+              + " · ".join([*what, f"<b>{len(policies)}</b> policies · "
+                                   f"<b>{esc(', '.join(policies)) or 'none'}</b>"])
+              + "</p>" + (settings_block(config) if config else ""))
+    if config.get("trace"):
+        title = f"{title} · {trace_name(config['trace'])}"
     body = [
         panel("Miss-ratio curves", figure_div(cmp.miss_ratio_figure(curves),
                                               HITRATE_FIGURE_IDS[0]),

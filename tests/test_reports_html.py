@@ -177,6 +177,12 @@ def test_hitrate_report(tmp_path):
     assert 'id="hitrate-table"' in html
     empty = render_hitrate_report(curves.iloc[:0], tmp_path / "e.html").read_text()
     assert "no hit-rate data" in empty.lower()
+    config = {"trace": "sample:mooncake", "num_requests": 300, "block_size": 16}
+    html = render_hitrate_report(curves, tmp_path / "c.html", config=config).read_text()
+    subtitle = re.sub("<[^>]+>", "", html.split('<p class="subtitle">')[1].split("</p>")[0])
+    assert subtitle == ("trace sample:mooncake · 300 requests · 16-token blocks · 3 policies · "
+                        "lru, lfu, s3fifo")      # (what ran, and the policies as asked)
+    assert "<title>kvsim hit-rate curves · sample:mooncake</title>" in html
 
 
 def test_cdf_points_and_slo_parsing():
