@@ -78,7 +78,7 @@ class Comparison:
         ``compare.json``, ``report.html``); returns the ``compare.json`` dict."""
         checked_flag(html, "html", "Comparison.write")
         checked_path(out_dir, "out_dir", "Comparison.write")
-        from kvsim.grid import compare_result, run_dirs
+        from kvsim.grid import compare_result, run_dirs, run_pages
         from kvsim.reports.frames import COMPARE_FILE, COMPARE_FILES
         from kvsim.reports.html import render_compare_report
         from kvsim.reports.io import write_json_atomic
@@ -94,7 +94,7 @@ class Comparison:
             result = compare_result(self.spec, self.points, [r.summary for r in self.runs])
             if html:
                 render_compare_report(self._frames(), out / "report.html", self.spec.slo,
-                                      plotlyjs="sibling")
+                                      plotlyjs="sibling", pages=run_pages(self.points))
             write_json_atomic(out / COMPARE_FILE, result)
         return result
 

@@ -28,7 +28,7 @@ from kvsim.errors import ConfigError
 from kvsim.pipeline import (RunJob, check_deployment, checked_file_settings, file_keys,
                             read_config_file, run_job_frames)
 from kvsim.workloads.sources import resolve_trace
-from kvsim.reports.frames import COMPARE_FILE, COMPARE_FILES
+from kvsim.reports.frames import COMPARE_FILE, COMPARE_FILES, REPORT_FILE
 from kvsim.reports.grid_table import identical_to, table_metrics
 from kvsim.sim.config import RunConfig
 from kvsim.sim.perf._catalog import close_matches
@@ -234,6 +234,11 @@ def run_dirs(points: Sequence[GridPoint]) -> list[str]:
     return [p.job.out_dir.name for p in points]
 
 
+def run_pages(points: Sequence[GridPoint]) -> dict[str, str]:
+    """Each configuration's own report, relative to the comparison's (by label)."""
+    return {p.label: f"{p.job.out_dir.name}/{REPORT_FILE}" for p in points}
+
+
 def run_point(point: GridPoint):
     """Run one configuration and write its outputs (module level: runs in a worker)."""
     return run_job_frames(point.job, quiet=True)
@@ -269,6 +274,7 @@ def run_compare(spec: CompareSpec, workers: int = 1, progress=None) -> dict:
         result = compare_result(spec, points, [summary for summary, _, _ in outputs])
         if spec.html:
             render_compare_report([(p.label, *frames) for p, frames in zip(points, outputs)],
-                                  spec.out_dir / "report.html", spec.slo, plotlyjs="sibling")
+                                  spec.out_dir / "report.html", spec.slo, plotlyjs="sibling",
+                                  pages=run_pages(points))
         write_json_atomic(spec.out_dir / COMPARE_FILE, result)
     return result

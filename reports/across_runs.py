@@ -150,8 +150,10 @@ _RANK_COLUMNS = (
 )
 
 
-def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
-    """HTML table of the runs, best first, with the settings that differ between them."""
+def ranked_table(runs: Sequence[Run], slo: dict | None = None,
+                 pages: dict[str, str] | None = None) -> str:
+    """HTML table of the runs, best first, with the settings that differ between them; a
+    run's label links to its own page where ``pages`` (label -> relative URL) has one."""
     slo = common_slo(runs, slo)
     order = rank_runs(runs, slo)
     varying = varying_settings(runs)
@@ -168,8 +170,10 @@ def ranked_table(runs: Sequence[Run], slo: dict | None = None) -> str:
         label, summary = runs[i][0], runs[i][1]
         flat = flatten(get(summary, "config", default={}) or {})
         key = result_fingerprint(summary)
-        cells = [f"<td>{shown_ranks[i]}</td>", f'<td class="label"><span class="swatch" style="background:'
-                 f'{series_color(i)}"></span>{esc(label)}</td>']
+        page = (pages or {}).get(label)
+        name = f'<a href="{esc(page)}">{esc(label)}</a>' if page else esc(label)
+        cells = [f"<td>{shown_ranks[i]}</td>", f'<td class="label"><span class="swatch" '
+                 f'style="background:{series_color(i)}"></span>{name}</td>']
         cells += [f'<td class="label">{esc(fmt_setting(flat.get(k)))}</td>' for k in varying]
         cells += [f"<td>{esc(fn(summary))}</td>" for _, fn in _RANK_COLUMNS]
         if has_slo:

@@ -206,11 +206,12 @@ def render_run_report(summary: dict, requests: pd.DataFrame | Columns,
 def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame | Columns,
                                                pd.DataFrame | Columns]],
                           path: str | os.PathLike, slo: dict | None = None, *,
-                          plotlyjs: str = "inline",
-                          max_points: int = DEFAULT_MAX_POINTS) -> Path:
+                          plotlyjs: str = "inline", max_points: int = DEFAULT_MAX_POINTS,
+                          pages: dict[str, str] | None = None) -> Path:
     """Write a report overlaying several runs, given as ``(label, summary, requests,
     timeline)``; returns the path. Runs are ranked (SLO met first, then throughput); ``slo``
-    defaults to the first run's ``summary["slo"]`` and applies to every run."""
+    defaults to the first run's ``summary["slo"]`` and applies to every run; ``pages``: each
+    run's own report, relative to this one (the ranking links them)."""
     from kvsim.reports import across_runs as cmp
     runs = [(str(label), s, as_columns(r), downsample(as_columns(t), max_points))
             for label, s, r, t in runs]
@@ -222,7 +223,7 @@ def render_compare_report(runs: Sequence[tuple[str, dict, pd.DataFrame | Columns
               f"<b>{esc(', '.join(facts['models']))}</b> · GPU "
               f"<b>{esc(', '.join(facts['gpus']))}</b></p>")
     body = [
-        panel("Ranking", cmp.ranked_table(runs, slo),
+        panel("Ranking", cmp.ranked_table(runs, slo, pages),
               "Best first: runs meeting their SLO targets, then by output throughput. "
               "Setting columns show what differs between runs."),
         panel("Throughput vs tail latency", figure_div(cmp.tradeoff_scatter(runs, slo),

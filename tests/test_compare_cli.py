@@ -97,6 +97,9 @@ def test_the_report_works_offline_and_holds_every_run(grid):
         list(COMPARE_FIGURE_IDS)
     for label in LABELS:
         assert label in html
+    links = re.findall(r'<a href="([^"]+)">([^<]+)</a>', html)    # (each run's own page)
+    assert sorted(label for _, label in links) == sorted(LABELS)
+    assert all((out / href).is_file() and href.endswith("/report.html") for href, _ in links)
 
 
 def test_json_prints_compare_json_only_and_serial_equals_parallel(grid, tmp_path):
