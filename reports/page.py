@@ -68,7 +68,16 @@ def plotly_head_script(mode: str, page_path: Path) -> str:
         write_text_atomic(shared, js)
     else:       # kept: touched, so that the --out directory counts it as this result's
         os.utime(shared)
-    return f'<script type="text/javascript" src="{src}"></script>'
+    # a page copied without the file: say so at the top instead of drawing blank plots
+    missing = (f"This page loads plotly.js from {src}, which is not there: copy or move the "
+               "whole folder it came from with it, or re-render it with kvsim report DIR "
+               "--out FILE (which puts plotly.js inside).")
+    return (f'<script type="text/javascript" src="{src}"></script>'
+            '<script>window.addEventListener("DOMContentLoaded", function () {'
+            'if (typeof Plotly !== "undefined") return;'
+            'var p = document.createElement("p"); p.className = "note warn";'
+            f'p.textContent = {json.dumps(missing)};'
+            'document.body.insertBefore(p, document.body.firstChild); });</script>')
 
 
 def card(label: str, value: str, sub: str = "", status: str | None = None) -> str:
