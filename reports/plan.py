@@ -301,9 +301,14 @@ def pareto_figure(result: dict) -> Figure:
     for col, key in enumerate(keys, start=1):
         _pareto_panel(fig, points, key, result["slo"][key], col)
     fig.update_xaxes(title=dict(text="cost per hour (USD)"))
-    fig.update_yaxes(title=dict(text="latency (s)"), type="log")
+    fig.update_yaxes(title=dict(text="latency (s)"), type="log", tickvals=_LOG_TICKS,
+                     ticktext=[f"{v:g}" for v in _LOG_TICKS])    # (0.2, not a bare "2")
     return style_figure(fig, "Cost vs latency (lower left is better; filled: meets every SLO)",
                         height=440, hovermode="closest", legend="bottom")
+
+
+#: Latency ticks of a log axis, 1-2-5 in each decade, each labelled in full.
+_LOG_TICKS = [m * 10.0 ** e for e in range(-4, 5) for m in (1, 2, 5)]
 
 
 def _pareto_panel(fig: Figure, points: list[dict], key: str, target: float, col: int):
@@ -335,10 +340,11 @@ def max_rate_figure(result: dict) -> Figure:
     rows = [r for r in result["candidates"] if (r["max_rate"] or {}).get("request_rate_per_s")]
     if not rows:
         return empty_figure("Sustainable rate", "no candidate sustains any tested rate")
-    fig = Figure(bar(
+    fig = Figure(bar(   # (the table's text: "≥ X" where the highest rate tried still met them)
         x=[r["max_rate"]["request_rate_per_s"] for r in rows], y=[r["label"] for r in rows],
         orientation="h", marker=dict(color=[series_color(r["index"]) for r in rows]),
-        hovertemplate="%{y}<br>%{x:,.2f} req/s<extra></extra>"))
+        text=[_max_rate(r) for r in rows], textposition="auto",
+        hovertemplate="%{y}<br>%{text} req/s<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title=dict(text="requests per second"))
     return style_figure(fig, "Largest sustainable request rate of one replica",
