@@ -106,7 +106,7 @@ def test_a_miss_at_the_most_replicas_names_the_counts_the_search_skipped():
 
 def test_a_wide_rate_bracket_is_reported_as_a_range():
     from types import SimpleNamespace
-    from kvsim.reports.plan import _max_rate as shown
+    from kvsim.reports.plan_figures import max_rate_text as shown
     spec = SimpleNamespace(native_rate_per_s=4.0, num_requests=100, max_judged_scale=50.0)
     coarse = planner._max_rate(spec, Boundary(2.0, 4.0), 0)     # --rate-iterations 0
     assert coarse["note"] == ("one replica's limit lies between rate scales 2 and 4 (8.00 and "

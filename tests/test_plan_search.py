@@ -6,7 +6,7 @@ import math
 import pytest
 
 from kvsim.errors import ConfigError
-from kvsim.reports.plan import pareto_front
+from kvsim.reports.plan_figures import pareto_front
 from kvsim.sim.plan.bounds import suggested_block_size
 from kvsim.sim.plan.search import Boundary, fewest_passing, largest_passing
 from kvsim.sim.plan.spec import build_slo, load_prices, parse_list
