@@ -212,20 +212,35 @@ def miss_ratio_figure(curves: pd.DataFrame) -> Figure:
 
 
 def hitrate_table(curves: pd.DataFrame) -> str:
-    """HTML table: hit rate per capacity (rows) and policy (columns)."""
+    """HTML table: hit rate per capacity (rows) and policy (columns, as asked; the best of a
+    row in bold), and, with ``belady`` among them, each online policy's share of Belady's
+    gain over LRU (as the terminal prints it)."""
     if len(curves) == 0 or not {"policy", "capacity_blocks", "hit_rate"} <= set(curves.columns):
         return '<p class="note">No hit-rate data.</p>'
-    pivot = curves.pivot_table(index="capacity_blocks", columns="policy", values="hit_rate",
+    html = _capacity_table(curves, "hit_rate", "hitrate-table", bold_best=True)
+    if "belady_share" in curves and curves["belady_share"].notna().any():
+        shares = curves[curves["belady_share"].notna()]
+        html += ('<p class="note">Share of Belady\'s gain over LRU (0% = LRU, 100% = Belady: '
+                 'how much of the best possible improvement each policy reaches):</p>'
+                 + _capacity_table(shares, "belady_share", "belady-share-table"))
+    return html
+
+
+def _capacity_table(curves: pd.DataFrame, value: str, table_id: str,
+                    bold_best: bool = False) -> str:
+    """``value`` (a share) per capacity (rows) and policy (columns, in their order)."""
+    pivot = curves.pivot_table(index="capacity_blocks", columns="policy", values=value,
                                aggfunc="mean").sort_index()
+    pivot = pivot[[p for p in dict.fromkeys(curves["policy"]) if p in pivot.columns]]
     head = "".join(f"<th>{esc(p)}</th>" for p in pivot.columns)
     rows = []
     for cap, row in pivot.iterrows():
-        best = row.max()
+        best = row.max() if bold_best else None
         bold = ' style="font-weight:650"'
         cells = "".join(f'<td{bold if is_number(v) and v == best else ""}>{esc(fmt_pct(v))}</td>'
                         for v in row)
         rows.append(f"<tr><td class=\"label\">{esc(fmt_num(cap))}</td>{cells}</tr>")
-    return (f'<div class="table-scroll"><table class="ranked" id="hitrate-table"><thead><tr>'
+    return (f'<div class="table-scroll"><table class="ranked" id="{table_id}"><thead><tr>'
             f'<th class="label">Capacity (blocks)</th>{head}</tr></thead><tbody>'
             f'{"".join(rows)}</tbody></table></div>')
 

@@ -183,6 +183,12 @@ def test_hitrate_report(tmp_path):
     assert subtitle == ("trace sample:mooncake · 300 requests · 16-token blocks · 3 policies · "
                         "lru, lfu, s3fifo")      # (what ran, and the policies as asked)
     assert "<title>kvsim hit-rate curves · sample:mooncake</title>" in html
+    assert 'id="belady-share-table"' not in html
+    shares = curves.assign(belady_share=np.where(curves["capacity_blocks"] > 64, 0.5, np.nan))
+    html = render_hitrate_report(shares, tmp_path / "b.html").read_text()
+    table = html.split('id="belady-share-table"')[1].split("</table>")[0]
+    assert re.findall(r"<th>([^<]+)</th>", table) == ["lru", "lfu", "s3fifo"]
+    assert len(re.findall("<tr>", table)) == 4 and table.count("50.0%") == 9  # (3 capacities)
 
 
 def test_cdf_points_and_slo_parsing():
