@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import sys
+import textwrap
 from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -297,8 +299,14 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
 
 
 def say(message: str) -> None:
-    """A note for the person at the terminal, on stderr."""
-    sys.stderr.write(f"kvsim: {message}\n")
+    """A note for the person at the terminal, on stderr: one line in a log or a pipe, wrapped
+    at the width of a terminal (a terminal cuts words)."""
+    line = f"kvsim: {message}"
+    if sys.stderr.isatty():
+        width = shutil.get_terminal_size().columns
+        line = textwrap.fill(line, width=max(width - 1, 40), subsequent_indent="  ",
+                             break_on_hyphens=False, break_long_words=False)
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 

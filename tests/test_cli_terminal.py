@@ -52,6 +52,21 @@ def test_run_finishes_in_a_terminal_and_shows_what_ran(tmp_path):
     assert "sample:mooncake" in screen and "llama-3.1-8b" in screen and "a100-80gb" in screen
 
 
+def test_a_note_is_wrapped_at_the_terminals_width_and_is_one_line_in_a_pipe(tmp_path):
+    """The sample falls behind its arrivals (20 long prompts on one A100): a terminal of 100
+    columns gets the note wrapped at its words, a log gets it as one line."""
+    status, screen = in_terminal("run", "--limit", "20", "--out", "o", cwd=tmp_path)
+    assert status == 0, screen
+    first, *rest = screen.replace("\r", "").split("kvsim: the deployment fell behind")[1].split(
+        "\n")
+    note = ["kvsim: the deployment fell behind" + first]
+    note += rest[:next(i for i, line in enumerate(rest) if not line.startswith("  "))]
+    assert len(note) >= 2 and all(len(line) <= 99 for line in note)
+    assert note[-1].endswith("or lower --rate-scale")
+    piped = kvsim("run", "--limit", "20", "--out", tmp_path / "p", cwd=tmp_path)
+    assert len([ln for ln in piped.stderr.splitlines() if "fell behind" in ln]) == 1
+
+
 @pytest.mark.parametrize("args", [
     ["trace-stats", "sample:azure-conv"],
     ["hitrate", "sample:mooncake", "--capacity", "100,1000", "--eviction", "lru,lfu"],
