@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.reports.terminal import deployment_text
+from kvsim.reports.run_texts import deployment_text
 from kvsim.realrun_checks import (bench_completed, bench_count, bench_duration, bench_starts,
                                    oracle_requests)
 from kvsim.workloads import Request

@@ -72,7 +72,7 @@ def _header(result: dict) -> str:
     """What every configuration shares: the trace, and the deployment and KV cache where
     no dimension of the grid changes them."""
     from kvsim.reports.style import get, left_out_summary_text
-    from kvsim.reports.terminal import cache_text, deployment_text, trace_text
+    from kvsim.reports.run_texts import cache_text, deployment_text, trace_text
     configs = [run["summary"].get("config") or {} for run in result["runs"]]
     deployments = {deployment_text(c, get(run["summary"], "model", "weight_dtype"),
                                    get(run["summary"], "model", "name"))

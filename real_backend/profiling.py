@@ -291,8 +291,8 @@ def run_profile(settings, limits: Limits = Limits(), quick: bool = False,
     runner = build_runner(settings, model, dev_blocks, host_blocks)
     start = time.perf_counter()
     warm_up(runner, limits.max_num_seqs)
-    progress(f"profile: {settings.model} on {settings.device} built in {start - built:.1f}s, "
-             f"warmed up in {time.perf_counter() - start:.1f}s")
+    progress(f"profile: {settings.model} on {settings.device} built in {start - built:.1f} s, "
+             f"warmed up in {time.perf_counter() - start:.1f} s")
     passes, tables = measure_rounds(runner, grid, settings.clock, settings.seed,
                                     min(limits.max_num_seqs, MAX_BATCH_TABLE), progress)
     return profile_record(settings, model, runner, limits, quick, grid, passes, tables,

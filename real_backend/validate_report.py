@@ -69,12 +69,16 @@ def decision_lines(report: dict) -> list[str]:
     totals = ", ".join(f"{k} {a}/{b}" for k, (a, b) in d["totals"].items() if a or b)
     lines = [f"cache decisions (real/sim): {verdict}; steps {d['num_steps'][0]}/"
              f"{d['num_steps'][1]}; {totals}",
-             f"per-step schedule identical: {d['per_step_identical']}; per-request cached "
-             f"tokens identical: {d['cached_tokens_identical']}"]
+             f"per-step schedule identical: {_yes(d['per_step_identical'])}; per-request "
+             f"cached tokens identical: {_yes(d['cached_tokens_identical'])}"]
     if not d["per_step_identical"] and not report.get("offline"):
         lines.append("(timed arrivals: an arrival can fall one step earlier or later on the "
                      "simulated clock than on the real one; --offline rules that out)")
     return lines
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def note_lines(report: dict) -> list[str]:

@@ -85,6 +85,15 @@ def fmt_seconds(value: Any) -> str:
     return f"{v / 3600:.2f} h"
 
 
+def preemption_text(summary: dict) -> str:
+    """How requests were preempted: ``swapped out 3 / in 3 blocks`` with swap preemption (or
+    blocks swapped), else ``by recompute`` (vLLM v1's only way)."""
+    out, back = get(summary, "swapped_out_blocks"), get(summary, "swapped_in_blocks")
+    if get(summary, "config", "preemption_mode") == "swap" or out or back:
+        return f"swapped out {fmt_num(out)} / in {fmt_num(back)} blocks"
+    return "by recompute"
+
+
 def fmt_count(n: Any, noun: str) -> str:
     """``1 replica``, ``2 replicas``."""
     return f"{fmt_num(n)} {noun}" + ("" if n == 1 else "s")

@@ -115,7 +115,7 @@ def test_progress_lines_for_a_pipe_are_throttled_and_say_what_is_done():
 
 
 def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
-    from kvsim.reports.terminal import deployment_text
+    from kvsim.reports.run_texts import deployment_text
     config = {"model": "llama-3.1-8b", "replicas": 1, "gpu": "l4", "tp": 1, "dtype": "bf16"}
     assert deployment_text(config) == "llama-3.1-8b on 1 x l4 (tp 1), bf16"
     assert deployment_text({**config, "replicas": 2, "tp": 4}) == \
@@ -132,7 +132,7 @@ def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
 
 
 def test_the_kv_cache_line_says_how_the_cache_ran():
-    from kvsim.reports.terminal import cache_text
+    from kvsim.reports.run_texts import cache_text
     config = {"layout": "paged", "block_size": 16, "enable_prefix_caching": True,
               "eviction": "lru", "preemption_mode": "recompute", "scheduling_policy": "fcfs",
               "reserve": "max", "allocator": "first-fit", "hybrid_threshold": 256,
@@ -218,7 +218,7 @@ def test_requests_cut_by_max_model_len_are_a_row_of_their_own():
 
 def test_the_deployment_line_names_the_model_a_given_name_resolved_to():
     """``--model llama3-8b`` is Llama 3 (8k context), not 3.1: the line says which it ran."""
-    from kvsim.reports.terminal import deployment_text
+    from kvsim.reports.run_texts import deployment_text
     config = {"model": "llama3-8b", "replicas": 1, "gpu": "l4", "tp": 1, "dtype": "bf16"}
     assert deployment_text(config, None, "llama-3-8b") == \
         "llama-3-8b (given as llama3-8b) on 1 x l4 (tp 1), bf16"
