@@ -96,7 +96,7 @@ HEADERS = ("configuration", "out tok/s", "TTFT p50 / p99", "TPOT p50 / p99", "hi
 LEGEND = ("preempt: preemptions · batch: mean requests per step · frag tok/int/ext: shares "
           "of the GPU KV slots holding tokens / in blocks' unused tails / free but unusable, "
           "time-averaged · moved: bytes copied between GPU and host, or compacted · rejected: "
-          "requests refused at arrival")
+          "requests refused at arrival (a prompt of max_model_len tokens or more, as vLLM)")
 
 
 def render_compare_table(labels: Sequence[str], summaries: Sequence[dict],
