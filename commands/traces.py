@@ -131,8 +131,8 @@ def hitrate_command(
                                       help="lookahead policy: requests arriving within this "
                                       "many seconds count as queued (a queueing delay)."),
     reading: dict = trace_reading(rate_scale=None, model=TRACE_MODEL_OPTION),
-    html: bool = typer.Option(True, "--html/--no-html", help="With --out: also write "
-                              "hitrate.html."),
+    html: Optional[bool] = typer.Option(None, "--html/--no-html", help="With --out: also "
+                                        "write hitrate.html (the default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -146,6 +146,11 @@ def hitrate_command(
         from kvsim.errors import ConfigError
         raise ConfigError(f"must be a finite number of seconds >= 0, got {lookahead_s}",
                           location="command line", field="--lookahead-s")
+    if html and out is None:
+        from kvsim.errors import ConfigError
+        raise ConfigError("writes hitrate.html into --out: give --out DIR", location="command line",
+                          field="--html")
+    html = html is not False
     caps = hitrate.parse_capacities(capacity, capacity_tokens, block_size)
     policies = hitrate.parse_policies(eviction)
     if out is not None:

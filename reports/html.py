@@ -280,7 +280,8 @@ def write_hitrate_outputs(result: dict, out: Path, html: bool = True,
     ``{name: path}``."""
     import pandas as pd
     written = {}
-    with OutputDir(out, option=option):
+    files = (HITRATE_FILE, HITRATE_REPORT) if html else (HITRATE_FILE,)
+    with OutputDir(out, option=option, reads=[result.get("trace")], writes=files):
         if html:
             written["report"] = render_hitrate_report(
                 pd.DataFrame(result["rows"]), out / HITRATE_REPORT,

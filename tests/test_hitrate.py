@@ -179,6 +179,16 @@ def test_command_names_the_files_it_wrote_after_the_table(tmp_path):
     assert done.stdout.splitlines()[-1] == f"wrote {tmp_path}/hitrate.json, hitrate.html"
 
 
+def test_html_without_out_is_refused_not_ignored(tmp_path):
+    """``--html`` asks for hitrate.html, which only --out gives a place (it was ignored)."""
+    done = subprocess.run([sys.executable, "-m", "kvsim", "hitrate", "sample:mooncake",
+                           "--limit", "5", "--capacity", "100", "--html"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (
+        2, "kvsim: error: --html: writes hitrate.html into --out: give --out DIR\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("value", ["nan", "-1", "inf"])
 def test_a_lookahead_that_is_no_time_is_one_line(value):
     done = subprocess.run([sys.executable, "-m", "kvsim", "hitrate", "sample:mooncake",
