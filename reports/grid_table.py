@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvsim.reports.style import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, get, is_number
+from kvsim.reports.style import fmt_bytes, fmt_num, fmt_pct, fmt_seconds_alike, get, is_number
 
 #: Name stems of the transfer kinds whose byte counters :func:`bytes_moved` adds up.
 TRANSFER_STEMS = ("swap", "offload", "promot", "compact", "to_host", "to_device")
@@ -82,8 +82,8 @@ def _cells(m: dict) -> list[str]:
     frag = "/".join(fmt_pct(m[k], 0) if is_number(m[k]) else "—" for k in
                     ("frag_token_states", "frag_internal", "frag_external"))
     return [fmt_num(m["throughput_output_tokens_per_s"]),
-            f"{fmt_seconds(m['ttft_p50_s'])} / {fmt_seconds(m['ttft_p99_s'])}",
-            f"{fmt_seconds(m['tpot_p50_s'])} / {fmt_seconds(m['tpot_p99_s'])}",
+            " / ".join(fmt_seconds_alike([m["ttft_p50_s"], m["ttft_p99_s"]])),
+            " / ".join(fmt_seconds_alike([m["tpot_p50_s"], m["tpot_p99_s"]])),
             fmt_pct(m["prefix_hit_rate"]), fmt_num(m["preemptions"]),
             fmt_num(m["mean_batch_size"], 1), frag, fmt_bytes(m["bytes_moved"]),
             fmt_num(m["num_rejected"])]

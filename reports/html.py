@@ -22,7 +22,8 @@ from kvsim.reports.frames import HITRATE_FILE, HITRATE_REPORT
 from kvsim.reports.io import write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
-from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, get, left_out_summary_text,
+from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, fmt_seconds_alike, get,
+                                 left_out_summary_text,
                                  parse_slo, preemption_text, rejected_text, slo_met,
                                  stopped_text, tier_text, truncated_text)
 from kvsim.workloads.request import trace_name
@@ -52,8 +53,8 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
     """The grid of headline numbers for one run."""
     def lat(metric: str, name: str) -> str:
         return card(f"{name} p50 / p99",
-                    f"{fmt_seconds(get(summary, metric, 'p50'))} / "
-                    f"{fmt_seconds(get(summary, metric, 'p99'))}",
+                    " / ".join(fmt_seconds_alike([get(summary, metric, "p50"),
+                                                  get(summary, metric, "p99")])),
                     f"mean {fmt_seconds(get(summary, metric, 'mean'))}",
                     _slo_status(summary, metric, slo))
     hits, queries = get(summary, "prefix_cache", "hit_tokens"), get(summary, "prefix_cache",

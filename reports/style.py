@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from kvsim.reports.frames import SUMMARY_PERCENTILES
 from kvsim.reports.plot import Figure, template
@@ -97,6 +97,31 @@ def preemption_text(summary: dict) -> str:
 def fmt_count(n: Any, noun: str) -> str:
     """``1 replica``, ``2 replicas``."""
     return f"{fmt_num(n)} {noun}" + ("" if n == 1 else "s")
+
+
+#: :func:`fmt_seconds`' units: (name, seconds, decimals, the largest value shown in it).
+_TIME_UNITS = (("µs", 1e-6, 0, 1e-3), ("ms", 1e-3, 1, 1.0), ("s", 1.0, 2, 120.0),
+               ("min", 60.0, 1, 7200.0), ("h", 3600.0, 2, math.inf))
+
+
+def fmt_seconds_alike(values: Sequence[Any]) -> list[str]:
+    """Times shown together (a row's p50 / p90 / p99) in one unit, the one :func:`fmt_seconds`
+    gives the largest, with its decimals; a value below 1 in it keeps three significant
+    digits (``0.619 s / 1.71 s``, not ``618.6 ms / 1.71 s``)."""
+    finite = [abs(float(v)) for v in values if is_number(v)]
+    if not finite or max(finite) == 0:
+        return [fmt_seconds(v) for v in values]
+    name, scale, decimals, _ = next(u for u in _TIME_UNITS if max(finite) < u[3])
+    out = []
+    for v in values:
+        if not is_number(v):
+            out.append("—")
+            continue
+        x = float(v) / scale
+        places = (max(decimals, 2 - math.floor(math.log10(abs(x)))) if 0 < abs(x) < 1
+                  else decimals)
+        out.append(f"{x:.{places}f} {name}")
+    return out
 
 
 def fmt_pct(value: Any, digits: int = 1) -> str:

@@ -12,14 +12,15 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
 from rich.table import Table
 
 from kvsim.reports.run_texts import cache_text, deployment_text, trace_text
-from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, get, is_number,
+from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, fmt_seconds_alike,
+                                 get, is_number,
                                  left_out_summary_text, parse_slo, preemption_text,
                                  rejected_text, slo_met, stopped_text, tier_text,
                                  truncated_text)
 
 
 def _latency_row(summary: dict, metric: str) -> str:
-    return " / ".join(fmt_seconds(get(summary, metric, p)) for p in ("p50", "p90", "p99"))
+    return " / ".join(fmt_seconds_alike([get(summary, metric, p) for p in ("p50", "p90", "p99")]))
 
 
 _SHORT_FRAG = {"token_states": "tokens", "reservation": "reserved", "internal": "internal",

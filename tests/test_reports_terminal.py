@@ -224,3 +224,14 @@ def test_the_deployment_line_names_the_model_a_given_name_resolved_to():
         "llama-3-8b (given as llama3-8b) on 1 x l4 (tp 1), bf16"
     assert deployment_text({**config, "model": "llama-3-8b"}, None, "llama-3-8b") == \
         "llama-3-8b on 1 x l4 (tp 1), bf16"
+
+
+def test_times_shown_together_share_one_unit():
+    """A row read '618.6 ms / 1.71 s / 2.44 s' or '119.53 s / 3.1 min': one unit now, the
+    largest's, a value below 1 in it with three significant digits."""
+    from kvsim.reports.style import fmt_seconds_alike
+    assert fmt_seconds_alike([0.6186, 1.71, 2.44]) == ["0.619 s", "1.71 s", "2.44 s"]
+    assert fmt_seconds_alike([119.53, 186, 198]) == ["2.0 min", "3.1 min", "3.3 min"]
+    assert fmt_seconds_alike([0.0158, 0.0173]) == ["15.8 ms", "17.3 ms"]
+    assert fmt_seconds_alike([None, 19.83, 120.0]) == ["—", "0.330 min", "2.0 min"]
+    assert fmt_seconds_alike([0.0, 0.0]) == ["0.0 ms", "0.0 ms"]
