@@ -81,7 +81,11 @@ def _header(result: dict) -> str:
             ("left out", {left_out_summary_text(run["summary"]) for run in result["runs"]}),
             ("deployment", deployments), ("KV cache", {cache_text(c) for c in configs})]
     if len(deployments) > 1:    # (a grid over GPUs, TP or replicas: what they share)
-        rows[2:2] = [("model", {c.get("model") for c in configs}),
-                     ("GPU", {c.get("gpu") for c in configs})]
+        rows[2:2] = [("model", {get(run["summary"], "model", "name") or c.get("model")
+                                for c, run in zip(configs, result["runs"])}),
+                     ("GPU", {c.get("gpu") for c in configs}),
+                     ("TP", {str(c.get("tp")) for c in configs}),
+                     ("replicas", {str(c.get("replicas")) for c in configs}),
+                     ("dtype", {str(c.get("dtype")) for c in configs})]
     shared = [(name, texts.pop()) for name, texts in rows if len(texts) == 1]
     return "\n".join(f"{name:<12}{text}" for name, text in shared if text)

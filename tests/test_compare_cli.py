@@ -49,8 +49,9 @@ def test_a_grid_over_the_deployment_still_names_its_model_and_gpu():
                                     "enable_prefix_caching": True, "eviction": "lru"}}}
             for n in (1, 2)]
     lines = _header({"runs": runs}).splitlines()
-    assert lines[1:3] == ["model       llama-3.1-8b", "GPU         a100-80gb"]
-    assert not any(line.startswith("deployment") for line in lines)
+    assert lines[1:5] == ["model       llama-3.1-8b", "GPU         a100-80gb", "TP          1",
+                          "dtype       bf16"]       # (what the replicas share; not them)
+    assert not any(line.startswith(("deployment", "replicas")) for line in lines)
 
 
 def test_outputs_are_one_directory_per_configuration_plus_compare_json(grid):
