@@ -20,6 +20,8 @@ import numpy as np
 
 from kvsim.cache import KVCacheManager
 from kvsim.cache.multi_group import MultiGroupKVManager
+from kvsim.cache.offload_managers import make_offloading_manager
+from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
 from kvsim.sim.perf.kv_layout import KvLayout, kv_layout
@@ -58,9 +60,14 @@ def make_scheduler(s: dict, model: str | None = None) -> Scheduler:
     """The oracle's settings: ``num_blocks - 1`` usable blocks (block 0 is vLLM's null block);
     every scheduler option kvsim has, where the record names it (else vLLM's default). A
     ``model`` with sliding-window (or chunked-local) layers gets vLLM's hybrid manager, one
-    block table per KV layer group, as ``kvsim run`` gives it."""
+    block table per KV layer group, as ``kvsim run`` gives it; ``cpu_chunks`` (a record of
+    vLLM's CPU offloading) a native CPU tier of that many blocks."""
     layout = fixture_layout(model, s["block_size"])
-    if layout is not None and layout.is_hybrid:
+    if s.get("cpu_chunks"):     # (vLLM's OffloadingConnector: that many CPU blocks)
+        kv = OffloadingKVCacheManager(s["num_blocks"] - 1, s["block_size"],
+                                      not s["no_prefix_caching"], s["max_model_len"],
+                                      offload=make_offloading_manager(s["cpu_chunks"]))
+    elif layout is not None and layout.is_hybrid:
         kv = MultiGroupKVManager(s["num_blocks"] - 1, s["block_size"], layout.groups,
                                  not s["no_prefix_caching"], s["max_model_len"],
                                  s["max_num_batched_tokens"])
