@@ -6,6 +6,7 @@ Here and not in ``cli.py`` so tests (and notebooks) can run a job without a shel
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import sys
@@ -302,8 +303,11 @@ def say(message: str) -> None:
     """A note for the person at the terminal, on stderr: one line in a log or a pipe, wrapped
     at the width of a terminal (a terminal cuts words)."""
     line = f"kvsim: {message}"
-    if sys.stderr.isatty():
-        width = shutil.get_terminal_size().columns
+    if sys.stderr.isatty() and "\n" not in line:
+        try:        # (stderr's own width: stdout may be a file)
+            width = os.get_terminal_size(sys.stderr.fileno()).columns
+        except OSError:
+            width = shutil.get_terminal_size().columns
         line = textwrap.fill(line, width=max(width - 1, 40), subsequent_indent="  ",
                              break_on_hyphens=False, break_long_words=False)
     sys.stderr.write(line + "\n")

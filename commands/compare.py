@@ -83,9 +83,8 @@ def _header(result: dict) -> str:
     if len(deployments) > 1:    # (a grid over GPUs, TP or replicas: what they share)
         rows[2:2] = [("model", {get(run["summary"], "model", "name") or c.get("model")
                                 for c, run in zip(configs, result["runs"])}),
-                     ("GPU", {c.get("gpu") for c in configs}),
-                     ("TP", {str(c.get("tp")) for c in configs}),
-                     ("replicas", {str(c.get("replicas")) for c in configs}),
-                     ("dtype", {str(c.get("dtype")) for c in configs})]
+                     *((name, {str(c[key]) for c in configs}) for name, key in (
+                         ("GPU", "gpu"), ("TP", "tp"), ("replicas", "replicas"),
+                         ("dtype", "dtype")) if all(c.get(key) is not None for c in configs))]
     shared = [(name, texts.pop()) for name, texts in rows if len(texts) == 1]
     return "\n".join(f"{name:<12}{text}" for name, text in shared if text)

@@ -69,7 +69,7 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
              f"{fmt_num(get(summary, 'num_steps'))} steps"),
         lat("ttft_s", "TTFT"), lat("tpot_s", "TPOT"), lat("e2e_s", "E2E"),
         card("Prefix hit rate", fmt_pct(get(summary, "prefix_cache", "hit_rate")),
-             f"{fmt_num(hits)} of {fmt_num(queries)} tokens") if queries else
+             f"{fmt_num(hits)} of {fmt_num(queries)} tokens") if queries != 0 else
         card("Prefix hit rate", "—", "no prefix lookups (caching off, or a contiguous layout)"),
         card("Preemptions", fmt_num(get(summary, "preemptions")), preemption_text(summary)),
         card("Peak KV usage", fmt_pct(get(summary, "kv", "peak_usage")),

@@ -69,9 +69,12 @@ def plotly_head_script(mode: str, page_path: Path) -> str:
     else:       # kept: touched, so that the --out directory counts it as this result's
         os.utime(shared)
     # a page copied without the file: say so at the top instead of drawing blank plots
-    missing = (f"This page loads plotly.js from {src}, which is not there: copy or move the "
-               "whole folder it came from with it, or re-render it with kvsim report DIR "
-               "--out FILE (which puts plotly.js inside).")
+    missing = ("This page loads plotly.js from the file plotly.min.js beside it, which is not "
+               "there: copy or move the whole comparison folder with it." if mode == "sibling"
+               else "This page loads plotly.js from ../plotly.min.js, in the comparison "
+               "folder above it, which is not there: copy or move that whole folder, or "
+               "re-render this run with kvsim report RUN_DIR --out FILE (which puts plotly.js "
+               "inside).")
     return (f'<script type="text/javascript" src="{src}"></script>'
             '<script>window.addEventListener("DOMContentLoaded", function () {'
             'if (typeof Plotly !== "undefined") return;'

@@ -107,7 +107,8 @@ _TIME_UNITS = (("µs", 1e-6, 0, 1e-3), ("ms", 1e-3, 1, 1.0), ("s", 1.0, 2, 120.0
 def fmt_seconds_alike(values: Sequence[Any]) -> list[str]:
     """Times shown together (a row's p50 / p90 / p99) in one unit, the one :func:`fmt_seconds`
     gives the largest, with its decimals; a value below 1 in it keeps three significant
-    digits (``0.619 s / 1.71 s``, not ``618.6 ms / 1.71 s``)."""
+    digits (``0.619 s / 1.71 s``, not ``618.6 ms / 1.71 s``), one below 0.1 its own unit
+    (``22.7 ms / 7.1 min``, not ``0.000378 min``)."""
     finite = [abs(float(v)) for v in values if is_number(v)]
     if not finite or max(finite) == 0:
         return [fmt_seconds(v) for v in values]
@@ -118,9 +119,13 @@ def fmt_seconds_alike(values: Sequence[Any]) -> list[str]:
             out.append("—")
             continue
         x = float(v) / scale
-        places = (max(decimals, 2 - math.floor(math.log10(abs(x)))) if 0 < abs(x) < 1
-                  else decimals)
-        out.append(f"{x:.{places}f} {name}")
+        if 0 < abs(x) < 0.1:
+            out.append(fmt_seconds(v))
+            continue
+        text = f"{x:.{max(decimals, 2 - math.floor(math.log10(abs(x))))}f}" if x else ""
+        if not text or abs(float(text)) >= 1:       # (0.9996 s shows as 1.00 s)
+            text = f"{x:.{decimals}f}"
+        out.append(f"{text} {name}")
     return out
 
 

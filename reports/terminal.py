@@ -59,9 +59,7 @@ def summary_table(summary: dict) -> Table:
         ("TTFT p50/p90/p99", _latency_row(summary, "ttft_s")),
         ("TPOT p50/p90/p99", _latency_row(summary, "tpot_s")),
         ("E2E p50/p90/p99", _latency_row(summary, "e2e_s")),
-        ("prefix hit rate", f"{fmt_pct(get(summary, 'prefix_cache', 'hit_rate'))}  "
-                            f"({fmt_num(get(summary, 'prefix_cache', 'hit_tokens'))} of "
-                            f"{fmt_num(get(summary, 'prefix_cache', 'queries_tokens'))} tokens)"),
+        ("prefix hit rate", _hit_text(summary)),
         ("preemptions", f"{fmt_num(get(summary, 'preemptions'))}  "
                         f"({preemption_text(summary)})"),
         ("KV usage mean/peak", f"{fmt_pct(get(summary, 'kv', 'mean_usage'))} / "
@@ -331,6 +329,16 @@ class ProgressLines:
         elapsed = time.monotonic() - self._start
         print(f"kvsim: {self.what}: {text} ({elapsed:.0f} s elapsed)",
               file=self.file or sys.stderr, flush=True)
+
+
+def _hit_text(summary: dict) -> str:
+    """``6.7%  (2,048 of 30,366 tokens)``, or ``—`` where nothing was looked up."""
+    queries = get(summary, "prefix_cache", "queries_tokens")
+    if queries == 0:
+        return "—  (no prefix lookups: caching off, or a contiguous layout)"
+    return (f"{fmt_pct(get(summary, 'prefix_cache', 'hit_rate'))}  "
+            f"({fmt_num(get(summary, 'prefix_cache', 'hit_tokens'))} of {fmt_num(queries)} "
+            "tokens)")
 
 
 def _idle_text(summary: dict) -> str:

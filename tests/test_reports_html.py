@@ -275,15 +275,16 @@ def test_a_run_without_prefix_lookups_shows_no_eviction_and_no_hit_rate(tmp_path
 
 def test_a_page_that_loads_plotly_from_its_folder_says_so_when_copied_without_it(tmp_path):
     """A compare's run page loads ../plotly.min.js; copied on its own it drew blank plots
-    with no word of why: now a line at its top says what to copy (only when plotly.js is
-    missing, checked in the browser)."""
+    with no word of why: now a line at its top says what to copy (a script that adds it
+    only when plotly.js did not load)."""
     from synthetic_runs import synthetic_run
     page = render_run_report(*synthetic_run(num_requests=20, timeline_rows=20),
                              tmp_path / "run" / "report.html", plotlyjs="parent").read_text()
     assert '<script type="text/javascript" src="../plotly.min.js"></script>' in page
     assert 'if (typeof Plotly !== "undefined") return;' in page
-    assert ("This page loads plotly.js from ../plotly.min.js, which is not there: copy or "
-            "move the whole folder it came from with it") in page
+    assert ("This page loads plotly.js from ../plotly.min.js, in the comparison folder above "
+            "it, which is not there: copy or move that whole folder, or re-render this run "
+            "with kvsim report RUN_DIR --out FILE") in page
     inline = render_run_report(*synthetic_run(num_requests=20, timeline_rows=20),
                                tmp_path / "inline.html").read_text()
     assert "which is not there" not in inline

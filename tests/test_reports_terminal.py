@@ -235,3 +235,6 @@ def test_times_shown_together_share_one_unit():
     assert fmt_seconds_alike([0.0158, 0.0173]) == ["15.8 ms", "17.3 ms"]
     assert fmt_seconds_alike([None, 19.83, 120.0]) == ["—", "0.330 min", "2.0 min"]
     assert fmt_seconds_alike([0.0, 0.0]) == ["0.0 ms", "0.0 ms"]
+    assert fmt_seconds_alike([0.0227, 426.0, 744.0]) == ["22.7 ms", "7.1 min", "12.4 min"]
+    assert fmt_seconds_alike([0.9996, 1.71]) == ["1.00 s", "1.71 s"]
+    assert fmt_seconds_alike([0.0, 2.5]) == ["0.00 s", "2.50 s"]

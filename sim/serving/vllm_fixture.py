@@ -63,6 +63,8 @@ def make_scheduler(s: dict, model: str | None = None) -> Scheduler:
     block table per KV layer group, as ``kvsim run`` gives it; ``cpu_chunks`` (a record of
     vLLM's CPU offloading) a native CPU tier of that many blocks."""
     layout = fixture_layout(model, s["block_size"])
+    if s.get("cpu_chunks") and layout is not None and layout.is_hybrid:
+        raise ValueError("no CPU tier recording of a hybrid model: kvsim replays none")
     if s.get("cpu_chunks"):     # (vLLM's OffloadingConnector: that many CPU blocks)
         kv = OffloadingKVCacheManager(s["num_blocks"] - 1, s["block_size"],
                                       not s["no_prefix_caching"], s["max_model_len"],
