@@ -304,10 +304,11 @@ def say(message: str) -> None:
     at the width of a terminal (a terminal cuts words)."""
     line = f"kvsim: {message}"
     if sys.stderr.isatty() and "\n" not in line:
-        try:        # (stderr's own width: stdout may be a file)
+        try:        # (stderr's own width: stdout may be a file; 0: a terminal that has none)
             width = os.get_terminal_size(sys.stderr.fileno()).columns
         except OSError:
-            width = shutil.get_terminal_size().columns
+            width = 0
+        width = width or shutil.get_terminal_size().columns
         line = textwrap.fill(line, width=max(width - 1, 40), subsequent_indent="  ",
                              break_on_hyphens=False, break_long_words=False)
     sys.stderr.write(line + "\n")
