@@ -23,9 +23,8 @@ from kvsim.reports.io import write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, fmt_seconds_alike, get,
-                                 left_out_summary_text,
-                                 parse_slo, preemption_text, rejected_text, slo_met,
-                                 stopped_text, tier_text, truncated_text)
+                                 left_out_summary_text, parse_slo, preemption_text,
+                                 rejected_text, slo_met, stopped_text, tier_text, truncated_text)
 from kvsim.workloads.request import trace_name
 
 if TYPE_CHECKING:
@@ -76,8 +75,8 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
              f"mean {fmt_pct(get(summary, 'kv', 'mean_usage'))} of "
              f"{fmt_num(get(summary, 'kv', 'num_gpu_blocks'))} blocks"),
         card("Cached idle KV", fmt_pct(get(summary, "kv", "mean_cached_idle_fraction")),
-             "mean share of the pool cached but held by no request: the room eviction "
-             "policies choose in"),
+             "mean share of the pool cached but held by no request (counted as free): what "
+             "an eviction policy chooses among"),
         *_tier_cards(summary),
     ])
 
