@@ -220,8 +220,8 @@ class MultiGroupKVManager:
         want = 0
         for table, cap in zip(tables, self._caps):
             blocks = cdiv(target, self.block_size)
-            if capped and cap is not None:
-                blocks = min(blocks, cap + sum(1 for b in table if b == NULL))
+            if capped and cap is not None:      # (the cap counts the table's null blocks too,
+                blocks = min(blocks, cap)       # as vLLM 0.32's get_num_blocks_to_allocate)
             want += max(blocks - len(table), 0)
         refs = self.pool.ref_counts
         if adopting:
