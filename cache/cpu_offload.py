@@ -1,30 +1,38 @@
-"""vLLM's CPU offloading managers: which block hashes the host holds, and which it gives up.
+"""vLLM's CPU offloading manager: which block hashes the host holds, and which it gives up.
 
-Ports of the scheduler-side bookkeeping of vLLM's native KV offloading
-(``vllm/v1/kv_offload/``): :class:`LRUOffloadingManager` (``lru_manager.py``) here; ARC's
-manager, the reuse gate and the factory that picks them are in
-:mod:`kvsim.cache.offload_managers`. A manager knows hashes and host block ids only;
-:mod:`kvsim.cache.offloading` decides when to call it and turns its answers into copies in the
-step plan.
+A port of the scheduler-side bookkeeping of vLLM 0.32's native KV offloading
+(``vllm/v1/kv_offload/cpu/manager.py``, ``CPUOffloadingManager``, with its LRU cache policy,
+``cpu/policies/lru.py``): :class:`LRUOffloadingManager` here; the ARC policy and the factory
+that picks one are in :mod:`kvsim.cache.offload_managers`. A manager knows hashes and host
+block ids only; :mod:`kvsim.cache.offloading` decides when to call it and turns its answers
+into copies in the step plan.
 
-A stored block is *not ready* (``ref_cnt == -1``) from :meth:`prepare_store` until
-:meth:`complete_store`: a lookup stops at it and no eviction takes it. A block being loaded is
-pinned (``ref_cnt > 0``) from :meth:`prepare_load` to :meth:`complete_load`. Only blocks with
-``ref_cnt == 0`` are evicted, oldest first (LRU), or by ARC's adaptive split.
+- A stored block is *not ready* (``ref_cnt == -1``) from :meth:`prepare_store` until
+  :meth:`complete_store`: a lookup that reaches it is *pending* (the request waits for it), and
+  no eviction takes it. A block being loaded is pinned (``ref_cnt > 0``) from
+  :meth:`prepare_load` to :meth:`complete_load`. Only blocks with ``ref_cnt == 0`` are evicted,
+  and never one the same store offers.
+- Recency is set when a block is stored, and again when a request finishes
+  (:meth:`request_finished`): every block the request stored, offered when already held, or
+  loaded becomes the most recent, its first block most of all. Lookups and stores touch
+  nothing.
+- ``store_threshold`` >= 2: a block is stored only once it was offered that many times
+  (counts kept for the ``max_tracker_size`` most recently offered hashes).
 
 >>> m = LRUOffloadingManager(2)
->>> m.prepare_store([11, 22]).stored
+>>> m.prepare_store([11, 22], "a").stored
 [(11, 0), (22, 1)]
->>> m.lookup([11, 22])          # not ready until the store completes
-0
+>>> print(m.lookup([11, 22]))          # being stored: the lookup must wait
+None
 >>> m.complete_store([11, 22]); m.lookup([11, 22, 33])
 2
->>> m.prepare_store([33]).evicted     # 11 is the least recently used
+>>> m.prepare_store([33], "b").evicted     # 11 is the least recently used
 [11]
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Iterable, Sequence
@@ -32,13 +40,14 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvsim.cache.bulk import delete_all
-from kvsim.cache.chain_touch import ChainTouches
 from kvsim.cache.recency import RecencyOrder
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(slots=True)
 class HostBlock:
-    """A host block holding one hash: its id and vLLM's ``BlockStatus.ref_cnt``."""
+    """A host block holding one hash: its id and vLLM's ``ref_cnt``."""
 
     block_id: int
     ref_cnt: int = -1          # -1: being stored (not ready); >0: being loaded
@@ -62,9 +71,42 @@ class StoreResult:
         return list(zip(self.hashes, self.block_ids))
 
 
+@dataclass(slots=True)
+class RequestAccess:
+    """The hashes one request used on the host (vLLM's ``_RequestCacheAccess``): those it
+    stored, offered when already held and ready, or loaded, each with its block position;
+    ``inserted`` and ``reused`` tell a policy that weighs reuse (ARC) which was which."""
+
+    hashes: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+    in_order: bool = True           # positions ascending (no sort needed)
+    inserted: set[int] = field(default_factory=set)
+    reused: set[int] = field(default_factory=set)
+    store_misses: set[int] = field(default_factory=set)
+
+    def add(self, hashes: Iterable[int], positions: Iterable[int]) -> None:
+        seen, own, at = self.seen, self.hashes, self.positions
+        for block_hash, position in zip(hashes, positions):
+            if block_hash in seen:
+                continue
+            if at and position < at[-1]:
+                self.in_order = False
+            seen.add(block_hash)
+            own.append(block_hash)
+            at.append(position)
+
+    def head_to_tail(self) -> list[int]:
+        """The hashes in block order."""
+        if self.in_order:
+            return self.hashes
+        at, own = self.positions, self.hashes
+        return [own[i] for i in sorted(range(len(own)), key=at.__getitem__)]     # (stable)
+
+
 class _HostBlocks:
-    """Free host block ids as vLLM's ``CPUBackend`` hands them out: never-used ids first, in
-    order, then the most recently freed one."""
+    """Free host block ids as vLLM's manager hands them out: never-used ids first, in order,
+    then the most recently freed one."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
@@ -91,27 +133,32 @@ class _HostBlocks:
 
 
 class LRUOffloadingManager:
-    """Host blocks by hash, evicted least recently used first (vLLM's LRU manager).
+    """Host blocks by hash, evicted least recently used first (vLLM's manager, LRU policy).
 
     The host blocks' state lives in arrays indexed by host block id (the hash each holds and
     vLLM's ``ref_cnt``), found by hash through one ``dict``; the recency order is a
-    :class:`~kvsim.cache.recency.RecencyOrder` of host ids (a stamp each), and the touch of a
-    request's whole chain, which vLLM does each time it stores a block, waits until an
-    eviction could tell (:class:`~kvsim.cache.chain_touch.ChainTouches`). Subclasses keep
-    another order (ARC) through the recency hooks at the end."""
+    :class:`~kvsim.cache.recency.RecencyOrder` of host ids (vLLM's ranks). Subclasses keep
+    another order (ARC) through the policy hooks at the end."""
 
     policy = "lru"
+    #: Whether the policy reads which of a request's hashes it inserted and which it reused.
+    _weighs_reuse = False
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, store_threshold: int = 0,
+                 max_tracker_size: int = 64_000):
+        if max_tracker_size < 1:
+            raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
         self.backend = _HostBlocks(num_blocks)
         self._id_of: dict[int, int] = {}                  # hash -> host block holding it
         self._hash_of = np.zeros(num_blocks, dtype=np.int64)
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
         self._recency = RecencyOrder(num_blocks)
-        self._version = np.zeros(num_blocks, dtype=np.int64)  # bumped when a block is given up
-        self._chains = ChainTouches(self._recency, self._ids,  # see touch_chain
-                                    lambda block_hash: self._id_of.get(block_hash, -1),
-                                    self._version)
+        self._num_evictable = 0                           # held blocks with ref_cnt 0
+        self._access: dict[object, RequestAccess] = {}
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self.counts: OrderedDict[int, int] | None = (OrderedDict() if store_threshold >= 2
+                                                     else None)
         self.num_dropped_blocks = 0    # blocks a store could not make room for
 
     @property
@@ -131,7 +178,6 @@ class LRUOffloadingManager:
     @property
     def blocks(self) -> list[int]:
         """The held hashes, least recently used first."""
-        self._chains.settle_all()
         return self._hash_of[self._recency.ids()].tolist()
 
     def get(self, block_hash: int) -> HostBlock | None:
@@ -139,94 +185,83 @@ class LRUOffloadingManager:
         block_id = self._id_of.get(block_hash)
         return None if block_id is None else HostBlock(block_id, int(self._ref[block_id]))
 
-    def lookup(self, block_hashes: Iterable[int]) -> int:
-        """Length of the leading run of ``block_hashes`` that is offloaded and ready."""
-        hits, get, ref = 0, self._id_of.get, self._ref
+    # --- lookups and loads ---------------------------------------------------------------
+
+    def lookup(self, block_hashes: Iterable[int]) -> int | None:
+        """Length of the leading run of ``block_hashes`` that is offloaded; None when a block
+        of that run is still being stored (vLLM's ``HIT_PENDING``: the request waits)."""
+        hits, get, ref, pending = 0, self._id_of.get, self._ref, False
         for block_hash in block_hashes:
             block_id = get(block_hash)
-            if block_id is None or ref[block_id] < 0:
+            if block_id is None:
                 break
+            if ref[block_id] < 0:
+                pending = True
             hits += 1
-        return hits
+        return None if pending else hits
 
     def block_ids(self, block_hashes: Iterable[int]) -> list[int]:
         """The host blocks holding ``block_hashes`` (all held)."""
         return list(map(self._id_of.__getitem__, block_hashes))
 
-    def prepare_load(self, block_hashes: Sequence[int]) -> list[int]:
-        """Pin the (ready, distinct) blocks of ``block_hashes`` for reading; their host ids."""
+    def prepare_load(self, block_hashes: Sequence[int], request=None,
+                     first_position: int = 0) -> list[int]:
+        """Pin the (ready, distinct) blocks of ``block_hashes`` for reading, for ``request``
+        (whose blocks from ``first_position`` they are); their host ids."""
         ids = self.block_ids(block_hashes)
-        self._ref[ids] += 1
+        at = np.array(ids, dtype=np.int64)
+        self._num_evictable -= int(np.count_nonzero(self._ref[at] == 0))
+        self._ref[at] += 1
+        access = self._access_of(request)
+        access.add(block_hashes, range(first_position, first_position + len(ids)))
+        if self._weighs_reuse:
+            access.reused.update(h for h in block_hashes if h not in access.inserted)
         return ids
 
     def complete_load(self, block_hashes: Iterable[int]) -> None:
-        self._ref[self.block_ids(block_hashes)] -= 1
+        at = np.array(self.block_ids(block_hashes), dtype=np.int64)
+        self._ref[at] -= 1
+        self._num_evictable += int(np.count_nonzero(self._ref[at] == 0))
 
-    def touch(self, block_hashes: Sequence[int]) -> None:
-        """Mark as recently used (distinct hashes), the first most recently (a chain's tail
-        goes first)."""
-        ids = self._ids(reversed(block_hashes))
-        ids = ids[ids >= 0]
-        if len(ids):
-            self._recency.move_many_to_end(ids)
+    # --- stores --------------------------------------------------------------------------
 
-    def touch_chain(self, key, n: int, hashes_at, stored=None) -> None:
-        """``touch`` the first ``n`` blocks of the chain ``key`` (a request's blocks, touched
-        again each time it stores one), where ``hashes_at(positions)`` gives the hashes at
-        those positions: applied once an eviction reaches the chain, or when it is forgotten,
-        with the same victims and order (:mod:`kvsim.cache.chain_touch`). ``stored``: (first
-        position, host blocks) of the positions the last store took, if known."""
-        self._chains.touch(key, n, hashes_at, stored)
-
-    def forget_chain(self, key) -> None:
-        """The chain's request ended (call before its blocks' hashes change)."""
-        self._chains.forget(key)
-
-    def prepare_store(self, block_hashes: Sequence[int]) -> StoreResult | None:
-        """Reserve host blocks for the hashes not yet offloaded, evicting what must go; None
-        (and nothing changes) when too few blocks can be evicted."""
-        if len(block_hashes) == 1 and self._stores_one_by_scalars:
-            return self._store_one(block_hashes[0])
-        held = self._id_of
-        new = list(dict.fromkeys(block_hashes))
-        if not held.keys().isdisjoint(new):
-            new = [h for h in new if h not in held]
+    def prepare_store(self, block_hashes: Sequence[int], request=None,
+                      first_position: int = 0) -> StoreResult | None:
+        """Reserve host blocks for the offered hashes (``request``'s blocks from
+        ``first_position``) not held yet, evicting what must go; None (no block stored) when
+        too few blocks can be evicted. The request's hashes stored or already held and ready
+        count as used by it (:meth:`request_finished`)."""
+        if self.counts is not None:
+            self._count_offers(block_hashes)
+        ids = self._ids(block_hashes)
+        held = ids >= 0
+        ready = held.copy()
+        if held.any():
+            ready[held] = self._ref[ids[held]] >= 0
+        new = [h for h, known in zip(block_hashes, held.tolist()) if not known] \
+            if held.any() else list(block_hashes)
+        if self.counts is not None:
+            new = [h for h in new if self.counts.get(h, 0) >= self.store_threshold]
+        access = self._access_of(request)
+        self._note_offer(access, block_hashes, first_position, held, ready, new)
         result = StoreResult()
         if not new:
             return result
-        victims = self._victims(len(new) - self.backend.num_free)
+        victims = self._make_room(len(new), ids[held])
         if victims is None:
             self.num_dropped_blocks += len(new)
             return None
         if len(victims):
-            result.evicted = self._release(victims, evicted=True)
-        ids = self.backend.take(len(new))
-        held.update(zip(new, ids))
-        at = np.array(ids, dtype=np.int64)
+            result.evicted = self._release(victims)
+        block_ids = self.backend.take(len(new))
+        self._id_of.update(zip(new, block_ids))
+        at = np.array(block_ids, dtype=np.int64)
         self._hash_of[at] = new
         self._ref[at] = -1
-        self._remember(new, at)
-        result.hashes, result.block_ids = new, ids
-        return result
-
-    def _store_one(self, block_hash: int) -> StoreResult | None:
-        """:meth:`prepare_store` of one hash (a decode step that fills a block: most calls),
-        the same steps on scalars."""
-        if block_hash in self._id_of:
-            return StoreResult()
-        result = StoreResult()
-        if not self.backend.num_free:
-            victim = self._victim()
-            if victim is None:
-                self.num_dropped_blocks += 1
-                return None
-            result.evicted = [self._release_one(victim)]
-        block_id = self.backend.take(1)[0]
-        self._id_of[block_hash] = block_id
-        self._hash_of[block_id] = block_hash
-        self._ref[block_id] = -1
-        self._recency.append(block_id)
-        result.hashes, result.block_ids = [block_hash], [block_id]
+        self._insert(new, at)
+        if self._weighs_reuse:
+            access.inserted.update(new)
+        result.hashes, result.block_ids = new, block_ids
         return result
 
     def complete_store(self, block_hashes: Iterable[int], success: bool = True) -> None:
@@ -241,72 +276,116 @@ class LRUOffloadingManager:
         ids = block_ids[self._ref[block_ids] < 0]
         if success:
             self._ref[ids] = 0
+            self._num_evictable += len(ids)
         elif len(ids):
             self._release(ids, evicted=False)
+
+    def request_finished(self, request) -> None:
+        """``request`` is done: the hashes it used become the most recent, its first block
+        most of all (vLLM's ``on_request_finished``)."""
+        access = self._access.pop(request, None)
+        if access is not None and access.hashes:
+            self._touch_finished(access)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _access_of(self, request) -> RequestAccess:
+        access = self._access.get(request)
+        if access is None:
+            access = self._access[request] = RequestAccess()
+        return access
+
+    def _note_offer(self, access: RequestAccess, block_hashes, first: int, held: np.ndarray,
+                    ready: np.ndarray, new: list[int]) -> None:
+        """Record the hashes of an offer that the request uses: those it may store (new,
+        past the reuse gate) and those held and ready (reused); not those another request
+        is still storing."""
+        positions = range(first, first + len(block_hashes))
+        if self._weighs_reuse:
+            misses = [h for h in new if h not in access.store_misses]
+            if misses:
+                self._store_miss(misses)
+                access.store_misses.update(misses)
+            access.reused.update(h for h, r in zip(block_hashes, ready.tolist())
+                                 if r and h not in access.inserted)
+        if self.counts is None and np.array_equal(held, ready):
+            access.add(block_hashes, positions)     # (none pending: new or ready, all of them)
+            return
+        keep = set(new)
+        keep.update(h for h, r in zip(block_hashes, ready.tolist()) if r)
+        used = [(h, p) for h, p in zip(block_hashes, positions) if h in keep]
+        access.add((h for h, _ in used), (p for _, p in used))
+
+    def _count_offers(self, block_hashes: Sequence[int]) -> None:
+        """One more offer of each hash; a hash offered again is kept, the tracker's oldest
+        other hashes give way to new ones (vLLM's ``_record_accesses``)."""
+        counts = self.counts
+        protected = set()
+        for block_hash in block_hashes:
+            if block_hash in counts:
+                counts.move_to_end(block_hash)
+                counts[block_hash] += 1
+                protected.add(block_hash)
+        num_unprotected = len(counts) - len(protected)
+        for block_hash in block_hashes:
+            if block_hash in counts:
+                continue
+            if len(counts) >= self.max_tracker_size:
+                if num_unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                num_unprotected -= 1
+            counts[block_hash] = 1
+
+    def _make_room(self, n: int, offered: np.ndarray) -> np.ndarray | None:
+        """The blocks to evict so that ``n`` fit (None: too few evictable); never one of
+        ``offered`` (host ids of the offer's held hashes)."""
+        n -= self.backend.num_free
+        if n <= 0:
+            return _NO_IDS
+        if n > self._num_evictable:
+            return None
+        return self._victims(n, offered)
 
     def _ids(self, block_hashes: Iterable[int]) -> np.ndarray:
         """The host block holding each of ``block_hashes``, -1 where none does."""
         return np.fromiter(map(self._id_of.get, block_hashes, repeat(-1)), dtype=np.int64)
 
-    def _release(self, ids: np.ndarray, evicted: bool) -> list[int]:
+    def _release(self, ids: np.ndarray, evicted: bool = True) -> list[int]:
         """Give up the blocks ``ids`` (in this order); their hashes."""
         hashes = self._hash_of[ids].tolist()
         delete_all(self._id_of, hashes)
-        self._version[ids] += 1
+        if evicted:
+            self._num_evictable -= len(ids)
         self._forget(ids, hashes, evicted)
         self.backend.give_back(ids.tolist())
         return hashes
 
-    def _release_one(self, block_id: int) -> int:
-        """:meth:`_release` of one evicted block; its hash."""
-        block_hash = int(self._hash_of[block_id])
-        del self._id_of[block_hash]
-        self._version[block_id] += 1
-        self._recency.discard(block_id)
-        self.backend.give_back([block_id])
-        return block_hash
+    # --- policy hooks --------------------------------------------------------------------
 
-    # --- recency hooks -------------------------------------------------------------------
+    def _victims(self, n: int, offered: np.ndarray) -> np.ndarray | None:
+        """The ``n`` least recently used blocks with ``ref_cnt`` 0, not ``offered``; None if
+        fewer are."""
+        ref = self._ref
+        if not len(offered):
+            return self._recency.first(n, lambda ids: ref[ids] == 0)
+        return self._recency.first(
+            n, lambda ids: (ref[ids] == 0) & ~np.isin(ids, offered))
 
-    #: Whether :meth:`prepare_store` takes one hash through :meth:`_store_one`, which
-    #: assumes the LRU hooks below: a subclass overriding any of them does not.
-    _stores_one_by_scalars = True
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if any(getattr(cls, hook) is not getattr(LRUOffloadingManager, hook)
-               for hook in ("_victims", "_remember", "_forget")):
-            cls._stores_one_by_scalars = False
-
-    def _victim(self) -> int | None:
-        """``_victims(1)`` as an int (or None)."""
-        ref, chains, recency = self._ref, self._chains, self._recency
-        while True:
-            victim = recency.oldest(lambda ids: ref[ids] == 0, lambda b: ref[b] == 0)
-            if victim is None or not len(chains):
-                return victim
-            newest = int(recency.stamps(victim))
-            if newest < chains.lowest_floor():
-                return victim
-            chains.settle_until(newest)
-
-    def _victims(self, n: int) -> np.ndarray | None:
-        """The ``n`` blocks to evict (ready, not being loaded), in order; None if too few.
-        Pending chain touches that could move one of them are applied first."""
-        ref, chains = self._ref, self._chains
-        while True:
-            victims = self._recency.first(n, lambda ids: ref[ids] == 0)
-            if victims is None or not len(victims) or not len(chains):
-                return victims
-            newest = int(self._recency.stamps(victims[-1:])[0])
-            if newest < chains.lowest_floor():
-                return victims
-            chains.settle_until(newest)
-
-    def _remember(self, hashes: list[int], ids: np.ndarray) -> None:
-        """New blocks, just reserved: the most recently used."""
+    def _insert(self, hashes: list[int], ids: np.ndarray) -> None:
+        """New blocks, just reserved: the most recent, the last of them most of all."""
         self._recency.extend(ids)
 
     def _forget(self, ids: np.ndarray, hashes: list[int], evicted: bool) -> None:
         """Blocks given up: evicted, or their store failed."""
         self._recency.remove(ids)
+
+    def _store_miss(self, hashes: list[int]) -> None:
+        """Hashes a request offers that are not held (once per request): LRU ignores them."""
+
+    def _touch_finished(self, access: RequestAccess) -> None:
+        """A finished request's hashes, still held, become the most recent, first last."""
+        ids = self._ids(reversed(access.head_to_tail()))
+        ids = ids[ids >= 0]
+        if len(ids):
+            self._recency.move_many_to_end(ids)

@@ -1,39 +1,54 @@
 """vLLM's native KV offloading (``--kv-offloading-size``): the GPU pool plus a CPU tier that
-every computed block is written to, as vLLM v1's ``OffloadingConnector`` does it.
+each request's prompt blocks are written to, as vLLM 0.32's ``OffloadingConnector`` does it.
 
 :class:`OffloadingKVCacheManager` is the vLLM-exact :class:`~kvsim.cache.KVCacheManager`;
-what the connector adds (``vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py``,
-``OffloadingConnectorScheduler``), kept as vLLM orders it:
+what the connector adds (``vllm/distributed/kv_transfer/kv_connector/v1/offloading/
+scheduler.py``, ``OffloadingConnectorScheduler``), kept as vLLM orders it:
 
-- *store* (``OFFLOAD``, device -> host): each step, every block of a scheduled request that the
-  step fills is offered to the CPU manager (``prepare_store``, in order from the request's
-  first block not yet offered, GPU prefix hits included); the hashes it accepts get host blocks
-  at once (evicting others) and are copied after the forward pass that fills them (here: first
-  in the next step's plan). They become loadable only when the request is done and its copies
-  have run (vLLM completes a request's stores in ``update_connector_output`` once it finished
-  sending), so a running request's blocks serve no one from the CPU;
+- *store* (``OFFLOAD``, device -> host): once a step is planned (:meth:`end_schedule`, vLLM's
+  ``build_connector_meta``), each request it scheduled offers the CPU manager the prompt
+  blocks full after the step (``offload_prompt_only``: never a block decoding fills), from
+  its first block not offered yet: from 0 for a new request, so GPU prefix hits are offered
+  too, or after its CPU hit. Then each request that finished in the last step offers what it
+  has left, and the manager hears that it finished (its blocks' recency). An offer the
+  manager takes is a *job*: the hashes get host blocks at once (evicting others), are copied
+  in the next step (here: first in its plan) and become loadable when that step ends. An
+  offer the CPU has no room for is made again at the request's next step;
 - *lookup*: after the GPU prefix hit, the CPU manager's ``lookup`` continues with the next
-  blocks; at each admission attempt the request's block hashes are also *touched* (recency) and,
-  with a reuse gate, *counted* (``store_threshold``);
+  blocks, up to the last full block of the prompt. The request waits (is skipped this step,
+  :attr:`~kvsim.cache.prefix_hit.CacheHit.deferred`) while one of those blocks is still being
+  stored, while another request loads one of its hit blocks, and while its own jobs run;
 - *load* (``PROMOTE``, host -> device): a CPU hit is loaded asynchronously; the request is
   admitted with its blocks allocated but runs no tokens in the step that loads them
-  (``load_async``: vLLM's ``WAITING_FOR_REMOTE_KVS``), and from the next step computes the rest.
-  The host blocks stay pinned until the load is done.
+  (vLLM's ``WAITING_FOR_REMOTE_KVS``), and from the next step computes the rest (the last
+  prompt token at least). The host blocks stay pinned until the load is done.
 
 Pure bookkeeping: the copies are pairs the step plan carries, charged by the cost model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from kvsim.cache.kv_cache_manager import KVCacheManager, _hashes
 from kvsim.cache.prefix_hit import CacheHit
+from kvsim.cache.request_state import RequestStatus
 from kvsim.cache.step_plan import OFFLOAD, PROMOTE, TRANSFER_KINDS, BlockTransfer
 from kvsim.cache.tiered import TieredKVCacheManager
+
+
+@dataclass(slots=True)
+class _Offloads:
+    """One request's offloading state (vLLM's ``RequestOffloadState``)."""
+
+    tokens: object
+    num_prompt_blocks: int       # full prompt blocks: the most it offers
+    next_stored: int = 0         # first block not offered yet
+    num_jobs: int = 0            # its stores and loads not done
 
 
 class OffloadingKVCacheManager(KVCacheManager):
@@ -41,11 +56,11 @@ class OffloadingKVCacheManager(KVCacheManager):
 
     >>> from kvsim.cache.cpu_offload import LRUOffloadingManager
     >>> m = OffloadingKVCacheManager(4, 4, offload=LRUOffloadingManager(8))
-    >>> m.allocate("a", list(range(8)), 8)          # fills two blocks: both offered
+    >>> m.allocate("a", list(range(8)), 8)          # fills two prompt blocks
     [0, 1]
-    >>> m.take_transfers()                            # copied after the step that fills them
+    >>> m.end_schedule(["a"]); m.take_transfers()   # offered once the step is planned ...
     []
-    >>> m.begin_step(); [(t.kind, t.pairs) for t in m.take_transfers()]
+    >>> m.begin_step(); [(t.kind, t.pairs) for t in m.take_transfers()]    # ... copied next
     [('offload', [(0, 0), (1, 1)])]
     """
 
@@ -59,39 +74,53 @@ class OffloadingKVCacheManager(KVCacheManager):
         self.num_transferred_blocks = dict.fromkeys(TRANSFER_KINDS, 0)
         self._transfers: list[BlockTransfer] = []
         self._written: set[int] = set()
-        self._next_stored: dict[object, int] = {}       # request -> first block not offered
-        self._unoffered: set = set()    # requests whose full blocks the CPU had no room for
-        self._being_stored: dict[object, list[int]] = {}    # request -> host blocks it stores
-        # (request, [(GPU block, host block)], host blocks): copies to run after this step's
-        # forward, one entry per offer
-        self._copies: list[tuple[object, list[tuple[int, int]], Sequence[int]]] = []
-        self._planning = False     # between begin_step and take_transfers
-        self._loading: list[list[int]] = []             # hashes loaded in the last step
-        self._finishing: list[int] = []     # host blocks of finished requests, copies run
-        self._finished: list[int] = []      # ... whose copies run in the next step
+        self._state: dict[object, _Offloads] = {}
+        self._allocated: list = []        # requests given slots this step, in order
+        self._unoffered: set = set()      # requests whose offer the CPU had no room for
+        self._finished: list = []         # requests finished since the last step was planned
+        # jobs: (request, [(GPU block, host block)], host blocks) offered when the last step
+        # was planned (copied in this one), and those copied in the last step (done now)
+        self._offered: list[tuple[object, list[tuple[int, int]], list[int]]] = []
+        self._copying: list[tuple[object, list[int]]] = []
+        # a finished request's last offer reads blocks the step may give to others: copied
+        # in the step that makes it (vLLM flushes such a job before the blocks are reused)
+        self._flushed: list[tuple[object, list[int]]] = []
+        self._loading: list[tuple[object, list[int]]] = []     # loads of the last step
+        self._being_loaded: set[int] = set()
+        self._loading_id = None       # the request whose CPU hit allocate is loading
 
     def acts_without_new_blocks(self, sequences) -> bool:
-        """A block the CPU could not make room for is offered again at every step the
-        request is scheduled, until it is taken: while one waits, every step counts."""
+        """An offer the CPU had no room for is made again at every step its request is
+        scheduled, until it is taken: while one waits, every step counts."""
         waiting = self._unoffered
         return bool(waiting) and any(s.request_id in waiting for s in sequences)
 
-    def registers_while_decoding(self, request_ids) -> list[bool]:
-        """Every block a decode step fills is offered to the CPU (with prefix caching on),
-        its registration deferred or not: each fill is a block event of a decode run."""
-        return [self.enable_prefix_caching] * len(request_ids)
+    @property
+    def allocates_every_step(self) -> bool:
+        """Whether every scheduled request must be told its step (an offer waits)."""
+        return bool(self._unoffered)
 
     # --- lookup --------------------------------------------------------------------------
 
     def lookup(self, tokens) -> CacheHit:
-        """The GPU prefix hit, continued by the CPU blocks that follow it (side-effect free)."""
-        hashes = self._lookup_hashes(tokens)
-        gpu = self.pool.index.find_prefix(hashes)
+        """The GPU prefix hit, continued by the CPU blocks that follow it up to the last full
+        block (side-effect free); ``deferred`` when the request must wait."""
+        state = self._state.get(getattr(tokens, "request_id", None))
+        if state is not None and state.num_jobs:
+            return CacheHit(deferred=True)
+        hashes = self._cpu_hashes(tokens)
+        gpu_hashes = self._lookup_hashes(tokens)
+        gpu = self.pool.index.find_prefix(gpu_hashes)
         n = len(gpu)
         hits = self.offload.lookup(hashes[n:]) if n < len(hashes) else 0
+        if hits is None:
+            return CacheHit(gpu, n * self.block_size, deferred=True)
         if not hits:
             return CacheHit(gpu, n * self.block_size)
-        host = self.offload.block_ids(hashes[n:n + hits])
+        loaded = hashes[n:n + hits]
+        if self._being_loaded and not self._being_loaded.isdisjoint(loaded):
+            return CacheHit(gpu, n * self.block_size, deferred=True)
+        host = self.offload.block_ids(loaded)
         return CacheHit(gpu, (n + hits) * self.block_size, host, load_async=True)
 
     def record_query(self, num_tokens: int, hit: CacheHit) -> None:
@@ -102,72 +131,95 @@ class OffloadingKVCacheManager(KVCacheManager):
 
     def allocate(self, request_id, tokens, num_new_tokens: int, hit: CacheHit | None = None,
                  num_computed_tokens: int | None = None) -> list[int] | None:
-        """As :meth:`KVCacheManager.allocate`. An admission attempt (``hit`` given) first
-        touches (and counts, behind a reuse gate) the request's blocks on the CPU, as vLLM's
-        ``get_num_new_matched_tokens`` does whether or not the allocation then succeeds; the
-        CPU blocks of ``hit`` are loaded into the first new blocks; blocks filled are offered
-        to the CPU."""
-        if hit is not None:
-            self._observe(tokens, len(hit.block_ids))
-        new_blocks = super().allocate(request_id, tokens, num_new_tokens, hit,
-                                      num_computed_tokens)
+        """As :meth:`KVCacheManager.allocate`; the CPU blocks of ``hit`` are loaded into the
+        first new blocks, and a request given slots is noted for the step's offers."""
+        loads = hit is not None and bool(hit.host_block_ids)
+        self._loading_id = request_id if loads else None
+        try:
+            new_blocks = super().allocate(request_id, tokens, num_new_tokens, hit,
+                                          num_computed_tokens)
+        finally:
+            self._loading_id = None
         if new_blocks is None:
             return None
-        if hit is not None and hit.host_block_ids:
-            self._load(request_id, tokens, hit, new_blocks)
-        self._store_full_blocks(request_id, tokens)
+        state = self._state.get(request_id)
+        if state is None:
+            n = getattr(tokens, "num_prompt_tokens", None)
+            state = self._state[request_id] = _Offloads(
+                tokens, (len(tokens) if n is None else n) // self.block_size)
+        if loads:
+            self._load(request_id, state, hit, new_blocks)
+        elif state.next_stored < state.num_prompt_blocks and self.enable_prefix_caching:
+            self._allocated.append(request_id)
         return new_blocks
 
     def free(self, request_id) -> None:
-        """Free the GPU blocks; the request's stores become loadable once their copies have
-        run: those already copied from the next step on, those still queued (blocks this step
-        fills) one step later. A request preempted while the step is planned never computes
-        the blocks this step fills: their stores are given up (vLLM stores for scheduled
-        requests only)."""
-        self.offload.forget_chain(request_id)      # (reads the request's blocks' hashes)
+        """Free the GPU blocks. A request preempted keeps its offloading state; one finished
+        makes its last offer when the next step is planned."""
+        state = self._state.get(request_id)
+        if state is not None:
+            if getattr(state.tokens, "status", RequestStatus.FINISHED) is not \
+                    RequestStatus.RUNNING:
+                self._finished.append((request_id, self._last_offer(request_id, state)))
+                del self._state[request_id]
+                self._unoffered.discard(request_id)
         super().free(request_id)
-        self._next_stored.pop(request_id, None)
-        self._unoffered.discard(request_id)
-        stored = self._being_stored.pop(request_id, None)
-        if not stored:
-            return
-        queued = [host for owner, _, hosts in self._copies if owner == request_id
-                  for host in hosts]
-        if queued and self._planning:
-            self._copies = [c for c in self._copies if c[0] != request_id]
-            self.offload.complete_store_blocks(np.array(queued, dtype=np.int64), success=False)
-        elif queued:
-            self._finished.extend(queued)   # copied in the next step, loadable after it
-        if queued:
-            queued = set(queued)
-            stored = [b for b in stored if b not in queued]
-        self._finishing.extend(stored)
 
     # --- the step's copies ---------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """A new step: last step's loads are done; stores of finished requests whose copies
-        have run become loadable; copies of the blocks last step filled run now."""
+        """A new step: last step's loads and the stores copied in it are done; the offers
+        taken when the last step was planned are copied now."""
         offload = self.offload
-        for hashes in self._loading:
+        for request_id, hashes in self._loading:
             offload.complete_load(hashes)
+            self._being_loaded.difference_update(hashes)
+            self._job_done(request_id)
+            self._register_loaded(request_id)
         self._loading.clear()
-        if self._finishing:
-            offload.complete_store_blocks(np.array(self._finishing, dtype=np.int64))
-        self._finishing, self._finished = self._finished, []
-        if self._copies:
-            copies, self._copies = self._copies, []
-            if len(copies) == 1:
-                self._record(OFFLOAD, copies[0][1], copies[0][2])
+        if self._copying:
+            hosts = [*chain.from_iterable(h for _, h in self._copying)]
+            offload.complete_store_blocks(np.array(hosts, dtype=np.int64))
+            for request_id, _ in self._copying:
+                self._job_done(request_id)
+        self._copying = [(request_id, hosts) for request_id, _, hosts in self._offered]
+        if self._flushed:
+            self._copying += self._flushed
+            self._flushed = []
+        if self._offered:
+            offered, self._offered = self._offered, []
+            if len(offered) == 1:
+                self._record(OFFLOAD, offered[0][1], offered[0][2])
             else:
-                self._record(OFFLOAD, [*chain.from_iterable(c[1] for c in copies)],
-                             [*chain.from_iterable(c[2] for c in copies)])
-        self._planning = True
+                self._record(OFFLOAD, [*chain.from_iterable(o[1] for o in offered)],
+                             [*chain.from_iterable(o[2] for o in offered)])
+
+    def end_schedule(self, scheduled: Iterable = ()) -> None:
+        """The step is planned (``scheduled``: the ids of the requests it runs, in order):
+        the offers of the requests it gave slots (or of every one it runs while an offer
+        waits), then the last offers of the requests finished since the last step and
+        their recency (vLLM's ``build_connector_meta``)."""
+        if self._unoffered:
+            noted = set(self._allocated)
+            order = [r for r in scheduled if r in noted or r in self._unoffered]
+        else:
+            order = self._allocated
+        for request_id in order:
+            state = self._state.get(request_id)
+            if state is not None:
+                self._offer(request_id, state)
+        self._allocated = []
+        if self._finished:
+            finished, self._finished = self._finished, []
+            for request_id, last in finished:
+                if last is not None:
+                    self._store(request_id, None, *last)
+            for request_id, _ in finished:
+                self.offload.request_finished(request_id)
 
     def take_transfers(self) -> list[BlockTransfer]:
         """The copies recorded since the last call, in the order they must run (the end of
         planning a step)."""
-        self._planning = False
         transfers, self._transfers = self._transfers, []
         return transfers
 
@@ -175,103 +227,95 @@ class OffloadingKVCacheManager(KVCacheManager):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _observe(self, tokens, num_gpu_blocks: int) -> None:
-        """vLLM touches every full block of the request, counts those after the GPU hit."""
-        if not self.enable_prefix_caching:
-            return
+    def _cpu_hashes(self, tokens) -> Sequence[int]:
+        """Ids of the full blocks of ``tokens`` the CPU may hold (none for a private
+        sequence never preempted: nobody stored its blocks)."""
         n = len(tokens) // self.block_size
-        count = getattr(self.offload, "count", None)
-        if count is None:
-            n = _num_maybe_stored(tokens, n)
-        hashes = list(_hashes(tokens, self.block_size, 0, n))
-        if count is not None:
-            count(hashes[num_gpu_blocks:])
-            hashes = hashes[:_num_maybe_stored(tokens, n)]
-        self.offload.touch(hashes)
+        if not self.enable_prefix_caching or n <= 0 or (
+                getattr(tokens, "has_private_blocks", False) and not tokens.num_preemptions):
+            return ()
+        if self._defer and getattr(tokens, "num_shared_blocks", None) is not None \
+                and not tokens.num_preemptions:
+            n = min(n, tokens.num_shared_blocks)
+        return _hashes(tokens, self.block_size, 0, n)
 
-    def _load(self, request_id, tokens, hit: CacheHit, new_blocks: list[int]) -> None:
+    def _cache_full_blocks(self, entry, tokens, num_tokens: int) -> None:
+        """As the base, except for the blocks a CPU hit loads: registered once the load is
+        done (vLLM caches them when the request leaves ``WAITING_FOR_REMOTE_KVS``)."""
+        if self._loading_id is None or self._requests.get(self._loading_id) is not entry:
+            super()._cache_full_blocks(entry, tokens, num_tokens)
+
+    def _register_loaded(self, request_id) -> None:
+        entry, state = self._requests.get(request_id), self._state.get(request_id)
+        if entry is not None and state is not None and entry.deferred is None:
+            n = len(state.tokens)
+            self._cache_full_blocks(entry, state.tokens,
+                                    entry.num_slots if entry.num_slots < n else n)
+
+    def _load(self, request_id, state: _Offloads, hit: CacheHit, new_blocks: list[int]) -> None:
         start, end = len(hit.block_ids), hit.num_tokens // self.block_size
-        hashes = list(_hashes(tokens, self.block_size, start, end))
-        host_ids = self.offload.prepare_load(hashes)
+        hashes = list(_hashes(state.tokens, self.block_size, start, end))
+        host_ids = self.offload.prepare_load(hashes, request_id, start)
         self._record(PROMOTE, list(zip(host_ids, new_blocks[:len(host_ids)])))
-        self._loading.append(hashes)
-        if self._next_stored.get(request_id, 0) < end:
-            self._next_stored[request_id] = end
+        self._loading.append((request_id, hashes))
+        self._being_loaded.update(hashes)
+        state.num_jobs += 1
+        state.next_stored = end
 
-    def _num_full(self, entry, tokens) -> int:
-        """The request's full blocks, the ones vLLM offers to the CPU: those registered, or,
-        while its private blocks skip the prefix index (``defer_private_blocks``), those its
-        slots fill (registering them would have counted the same)."""
-        if entry.deferred is None and entry.private is None:
-            return entry.num_cached
-        n = len(tokens)
-        return (entry.num_slots if entry.num_slots < n else n) // self.block_size
-
-    def _store_full_blocks(self, request_id, tokens) -> None:
-        """Offer the blocks full since the last offer (vLLM's ``_get_reqs_to_store``); when
-        the CPU cannot make room, they are offered again at the next one. Their hashes are
-        the request's (registered or not)."""
+    def _offer(self, request_id, state: _Offloads) -> None:
+        """Offer the request's prompt blocks full since its last offer."""
         entry = self._requests.get(request_id)
-        start = self._next_stored.get(request_id, 0)
-        if entry is None:
-            return
-        end = self._num_full(entry, tokens)
+        start = state.next_stored
+        end = min(entry.num_slots // self.block_size, state.num_prompt_blocks,
+                  len(entry.block_ids)) if entry is not None else start
         if end <= start:
-            if self._unoffered:
-                self._unoffered.discard(request_id)
+            self._unoffered.discard(request_id)
             return
-        ids = entry.block_ids[start:end]
-        hashes_at = _hashes_at(tokens, entry.block_ids, self.pool.block_hashes)
-        hashes = hashes_at(range(start, end))
-        result = self.offload.prepare_store(hashes)
+        hashes = _hashes(state.tokens, self.block_size, start, end)
+        self._store(request_id, state, start, entry.block_ids[start:end], hashes)
+
+    def _last_offer(self, request_id, state: _Offloads):
+        """What a finished request offers when the next step is planned: (first position,
+        GPU blocks, hashes) of the prompt blocks it has not offered yet, or None."""
+        entry = self._requests.get(request_id)
+        if entry is None or not self.enable_prefix_caching:
+            return None
+        end = min(entry.num_slots // self.block_size, state.num_prompt_blocks,
+                  len(entry.block_ids))
+        if end <= state.next_stored:
+            return None
+        start = state.next_stored
+        return start, entry.block_ids[start:end], list(_hashes(state.tokens, self.block_size,
+                                                                start, end))
+
+    def _store(self, request_id, state: _Offloads | None, start: int, gpu_blocks: list[int],
+               hashes: Sequence[int]) -> None:
+        result = self.offload.prepare_store(hashes, request_id, start)
         if result is None:
-            self._unoffered.add(request_id)
+            if state is not None:
+                self._unoffered.add(request_id)
             return
-        self._next_stored[request_id] = end
-        if self._unoffered:
+        if state is not None:
+            state.next_stored = start + len(hashes)
             self._unoffered.discard(request_id)
         hosts = result.block_ids
         if not hosts:
             return
-        stored = None
-        if len(hosts) == len(ids):      # every block's hash new (and in order)
-            self._copies.append((request_id, list(zip(ids, hosts)), hosts))
-            stored = (start, hosts)
+        if len(hosts) == len(gpu_blocks):      # every block's hash new (and in order)
+            pairs = list(zip(gpu_blocks, hosts))
         else:
             host_of = dict(zip(result.hashes, hosts))
-            pairs = [(b, host_of[h]) for b, h in zip(ids, hashes) if h in host_of]
-            self._copies.append((request_id, pairs, [host for _, host in pairs]))
-        self._being_stored.setdefault(request_id, []).extend(hosts)
-        self.offload.touch_chain(request_id, end, hashes_at, stored)
+            pairs = [(b, host_of[h]) for b, h in zip(gpu_blocks, hashes) if h in host_of]
+            hosts = [host for _, host in pairs]
+        if state is None:       # (first in the step: before its blocks are written again)
+            self._transfers.insert(0, BlockTransfer(OFFLOAD, pairs))
+            self.num_transferred_blocks[OFFLOAD] += len(pairs)
+            self._flushed.append((request_id, hosts))
+        else:
+            self._offered.append((request_id, pairs, hosts))
+            state.num_jobs += 1
 
-
-def _hashes_at(tokens, table: list[int], block_hashes: list):
-    """``hashes_at(positions)``: the hashes of the blocks at these (ascending) positions of a
-    request's table, from its sequence when it knows them (a ``RequestState``: registered or
-    not), else from the blocks (token ids: every full block is registered)."""
-    if not hasattr(tokens, "block_hashes"):
-        return lambda positions: [block_hashes[table[p]] for p in positions]
-    sequence_hashes = tokens.block_hashes
-
-    def at(positions):
-        if not len(positions):
-            return []
-        low, high = positions[0], positions[-1] + 1
-        known = sequence_hashes(low, high)
-        if high - low == len(positions):        # (a run of positions: all of them)
-            return known
-        return [known[p - low] for p in positions]
-    return at
-
-
-def _num_maybe_stored(tokens, n: int) -> int:
-    """How many of the first ``n`` blocks of ``tokens`` the CPU may hold: a sequence never
-    preempted has stored none of its private blocks (see :mod:`kvsim.workloads.sharing`), and
-    no other request has them. A length-only request that another may continue is not private
-    that way: its continuation holds its ids, and may run first (priority scheduling)."""
-    if getattr(tokens, "num_preemptions", 1):
-        return n
-    if getattr(tokens, "has_private_blocks", False):
-        return 0 if getattr(tokens, "unreachable_when_finished", False) else n
-    shared = getattr(tokens, "num_shared_blocks", None)
-    return n if shared is None or shared > n else shared
+    def _job_done(self, request_id) -> None:
+        state = self._state.get(request_id)
+        if state is not None:
+            state.num_jobs -= 1

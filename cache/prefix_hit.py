@@ -27,7 +27,9 @@ class CacheHit:
     host tier (:mod:`kvsim.cache.tiered`), those of the ``host_block_ids`` that follow them
     (copied to the GPU on allocation). ``swapped`` marks a swapped-out request's own blocks;
     ``load_async`` a hit whose host part loads before the request runs (vLLM's offloading
-    connector: the request waits for the load, see :mod:`kvsim.cache.offloading`).
+    connector: the request waits for the load, see :mod:`kvsim.cache.offloading`);
+    ``deferred`` a lookup that cannot tell yet (the connector waits for a copy): the request
+    is skipped this step, and the requests behind it may be admitted.
     """
 
     block_ids: list[int] = field(default_factory=list)
@@ -35,6 +37,7 @@ class CacheHit:
     host_block_ids: list[int] = field(default_factory=list)
     swapped: bool = False
     load_async: bool = False
+    deferred: bool = False
 
 
 @dataclass(slots=True)

@@ -331,12 +331,18 @@ def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: i
     pool, n = kv.pool, len(events)
     used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
     transfers = []
+    end_schedule = getattr(kv, "end_schedule", None)
+    scheduled = [s.request_id for s in run.requests]
+    if run.prefill is not None:
+        scheduled.append(run.prefill.seq.request_id)
     for j, requests in enumerate(_by_step(events)):
         kv.begin_step()
         for i in requests:
             _open_or_fill(kv, run, i, first + j)
         if run.prefill is not None:
             _allocate_chunk(kv, run.prefill, first + j)
+        if end_schedule is not None:
+            end_schedule(scheduled)
         used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks
         transfers.append(list(kv.take_transfers()))
         host_used[j] = host.num_cached_blocks + host.num_pinned_blocks

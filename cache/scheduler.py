@@ -85,6 +85,8 @@ class Scheduler(DecodeRunPlanning):
         # external fragmentation depends on the next waiting request (not in paged layouts)
         self._external = not isinstance(kv, KVCacheManager)
         self._host = getattr(kv, "host", None)
+        # a KV connector makes its offers once a step is planned (vLLM's build_connector_meta)
+        self._end_schedule = getattr(kv, "end_schedule", None)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class Scheduler(DecodeRunPlanning):
         admitted: list[RequestState] = []
         if not preempted:
             self._schedule_waiting(scheduled, admitted, budget, threshold)
+        if self._end_schedule is not None:
+            self._end_schedule([s.request_id for s in scheduled])
         plan = StepPlan(preempted=[s.request_id for s in preempted],
                         admitted=[s.request_id for s in admitted],
                         block_table=self.kv.block_ids_ref)
@@ -179,6 +183,8 @@ class Scheduler(DecodeRunPlanning):
         if parent is not None and any(r.request is parent for r in self.running):
             return False
         hit = self._lookup(seq)
+        if hit.deferred:
+            return False        # (it may be admitted once the connector can tell)
         n = self._num_new_tokens(seq, hit.num_tokens, self._prefill_threshold(),
                                  decode_budget_left)
         if n is None or not self._can_admit(seq, hit):
@@ -194,7 +200,8 @@ class Scheduler(DecodeRunPlanning):
     def _schedule_running(self, scheduled, preempted, threshold) -> int:
         budget, i = self.config.max_num_batched_tokens, 0
         bs, max_len = self.kv.block_size, self.config.max_model_len
-        every_step = getattr(self.kv, "frees_skipped_blocks", False)
+        every_step = (getattr(self.kv, "frees_skipped_blocks", False)
+                      or getattr(self.kv, "allocates_every_step", False))
         running = self.running
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -263,9 +270,13 @@ class Scheduler(DecodeRunPlanning):
     # --- waiting requests ----------------------------------------------------------------
 
     def _schedule_waiting(self, scheduled, admitted, budget, threshold) -> None:
+        skipped = []
         while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.peek()
             hit = self._lookup(seq)
+            if hit.deferred:        # the connector cannot tell yet: the next one may go
+                skipped.append(self.waiting.pop())
+                continue
             n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
             if n is None or not self._can_admit(seq, hit) or self.kv.allocate(
                     seq.request_id, seq, 0 if hit.load_async else n, hit) is None:
@@ -276,6 +287,8 @@ class Scheduler(DecodeRunPlanning):
                 continue
             scheduled[seq] = n
             budget -= n
+        for seq in reversed(skipped):
+            self.waiting.prepend(seq)
 
     def _lookup(self, seq: RequestState) -> CacheHit:
         """Where admitting ``seq`` starts: its swapped-out blocks, or a prefix hit."""
@@ -302,6 +315,9 @@ class Scheduler(DecodeRunPlanning):
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit.num_tokens
         seq.num_computed_tokens = hit.num_tokens
+        if hit.load_async and hit.num_tokens >= len(seq):
+            seq.num_computed_tokens = len(seq) - 1     # (a whole prompt loaded: its last
+            # token is computed again, to sample the next one)
         seq.status = RequestStatus.RUNNING
         self.running.append(seq)
 

@@ -282,12 +282,14 @@ CHILD_FIRST = [     # B continues A (A's blocks are B's first) and, at a better 
 ]
 
 
-def test_a_parent_admitted_after_its_continuation_touches_the_blocks_it_stored(tmp_path,
-                                                                             monkeypatch):
-    """A length-only request that another continues is not private on the CPU: B stored A's
-    blocks, so A's admission touches them (as touching every block does), and C, continuing B,
-    later loads them back from the CPU."""
-    from kvsim.cache import offloading
+def test_a_continuation_loads_its_parents_prompt_blocks_that_finishing_made_recent(
+        tmp_path, monkeypatch):
+    """A length-only request that another continues is not private on the CPU: B, continuing
+    A, stores A's blocks as its own prompt's first ones; when the requests finish, their
+    blocks become the most recent on the CPU, so the 480-token prompt that fills it evicts
+    others first, and C, continuing B, loads one of them back (after 9 on the GPU). Without
+    the refresh at finish, C finds none on the CPU."""
+    from kvsim.cache.cpu_offload import LRUOffloadingManager
     from kvsim.sim.config import RunConfig
     from kvsim.sim.serving import results, runner
 
@@ -296,12 +298,11 @@ def test_a_parent_admitted_after_its_continuation_touches_the_blocks_it_stored(t
     config = RunConfig(num_cpu_blocks=60, num_gpu_blocks=40, max_num_seqs=1,
                        scheduling_policy="priority")
 
-    def frames():
-        r = runner.simulate(load_trace(trace), config, keep_steps=True)
-        return results.steps_frame(r), results.requests_frame(r), r.replicas[0].kv.prefix_stats
+    def cached():
+        r = runner.simulate(load_trace(trace), config)
+        return (results.requests_frame(r).cached_tokens.tolist(),
+                r.replicas[0].kv.prefix_stats.num_host_hit_tokens)
 
-    capped = frames()
-    monkeypatch.setattr(offloading, "_num_maybe_stored", lambda tokens, n: n)   # touch all
-    everything = frames()
-    assert capped[0].equals(everything[0]) and capped[1].equals(everything[1])
-    assert everything[2].num_host_hit_tokens == 176
+    assert cached() == ([0, 0, 0, 0, 0, 160], 16)
+    monkeypatch.setattr(LRUOffloadingManager, "_touch_finished", lambda self, access: None)
+    assert cached() == ([0, 0, 0, 0, 0, 144], 0)

@@ -8,7 +8,8 @@ order, then the forward pass writes what the allocations asked for). After every
   CPU block (a store is never loadable before its copy ran);
 - CPU blocks are conserved (free + held = all, each id held once) and no load pins a block
   past the step after it;
-- a CPU hit is never run in the step that loads it.
+- a CPU hit is never run in the step that loads it;
+- a request whose prompt blocks the CPU had no room for is the one known to offer them again.
 """
 
 from hypothesis import given, settings
@@ -28,6 +29,7 @@ class World:
         self.mem = Memory(gpu, cpu)
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
+        self.prompt_blocks: dict[int, int] = {}
         self.loading: set[int] = set()
         self.next_id, self.next_token = 0, 10 ** 6
 
@@ -35,6 +37,7 @@ class World:
         self.m.begin_step()
         self.loading.clear()
         written = getattr(self, action)(data)
+        self.m.end_schedule([rid for rid, _ in written])
         self.mem.apply(self.m.take_transfers())
         for rid, start in written:
             assert rid not in self.loading
@@ -47,6 +50,8 @@ class World:
         tail = [self._token() for _ in range(data.draw(st.integers(1, 9)))]
         tokens = prefix[:data.draw(st.sampled_from([0, 4, 8]))] + tail
         hit = self.m.lookup(tokens)
+        if hit.deferred:        # (a block it would hit is being stored or loaded)
+            return []
         rid = self.next_id
         self.next_id += 1
         n = 0 if hit.load_async else len(tokens) - hit.num_tokens
@@ -54,7 +59,9 @@ class World:
             return []
         self.mem.learn(tokens)
         self.tokens[rid], self.computed[rid] = tokens, hit.num_tokens + n
+        self.prompt_blocks[rid] = len(tokens) // BS
         if hit.load_async:
+            self.computed[rid] = min(hit.num_tokens, len(tokens) - 1)
             self.loading.add(rid)
             return []
         return [(rid, hit.num_tokens)]
@@ -101,13 +108,15 @@ class World:
                 uses[b] += 1
                 assert mem.gpu[b] == tuple(tokens[:min((i + 1) * BS, self.computed[rid])])
         assert uses == list(m.pool.ref_counts)
-        entries, offered = m._requests, m._next_stored      # blocks the CPU had no room for
-        assert m._unoffered == {rid for rid, tokens in self.tokens.items() if rid in entries
-                                and m._num_full(entries[rid], tokens) > offered.get(rid, 0)}
+        entries, state = m._requests, m._state      # prompt blocks the CPU had no room for
+        assert m._unoffered == {
+            rid for rid in self.tokens if rid in entries and rid not in self.loading
+            and min(entries[rid].num_slots // BS, self.prompt_blocks[rid])
+            > state[rid].next_stored}
         for b, h in enumerate(m.pool.block_hashes):
             if h is not None:
                 assert mem.gpu[b] == mem.content_of[h], f"GPU block {b} is stale"
-        cpu = getattr(m.offload, "backing", m.offload)
+        cpu = m.offload
         held = [cpu.get(h).block_id for h in list(_hashes(cpu))]
         assert len(set(held)) == len(held) == cpu.num_cached_blocks
         for h in _hashes(cpu):

@@ -190,17 +190,18 @@ def test_skip_ahead_actually_skips_work():
     assert replica.num_skipped_steps > len(r.steps) // 4
 
 
-@pytest.mark.parametrize("num_cpu_blocks, runs", [(200, True), (8, False)])
+@pytest.mark.parametrize("num_cpu_blocks, runs", [(50, True), (8, False)])
 def test_native_offloading_runs_only_while_no_block_waits_to_be_offered_again(
         num_cpu_blocks, runs):
-    """A block the CPU could not take is offered again at every step its request is
-    scheduled: with a CPU tier too small for that to stop, no step is skipped."""
+    """A prompt block the CPU could not take is offered again at every step its request
+    is scheduled: with a CPU tier too small for that to stop, no step is skipped; with one
+    that refuses a few thousand offers, steps are skipped between them."""
     base = dict(model="llama-2-7b", max_num_batched_tokens=1024, num_gpu_blocks=300,
                 max_num_seqs=64, num_cpu_blocks=num_cpu_blocks)
     fast = outputs(RunConfig(skip_ahead=True, **base))
     slow = outputs(RunConfig(skip_ahead=False, **base))
     replica = fast[0].replicas[0]
-    assert replica.kv.offload.num_dropped_blocks > 10_000
+    assert replica.kv.offload.num_dropped_blocks > 2_000
     assert replica.num_skipped_steps > 100 if runs else replica.num_skipped_steps == 0
     assert fast[0].duration_s == slow[0].duration_s
     assert fast[1].equals(slow[1]) and fast[2].equals(slow[2])
