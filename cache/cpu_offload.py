@@ -74,34 +74,31 @@ class StoreResult:
 @dataclass(slots=True)
 class RequestAccess:
     """The hashes one request used on the host (vLLM's ``_RequestCacheAccess``): those it
-    stored, offered when already held and ready, or loaded, each with its block position;
+    stored, offered when already held and ready, or loaded, as parts of (hashes, block
+    positions, host blocks then, -1 where none) arrays, in the order used;
     ``inserted`` and ``reused`` tell a policy that weighs reuse (ARC) which was which."""
 
-    hashes: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    seen: set[int] = field(default_factory=set)
-    in_order: bool = True           # positions ascending (no sort needed)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
     inserted: set[int] = field(default_factory=set)
     reused: set[int] = field(default_factory=set)
     store_misses: set[int] = field(default_factory=set)
 
-    def add(self, hashes: Iterable[int], positions: Iterable[int]) -> None:
-        seen, own, at = self.seen, self.hashes, self.positions
-        for block_hash, position in zip(hashes, positions):
-            if block_hash in seen:
-                continue
-            if at and position < at[-1]:
-                self.in_order = False
-            seen.add(block_hash)
-            own.append(block_hash)
-            at.append(position)
+    def add(self, hashes: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> None:
+        self.parts.append((hashes, positions, ids))
 
-    def head_to_tail(self) -> list[int]:
-        """The hashes in block order."""
-        if self.in_order:
-            return self.hashes
-        at, own = self.positions, self.hashes
-        return [own[i] for i in sorted(range(len(own)), key=at.__getitem__)]     # (stable)
+    def head_to_tail(self) -> tuple[np.ndarray, np.ndarray]:
+        """The hashes used (each once, as first used) in block order (stable), and the host
+        blocks they were in."""
+        hashes, positions, ids = (np.concatenate(a) if len(a) > 1 else a[0]
+                                  for a in zip(*self.parts))
+        if len(positions) < 2 or (positions[1:] > positions[:-1]).all():
+            return hashes, ids      # (each position once: each hash once, in block order)
+        unique, first = np.unique(hashes, return_index=True)
+        if len(unique) < len(hashes):
+            first.sort()
+            hashes, positions, ids = hashes[first], positions[first], ids[first]
+        order = np.argsort(positions, kind="stable")
+        return hashes[order], ids[order]
 
 
 class _HostBlocks:
@@ -213,7 +210,8 @@ class LRUOffloadingManager:
         self._num_evictable -= int(np.count_nonzero(self._ref[at] == 0))
         self._ref[at] += 1
         access = self._access_of(request)
-        access.add(block_hashes, range(first_position, first_position + len(ids)))
+        access.add(np.array(block_hashes, dtype=np.int64),
+                   np.arange(first_position, first_position + len(ids)), at)
         if self._weighs_reuse:
             access.reused.update(h for h in block_hashes if h not in access.inserted)
         return ids
@@ -233,23 +231,24 @@ class LRUOffloadingManager:
         count as used by it (:meth:`request_finished`)."""
         if self.counts is not None:
             self._count_offers(block_hashes)
-        ids = self._ids(block_hashes)
-        held = ids >= 0
-        ready = held.copy()
-        if held.any():
-            ready[held] = self._ref[ids[held]] >= 0
-        new = [h for h, known in zip(block_hashes, held.tolist()) if not known] \
-            if held.any() else list(block_hashes)
+        offer = _Offer(block_hashes, first_position)
+        if not self._id_of.keys().isdisjoint(block_hashes):
+            offer.sort_out(self._ids(block_hashes), self._ref)
+        new = offer.new
         if self.counts is not None:
-            new = [h for h in new if self.counts.get(h, 0) >= self.store_threshold]
+            counts, threshold = self.counts, self.store_threshold
+            new = offer.new = [h for h in new if counts.get(h, 0) >= threshold]
         access = self._access_of(request)
-        self._note_offer(access, block_hashes, first_position, held, ready, new)
+        if self._weighs_reuse:
+            self._note_reuse(access, offer)
         result = StoreResult()
         if not new:
+            self._note_use(access, offer)
             return result
-        victims = self._make_room(len(new), ids[held])
+        victims = self._make_room(len(new), offer.held_ids)
         if victims is None:
             self.num_dropped_blocks += len(new)
+            self._note_use(access, offer)
             return None
         if len(victims):
             result.evicted = self._release(victims)
@@ -261,6 +260,8 @@ class LRUOffloadingManager:
         self._insert(new, at)
         if self._weighs_reuse:
             access.inserted.update(new)
+        offer.stored_at = at
+        self._note_use(access, offer)
         result.hashes, result.block_ids = new, block_ids
         return result
 
@@ -284,7 +285,7 @@ class LRUOffloadingManager:
         """``request`` is done: the hashes it used become the most recent, its first block
         most of all (vLLM's ``on_request_finished``)."""
         access = self._access.pop(request, None)
-        if access is not None and access.hashes:
+        if access is not None and access.parts:
             self._touch_finished(access)
 
     # --- internals -----------------------------------------------------------------------
@@ -295,26 +296,43 @@ class LRUOffloadingManager:
             access = self._access[request] = RequestAccess()
         return access
 
-    def _note_offer(self, access: RequestAccess, block_hashes, first: int, held: np.ndarray,
-                    ready: np.ndarray, new: list[int]) -> None:
-        """Record the hashes of an offer that the request uses: those it may store (new,
-        past the reuse gate) and those held and ready (reused); not those another request
-        is still storing."""
-        positions = range(first, first + len(block_hashes))
-        if self._weighs_reuse:
-            misses = [h for h in new if h not in access.store_misses]
-            if misses:
-                self._store_miss(misses)
-                access.store_misses.update(misses)
-            access.reused.update(h for h, r in zip(block_hashes, ready.tolist())
+    def _note_reuse(self, access: RequestAccess, offer: "_Offer") -> None:
+        """For a policy that weighs reuse: the offer's new hashes missed (once per request),
+        its held and ready ones reused."""
+        misses = [h for h in offer.new if h not in access.store_misses]
+        if misses:
+            self._store_miss(misses)
+            access.store_misses.update(misses)
+        if offer.ready is not None:
+            access.reused.update(h for h, r in zip(offer.hashes, offer.ready.tolist())
                                  if r and h not in access.inserted)
-        if self.counts is None and np.array_equal(held, ready):
-            access.add(block_hashes, positions)     # (none pending: new or ready, all of them)
+
+    def _note_use(self, access: RequestAccess, offer: "_Offer") -> None:
+        """The request uses the hashes of the offer it may store (new, past the reuse gate)
+        and those held and ready; not those another request is still storing."""
+        hashes = np.array(offer.hashes, dtype=np.int64)
+        positions = np.arange(offer.first, offer.first + len(hashes))
+        ids = offer.ids
+        if offer.stored_at is not None:
+            if ids is None and len(offer.new) == len(hashes):
+                ids = offer.stored_at           # (the usual offer: every hash new, stored)
+            elif ids is not None and self.counts is None:
+                ids = ids.copy()                # (every hash not held was stored, in order)
+                ids[~offer.held] = offer.stored_at
+            else:
+                ids = self._ids(offer.hashes)
+        elif ids is None:
+            ids = np.full(len(hashes), -1, dtype=np.int64)
+        if offer.ready is None and len(offer.new) == len(hashes):
+            access.add(hashes, positions, ids)
             return
-        keep = set(new)
-        keep.update(h for h, r in zip(block_hashes, ready.tolist()) if r)
-        used = [(h, p) for h, p in zip(block_hashes, positions) if h in keep]
-        access.add((h for h, _ in used), (p for _, p in used))
+        if self.counts is None:             # every hash not held is new
+            used = ~offer.held | offer.ready
+        else:
+            used = np.isin(hashes, np.array(offer.new, dtype=np.int64))
+            if offer.ready is not None:
+                used |= offer.ready
+        access.add(hashes[used], positions[used], ids[used])
 
     def _count_offers(self, block_hashes: Sequence[int]) -> None:
         """One more offer of each hash; a hash offered again is kept, the tracker's oldest
@@ -369,8 +387,9 @@ class LRUOffloadingManager:
         ref = self._ref
         if not len(offered):
             return self._recency.first(n, lambda ids: ref[ids] == 0)
-        return self._recency.first(
-            n, lambda ids: (ref[ids] == 0) & ~np.isin(ids, offered))
+        offered_mark = np.zeros(len(ref), dtype=bool)
+        offered_mark[offered] = True
+        return self._recency.first(n, lambda ids: (ref[ids] == 0) & ~offered_mark[ids])
 
     def _insert(self, hashes: list[int], ids: np.ndarray) -> None:
         """New blocks, just reserved: the most recent, the last of them most of all."""
@@ -385,7 +404,39 @@ class LRUOffloadingManager:
 
     def _touch_finished(self, access: RequestAccess) -> None:
         """A finished request's hashes, still held, become the most recent, first last."""
-        ids = self._ids(reversed(access.head_to_tail()))
+        hashes, ids = access.head_to_tail()
+        ids = self._held_ids(hashes, ids)[::-1]
         ids = ids[ids >= 0]
         if len(ids):
             self._recency.move_many_to_end(ids)
+
+    def _held_ids(self, hashes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The host blocks holding ``hashes`` now (-1: none), given where they were: those
+        still there checked at once, the others looked up."""
+        ids = ids.copy()
+        moved = (ids < 0) | (self._hash_of[ids] != hashes)
+        if moved.any():
+            ids[moved] = self._ids(hashes[moved].tolist())
+        return ids
+
+
+class _Offer:
+    """One :meth:`LRUOffloadingManager.prepare_store` offer: its hashes (from block position
+    ``first``), those not held (``new``), and, once sorted out against the held ones (None
+    while none is held), where each is held (``ids``, -1 where not), which are ``ready`` and
+    the host blocks of the held ones; ``stored_at``: the host blocks of ``new`` once stored."""
+
+    __slots__ = ("hashes", "first", "new", "ids", "held", "ready", "held_ids", "stored_at")
+
+    def __init__(self, hashes: Sequence[int], first: int):
+        self.hashes, self.first = hashes, first
+        self.new = list(hashes)
+        self.ids = self.held = self.ready = self.stored_at = None
+        self.held_ids = _NO_IDS
+
+    def sort_out(self, ids: np.ndarray, ref: np.ndarray) -> None:
+        self.held = held = ids >= 0
+        self.ids, self.held_ids = ids, ids[held]
+        self.ready = held.copy()
+        self.ready[held] = ref[self.held_ids] >= 0
+        self.new = [h for h, known in zip(self.hashes, held.tolist()) if not known]

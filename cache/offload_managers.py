@@ -110,7 +110,8 @@ class ARCOffloadingManager(LRUOffloadingManager):
         it reused moves from T1 to T2's tail, or to T2's tail."""
         t1, t2, reused = self.t1, self.t2, access.reused
         inserted_only = access.inserted - reused
-        for block_hash in reversed(access.head_to_tail()):
+        hashes, _ = access.head_to_tail()
+        for block_hash in reversed(hashes.tolist()):
             if block_hash in inserted_only:
                 if block_hash in t1:
                     t1.move_to_end(block_hash)

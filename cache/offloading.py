@@ -96,6 +96,15 @@ class OffloadingKVCacheManager(KVCacheManager):
         return bool(waiting) and any(s.request_id in waiting for s in sequences)
 
     @property
+    def decodes_quietly(self) -> bool:
+        """Whether decode-only steps would ask for nothing now but :meth:`end_schedule`
+        once: no offer to copy, load to finish, or finished request with blocks to offer (a
+        store still copying completes at the next step planned one by one: nothing asks for
+        it before)."""
+        return not (self._offered or self._flushed or self._loading or self._allocated) \
+            and all(last is None for _, last in self._finished)
+
+    @property
     def allocates_every_step(self) -> bool:
         """Whether every scheduled request must be told its step (an offer waits)."""
         return bool(self._unoffered)

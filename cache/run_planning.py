@@ -86,8 +86,16 @@ class DecodeRunPlanning:
             return None
         self._run = DecodeRun(list(decoding), computed,
                               [s.num_output_tokens for s in decoding], finish, n,
-                              self._host is not None, prefill=prefill)
+                              self._copies_in_run(prefill), prefill=prefill)
         return self._run
+
+    def _copies_in_run(self, prefill) -> bool:
+        """Whether a run's steps may ask for copies (committed step by step): with a host
+        tier, unless it says its decode steps copy nothing now (vLLM's offloading with no
+        offer, load or finish pending) and no prompt is computed."""
+        if self._host is None:
+            return False
+        return prefill is not None or not getattr(self.kv, "decodes_quietly", False)
 
     def admit_in_run(self, run: DecodeRun, step: int, seq: RequestState) -> bool:
         """Whether ``run`` (planned, nothing committed yet) can take ``seq``, a request arriving
@@ -99,7 +107,7 @@ class DecodeRunPlanning:
         come in step order). If so the run takes it (:meth:`DecodeRun.admit`), and committing
         the run admits it there."""
         if (run is not self._run or run.num_committed or run.prefill is not None
-                or run.has_transfers or self.waiting or self._queue_reader is not None
+                or self._host is not None or self.waiting or self._queue_reader is not None
                 or not self.kv.always_opens_blocks_in_bulk
                 or not seq.has_private_blocks or seq.num_preemptions
                 or not 0 < step < run.max_steps or step < run.last_admission_step
@@ -178,9 +186,15 @@ class DecodeRunPlanning:
                 ended.append(j)
             return told or bool(ended)
 
-        facts = run_commit.commit_steps(self.kv, run, num_steps, self._host, self._finish,
+        host = self._host if run.has_transfers else None
+        if host is None and self._host is not None and not run.num_committed:
+            self.kv.end_schedule(())    # (its first step's: the last finishes heard of)
+        facts = run_commit.commit_steps(self.kv, run, num_steps, host, self._finish,
                                         after_step if run.has_transfers else None,
                                         self._admit_joined)
+        if host is None and self._host is not None:     # (no copy, so the host holds still)
+            facts.host_used_blocks[:] = (self._host.num_cached_blocks
+                                         + self._host.num_pinned_blocks)
         if ended:
             run.max_steps = run.num_committed     # the next steps must be planned one by one
         if not run.num_left:
