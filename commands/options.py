@@ -248,7 +248,7 @@ OFFLOAD_WRITE_OPTION = setting(
 OFFLOAD_EVICTION_OPTION = setting(
     "offload_eviction_policy", "native: the CPU tier's eviction (vLLM's eviction_policy).")
 OFFLOAD_STORE_THRESHOLD_OPTION = setting(
-    "offload_store_threshold", "native: store a block only after lookups saw it this many "
+    "offload_store_threshold", "native: store a block only once it was offered this many "
     "times (vLLM's store_threshold; < 2: store all).")
 PREEMPTION_MODE_OPTION = setting(
     "preemption_mode", "recompute (vLLM) or swap (kvsim extension, vLLM v1 has no swap: copy "

@@ -166,12 +166,17 @@ def get(d: Any, *keys: str, default: Any = None) -> Any:
 
 
 def tier_text(summary: dict) -> str:
-    """Host hits, bytes each way and copy time of a run with a host tier."""
+    """Host hits (of first admissions: a resumed request's loads are copies to the GPU too),
+    bytes each way, copy time and the blocks the host had no room for, of a run with a host
+    tier."""
     t = get(summary, "tiering", default={}) or {}
-    return (f"host hits {fmt_num(get(summary, 'prefix_cache', 'host_hit_tokens'))} tokens · "
-            f"to host {fmt_bytes(t.get('bytes_to_host'))} · "
+    dropped = t.get("dropped_blocks") or 0
+    return (f"host hits {fmt_num(get(summary, 'prefix_cache', 'host_hit_tokens'))} tokens "
+            f"on first admission · to host {fmt_bytes(t.get('bytes_to_host'))} · "
             f"to GPU {fmt_bytes(t.get('bytes_to_device'))} · "
-            f"copies {fmt_seconds(t.get('transfer_time_s'))}")
+            f"copies {fmt_seconds(t.get('transfer_time_s'))}"
+            + (f" · {fmt_num(dropped)} block stores refused (no room; each try counts)"
+               if dropped else ""))
 
 
 def rejected_text(summary: dict) -> str:
