@@ -40,10 +40,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvsim.cache.bulk import delete_all
+from kvsim.cache.offload_records import NO_IDS, HostBlocks, Offer, RequestAccess
 from kvsim.cache.recency import RecencyOrder
-
-_NO_IDS = np.zeros(0, dtype=np.int64)
-
 
 @dataclass(slots=True)
 class HostBlock:
@@ -71,64 +69,6 @@ class StoreResult:
         return list(zip(self.hashes, self.block_ids))
 
 
-@dataclass(slots=True)
-class RequestAccess:
-    """The hashes one request used on the host (vLLM's ``_RequestCacheAccess``): those it
-    stored, offered when already held and ready, or loaded, as parts of (hashes, block
-    positions, host blocks then, -1 where none) arrays, in the order used;
-    ``inserted`` and ``reused`` tell a policy that weighs reuse (ARC) which was which."""
-
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
-    inserted: set[int] = field(default_factory=set)
-    reused: set[int] = field(default_factory=set)
-    store_misses: set[int] = field(default_factory=set)
-
-    def add(self, hashes: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> None:
-        self.parts.append((hashes, positions, ids))
-
-    def head_to_tail(self) -> tuple[np.ndarray, np.ndarray]:
-        """The hashes used (each once, as first used) in block order (stable), and the host
-        blocks they were in."""
-        hashes, positions, ids = (np.concatenate(a) if len(a) > 1 else a[0]
-                                  for a in zip(*self.parts))
-        if len(positions) < 2 or (positions[1:] > positions[:-1]).all():
-            return hashes, ids      # (each position once: each hash once, in block order)
-        unique, first = np.unique(hashes, return_index=True)
-        if len(unique) < len(hashes):
-            first.sort()
-            hashes, positions, ids = hashes[first], positions[first], ids[first]
-        order = np.argsort(positions, kind="stable")
-        return hashes[order], ids[order]
-
-
-class _HostBlocks:
-    """Free host block ids as vLLM's manager hands them out: never-used ids first, in order,
-    then the most recently freed one."""
-
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
-        self._next = 0
-        self._freed: list[int] = []
-
-    @property
-    def num_free(self) -> int:
-        return self.num_blocks - self._next + len(self._freed)
-
-    def take(self, n: int) -> list[int]:
-        """``n`` (<= ``num_free``) ids, one after the other as vLLM takes them."""
-        fresh = min(n, self.num_blocks - self._next)
-        ids = list(range(self._next, self._next + fresh))
-        self._next += fresh
-        if fresh < n:
-            reused = self._freed[fresh - n:]
-            del self._freed[fresh - n:]
-            ids.extend(reversed(reused))
-        return ids
-
-    def give_back(self, block_ids: list[int]) -> None:
-        self._freed.extend(block_ids)
-
-
 class LRUOffloadingManager:
     """Host blocks by hash, evicted least recently used first (vLLM's manager, LRU policy).
 
@@ -145,9 +85,10 @@ class LRUOffloadingManager:
                  max_tracker_size: int = 64_000):
         if max_tracker_size < 1:
             raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
-        self.backend = _HostBlocks(num_blocks)
+        self.backend = HostBlocks(num_blocks)
         self._id_of: dict[int, int] = {}                  # hash -> host block holding it
-        self._hash_of = np.zeros(num_blocks, dtype=np.int64)
+        self._hash_of = np.zeros(num_blocks, dtype=np.int64)  # (kept when given up: see _held)
+        self._held = np.zeros(num_blocks, dtype=bool)
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
         self._recency = RecencyOrder(num_blocks)
         self._num_evictable = 0                           # held blocks with ref_cnt 0
@@ -229,40 +170,14 @@ class LRUOffloadingManager:
         ``first_position``) not held yet, evicting what must go; None (no block stored) when
         too few blocks can be evicted. The request's hashes stored or already held and ready
         count as used by it (:meth:`request_finished`)."""
-        if self.counts is not None:
-            self._count_offers(block_hashes)
-        offer = _Offer(block_hashes, first_position)
-        if not self._id_of.keys().isdisjoint(block_hashes):
-            offer.sort_out(self._ids(block_hashes), self._ref)
-        new = offer.new
-        if self.counts is not None:
-            counts, threshold = self.counts, self.store_threshold
-            new = offer.new = [h for h in new if counts.get(h, 0) >= threshold]
+        offer = self._sort_out(block_hashes, first_position)
         access = self._access_of(request)
         if self._weighs_reuse:
             self._note_reuse(access, offer)
-        result = StoreResult()
-        if not new:
-            self._note_use(access, offer)
-            return result
-        victims = self._make_room(len(new), offer.held_ids)
-        if victims is None:
-            self.num_dropped_blocks += len(new)
-            self._note_use(access, offer)
-            return None
-        if len(victims):
-            result.evicted = self._release(victims)
-        block_ids = self.backend.take(len(new))
-        self._id_of.update(zip(new, block_ids))
-        at = np.array(block_ids, dtype=np.int64)
-        self._hash_of[at] = new
-        self._ref[at] = -1
-        self._insert(new, at)
-        if self._weighs_reuse:
-            access.inserted.update(new)
-        offer.stored_at = at
+        result = self._store(offer) if offer.new else StoreResult()
+        if result is not None and self._weighs_reuse:
+            access.inserted.update(result.hashes)
         self._note_use(access, offer)
-        result.hashes, result.block_ids = new, block_ids
         return result
 
     def complete_store(self, block_hashes: Iterable[int], success: bool = True) -> None:
@@ -296,7 +211,7 @@ class LRUOffloadingManager:
             access = self._access[request] = RequestAccess()
         return access
 
-    def _note_reuse(self, access: RequestAccess, offer: "_Offer") -> None:
+    def _note_reuse(self, access: RequestAccess, offer: Offer) -> None:
         """For a policy that weighs reuse: the offer's new hashes missed (once per request),
         its held and ready ones reused."""
         misses = [h for h in offer.new if h not in access.store_misses]
@@ -307,32 +222,50 @@ class LRUOffloadingManager:
             access.reused.update(h for h, r in zip(offer.hashes, offer.ready.tolist())
                                  if r and h not in access.inserted)
 
-    def _note_use(self, access: RequestAccess, offer: "_Offer") -> None:
-        """The request uses the hashes of the offer it may store (new, past the reuse gate)
-        and those held and ready; not those another request is still storing."""
+    def _note_use(self, access: RequestAccess, offer: Offer) -> None:
+        """The request uses the hashes of the offer it may store and those held and ready
+        (:meth:`Offer.used`), each with where it is now."""
         hashes = np.array(offer.hashes, dtype=np.int64)
         positions = np.arange(offer.first, offer.first + len(hashes))
-        ids = offer.ids
-        if offer.stored_at is not None:
-            if ids is None and len(offer.new) == len(hashes):
-                ids = offer.stored_at           # (the usual offer: every hash new, stored)
-            elif ids is not None and self.counts is None:
-                ids = ids.copy()                # (every hash not held was stored, in order)
-                ids[~offer.held] = offer.stored_at
-            else:
-                ids = self._ids(offer.hashes)
-        elif ids is None:
-            ids = np.full(len(hashes), -1, dtype=np.int64)
-        if offer.ready is None and len(offer.new) == len(hashes):
+        ids, used = offer.host_ids(self._ids), offer.used()
+        if used is None:
             access.add(hashes, positions, ids)
-            return
-        if self.counts is None:             # every hash not held is new
-            used = ~offer.held | offer.ready
         else:
-            used = np.isin(hashes, np.array(offer.new, dtype=np.int64))
-            if offer.ready is not None:
-                used |= offer.ready
-        access.add(hashes[used], positions[used], ids[used])
+            access.add(hashes[used], positions[used], ids[used])
+
+    def _sort_out(self, block_hashes: Sequence[int], first: int) -> Offer:
+        """The offer, its hashes counted by the reuse gate and sorted out against those
+        held (only when one is)."""
+        if self.counts is not None:
+            self._count_offers(block_hashes)
+        offer = Offer(block_hashes, first)
+        if not self._id_of.keys().isdisjoint(block_hashes):
+            offer.sort_out(self._ids(block_hashes), self._ref)
+        if self.counts is not None:
+            counts, threshold = self.counts, self.store_threshold
+            offer.new = [h for h in offer.new if counts.get(h, 0) >= threshold]
+        return offer
+
+    def _store(self, offer: Offer) -> StoreResult | None:
+        """Make room for the offer's new hashes and reserve their blocks, not ready."""
+        new = offer.new
+        victims = self._make_room(len(new), offer.held_ids)
+        if victims is None:
+            self.num_dropped_blocks += len(new)
+            return None
+        result = StoreResult()
+        if len(victims):
+            result.evicted = self._release(victims)
+        block_ids = self.backend.take(len(new))
+        self._id_of.update(zip(new, block_ids))
+        at = np.array(block_ids, dtype=np.int64)
+        self._hash_of[at] = new
+        self._held[at] = True
+        self._ref[at] = -1
+        self._insert(new, at)
+        offer.stored_at = at
+        result.hashes, result.block_ids = new, block_ids
+        return result
 
     def _count_offers(self, block_hashes: Sequence[int]) -> None:
         """One more offer of each hash; a hash offered again is kept, the tracker's oldest
@@ -360,7 +293,7 @@ class LRUOffloadingManager:
         ``offered`` (host ids of the offer's held hashes)."""
         n -= self.backend.num_free
         if n <= 0:
-            return _NO_IDS
+            return NO_IDS
         if n > self._num_evictable:
             return None
         return self._victims(n, offered)
@@ -373,6 +306,7 @@ class LRUOffloadingManager:
         """Give up the blocks ``ids`` (in this order); their hashes."""
         hashes = self._hash_of[ids].tolist()
         delete_all(self._id_of, hashes)
+        self._held[ids] = False
         if evicted:
             self._num_evictable -= len(ids)
         self._forget(ids, hashes, evicted)
@@ -414,29 +348,8 @@ class LRUOffloadingManager:
         """The host blocks holding ``hashes`` now (-1: none), given where they were: those
         still there checked at once, the others looked up."""
         ids = ids.copy()
-        moved = (ids < 0) | (self._hash_of[ids] != hashes)
+        moved = (ids < 0) | ~self._held[ids] | (self._hash_of[ids] != hashes)
         if moved.any():
             ids[moved] = self._ids(hashes[moved].tolist())
         return ids
 
-
-class _Offer:
-    """One :meth:`LRUOffloadingManager.prepare_store` offer: its hashes (from block position
-    ``first``), those not held (``new``), and, once sorted out against the held ones (None
-    while none is held), where each is held (``ids``, -1 where not), which are ``ready`` and
-    the host blocks of the held ones; ``stored_at``: the host blocks of ``new`` once stored."""
-
-    __slots__ = ("hashes", "first", "new", "ids", "held", "ready", "held_ids", "stored_at")
-
-    def __init__(self, hashes: Sequence[int], first: int):
-        self.hashes, self.first = hashes, first
-        self.new = list(hashes)
-        self.ids = self.held = self.ready = self.stored_at = None
-        self.held_ids = _NO_IDS
-
-    def sort_out(self, ids: np.ndarray, ref: np.ndarray) -> None:
-        self.held = held = ids >= 0
-        self.ids, self.held_ids = ids, ids[held]
-        self.ready = held.copy()
-        self.ready[held] = ref[self.held_ids] >= 0
-        self.new = [h for h, known in zip(self.hashes, held.tolist()) if not known]

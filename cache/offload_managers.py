@@ -12,7 +12,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kvsim.cache.cpu_offload import LRUOffloadingManager, RequestAccess
+from kvsim.cache.cpu_offload import LRUOffloadingManager
+from kvsim.cache.offload_records import RequestAccess
 
 #: The host tier's eviction choices, as vLLM's ``eviction_policy`` names them.
 OFFLOAD_POLICIES = ("lru", "arc")
@@ -52,28 +53,27 @@ class ARCOffloadingManager(LRUOffloadingManager):
         """ARC's choice, without changing anything: from T1 while it holds at least its
         target (counting those already chosen), else from T2, else from T1 again; each the
         oldest with ``ref_cnt`` 0 not offered."""
-        id_of, ref, skip = self._id_of, self._ref, set(offered.tolist())
-
-        def candidates(queue):
-            for block_hash in queue:
-                block_id = id_of[block_hash]
-                if ref[block_id] == 0 and block_id not in skip:
-                    yield block_id
-        from_t1, from_t2 = candidates(self.t1), candidates(self.t2)
+        skip = set(offered.tolist())
+        from_t1, from_t2 = self._evictable(self.t1, skip), self._evictable(self.t2, skip)
         chosen, t1_size, target = [], len(self.t1), int(self.target_t1_size)
         for _ in range(n):
             victim = next(from_t1, None) if t1_size >= target else None
-            if victim is None:
-                victim = next(from_t2, None)
-                if victim is None:
-                    victim = next(from_t1, None)
-                    if victim is None:
-                        return None
-                    t1_size -= 1
-            else:
+            if victim is not None:
+                t1_size -= 1
+            elif (victim := next(from_t2, None)) is None:
+                if (victim := next(from_t1, None)) is None:
+                    return None
                 t1_size -= 1
             chosen.append(victim)
         return np.array(chosen, dtype=np.int64)
+
+    def _evictable(self, queue: OrderedDict, skip: set):
+        """The host blocks of ``queue`` with ``ref_cnt`` 0 not in ``skip``, oldest first."""
+        id_of, ref = self._id_of, self._ref
+        for block_hash in queue:
+            block_id = id_of[block_hash]
+            if ref[block_id] == 0 and block_id not in skip:
+                yield block_id
 
     def _forget(self, ids: np.ndarray, hashes: list[int], evicted: bool) -> None:
         t1, t2 = self.t1, self.t2

@@ -179,6 +179,22 @@ class OffloadingKVCacheManager(KVCacheManager):
     def begin_step(self) -> None:
         """A new step: last step's loads and the stores copied in it are done; the offers
         taken when the last step was planned are copied now."""
+        self._complete_jobs()
+        self._copying = [(request_id, hosts) for request_id, _, hosts in self._offered]
+        if self._flushed:
+            self._copying += self._flushed
+            self._flushed = []
+        if self._offered:
+            offered, self._offered = self._offered, []
+            if len(offered) == 1:
+                self._record(OFFLOAD, offered[0][1], offered[0][2])
+            else:
+                self._record(OFFLOAD, [*chain.from_iterable(o[1] for o in offered)],
+                             [*chain.from_iterable(o[2] for o in offered)])
+
+    def _complete_jobs(self) -> None:
+        """Last step's loads (their blocks registered on the GPU now) and the stores copied
+        in it are done."""
         offload = self.offload
         for request_id, hashes in self._loading:
             offload.complete_load(hashes)
@@ -191,17 +207,6 @@ class OffloadingKVCacheManager(KVCacheManager):
             offload.complete_store_blocks(np.array(hosts, dtype=np.int64))
             for request_id, _ in self._copying:
                 self._job_done(request_id)
-        self._copying = [(request_id, hosts) for request_id, _, hosts in self._offered]
-        if self._flushed:
-            self._copying += self._flushed
-            self._flushed = []
-        if self._offered:
-            offered, self._offered = self._offered, []
-            if len(offered) == 1:
-                self._record(OFFLOAD, offered[0][1], offered[0][2])
-            else:
-                self._record(OFFLOAD, [*chain.from_iterable(o[1] for o in offered)],
-                             [*chain.from_iterable(o[2] for o in offered)])
 
     def end_schedule(self, scheduled: Iterable = ()) -> None:
         """The step is planned (``scheduled``: the ids of the requests it runs, in order):
@@ -299,6 +304,8 @@ class OffloadingKVCacheManager(KVCacheManager):
 
     def _store(self, request_id, state: _Offloads | None, start: int, gpu_blocks: list[int],
                hashes: Sequence[int]) -> None:
+        """Offer the request's blocks from ``start`` (``state`` None: its last offer, once
+        finished); a job for the hashes the CPU takes."""
         result = self.offload.prepare_store(hashes, request_id, start)
         if result is None:
             if state is not None:
@@ -307,15 +314,9 @@ class OffloadingKVCacheManager(KVCacheManager):
         if state is not None:
             state.next_stored = start + len(hashes)
             self._unoffered.discard(request_id)
-        hosts = result.block_ids
-        if not hosts:
+        if not result.block_ids:
             return
-        if len(hosts) == len(gpu_blocks):      # every block's hash new (and in order)
-            pairs = list(zip(gpu_blocks, hosts))
-        else:
-            host_of = dict(zip(result.hashes, hosts))
-            pairs = [(b, host_of[h]) for b, h in zip(gpu_blocks, hashes) if h in host_of]
-            hosts = [host for _, host in pairs]
+        pairs, hosts = _copy_pairs(gpu_blocks, hashes, result)
         if state is None:       # (first in the step: before its blocks are written again)
             self._transfers.insert(0, BlockTransfer(OFFLOAD, pairs))
             self.num_transferred_blocks[OFFLOAD] += len(pairs)
@@ -328,3 +329,13 @@ class OffloadingKVCacheManager(KVCacheManager):
         state = self._state.get(request_id)
         if state is not None:
             state.num_jobs -= 1
+
+
+def _copy_pairs(gpu_blocks: list[int], hashes: Sequence[int], result):
+    """(GPU block, host block) of each hash a store took, and the host blocks, in order."""
+    hosts = result.block_ids
+    if len(hosts) == len(gpu_blocks):      # every block's hash new (and in order)
+        return list(zip(gpu_blocks, hosts)), hosts
+    host_of = dict(zip(result.hashes, hosts))
+    pairs = [(b, host_of[h]) for b, h in zip(gpu_blocks, hashes) if h in host_of]
+    return pairs, [host for _, host in pairs]

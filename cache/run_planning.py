@@ -89,6 +89,22 @@ class DecodeRunPlanning:
                               self._copies_in_run(prefill), prefill=prefill)
         return self._run
 
+    def _commit_steps(self, run: DecodeRun, num_steps: int, after_step) -> DecodeSteps:
+        """:func:`run_commit.commit_steps`: with copies step by step; a host tier's quiet run
+        (no copy) in bulk, after its first step's end of planning, its usage unchanged."""
+        if run.has_transfers:
+            return run_commit.commit_steps(self.kv, run, num_steps, self._host, self._finish,
+                                           after_step, self._admit_joined)
+        quiet = self._host is not None
+        if quiet and not run.num_committed:
+            self.kv.end_schedule(())    # (the last finishes heard of)
+        facts = run_commit.commit_steps(self.kv, run, num_steps, None, self._finish, None,
+                                        self._admit_joined)
+        if quiet:
+            facts.host_used_blocks[:] = (self._host.num_cached_blocks
+                                         + self._host.num_pinned_blocks)
+        return facts
+
     def _copies_in_run(self, prefill) -> bool:
         """Whether a run's steps may ask for copies (committed step by step): with a host
         tier, unless it says its decode steps copy nothing now (vLLM's offloading with no
@@ -186,15 +202,7 @@ class DecodeRunPlanning:
                 ended.append(j)
             return told or bool(ended)
 
-        host = self._host if run.has_transfers else None
-        if host is None and self._host is not None and not run.num_committed:
-            self.kv.end_schedule(())    # (its first step's: the last finishes heard of)
-        facts = run_commit.commit_steps(self.kv, run, num_steps, host, self._finish,
-                                        after_step if run.has_transfers else None,
-                                        self._admit_joined)
-        if host is None and self._host is not None:     # (no copy, so the host holds still)
-            facts.host_used_blocks[:] = (self._host.num_cached_blocks
-                                         + self._host.num_pinned_blocks)
+        facts = self._commit_steps(run, num_steps, after_step)
         if ended:
             run.max_steps = run.num_committed     # the next steps must be planned one by one
         if not run.num_left:

@@ -87,9 +87,11 @@ def test_blocks_being_stored_loaded_or_offered_are_never_evicted():
 
 def test_a_failed_store_gives_its_blocks_back():
     m = LRUOffloadingManager(2)
-    m.prepare_store([1, 2])
+    m.prepare_store([1, 2], "a")
     m.complete_store([2], success=False)
     assert m.get(2) is None and m.num_cached_blocks == 1
+    m.request_finished("a")                       # (2's block, given up, is not touched)
+    assert m.blocks == [1]
     assert m.prepare_store([3]).stored == [(3, 1)]
 
 

@@ -1,9 +1,10 @@
 """kvsim's CPU offloading managers against vLLM 0.32's own (``CPUOffloadingManager`` with its
 LRU and ARC policies, with and without the reuse gate), call for call: 200 random sequences
-of stores, completions, lookups, loads and request finishes recorded from vLLM by
-``tests/fixtures/vllm_offload/record_managers.py``. Every store stores, evicts (in order) and
-places in host blocks what vLLM's does, every lookup finds as many blocks (or waits for one
-being stored), and the same hashes are held after every call."""
+of stores, completions (some failed), lookups, loads and request finishes recorded from vLLM
+by ``tests/fixtures/vllm_offload/record_managers.py``. Every store stores, evicts (in order)
+and places in host blocks what vLLM's does, every lookup finds as many blocks (or waits for
+one being stored), and after every call the same hashes are held in the same order (LRU's
+recency; ARC's T1, then T2)."""
 
 import json
 from pathlib import Path
@@ -23,10 +24,10 @@ def replay(calls, manager):
             request, hashes, first, _ = args
             out = manager.prepare_store(hashes, request, first)
             answer = None if out is None else [out.hashes, out.evicted, out.block_ids]
-            yield [name, request, hashes, first, answer, sorted(manager.blocks)]
+            yield [name, request, hashes, first, answer, manager.blocks]
             continue
         if name == "complete_store":
-            manager.complete_store(args[0])
+            manager.complete_store(*args)
         elif name == "lookup":
             args = [args[0], manager.lookup(args[0])]
         elif name == "load":
@@ -35,7 +36,7 @@ def replay(calls, manager):
             manager.complete_load(args[0])
         else:
             manager.request_finished(args[0])
-        yield [name, *args, sorted(manager.blocks)]
+        yield [name, *args, manager.blocks]
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
@@ -57,3 +58,5 @@ def test_the_record_has_evictions_waits_and_refusals():
     assert sum(1 for c in stores if c[4] and c[4][1]) > 500             # evictions
     assert sum(1 for s in SEQUENCES for c in s["calls"]
                if c[0] == "lookup" and c[2] is None) > 50               # being stored
+    assert sum(1 for s in SEQUENCES for c in s["calls"]
+               if c[0] == "complete_store" and not c[2]) > 20           # failed stores

@@ -80,6 +80,8 @@ def _observed(make_scheduler, lookups, stores):
     "w3",   # a store evicted for another's while its request runs; recency set at finish
     "w4",   # two requests hitting the same CPU blocks: the second waits for the first's load
     "w5",   # decode fills blocks (not stored: prompt blocks only), flush, resend
+    "w6",   # three preemptions while stores are in flight, then the prompts resent
+    "w7",   # CPU hits loaded with two seats and a full GPU
 ])
 def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
     expected, steps, cached, got = replay(name, monkeypatch)
@@ -91,7 +93,7 @@ def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
 
 def test_the_recordings_have_waits_loads_evictions_and_refusals(monkeypatch):
     """(So that the comparison above can fail.)"""
-    steps = [s for name in ("w1", "w2", "w3", "w4", "w5")
+    steps = [s for name in ("w1", "w2", "w3", "w4", "w5", "w6", "w7")
              for s in replay(name, monkeypatch)[0]]
     lookups = [x for s in steps for x in s[2]]
     stores = [x for s in steps for x in s[3]]
