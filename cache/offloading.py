@@ -163,15 +163,16 @@ class OffloadingKVCacheManager(KVCacheManager):
         return new_blocks
 
     def free(self, request_id) -> None:
-        """Free the GPU blocks. A request preempted keeps its offloading state; one finished
-        makes its last offer when the next step is planned."""
+        """Free the GPU blocks. A request preempted keeps its offloading state (an offer it
+        waits to make, it makes when admitted again); one finished makes its last offer when
+        the next step is planned."""
         state = self._state.get(request_id)
         if state is not None:
+            self._unoffered.discard(request_id)
             if getattr(state.tokens, "status", RequestStatus.FINISHED) is not \
                     RequestStatus.RUNNING:
                 self._finished.append((request_id, self._last_offer(request_id, state)))
                 del self._state[request_id]
-                self._unoffered.discard(request_id)
         super().free(request_id)
 
     # --- the step's copies ---------------------------------------------------------------
