@@ -316,8 +316,8 @@ class Scheduler(DecodeRunPlanning):
             seq.num_cached_tokens = hit.num_tokens
         seq.num_computed_tokens = hit.num_tokens
         if hit.load_async and hit.num_tokens >= len(seq):
-            seq.num_computed_tokens = len(seq) - 1     # (a whole prompt loaded: its last
-            # token is computed again, to sample the next one)
+            # a whole prompt loaded: its last token is computed again, to sample the next one
+            seq.num_computed_tokens = len(seq) - 1
         seq.status = RequestStatus.RUNNING
         self.running.append(seq)
 
