@@ -82,6 +82,7 @@ def _observed(make_scheduler, lookups, stores):
     "w5",   # decode fills blocks (not stored: prompt blocks only), flush, resend
     "w6",   # three preemptions while stores are in flight, then the prompts resent
     "w7",   # CPU hits loaded with two seats and a full GPU
+    "w8",   # shared prefixes among long prompts, four seats: 81 CPU-hit lookups, 2 preemptions
 ])
 def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
     expected, steps, cached, got = replay(name, monkeypatch)
@@ -93,7 +94,7 @@ def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
 
 def test_the_recordings_have_waits_loads_evictions_and_refusals(monkeypatch):
     """(So that the comparison above can fail.)"""
-    steps = [s for name in ("w1", "w2", "w3", "w4", "w5", "w6", "w7")
+    steps = [s for name in ("w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8")
              for s in replay(name, monkeypatch)[0]]
     lookups = [x for s in steps for x in s[2]]
     stores = [x for s in steps for x in s[3]]
