@@ -200,6 +200,10 @@ def test_activation_estimate_and_kv_offloading_blocks():
     assert kv_offloading_blocks("llama-2-7b", 4) == 4 * GIB // 8_388_608 == 512
     # vLLM's size is the whole replica's: at TP 2 a block is half as big on each of 2 ranks
     assert kv_offloading_blocks("llama-2-7b", 4, tp=2) == 512
+    # an MLA block (DeepSeek-V3: 61 layers x 576 x 2 bytes a token, 1,124,352 bytes, rounded
+    # up to 4 KiB pages: 1,126,400) is one copy for the replica: each rank holds it whole
+    assert kv_offloading_blocks("deepseek-v3", 100) == 100 * GIB // 1_126_400 == 95_325
+    assert kv_offloading_blocks("deepseek-v3", 100, tp=8) == 95_325
     with pytest.raises(ConfigError):
         kv_offloading_blocks("llama-2-7b", -1)
 

@@ -101,16 +101,24 @@ def _groups_text(layout: KvLayout) -> str:
             " share the pool")
 
 
+#: vLLM rounds a host block's bytes up to a memory page (``SharedOffloadRegion``).
+HOST_PAGE_BYTES = 4096
+
+
 def kv_offloading_blocks(model: ModelSpec | str, kv_offloading_size: float, tp: int = 1,
                          block_size: int = 16, kv_dtype: str = "bf16") -> int:
-    """Host KV blocks that ``--kv-offloading-size`` GiB hold, as vLLM counts them: the size is
-    the host memory of the whole replica (``cpu_bytes_to_use`` = GiB x 2**30, shared by all
-    ``tp`` ranks), a block is one GPU block on every rank (``CPUOffloadingSpec``:
-    page size x layers x world size)."""
+    """Host KV blocks that ``--kv-offloading-size`` GiB hold, as vLLM 0.32 counts them
+    (``CPUOffloadingSpec``): the size is the host memory of the whole replica
+    (``cpu_bytes_to_use`` = GiB x 2**30, shared by all ``tp`` ranks); a block is one GPU
+    block on every rank, rounded up to a 4 KiB page, except for an MLA model with ``tp`` > 1,
+    whose ranks hold the same latent: one copy (``replicated_layout``, TP on one node)."""
     if kv_offloading_size < 0:
         raise ConfigError(f"kv offloading size must be >= 0 GiB, got {kv_offloading_size}",
                           field="kv_offloading_size")
-    per_block = block_size * _resolve(model).kv_bytes_per_token_per_gpu(tp, kv_dtype) * tp
+    spec = _resolve(model)
+    copies = 1 if spec.is_mla else tp
+    per_block = block_size * spec.kv_bytes_per_token_per_gpu(tp, kv_dtype) * copies
+    per_block = -(-per_block // HOST_PAGE_BYTES) * HOST_PAGE_BYTES
     return int(kv_offloading_size * GIB) // per_block
 
 
