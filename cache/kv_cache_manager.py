@@ -162,17 +162,20 @@ class KVCacheManager(DecodeRunBlocks):
         found = self.pool.index.find_prefix(self._lookup_hashes(tokens))
         return CacheHit(found, len(found) * self.block_size)
 
-    def _lookup_hashes(self, tokens) -> Sequence[int]:
+    def _lookup_hashes(self, tokens, whole: bool = False) -> Sequence[int]:
         """Ids of the blocks a lookup may cover (none with prefix caching off, nor for a private
-        sequence that was never preempted: nothing can hold its ids yet)."""
-        max_blocks = (len(tokens) - 1) // self.block_size
+        sequence that was never preempted: nothing can hold its ids yet): those before the
+        last token's block, or, ``whole``, every full block (where a CPU tier's lookup goes
+        on)."""
+        n = len(tokens)
+        max_blocks = (n if whole else n - 1) // self.block_size
         if not self.enable_prefix_caching or max_blocks <= 0 or (
                 getattr(tokens, "has_private_blocks", False) and not tokens.num_preemptions):
             return ()
         if self._defer and getattr(tokens, "num_shared_blocks", None) is not None \
                 and not tokens.num_preemptions:      # its later blocks: nobody holds them yet
             max_blocks = min(max_blocks, tokens.num_shared_blocks)
-        if self._deferred:
+        if self._deferred and n > self.block_size:     # (a GPU lookup to make)
             self._register_deferred()
         return _hashes(tokens, self.block_size, 0, max_blocks)
 

@@ -117,9 +117,8 @@ class OffloadingKVCacheManager(KVCacheManager):
         state = self._state.get(getattr(tokens, "request_id", None))
         if state is not None and state.num_jobs:
             return CacheHit(deferred=True)
-        hashes = self._cpu_hashes(tokens)
-        gpu_hashes = self._lookup_hashes(tokens)
-        gpu = self.pool.index.find_prefix(gpu_hashes)
+        hashes = self._lookup_hashes(tokens, whole=True)
+        gpu = self.pool.index.find_prefix(hashes[:(len(tokens) - 1) // self.block_size])
         n = len(gpu)
         hits = self.offload.lookup(hashes[n:]) if n < len(hashes) else 0
         if hits is None:
@@ -242,18 +241,6 @@ class OffloadingKVCacheManager(KVCacheManager):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _cpu_hashes(self, tokens) -> Sequence[int]:
-        """Ids of the full blocks of ``tokens`` the CPU may hold (none for a private
-        sequence never preempted: nobody stored its blocks)."""
-        n = len(tokens) // self.block_size
-        if not self.enable_prefix_caching or n <= 0 or (
-                getattr(tokens, "has_private_blocks", False) and not tokens.num_preemptions):
-            return ()
-        if self._defer and getattr(tokens, "num_shared_blocks", None) is not None \
-                and not tokens.num_preemptions:
-            n = min(n, tokens.num_shared_blocks)
-        return _hashes(tokens, self.block_size, 0, n)
-
     def _cache_full_blocks(self, entry, tokens, num_tokens: int) -> None:
         """As the base, except for the blocks a CPU hit loads: registered once the load is
         done (vLLM caches them when the request leaves ``WAITING_FOR_REMOTE_KVS``)."""
@@ -281,13 +268,17 @@ class OffloadingKVCacheManager(KVCacheManager):
         """Offer the request's prompt blocks full since its last offer."""
         entry = self._requests.get(request_id)
         start = state.next_stored
-        end = min(entry.num_slots // self.block_size, state.num_prompt_blocks,
-                  len(entry.block_ids)) if entry is not None else start
+        end = self._offer_end(entry, state) if entry is not None else start
         if end <= start:
             self._unoffered.discard(request_id)
             return
         hashes = _hashes(state.tokens, self.block_size, start, end)
         self._store(request_id, state, start, entry.block_ids[start:end], hashes)
+
+    def _offer_end(self, entry, state: _Offloads) -> int:
+        """The end of the request's offer: its prompt blocks full within its slots."""
+        return min(entry.num_slots // self.block_size, state.num_prompt_blocks,
+                   len(entry.block_ids))
 
     def _last_offer(self, request_id, state: _Offloads):
         """What a finished request offers when the next step is planned: (first position,
@@ -295,8 +286,7 @@ class OffloadingKVCacheManager(KVCacheManager):
         entry = self._requests.get(request_id)
         if entry is None or not self.enable_prefix_caching:
             return None
-        end = min(entry.num_slots // self.block_size, state.num_prompt_blocks,
-                  len(entry.block_ids))
+        end = self._offer_end(entry, state)
         if end <= state.next_stored:
             return None
         start = state.next_stored
