@@ -29,7 +29,6 @@ from kvsim.realrun_checks import (bench_completed, bench_count, bench_duration, 
                                    oracle_requests)
 from kvsim.workloads import Request
 
-TINY_LLAMA = Path(__file__).resolve().parent / "sim" / "perf" / "catalog" / "tiny-llama.json"
 #: The error table's rows: (name, unit).
 METRICS = (("output throughput", "tok/s"), ("request throughput", "req/s"),
            *((f"{m} p{p}", "s") for m in ("TTFT", "TPOT", "E2E") for p in (50, 90, 99)))
@@ -126,7 +125,7 @@ def _oracle_run(path: Path, data: dict, trace: Path) -> RealRun:
 def oracle_settings(summary: dict) -> dict:
     """kvsim run settings of a vllm-oracle replay (its block 0 is vLLM's null block)."""
     s = summary["settings"]
-    settings = dict(model=str(TINY_LLAMA), block_size=s["block_size"],
+    settings = dict(model="tiny-llama", block_size=s["block_size"],
                     num_gpu_blocks=s["num_blocks"] - 1, max_num_seqs=s["max_num_seqs"],
                     max_num_batched_tokens=s["max_num_batched_tokens"],
                     enable_prefix_caching=not s["no_prefix_caching"],
@@ -160,11 +159,11 @@ def oracle_steps(data: dict, requests: list[Request]) -> pd.DataFrame:
 def _bench_run(path: Path, data: dict, trace) -> RealRun:
     n = bench_count(str(path), data)
     ok = bench_completed(str(path), data, n)
-    starts = bench_starts(str(path), data, n)
-    starts = starts - starts.min() if n else starts
     if trace is not None:
         requests = _trace_requests(Path(trace))
     else:
+        starts = bench_starts(str(path), data, n)
+        starts = starts - starts.min() if n else starts
         requests = [Request(i, float(starts[i]), int(data["input_lens"][i]),
                             max(1, int(data["output_lens"][i]))) for i in range(n)]
     itl_sum = np.array([float(np.sum(x)) for x in data["itls"]])
@@ -180,15 +179,28 @@ def _bench_run(path: Path, data: dict, trace) -> RealRun:
 
 
 def _bench_settings(data: dict) -> dict:
-    """The result's ``model_id`` as the model, when kvsim knows it (catalog, Hugging Face
-    cache or a config.json path)."""
-    from kvsim.sim.perf.models import resolve_model
+    """The result's ``model_id`` as the model (checked by :func:`_check_model_id` unless the
+    caller names one)."""
     model = data.get("model_id")
-    try:
-        resolve_model(model) if isinstance(model, str) and model else None
-    except ConfigError:
-        return {}
     return {"model": model} if isinstance(model, str) and model else {}
+
+
+def _check_model_id(result: str, model: str | None) -> None:
+    """A ``vllm bench serve`` result's ``model_id`` must name a model kvsim knows (catalog,
+    Hugging Face cache, a config.json path) when no model is given: another model in its
+    place would make every number of the table wrong."""
+    from kvsim.sim.perf.models import resolve_model
+    if model is None:
+        raise ConfigError("missing or empty: kvsim cannot tell which model ran; pass --model "
+                          "(a catalog name, a Hugging Face id or a config.json)",
+                          location=result, field="model_id")
+    try:
+        resolve_model(model)
+    except ConfigError:
+        raise ConfigError(f"{model!r} is not a model kvsim knows (catalog, local Hugging Face "
+                          "cache or a config.json path); pass --model with the model that "
+                          "ran (`kvsim models` lists the catalog)",
+                          location=result, field="model_id") from None
 
 
 def _metric_values(duration: float, per_request: pd.DataFrame) -> list[float | None]:
@@ -328,7 +340,12 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     real = read_real_run(result, trace)
     if fit is not None:         # (and the trace found beside the result)
         check_output_file(fit, "fit", reads=(real.trace_path,))
-    run_config(real.label, real.settings, source=str(result))  # (the run's own, then ours)
+    own = dict(real.settings)
+    if "model" in (settings or {}):
+        own.pop("model", None)
+    elif real.kind == "vllm bench serve":
+        _check_model_id(str(result), own.get("model"))
+    run_config(real.label, own, source=str(result))  # (the run's own, then ours)
     chosen = {**real.settings, **(settings or {})}
     run_config(real.label, chosen, source=source)
     first = _replay(real.requests, **chosen)

@@ -58,7 +58,7 @@ def test_the_timed_oracle_run_before_and_after_fitting(oracle):
     result, _ = oracle
     assert result["kind"] == "vllm-oracle" and result["num_requests"] == 40
     assert result["settings"]["num_gpu_blocks"] == 256 and result["settings"]["block_size"] == 32
-    assert result["deployment"].endswith("tiny-llama.json on 1 x a100-80gb (tp 1), bf16")
+    assert result["deployment"].endswith("tiny-llama on 1 x a100-80gb (tp 1), bf16")
     before, after = errors(result["before"]), errors(result["after"])
     # kvsim's default A100 roofline is ~40x faster than vLLM's CPU build
     assert before["TPOT p50"] < -0.9 and before["E2E p50"] < -0.9
@@ -270,3 +270,51 @@ def test_a_bad_override_is_the_command_lines_not_an_api_call():
     done = kvsim("validate-real", FIXTURE, "--tp", "0")
     assert done.returncode == 2
     assert done.stderr == "kvsim: error: --tp: must be at least 1, got 0\n"
+
+
+def test_a_result_whose_model_kvsim_does_not_know_needs_model(tmp_path):
+    """`vllm bench serve --model /models/Llama-2-7b-hf` writes that path as ``model_id``:
+    kvsim refuses to guess the model rather than replay another one; --model settles it."""
+    path = vllm_result(tmp_path, model_id="/models/Llama-2-7b-hf")
+    done = kvsim("validate-real", path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"kvsim: error: {path}: field 'model_id': '/models/Llama-2-7b-hf' is not a model kvsim "
+        "knows (catalog, local Hugging Face cache or a config.json path); pass --model with "
+        "the model that ran (`kvsim models` lists the catalog)\n")
+    done = kvsim("validate-real", path, "--model", "llama-2-7b")
+    assert done.returncode == 0 and "llama-2-7b on 1 x" in done.stdout
+
+
+def test_a_result_without_model_id_needs_model(tmp_path):
+    path = vllm_result(tmp_path)
+    done = kvsim("validate-real", path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"kvsim: error: {path}: field 'model_id': missing or empty: kvsim "
+                           "cannot tell which model ran; pass --model (a catalog name, a "
+                           "Hugging Face id or a config.json)\n")
+
+
+@pytest.mark.parametrize("traffic, starts", [
+    ({"request_rate": "inf", "max_concurrency": None}, [0.0] * 4),
+    ({}, [0.0] * 4),             # (a result of a vLLM too old to write either)
+    ({"request_rate": 3.5, "max_concurrency": None}, None),
+    ({"request_rate": "inf", "max_concurrency": 2}, None),
+])
+def test_a_result_without_start_times_replays_only_requests_sent_at_once(
+        tmp_path, traffic, starts):
+    data = json.loads(vllm_result(tmp_path).read_text())
+    del data["start_times"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({**data, **traffic}))
+    if starts is not None:
+        assert [r.arrival_s for r in read_real_run(path).requests] == starts
+        return
+    with pytest.raises(KvsimError) as e:
+        read_real_run(path)
+    rate = json.dumps(traffic["request_rate"])
+    assert str(e.value) == (
+        f"{path}: field 'start_times': missing, and the requests were not all sent at once "
+        f"(request_rate {rate}, max_concurrency {json.dumps(traffic['max_concurrency'])}): "
+        "their arrival times are unknown, so they cannot be replayed; pass --trace with "
+        "the requests and their arrival times")
