@@ -23,7 +23,8 @@ from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.frames import run_files
 from kvsim.reports.outdir import OutputDir
 from kvsim.run_notes import (TraceScan, beyond_context_note, fell_behind, fell_behind_note,
-                             long_prompt_note, median_queue_s, profile_note, scan_trace)
+                             long_prompt_note, median_queue_s, profile_note, scan_trace,
+                             unnamed_content_note)
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig, located, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
@@ -279,6 +280,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
             say(f"{rows_text(total)} of the trace hold{'s' * (total == 1)} no "
                 f"request to run and {'are' if total != 1 else 'is'} left out: "
                 f"{left_out_text(scan.left_out)}")
+        if notes and unnamed_content_note(scan, job.config):
+            say(unnamed_content_note(scan, job.config))
         show = None if quiet else _progress(scan, bar, console)
         with show or nullcontext():
             left_out = Counter()

@@ -25,19 +25,32 @@ class TraceScan:
     longest_prompt: int
     num_overflowing: int = 0    # prompt and output together longer than max_model_len
     left_out: Counter = field(default_factory=Counter)  # rows holding no request, by reason
+    num_named: int = 0          # requests that say what their prompt holds (names_content)
 
 
 def scan_trace(job, max_model_len: int) -> TraceScan:
     """Count the job's (a :class:`~kvsim.pipeline.RunJob`) requests, their span and those whose
     prompt is ``max_model_len`` tokens or more (vLLM rejects those)."""
-    count = span = long = longest = over = 0
+    count = span = long = longest = over = named = 0
     left_out = Counter()
     for request in load_trace(job.trace_path, job.trace_options, left_out):
         count, span = count + 1, request.arrival_s
         longest = max(longest, request.prompt_tokens)
         long += request.prompt_tokens >= max_model_len
         over += request.prompt_tokens + request.output_tokens > max_model_len
-    return TraceScan(count, span, long, longest, over, left_out)
+        named += request.names_content
+    return TraceScan(count, span, long, longest, over, left_out, named)
+
+
+def unnamed_content_note(scan: TraceScan, config: RunConfig) -> str | None:
+    """Why the prefix hit rate will be 0, when no request of the trace says what its prompt
+    holds and the run looks prefixes up; else None."""
+    if (not scan.num_requests or scan.num_named or not config.enable_prefix_caching
+            or config.layout == "contiguous"):
+        return None
+    return ("no request of the trace says what its prompt holds (token ids, prefix hash ids "
+            "or a request it continues): none can hit another's cached blocks, so the prefix "
+            "hit rate is 0 by construction")
 
 
 #: A run whose median request waited this share of the arrivals' span (and a second at

@@ -44,13 +44,14 @@ class ReplayRequest:
     prompt_tokens: int
     priority: int = 0
     arrival_s: float = 0.0
+    names_content: bool = True      # (a request that does not shares nothing)
 
 
 def replay_requests(requests: Iterable, block_size: int) -> list[ReplayRequest]:
     """:class:`~kvsim.workloads.Request` objects (arrival order) as replay requests."""
     return [ReplayRequest(np.asarray(r.block_hashes(block_size), dtype=np.int64),
                           max(r.prompt_tokens - 1, 0) // block_size, r.prompt_tokens,
-                          r.priority, r.arrival_s) for r in requests]
+                          r.priority, r.arrival_s, r.names_content) for r in requests]
 
 
 # --- LRU: one pass for every capacity ------------------------------------------------------
@@ -240,7 +241,8 @@ def hitrate_curves(requests: Iterable, capacities: Sequence[int], policies: Sequ
     add_belady_share(rows)
     return dict(num_requests=len(reqs), prompt_tokens=queries, block_size=block_size,
                 policies=list(policies), capacities_blocks=[int(c) for c in capacities],
-                lookahead_s=lookahead_s, rows=rows)
+                lookahead_s=lookahead_s, rows=rows,
+                num_requests_naming_content=sum(r.names_content for r in reqs))
 
 
 def add_belady_share(rows: list[dict]) -> None:
@@ -275,6 +277,9 @@ def render_hitrate_table(result: dict, width: int | None = None) -> str:
         total = sum(left_out.values())
         lines.append(f"left out {rows_text(total, 'trace row')} without a request to run: "
                      f"{left_out_text(left_out)}")
+    if result["num_requests"] and result.get("num_requests_naming_content") == 0:
+        lines.append("no request says what its prompt holds (token ids, prefix hash ids or a "
+                     "request it continues): nothing can hit, every rate is 0 by construction")
     per_block = len(policies) if width is None else max(1, (width - 24) // 10)
     for first in range(0, len(policies), per_block):
         lines += _policy_block(result, policies[first:first + per_block])

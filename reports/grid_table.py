@@ -78,12 +78,17 @@ def identical_to(labels: Sequence[str], summaries: Sequence[dict]) -> list[str |
     return out
 
 
-def _cells(m: dict) -> list[str]:
+def _latency_cells(metrics: list[dict], name: str) -> list[str]:
+    """Each run's ``p50 / p99`` of latency ``name`` (``ttft``, ``tpot``), every run in the
+    unit the largest value of the column needs, so that rows compare at a glance."""
+    texts = fmt_seconds_alike([m[f"{name}_{p}_s"] for m in metrics for p in ("p50", "p99")])
+    return [f"{p50} / {p99}" for p50, p99 in zip(texts[::2], texts[1::2])]
+
+
+def _cells(m: dict, ttft: str, tpot: str) -> list[str]:
     frag = "/".join(fmt_pct(m[k], 0) if is_number(m[k]) else "—" for k in
                     ("frag_token_states", "frag_internal", "frag_external"))
-    return [fmt_num(m["throughput_output_tokens_per_s"]),
-            " / ".join(fmt_seconds_alike([m["ttft_p50_s"], m["ttft_p99_s"]])),
-            " / ".join(fmt_seconds_alike([m["tpot_p50_s"], m["tpot_p99_s"]])),
+    return [fmt_num(m["throughput_output_tokens_per_s"]), ttft, tpot,
             fmt_pct(m["prefix_hit_rate"]), fmt_num(m["preemptions"]),
             fmt_num(m["mean_batch_size"], 1), frag, fmt_bytes(m["bytes_moved"]),
             fmt_num(m["num_rejected"])]
@@ -105,7 +110,9 @@ def render_compare_table(labels: Sequence[str], summaries: Sequence[dict],
     wider than ``width`` (a terminal's columns), the columns come in blocks that fit, each
     led by the configuration (as pandas prints a wide frame)."""
     headers = list(HEADERS)
-    rows = [[str(label), *_cells(table_metrics(s))] for label, s in zip(labels, summaries)]
+    metrics = [table_metrics(s) for s in summaries]
+    rows = [[str(label), *_cells(m, ttft, tpot)] for label, m, ttft, tpot in zip(
+        labels, metrics, _latency_cells(metrics, "ttft"), _latency_cells(metrics, "tpot"))]
     same = identical_to(labels, summaries)
     if any(same):
         headers.append("identical to")

@@ -23,7 +23,8 @@ from kvsim.reports.io import write_json_atomic
 from kvsim.reports.outdir import OutputDir
 from kvsim.reports.page import cards, card, esc, figure_div, panel, render_page, settings_block
 from kvsim.reports.style import (fmt_num, fmt_pct, fmt_seconds, fmt_seconds_alike, get,
-                                 left_out_summary_text, parse_slo, preemption_text,
+                                 left_out_summary_text, no_lookup_text, parse_slo,
+                                 preemption_text,
                                  rejected_text, slo_met, stopped_text, tier_text, truncated_text)
 from kvsim.workloads.request import trace_name
 
@@ -69,7 +70,7 @@ def summary_cards(summary: dict, slo: dict | None = None) -> str:
         lat("ttft_s", "TTFT"), lat("tpot_s", "TPOT"), lat("e2e_s", "E2E"),
         card("Prefix hit rate", fmt_pct(get(summary, "prefix_cache", "hit_rate")),
              f"{fmt_num(hits)} of {fmt_num(queries)} tokens") if queries != 0 else
-        card("Prefix hit rate", "—", "no prefix lookups (caching off, or a contiguous layout)"),
+        card("Prefix hit rate", "—", f"no prefix lookups ({no_lookup_text(summary)})"),
         card("Preemptions", fmt_num(get(summary, "preemptions")), preemption_text(summary)),
         card("Peak KV usage", fmt_pct(get(summary, "kv", "peak_usage")),
              f"mean {fmt_pct(get(summary, 'kv', 'mean_usage'))} of "

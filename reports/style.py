@@ -179,6 +179,18 @@ def tier_text(summary: dict) -> str:
                if dropped else ""))
 
 
+def no_lookup_text(summary: dict) -> str:
+    """Why a run made no prefix lookup: caching off, a contiguous layout (which looks nothing
+    up), or no request admitted."""
+    if get(summary, "config", "enable_prefix_caching") is False:
+        return "prefix caching off"
+    if get(summary, "config", "layout") == "contiguous":
+        return "a contiguous layout looks nothing up"
+    if summary.get("num_requests") and summary.get("num_rejected") == summary.get("num_requests"):
+        return "every request was rejected"
+    return "no request was admitted"
+
+
 def rejected_text(summary: dict) -> str:
     """Why requests were rejected and what to do, or ``""`` when none were."""
     n = summary.get("num_rejected") or 0

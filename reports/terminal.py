@@ -13,8 +13,8 @@ from rich.table import Table
 
 from kvsim.reports.run_texts import cache_text, deployment_text, trace_text
 from kvsim.reports.style import (FRAG_KEYS, fmt_num, fmt_pct, fmt_seconds, fmt_seconds_alike,
-                                 get, is_number,
-                                 left_out_summary_text, parse_slo, preemption_text,
+                                 get, is_number, left_out_summary_text, no_lookup_text,
+                                 parse_slo, preemption_text,
                                  rejected_text, slo_met, stopped_text, tier_text,
                                  truncated_text)
 
@@ -335,7 +335,7 @@ def _hit_text(summary: dict) -> str:
     """``6.7%  (2,048 of 30,366 tokens)``, or ``—`` where nothing was looked up."""
     queries = get(summary, "prefix_cache", "queries_tokens")
     if queries == 0:
-        return "—  (no prefix lookups: caching off, or a contiguous layout)"
+        return f"—  (no prefix lookups: {no_lookup_text(summary)})"
     return (f"{fmt_pct(get(summary, 'prefix_cache', 'hit_rate'))}  "
             f"({fmt_num(get(summary, 'prefix_cache', 'hit_tokens'))} of {fmt_num(queries)} "
             "tokens)")

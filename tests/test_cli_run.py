@@ -17,6 +17,10 @@ CONTRACT_KEYS = {
     "prefix_cache", "preemptions", "swapped_out_blocks", "swapped_in_blocks", "kv",
     "fragmentation", "config"}
 OUTPUTS = {"summary.json", "requests.csv", "timeline.csv", "report.html"}
+#: The note of a run whose trace names no prompt's content (Azure, BurstGPT, lengths only).
+UNNAMED = ("no request of the trace says what its prompt holds (token ids, prefix hash ids or "
+           "a request it continues): none can hit another's cached blocks, so the prefix hit "
+           "rate is 0 by construction")
 
 
 def test_run_without_a_trace_runs_the_bundled_sample(tmp_path):
@@ -54,8 +58,8 @@ def test_json_prints_only_the_summary(tmp_path):
     assert set(summary["fragmentation"]) == {"token_states", "reservation", "internal",
                                              "external", "free"}
     assert sum(summary["fragmentation"].values()) == pytest.approx(1.0)
-    assert done.stderr == (f"kvsim: wrote {tmp_path}/summary.json, requests.csv, timeline.csv, "
-                           "report.html\n")      # (where the files went, beside the JSON)
+    assert done.stderr == (f"kvsim: {UNNAMED}\nkvsim: wrote {tmp_path}/summary.json, "
+                           "requests.csv, timeline.csv, report.html\n")  # (beside the JSON)
 
 
 def test_the_summary_and_the_terminal_say_how_the_trace_was_read(tmp_path):
@@ -386,7 +390,8 @@ def test_rows_left_out_of_a_csv_trace_are_announced_and_counted(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith(
         "kvsim: 2 rows of the trace hold no request to run and are left out: failed (BurstGPT "
-        "Response tokens 0): 1, no prompt (0 prompt tokens): 1\nkvsim: wrote ")
+        "Response tokens 0): 1, no prompt (0 prompt tokens): 1\n"
+        f"kvsim: {UNNAMED}\nkvsim: wrote ")
     summary = json.loads(done.stdout)
     assert (summary["num_requests"], summary["trace_rows_left_out"]) == (
         2, {"empty_prompt": 1, "failed": 1})
@@ -548,12 +553,13 @@ def test_a_deployment_that_falls_behind_its_arrivals_says_so_and_a_long_burst_do
     args = ("--gpu", "l4", "--out", tmp_path / "o")      # (not --quiet: no notes then)
     done = kvsim("run", trace("busy.jsonl", 40, 0.1, 4000, 10), *args)
     assert done.returncode == 0, done.stderr
-    line, = done.stderr.splitlines()        # (the summary is on stdout)
+    note, line = done.stderr.splitlines()        # (the summary is on stdout)
+    assert note == f"kvsim: {UNNAMED}"
     queued = float(pd.read_csv(tmp_path / "o" / "requests.csv")["queue_s"].median())
     assert line == ("kvsim: the deployment fell behind the arrivals: 40 requests arrived over "
                     f"3.90 s (10.3 req/s) and waited {fmt_seconds(queued)} on median before "
                     "their first step, so their latencies measure the queue; give it more "
                     "--replicas, --tp or a larger --gpu, or lower --rate-scale")
     done = kvsim("run", trace("long.jsonl", 10, 0.1, 100, 2000), *args)
-    assert (done.returncode, done.stderr) == (0, "")
+    assert (done.returncode, done.stderr) == (0, f"kvsim: {UNNAMED}\n")
     assert kvsim("run", tmp_path / "busy.jsonl", *args, "--quiet").stderr == ""

@@ -113,11 +113,13 @@ def test_plan_prints_each_candidate_as_it_finishes(tmp_path):
 
 
 def long_trace(path, n: int = 60_000):
-    """A length-only trace long enough to still be running seconds after it starts."""
+    """A trace long enough to still be running seconds after it starts; each prompt names
+    its content by one prefix id of its own (a trace of lengths alone gets a note)."""
     with open(path, "w") as f:
         for i in range(n):
             f.write(json.dumps({"arrival_s": i * 0.01, "prompt_tokens": 200 + i % 300,
-                                "output_tokens": 50 + i % 200}) + "\n")
+                                "output_tokens": 50 + i % 200, "block_hashes": [i],
+                                "hash_block_size": 512}) + "\n")
     return path
 
 

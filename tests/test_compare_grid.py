@@ -139,3 +139,14 @@ def test_an_option_no_configuration_uses_is_refused_one_some_use_is_kept(tmp_pat
     points = compare.grid_points(spec({"layout": ["paged", "contiguous"],
                                        "reserve": ["pow2"]}, tmp_path))
     assert [p.job.config.layout for p in points] == ["paged", "contiguous"]
+
+
+def test_a_latency_column_shows_every_run_in_one_unit():
+    """The unit is the one the column's largest value needs (here minutes, for 126 s), not
+    each row's own: `13.85 s / 107.09 s` above `0.241 min / 2.1 min` reads as a drop."""
+    fast = {**SUMMARY, "ttft_s": {"p50": 13.85, "p99": 107.09}}
+    slow = {**SUMMARY, "ttft_s": {"p50": 14.46, "p99": 126.0}}
+    lines = render_compare_table(["fast", "slow"], [fast, slow]).splitlines()
+    assert "0.231 min / 1.8 min" in lines[2] and "0.241 min / 2.1 min" in lines[3]
+    assert all("50.0 ms / 500.0 ms" not in line for line in lines)   # (TPOT: its own unit)
+    assert "20.0 ms / 40.0 ms" in lines[2] and "20.0 ms / 40.0 ms" in lines[3]

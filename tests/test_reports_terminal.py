@@ -238,3 +238,21 @@ def test_times_shown_together_share_one_unit():
     assert fmt_seconds_alike([0.0227, 426.0, 744.0]) == ["22.7 ms", "7.1 min", "12.4 min"]
     assert fmt_seconds_alike([0.9996, 1.71]) == ["1.00 s", "1.71 s"]
     assert fmt_seconds_alike([0.0, 2.5]) == ["0.00 s", "2.50 s"]
+
+
+def test_a_run_without_prefix_lookups_says_why():
+    """Caching off, a contiguous layout, or nothing admitted (every prompt too long: it read
+    'caching off, or a contiguous layout' while caching was on and the layout paged)."""
+    from kvsim.reports.style import no_lookup_text
+    paged = {"config": {"enable_prefix_caching": True, "layout": "paged"},
+             "num_requests": 2, "num_rejected": 2,
+             "prefix_cache": {"queries_tokens": 0, "hit_tokens": 0, "hit_rate": 0.0}}
+    assert no_lookup_text(paged) == "every request was rejected"
+    console, buf = _console(False)
+    print_summary(paged, console=console)
+    assert "—  (no prefix lookups: every request was rejected)" in buf.getvalue()
+    assert no_lookup_text({**paged, "config": {"enable_prefix_caching": False}}) == \
+        "prefix caching off"
+    assert no_lookup_text({**paged, "config": {"layout": "contiguous"}}) == \
+        "a contiguous layout looks nothing up"
+    assert no_lookup_text({**paged, "num_rejected": 0}) == "no request was admitted"

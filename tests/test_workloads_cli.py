@@ -80,3 +80,15 @@ def test_the_hitrate_table_names_its_trace():
     from clirun import kvsim
     done = kvsim("hitrate", "sample:mooncake", "--capacity", "1000", "--eviction", "lru")
     assert done.stdout.startswith("prefix hit rate of sample:mooncake: 300 requests, ")
+
+
+def test_the_hitrate_table_says_when_no_request_can_hit():
+    """The Azure sample gives lengths only: every rate is 0 by construction, and it says so
+    (a reader took the 0.00 % for caching that does not pay)."""
+    from clirun import kvsim
+    done = kvsim("hitrate", "sample:azure-conv", "--capacity", "1000", "--eviction", "lru")
+    assert done.stdout.splitlines()[1] == (
+        "no request says what its prompt holds (token ids, prefix hash ids or a request it "
+        "continues): nothing can hit, every rate is 0 by construction")
+    done = kvsim("hitrate", "sample:mooncake", "--capacity", "1000", "--eviction", "lru")
+    assert "by construction" not in done.stdout

@@ -60,6 +60,13 @@ class Request:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens
 
+    @property
+    def names_content(self) -> bool:
+        """Whether the request says what its prompt holds (token ids, prefix ids, or the
+        request it continues): without, no other request can share its prompt's blocks."""
+        return not (self.prompt_token_ids is None and self.prefix_hashes is None
+                    and self.continues is None)
+
     def block_hashes(self, block_size: int, num_tokens: int | None = None,
                      greedy: bool = False) -> np.ndarray:
         """Prefix ids of the full ``block_size`` blocks within the first ``num_tokens`` tokens

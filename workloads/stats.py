@@ -127,8 +127,7 @@ def _add_generated(blocks: _DistinctCounter, parent: Request | None, block_size:
 def _counted_unique(request: Request) -> bool:
     """Whether ``request``'s prompt blocks are counted without their ids (nothing shares them
     unless a later request continues it)."""
-    return (request.prompt_token_ids is None and request.prefix_hashes is None
-            and request.continues is None)
+    return not request.names_content
 
 
 def trace_file_stats(path: str | os.PathLike, opts: TraceOptions | None = None,
