@@ -202,3 +202,18 @@ def test_a_tpot_target_on_a_trace_that_never_decodes_is_refused_before_any_simul
                            "more than one token, so no TPOT (time per output token after the "
                            "first) is measured to judge: drop the TPOT target\n")
     assert not (tmp_path / "p").exists()
+
+
+def test_prompts_past_the_models_context_are_refused_before_any_simulation(tmp_path):
+    """One Azure prompt is past Llama-2-70B's 4,096 tokens: every candidate would reject it,
+    whatever its GPUs (before: each was listed infeasible, and the plan said 'No candidate
+    meets every SLO' with exit 3, the status of a plan that ran)."""
+    done = kvsim("plan", "sample:azure-conv", "--model", "llama-2-70b", "--gpu",
+                 "a100-40gb,h100-80gb", "--tp", "1,4", "--slo-ttft-p99", "2", "--slo-tpot-p99",
+                 "0.1", "--out", tmp_path / "p")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "kvsim: error: sample:azure-conv: 1 of 300 prompts are not shorter than max_model_len "
+        "4,096 (llama-2-70b's context): every candidate would reject them; pass --long-prompt "
+        "truncate (as Vidur), a larger --max-model-len, or a trace without them\n")
+    assert not (tmp_path / "p").exists()

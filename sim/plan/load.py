@@ -27,28 +27,32 @@ TOO_SHORT = (f"too short for a {100 // SUSTAINED_SPANS}% overload to show agains
 
 
 def resolve_load(path: str, opts: TraceOptions, target_rate: float | None,
-                 left_out: Counter | None = None
-                 ) -> tuple[TraceOptions, float | None, int, int]:
+                 left_out: Counter | None = None, prompt_limit: int | None = None
+                 ) -> tuple[TraceOptions, float | None, int, int, int]:
     """(options at the planned rate scale, native mean rate, request count, requests that
-    generate more than one token: those a TPOT is measured on).
+    generate more than one token: those a TPOT is measured on, prompts of ``prompt_limit``
+    tokens or more).
 
     Reads the trace once at rate scale 1 (validating every kept line; ``left_out`` counts
     the rows holding no request). ``target_rate`` (requests/s), when given, replaces
     ``opts.rate_scale`` by ``target_rate / native rate``.
     """
-    count, span, decoding = 0, 0.0, 0
+    count, span, decoding, too_long = 0, 0.0, 0, 0
+    limit = prompt_limit or math.inf
     for request in load_trace(path, replace(opts, rate_scale=1.0), left_out):
         count, span = count + 1, request.arrival_s
         decoding += request.output_tokens > 1
+        too_long += request.prompt_tokens >= limit
     native = count / span if span > 0 else None
     if target_rate is None:
-        return opts.checked(), native, count, decoding
+        return opts.checked(), native, count, decoding, too_long
     if not (math.isfinite(target_rate) and target_rate > 0):
         raise ConfigError(f"must be a request rate > 0, got {target_rate}", field="target_rate")
     if native is None:
         raise ConfigError("the trace spans no time, so it has no rate to scale to "
                           "--target-rate", location=str(path))
-    return replace(opts, rate_scale=target_rate / native).checked(), native, count, decoding
+    return (replace(opts, rate_scale=target_rate / native).checked(), native, count, decoding,
+            too_long)
 
 
 def needed_span(targets) -> tuple[float, str] | None:

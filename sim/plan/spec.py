@@ -236,7 +236,7 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
                price_table: str | None = None, max_replicas: int = 32,
                rate_iterations: int = 8, prune: bool = True, burst: bool = False) -> PlanSpec:
     """Check every input and build the plan's :class:`PlanSpec` (see the module doc)."""
-    resolve_model(base.model)
+    model = resolve_model(base.model)
     if base.router not in ROUTERS:
         raise ConfigError(f"unknown router; known: {', '.join(sorted(ROUTERS))}", field="router")
     if not 1 <= max_replicas <= MAX_REPLICAS:
@@ -250,7 +250,15 @@ def build_spec(trace_path, trace_label: str, opts: TraceOptions, base: RunConfig
     candidates = expand_candidates(base, dims)
     varying = tuple(d for d in SWEEP_DIMS if len({getattr(c, d) for c in candidates}) > 1)
     left_out = Counter()
-    opts, native, count, decoding = resolve_load(str(trace_path), opts, target_rate, left_out)
+    limit = base.max_model_len or model.max_model_len
+    opts, native, count, decoding, too_long = resolve_load(
+        str(trace_path), opts, target_rate, left_out, limit)
+    if too_long and base.long_prompt == "reject":
+        source = "--max-model-len" if base.max_model_len else f"{model.name}'s context"
+        raise ConfigError(
+            f"{too_long:,} of {count:,} prompts are not shorter than max_model_len {limit:,} "
+            f"({source}): every candidate would reject them; pass --long-prompt truncate (as "
+            "Vidur), a larger --max-model-len, or a trace without them", location=trace_label)
     tpot = [key for key in slo if key.startswith("tpot_")]
     if tpot and not decoding:
         raise ConfigError(f"no request of {trace_label} generates more than one token, so no "
