@@ -97,8 +97,21 @@ def bench_result(summary: dict, requests: pd.DataFrame | Columns, *, detailed: b
         result.update(metric_stats(name, sample))
     if detailed:
         result.update(_per_request(requests, gaps, mean_gap))
-    result["kvsim"] = {"itls": ITL_NOTE, "trace": config.get("trace"), "config": config}
+    result["kvsim"] = {"itls": ITL_NOTE, "stopped_by_length": _length_note(summary),
+                       "trace": config.get("trace"), "config": config}
     return result
+
+
+def _length_note(summary: dict) -> str | None:
+    """Why ``completed`` may exceed a real run's: requests whose prompt and output pass
+    ``max_model_len`` (None when there are none)."""
+    n = summary.get("num_stopped_by_length") or 0
+    if not n:
+        return None
+    return (f"{n} completed request{'s' * (n != 1)} asked for more tokens than max_model_len "
+            "holds (prompt + output): stopped by length here, as in vLLM's engine, but vLLM's "
+            "server refuses such a request (HTTP 400), so a real vllm bench serve counts it "
+            "failed")
 
 
 def peak_rates(done: pd.DataFrame, gaps: np.ndarray, mean_gap: np.ndarray,

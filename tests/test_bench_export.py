@@ -48,7 +48,18 @@ def test_bench_fields_carry_vllms_names_and_units():
     assert b["itls"] == [[0.02] * 4, [], []]
     assert b["input_lens"] == [10, 20, 9000] and b["output_lens"] == [5, 1, 0]
     assert b["errors"] == ["", "", "rejected: the prompt does not fit max_model_len"]
-    assert b["kvsim"]["itls"] == ITL_NOTE
+    assert b["kvsim"]["itls"] == ITL_NOTE and b["kvsim"]["stopped_by_length"] is None
+
+
+def test_bench_json_says_how_many_completed_requests_a_real_server_would_refuse():
+    """Prompt plus output past max_model_len: stopped by length in the engine, refused with
+    HTTP 400 by vLLM's server; `completed` counts them, and the note says so."""
+    summary = {"duration_s": 2.0, "num_stopped_by_length": 11, "config": {}}
+    note = bench_result(summary, three_requests())["kvsim"]["stopped_by_length"]
+    assert note == ("11 completed requests asked for more tokens than max_model_len holds "
+                    "(prompt + output): stopped by length here, as in vLLM's engine, but "
+                    "vLLM's server refuses such a request (HTTP 400), so a real vllm bench "
+                    "serve counts it failed")
 
 
 def test_phases_split_e2e_into_queue_prefill_and_decode():
