@@ -43,7 +43,7 @@ def gpus_command(as_json: bool = JSON_OPTION) -> None:
                      "price_per_hour_usd": g.price_per_hour_usd, "aliases": list(g.aliases)})
     emit(rows, as_json, lambda r: typer.echo(_table(
         ("gpu", "memory", "HBM", "bf16", "link", "$/hour"),
-        [(g["name"], f"{g['memory_bytes'] / 2**30:,.0f} GiB",
+        [(g["name"], f"{g['memory_bytes'] / 2**30:,.2f} GiB",
           f"{g['hbm_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s",
           f"{g['dense_bf16_flops'] / 1e12:,.0f} TFLOP/s", g["interconnect"],
           "—" if g["price_per_hour_usd"] is None else f"{g['price_per_hour_usd']:.2f}")

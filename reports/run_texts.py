@@ -28,9 +28,9 @@ def _as_given(value) -> str:
 
 def deployment_text(cfg: dict, checkpoint: str | None = None, name: str | None = None) -> str:
     """``llama-3.1-8b on 1 x a100-80gb (tp 1), bf16``: every GPU counted (``on 8 x
-    a100-80gb (2 replicas of tp 4, round-robin router)``), ``, int4 weights`` when the
-    weights are stored otherwise than the KV cache as ``--weight-dtype`` says, or ``, 4-bit
-    quantized weights`` as the ``checkpoint`` stores them (by size: AWQ, GPTQ, MXFP4, NVFP4
+    a100-80gb (2 replicas of tp 4, round-robin router)``), ``KV bf16, int4 weights`` when the
+    weights are stored otherwise than the KV cache as ``--weight-dtype`` says, or ``KV bf16,
+    4-bit quantized weights`` as the ``checkpoint`` stores them (by size: AWQ, GPTQ, MXFP4, NVFP4
     are all priced as kvsim's int4). ``name``: the model the given one resolved to
     (``llama-3-8b (given as llama3-8b)``)."""
     replicas, tp = cfg.get("replicas", 1), cfg.get("tp", 1)
@@ -39,12 +39,12 @@ def deployment_text(cfg: dict, checkpoint: str | None = None, name: str | None =
     shape = f"{replicas} replicas of tp {tp}{router}" if replicas != 1 else f"tp {tp}"
     given = cfg.get("model", "?")
     model = given if name in (None, given) else f"{name} (given as {given})"
-    text = f"{model} on {gpus} x {cfg.get('gpu', '?')} ({shape}), {cfg.get('dtype', '?')}"
+    text = f"{model} on {gpus} x {cfg.get('gpu', '?')} ({shape}), "
     weights = cfg.get("weight_dtype") or checkpoint
     if weights and weights != cfg.get("dtype"):
         quantized = _QUANTIZED.get(weights) if not cfg.get("weight_dtype") else None
-        text += f", {quantized or weights} weights"
-    return text
+        return text + f"KV {cfg.get('dtype', '?')}, {quantized or weights} weights"
+    return text + str(cfg.get("dtype", "?"))
 
 
 #: A checkpoint's quantized weights by size (the method is not kept: MXFP4 is not int4).

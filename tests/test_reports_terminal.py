@@ -123,12 +123,12 @@ def test_the_deployment_line_names_weights_stored_otherwise_than_the_kv_cache():
     assert deployment_text({**config, "replicas": 2, "router": "cache-aware"}) == \
         "llama-3.1-8b on 2 x l4 (2 replicas of tp 1, cache-aware router), bf16"
     assert deployment_text({**config, "weight_dtype": "int4"}) == \
-        "llama-3.1-8b on 1 x l4 (tp 1), bf16, int4 weights"
+        "llama-3.1-8b on 1 x l4 (tp 1), KV bf16, int4 weights"
     assert deployment_text({**config, "weight_dtype": "bf16"}) == \
         "llama-3.1-8b on 1 x l4 (tp 1), bf16"
     gpt_oss = {**config, "model": "gpt-oss-120b"}    # (its checkpoint's MXFP4, priced as int4)
     assert deployment_text(gpt_oss, "int4") == \
-        "gpt-oss-120b on 1 x l4 (tp 1), bf16, 4-bit quantized weights"
+        "gpt-oss-120b on 1 x l4 (tp 1), KV bf16, 4-bit quantized weights"
 
 
 def test_the_kv_cache_line_says_how_the_cache_ran():
