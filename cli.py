@@ -102,7 +102,8 @@ def main() -> None:
         sys.exit(128 + e.signum)
     except (KvsimError, WorkerLost) as e:
         from kvsim.workloads.sources import naming_stdin
-        sys.stderr.write(f"kvsim: error: {naming_stdin(_error_line(e))}\n")
+        line = naming_stdin(_error_line(e))
+        sys.stderr.write(f"kvsim: error: {line}{_flag_value_hint(line)}\n")
         sys.exit(e.exit_status)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -117,7 +118,7 @@ def main() -> None:
             sys.stderr.write(e.format_message() + "\n")
             sys.exit(e.exit_code)
         text = " ".join(e.format_message().split()).replace("Value error, ", "")
-        sys.stderr.write(f"kvsim: error: {text}\n")
+        sys.stderr.write(f"kvsim: error: {text}{_flag_value_hint(text)}\n")
         sys.exit(e.exit_code)
 
 
@@ -143,18 +144,45 @@ def _option_of(field: str | None) -> str | None:
     if not field or field.startswith("--"):
         return field
     from kvsim.reports.frames import TRACE_OPTIONS
-    commands = typer.main.get_command(app).commands
-    name = next((arg for arg in sys.argv[1:] if arg in commands), None)
-    if name is None:
+    params = _command_params()
+    if params is None:
         return None
-    params = [*commands[name].params,   # (compare takes every run setting as --FIELD)
-              *(commands["run"].params if name == "compare" else ())]
     options = {param.name: [o for o in param.opts if o.startswith("--")]
                for param in params if param.param_type_name == "option"}
     for key, (_, flag) in TRACE_OPTIONS.items():
         options.setdefault(key, [flag])
     typed = [arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--")]
     return next((flag for flag in options.get(field, ()) if flag in typed), None)
+
+
+def _command_params() -> list | None:
+    """The click parameters of the command being run (None before one is named)."""
+    commands = typer.main.get_command(app).commands
+    name = next((arg for arg in sys.argv[1:] if arg in commands), None)
+    if name is None:
+        return None
+    return [*commands[name].params,   # (compare takes every run setting as --FIELD)
+            *(commands["run"].params if name == "compare" else ())]
+
+
+#: Words vLLM's command line takes after a boolean flag (``--enable-prefix-caching false``).
+_BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
+
+
+def _flag_value_hint(text: str) -> str:
+    """`` (--enable-prefix-caching takes no value: ...)`` when ``text`` (an error) names a
+    word such as ``false`` typed after an on/off flag of the command, as vLLM's command line
+    allows: kvsim read it as an argument (a trace); else ``""``."""
+    argv = sys.argv[1:]
+    for before, word in zip(argv, argv[1:]):
+        if word.lower() not in _BOOLEAN_WORDS or word not in text:
+            continue
+        flag = next((p for p in _command_params() or () if getattr(p, "is_flag", False)
+                     and p.secondary_opts and before in (*p.opts, *p.secondary_opts)), None)
+        if flag is not None:
+            return (f" ({before} takes no value: write {flag.opts[0]} or "
+                    f"{flag.secondary_opts[0]})")
+    return ""
 
 
 def _stdout_closed() -> None:

@@ -92,6 +92,10 @@ def _field_name(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
+#: vLLM's other spellings of run options (``kvsim run`` takes them as its own).
+OPTION_ALIASES = {"-tp": "--tp", "--tensor-parallel-size": "--tp"}
+
+
 def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
     """``(trace, dimensions)`` from the command line's remaining arguments.
 
@@ -102,12 +106,13 @@ def parse_grid_args(args: Sequence[str]) -> tuple[str | None, dict[str, list]]:
     tokens = list(args)
     while tokens:
         token = tokens.pop(0)
-        if not token.startswith("--"):
+        option, _, text = token.partition("=")
+        option = OPTION_ALIASES.get(option, option)
+        if not option.startswith("--"):
             if trace is not None:
                 raise ConfigError(f"one trace only, got {trace!r} and {token!r}", field="TRACE")
             trace = token
             continue
-        option, _, text = token.partition("=")
         name, value = _field_name(option), text if "=" in token else None
         negated = name.startswith("no_") and name not in types and name[3:] in types
         name = name[3:] if negated else name

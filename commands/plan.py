@@ -20,7 +20,8 @@ PLAN_SEARCH = OptionGroup({
     "model": (str, typer.Option("llama-3.1-8b", "--model", help="Catalog name, HF id or "
                                 "config.json.")),
     "gpu": (str, typer.Option("a100-80gb", "--gpu", help="Candidate GPUs, comma-separated.")),
-    "tp": (str, typer.Option("1", "--tp", help="Candidate tensor-parallel sizes, e.g. 1,2,4.")),
+    "tp": (str, typer.Option("1", "--tp", "-tp", help="Candidate tensor-parallel sizes, e.g. "
+                             "1,2,4.")),
     "block_size": (str, typer.Option("16", "--block-size", help="Candidate block sizes.")),
     "max_num_seqs": (str, typer.Option("256", "--max-num-seqs", help="Candidate sequence "
                                        "caps.")),

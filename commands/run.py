@@ -25,7 +25,7 @@ RUN_SETTINGS = OptionGroup({
     "gpu": (Optional[str], setting("gpu", "GPU: a100-40gb, a100-80gb, h100-80gb, h200, l4, "
                                    "l40s.")),
     "tp": (Optional[int], setting("tp", "Tensor-parallel GPUs per replica.", "--tp",
-                                  "--tensor-parallel-size")),
+                                  "--tensor-parallel-size", "-tp")),
     "replicas": (Optional[int], setting("replicas", "Replicas behind the router.")),
     "router": (Optional[RouterName], setting("router", "How requests are spread over "
                                              "replicas.")),

@@ -121,6 +121,20 @@ def test_bad_settings_get_one_line_and_exit_2(tmp_path, args, message):
     assert not (tmp_path / "o").exists()
 
 
+def test_vllms_spellings_of_options_work_or_say_how_to_write_them(tmp_path):
+    """`-tp 2` is vLLM's; `--enable-prefix-caching false` is too, but kvsim's on/off flags
+    take no value: the `false` read as the trace (or an extra argument) says how to write it."""
+    done = kvsim("run", "--limit", "3", "-tp", "2", "--quiet", "--json", "--out", tmp_path / "o")
+    assert done.returncode == 0 and json.loads(done.stdout)["config"]["tp"] == 2
+    hint = ("(--enable-prefix-caching takes no value: write --enable-prefix-caching or "
+            "--no-enable-prefix-caching)\n")
+    done = kvsim("run", "--enable-prefix-caching", "false", "--out", tmp_path / "p")
+    assert (done.returncode, done.stderr) == (2, f"kvsim: error: false: no such file {hint}")
+    done = kvsim("run", "sample:azure-conv", "--enable-prefix-caching", "false")
+    assert (done.returncode, done.stderr) == (
+        2, f"kvsim: error: Got unexpected extra argument(s) (false) {hint}")
+
+
 @pytest.mark.parametrize("line, words", [
     ("tensor_parallel_size = 2", "field 'tensor_parallel_size': vLLM's name "
                                  "(--tensor-parallel-size); kvsim's setting is 'tp'"),

@@ -30,6 +30,12 @@ def test_bool_flags_and_the_trace_anywhere():
     assert dims == {"enable_prefix_caching": [False], "skip_ahead": [True], "seed": [1, 2]}
 
 
+def test_vllms_spellings_of_tp_vary_it_too():
+    for option in ("-tp", "--tensor-parallel-size"):
+        assert compare.parse_grid_args(["t.jsonl", option, "1,2"]) == ("t.jsonl", {"tp": [1, 2]})
+    assert compare.parse_grid_args(["-tp=4"]) == (None, {"tp": [4]})
+
+
 @pytest.mark.parametrize("args, message", [
     (["--layout-of-doom", "a,b"], "field '--layout-of-doom': not a run setting"),
     (["--trace", "a,b"], "field '--trace': the trace is the first argument"),
