@@ -23,8 +23,8 @@ from kvsim.reports.run_outputs import write_run_outputs
 from kvsim.reports.frames import run_files
 from kvsim.reports.outdir import OutputDir
 from kvsim.run_notes import (TraceScan, beyond_context_note, fell_behind, fell_behind_note,
-                             long_prompt_note, median_queue_s, profile_note, scan_trace,
-                             unnamed_content_note)
+                             long_prompt_note, median_queue_s, oversized_pool_note,
+                             profile_note, scan_trace, unnamed_content_note)
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig, located, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
@@ -267,21 +267,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
                    writes=run_files(job.output_format, job.html, job.bench)):
         deployment = resolve_deployment(job.config)
         scan = scan_trace(job, deployment.max_model_len) if (notes or not quiet) else None
-        if notes and deployment.max_model_len > (deployment.model_max_len or math.inf):
-            say(beyond_context_note(job.config, deployment))
-        if notes and job.config.profile:
-            # (loaded as the run will: a bad profile gives its error, and no note)
-            say(profile_note(job.config, default_executor(job.config).profile.raw))
-        if notes and (scan.num_long or job.config.long_prompt == "truncate"
-                      and scan.num_overflowing):
-            say(long_prompt_note(scan, job.config, deployment))
-        if notes and scan.left_out:
-            total = sum(scan.left_out.values())
-            say(f"{rows_text(total)} of the trace hold{'s' * (total == 1)} no "
-                f"request to run and {'are' if total != 1 else 'is'} left out: "
-                f"{left_out_text(scan.left_out)}")
-        if notes and unnamed_content_note(scan, job.config):
-            say(unnamed_content_note(scan, job.config))
+        for note in _notes_before(job.config, deployment, scan) if notes else ():
+            say(note)
         show = None if quiet else _progress(scan, bar, console)
         with show or nullcontext():
             left_out = Counter()
@@ -300,6 +287,26 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
                           output_format=job.output_format, bench=job.bench,
                           plotlyjs=job.plotlyjs)
     return summary, requests_df, timeline_df
+
+
+def _notes_before(config, deployment, scan: TraceScan) -> list[str]:
+    """What a run says before it starts: a pool larger than its GPUs, a max_model_len past
+    the model's context, where step times come from (a bad profile raises its error first),
+    prompts too long, trace rows left out, a trace that names no prompt's content."""
+    notes = [oversized_pool_note(config)]
+    if deployment.max_model_len > (deployment.model_max_len or math.inf):
+        notes.append(beyond_context_note(config, deployment))
+    if config.profile:
+        notes.append(profile_note(config, default_executor(config).profile.raw))
+    if scan.num_long or config.long_prompt == "truncate" and scan.num_overflowing:
+        notes.append(long_prompt_note(scan, config, deployment))
+    if scan.left_out:
+        total = sum(scan.left_out.values())
+        notes.append(f"{rows_text(total)} of the trace hold{'s' * (total == 1)} no request to "
+                     f"run and {'are' if total != 1 else 'is'} left out: "
+                     f"{left_out_text(scan.left_out)}")
+    notes.append(unnamed_content_note(scan, config))
+    return [note for note in notes if note]
 
 
 def say(message: str) -> None:

@@ -102,6 +102,25 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     return f"{share} {fit} and will be rejected; {advice}"
 
 
+def oversized_pool_note(config: RunConfig) -> str | None:
+    """One line when ``--num-gpu-blocks`` gives more blocks than the deployment's GPUs hold
+    (vLLM's --num-gpu-blocks-override is not checked either); else None."""
+    from kvsim.errors import ConfigError
+    from kvsim.sim.serving.runner import sized_pool
+    if config.num_gpu_blocks is None:
+        return None
+    try:
+        sized = sized_pool(config).num_gpu_blocks
+    except ConfigError:         # (the weights alone do not fit: the pool is all given)
+        return None
+    if config.num_gpu_blocks <= sized:
+        return None
+    return (f"--num-gpu-blocks {config.num_gpu_blocks:,} is more than {config.tp} x "
+            f"{config.gpu} hold{'s' * (config.tp == 1)} for the KV cache ({sized:,} blocks at "
+            f"--gpu-memory-utilization {config.gpu_memory_utilization:g}): the run is of a "
+            "pool no such deployment has")
+
+
 def beyond_context_note(config: RunConfig, deployment) -> str:
     """One line: ``--max-model-len`` is above the model's own context, as vLLM allows only on
     request."""

@@ -577,3 +577,16 @@ def test_a_deployment_that_falls_behind_its_arrivals_says_so_and_a_long_burst_do
     done = kvsim("run", trace("long.jsonl", 10, 0.1, 100, 2000), *args)
     assert (done.returncode, done.stderr) == (0, f"kvsim: {UNNAMED}\n")
     assert kvsim("run", tmp_path / "busy.jsonl", *args, "--quiet").stderr == ""
+
+
+def test_a_pool_larger_than_the_gpus_hold_gets_a_note(tmp_path):
+    """--num-gpu-blocks is taken as given (as vLLM's override), but 10 million blocks of
+    Llama-3.1-8B are some 1.2 TiB: the run says that no A100-80GB holds them."""
+    done = kvsim("run", "--limit", "3", "--num-gpu-blocks", "10000000", "--out", tmp_path / "o")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "kvsim: --num-gpu-blocks 10,000,000 is more than 1 x a100-80gb holds for the KV cache "
+        "(28,679 blocks at --gpu-memory-utilization 0.9): the run is of a pool no such "
+        "deployment has")
+    done = kvsim("run", "--limit", "3", "--num-gpu-blocks", "28679", "--out", tmp_path / "p")
+    assert "no such deployment" not in done.stderr

@@ -76,10 +76,7 @@ def resolve_deployment(config: RunConfig) -> Deployment:
     if config.num_gpu_blocks is not None:
         blocks, text = config.num_gpu_blocks, f"{config.num_gpu_blocks} blocks (given)"
     else:
-        pool = kv_pool(model, config.gpu, config.tp, config.block_size,
-                       config.gpu_memory_utilization, config.dtype,
-                       max_num_batched_tokens=config.max_num_batched_tokens,
-                       max_num_seqs=config.max_num_seqs, weight_dtype=config.weight_dtype)
+        pool = sized_pool(config, model)
         blocks, text = pool.num_gpu_blocks, pool.explanation
     layout = kv_layout(model, config.tp, config.block_size, config.dtype)
     slots = blocks * config.block_size
@@ -116,6 +113,15 @@ def resolve_deployment(config: RunConfig) -> Deployment:
                           f"{config.block_size} tokens: give between 1 and {MAX_POOL_BLOCKS:,}",
                           field="kv_offloading_size")
     return Deployment(blocks, max_len, text, host, layout, model.max_model_len, limit)
+
+
+def sized_pool(config: RunConfig, model=None):
+    """The KV pool (:class:`~kvsim.sim.perf.memory.KvPool`) vLLM sizes for ``config``'s
+    GPU, TP, memory share, dtypes and budgets, whatever ``num_gpu_blocks`` says."""
+    return kv_pool(model or resolve_model(config.model), config.gpu, config.tp,
+                   config.block_size, config.gpu_memory_utilization, config.dtype,
+                   max_num_batched_tokens=config.max_num_batched_tokens,
+                   max_num_seqs=config.max_num_seqs, weight_dtype=config.weight_dtype)
 
 
 def _check_multi_group(config: RunConfig, name: str) -> None:
