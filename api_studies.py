@@ -21,7 +21,7 @@ import pandas as pd
 from kvsim.api import (PYTHON_LABEL, TRACE_KEYWORDS, Result, Trace, checked_count,
                        checked_flag, checked_path, checked_rate, checked_slo, config_trace,
                        load_trace, plain, plain_keywords, run_config, run_frames,
-                       split_keywords, trace_options, trace_source)
+                       split_keywords, trace_options, trace_source, warn_rejected)
 from kvsim.cache.hitrate import DEFAULT_LOOKAHEAD_S
 from kvsim.cache.policies import POLICY_NAMES
 from kvsim.errors import ConfigError
@@ -149,6 +149,8 @@ def compare(trace: Any = None, *, config: Any = None, workers: int = 1,
     for point, (summary, requests, steps, timeline) in zip(points, frames):
         if slo:
             summary["slo"] = dict(slo)
+        if summary["num_rejected"]:
+            warn_rejected(summary, f"kvsim.compare ({point.label})")
         runs.append(Result(summary, requests, steps, timeline, point.job.config))
     return Comparison([p.label for p in points], runs, spec, points)
 

@@ -220,6 +220,16 @@ def test_rejected_requests_are_a_warning_in_python_names():
     assert caught[0].filename == __file__
 
 
+def test_a_comparison_warns_of_each_configuration_that_rejected_requests():
+    with pytest.warns(kvsim.KvsimWarning) as caught:
+        kvsim.compare("sample:mooncake", model="llama-2-7b", limit=20,
+                      eviction=["lru", "lfu"])
+    assert [str(w.message)[:52] for w in caught] == [
+        "kvsim.compare (eviction=lru): rejected 17 of 20 requ",
+        "kvsim.compare (eviction=lfu): rejected 17 of 20 requ"]
+    assert caught[0].filename == __file__
+
+
 def test_truncating_leaves_the_callers_requests_as_they_were(tmp_path):
     """long_prompt="truncate" cuts requests as they arrive: a list given in Python is copied
     first (it cut the caller's objects, so the next run of the same list saw them cut), and
