@@ -120,16 +120,24 @@ def recommendation_text(result: dict) -> str:
 
 
 def block_size_lines(result: dict) -> list[str]:
-    """Per GPU: the best block size of the sweep, then the L2 rule of thumb's bound (not a
-    suggestion: vLLM's blocks are 16 or 32 tokens, far below it)."""
-    return [f"block size on {b['gpu']}: best in sweep "
-            f"{b['best_block_size'] if b['best_block_size'] is not None else '—'} "
-            f"(swept {', '.join(map(str, b['swept_block_sizes']))}); a rule of thumb, not "
-            f"simulated, bounds it by the tokens whose K and V of one layer fill its L2 cache "
-            f"(tp {b['tp']}), {b['l2_cache_bytes']:,} B / "
-            f"{b['kv_bytes_per_token_per_layer']:,} B = {b['tokens']:,.0f} (power of two "
-            f"{b['power_of_two']:,})"
+    """Per GPU: the best block size of the sweep (or that only one was swept, and how to
+    sweep more), then the L2 rule of thumb's bound and whether it binds any size swept."""
+    return [f"block size on {b['gpu']}: {_best_block_size(b)}; the L2 rule of thumb (not "
+            f"simulated: the tokens whose K and V of one layer fill the L2 cache at tp "
+            f"{b['tp']}, {b['l2_cache_bytes']:,} B / {b['kv_bytes_per_token_per_layer']:,} B) "
+            f"allows up to {b['power_of_two']:,} tokens" + (
+                ", so it does not bind" if b['power_of_two'] >= max(b['swept_block_sizes'])
+                else f", below the largest size swept ({max(b['swept_block_sizes']):,})")
             for b in result["block_size"]]
+
+
+def _best_block_size(advice: dict) -> str:
+    swept, best = advice["swept_block_sizes"], advice["best_block_size"]
+    if len(swept) == 1:
+        return (f"{swept[0]} tokens, the only size tried (--block-size 16,32 compares "
+                "sizes)")
+    chosen = f"best {best} tokens" if best is not None else "none meets the SLOs"
+    return f"{chosen} (swept {', '.join(map(str, swept))})"
 
 
 def load_text(result: dict) -> str:

@@ -244,3 +244,21 @@ def test_a_target_rate_sets_the_rate_scale(tmp_path):
     assert spec.native_rate_per_s == pytest.approx(11 / 10)
     assert spec.trace_options.rate_scale == pytest.approx(5.0)
     assert spec.request_rate_per_s == pytest.approx(5.5)
+
+
+def test_the_block_size_lines_say_what_was_swept_and_whether_the_l2_rule_binds():
+    """One size swept is said as such, with how to sweep more (it read 'best in sweep 16
+    (swept 16)'); the L2 rule's bound is said to bind only below a size swept."""
+    from kvsim.reports.plan import block_size_lines
+    advice = {"gpu": "a100-40gb", "tp": 4, "l2_cache_bytes": 41_943_040,
+              "kv_bytes_per_token_per_layer": 1_024, "tokens": 40_960.0,
+              "power_of_two": 32_768, "best_block_size": 16, "swept_block_sizes": [16]}
+    rule = ("the L2 rule of thumb (not simulated: the tokens whose K and V of one layer fill "
+            "the L2 cache at tp 4, 41,943,040 B / 1,024 B) allows up to 32,768 tokens")
+    assert block_size_lines({"block_size": [advice]}) == [
+        "block size on a100-40gb: 16 tokens, the only size tried (--block-size 16,32 compares "
+        f"sizes); {rule}, so it does not bind"]
+    advice.update(best_block_size=None, swept_block_sizes=[16, 65_536])
+    assert block_size_lines({"block_size": [advice]}) == [
+        f"block size on a100-40gb: none meets the SLOs (swept 16, 65536); {rule}, below the "
+        "largest size swept (65,536)"]
