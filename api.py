@@ -53,9 +53,11 @@ class Trace(list):
                 and _fingerprint(self) == self._read_print)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per request: id, arrival (s), prompt and output tokens, priority."""
+        """One row per request: id, trace line, arrival (s), prompt and output tokens,
+        priority (the columns requests.csv starts with)."""
         return pd.DataFrame({
-            "request_id": [r.request_id for r in self], "arrival_s": [r.arrival_s for r in self],
+            "request_id": [r.request_id for r in self],
+            "trace_line": [r.trace_line for r in self], "arrival_s": [r.arrival_s for r in self],
             "prompt_tokens": [r.prompt_tokens for r in self],
             "output_tokens": [r.output_tokens for r in self],
             "priority": [r.priority for r in self]})

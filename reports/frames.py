@@ -58,7 +58,7 @@ RESULT_GROUPS = ((SUMMARY_FILE, RUN_FILES), (COMPARE_FILE, COMPARE_FILES),
 
 #: Columns of requests.csv, in order (docs/frames.md; the simulator writes exactly these).
 REQUEST_COLUMNS = (
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
+    "request_id", "trace_line", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
     "finish_reason", "priority", "replica", "first_scheduled_s", "first_token_s", "finish_s",
     "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "cached_tokens",
     "num_preemptions", "completed", "rejected", "truncated",

@@ -321,8 +321,11 @@ def read_run_outputs(out_dir: str | os.PathLike) -> tuple[dict, pd.DataFrame, pd
                                              "directories" if found == COMPARE_FILE else ""),
                              location=str(out))
     summary = check_summary(read_summary(out / SUMMARY_FILE), out / SUMMARY_FILE)
-    older = tuple(c for c in REQUEST_COLUMNS if c not in PHASE_COLUMNS)  # before the phases
+    older = tuple(c for c in REQUEST_COLUMNS     # (before the phases and trace lines)
+                  if c not in PHASE_COLUMNS and c != "trace_line")
     requests = _read_frame(out / REQUESTS_FILE, older)
+    if "trace_line" not in requests.columns:
+        requests.insert(1, "trace_line", 0)
     if not set(PHASE_COLUMNS) <= set(requests.columns):
         requests = add_phase_columns(requests)[list(REQUEST_COLUMNS)]
     if isinstance(summary.get("num_requests"), int) and len(requests) != summary["num_requests"]:

@@ -41,8 +41,8 @@ def _requests(rng: np.random.Generator, n: int, unfinished: int) -> pd.DataFrame
     done = completed.astype(bool)
     nan = np.full(n, np.nan)
     df = pd.DataFrame({
-        "request_id": np.arange(n), "arrival_s": arrival, "prompt_tokens": prompt,
-        "output_tokens": output, "priority": rng.integers(0, 2, n),
+        "request_id": np.arange(n), "trace_line": np.arange(n) + 1, "arrival_s": arrival,
+        "prompt_tokens": prompt, "output_tokens": output, "priority": rng.integers(0, 2, n),
         "replica": rng.integers(0, 2, n), "first_scheduled_s": first_sched,
         "first_token_s": np.where(done, first_token, nan),
         "finish_s": np.where(done, finish, nan), "ttft_s": np.where(done, ttft, nan),

@@ -159,10 +159,12 @@ def test_load_trace_and_run_a_filtered_list(tmp_path):
     trace = kvsim.load_trace("sample:azure-conv", limit=30)
     assert repr(trace) == "<kvsim.Trace sample:azure-conv: 30 requests>"
     frame = trace.to_frame()
-    assert list(frame.columns) == ["request_id", "arrival_s", "prompt_tokens",
+    assert list(frame.columns) == ["request_id", "trace_line", "arrival_s", "prompt_tokens",
                                    "output_tokens", "priority"]
+    assert frame["trace_line"].tolist()[:3] == [2, 3, 4]       # (line 1: the CSV's header)
     short = [r for r in trace if r.prompt_tokens < 1000]
     r = kvsim.run(short, model="llama-2-7b")
+    assert r.requests["trace_line"].tolist() == [x.trace_line for x in short]
     assert r.summary["num_requests"] == len(short) == (frame["prompt_tokens"] < 1000).sum()
     assert r.summary["config"]["trace"] == "python"
     with pytest.raises(kvsim.ConfigError, match="field 'limit': trace options apply to a trace"):

@@ -20,7 +20,7 @@ NAN = float("nan")
 def three_requests() -> pd.DataFrame:
     """A: 5 tokens generated; B: one token (no TPOT); C: rejected."""
     df = pd.DataFrame({
-        "request_id": [0, 1, 2], "arrival_s": [0.0, 0.5, 1.0],
+        "request_id": [0, 1, 2], "trace_line": [2, 3, 4], "arrival_s": [0.0, 0.5, 1.0],
         "prompt_tokens": [10, 20, 9000], "output_tokens": [5, 1, 7],
         "generated_tokens": [5, 1, 0], "finish_reason": ["stop", "stop", "rejected"],
         "priority": 0, "replica": 0, "first_scheduled_s": [0.05, 0.6, NAN],

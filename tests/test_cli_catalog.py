@@ -23,7 +23,7 @@ def test_models_lists_every_catalog_model_with_its_shape():
 def test_gpus_lists_memory_bandwidth_and_price():
     done = kvsim("gpus")
     row = next(line for line in done.stdout.splitlines() if line.startswith("h100-80gb "))
-    assert row.split() == ["h100-80gb", "80", "GiB", "3.35", "TB/s", "989", "TFLOP/s",
+    assert row.split() == ["h100-80gb", "79.65", "GiB", "3.35", "TB/s", "989", "TFLOP/s",
                            "nvlink4", "2.99"]
     assert "h100" in {g["name"]: g["aliases"] for g in
                       json.loads(kvsim("gpus", "--json").stdout)}["h100-80gb"]

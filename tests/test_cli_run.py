@@ -447,7 +447,7 @@ def test_a_truncated_request_runs_and_counts_as_the_shorter_request(tmp_path):
     assert summary["num_truncated"] == 1 and summary["kv"]["max_model_len"] == 8192
     # Vidur's cut: 20,100 - 8,192 = 11,908 over, taken in proportion: 8,151 + 40 tokens
     row = (tmp_path / "t" / "requests.csv").read_text().splitlines()[1].split(",")
-    assert row[2:6] == ["8151", "40", "40", "stop"]
+    assert row[3:7] == ["8151", "40", "40", "stop"] and row[1] == "1"    # (its trace line)
     assert summary["throughput_input_tokens_per_s"] * summary["duration_s"] == \
         pytest.approx(8151)       # the prompt that ran (it counted 20,000)
 

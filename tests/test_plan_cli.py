@@ -66,9 +66,10 @@ def test_people_get_a_table_progress_and_the_recommendation(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Recommended: h100-80gb TP1" in done.stdout and "$10.00" in done.stdout
     assert "[2] l4 TP1: TTFT p99 can never meet" in done.stdout
-    assert "the tokens whose K and V of one layer fill its L2 cache (tp 1), 52,428,800 B / " \
-        "4,096 B = 12,800" in done.stdout
-    assert "best in sweep 16" in done.stdout
+    assert "block size on h100-80gb: 16 tokens, the only size tried (--block-size 16,32 " \
+        "compares sizes); the L2 rule of thumb (not simulated: the tokens whose K and V of one " \
+        "layer fill the L2 cache at tp 1, 52,428,800 B / 4,096 B) allows up to 8,192 tokens, " \
+        "so it does not bind" in done.stdout
     command = json.loads((tmp_path / "o" / "plan.json").read_text())["recommended"]["kvsim_run"]
     assert len(command) > 80 and f"  reproduce: {command}\n" in done.stdout   # one line: pastes
     assert done.stderr.startswith("kvsim: plan: [1/2] ")     # each candidate as it finishes

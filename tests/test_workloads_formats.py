@@ -251,3 +251,20 @@ def test_full_mooncake_trace_loads_in_well_under_a_few_seconds():
     assert time.perf_counter() - start < 2.0
     assert count == 12031 and prompt / count == pytest.approx(12035.1, abs=0.05)
 
+
+
+def test_each_request_knows_the_trace_line_it_came_from(tmp_path):
+    """Kept, re-numbered and sorted requests keep their file's line (a CSV's header is line
+    1; a blank line and a row left out count as lines): results join back to the trace."""
+    path = write(tmp_path, "n.jsonl", jsonl(
+        {"arrival_s": 5, "prompt_tokens": 3, "output_tokens": 1},
+        {"arrival_s": 1, "prompt_tokens": 4, "output_tokens": 1})
+        + "\n" + jsonl({"arrival_s": 9, "prompt_tokens": 5, "output_tokens": 1}))
+    sorted_ = read_trace(path, TraceOptions(sort=True))
+    assert [(r.request_id, r.trace_line, r.prompt_tokens) for r in sorted_] == [
+        (0, 2, 4), (1, 1, 3), (2, 4, 5)]
+    azure = write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                  "2023-11-16 18:15:46.6805900,100,0\n2023-11-16 18:15:47.6805900,200,5\n"
+                  "2023-11-16 18:15:48.6805900,300,5\n")
+    assert [r.trace_line for r in read_trace(azure, TraceOptions(start_s=0.5))] == [4]
+    assert [r.trace_line for r in read_trace(azure)] == [3, 4]

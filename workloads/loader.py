@@ -135,6 +135,7 @@ def _check_order(records, path, time_field: str) -> Iterator[Request]:
         if request.__class__ is LeftOutRow:
             yield request
             continue
+        request.trace_line = line_no
         if request.arrival_s < last:    # (in seconds apart: the field may be ms, or a date)
             raise TraceError(f"time goes backwards: it arrives "
                              f"{last - request.arrival_s:.6g} s before line {last_line}; use "
@@ -145,7 +146,13 @@ def _check_order(records, path, time_field: str) -> Iterator[Request]:
 
 
 def _sorted(records) -> list[Request]:
-    return sorted((request for _, request in records), key=lambda r: r.arrival_s)
+    """The records' requests (and rows left out) by arrival, each request knowing its line."""
+    rows = []
+    for line_no, request in records:
+        if request.__class__ is not LeftOutRow:
+            request.trace_line = line_no
+        rows.append(request)
+    return sorted(rows, key=lambda r: r.arrival_s)
 
 
 def _transform(requests: Iterable[Request | LeftOutRow], opts: TraceOptions,

@@ -22,6 +22,8 @@ class Request:
     lists are never built for traces that do not carry them. Block ids: :mod:`kvsim.workloads.identity`.
     ``may_be_continued``: False when no later request can continue this one (a CSV row; a JSONL
     line without a ``request_id``), so nothing can reach its private blocks once it finished.
+    ``trace_line``: the line of the trace file it was read from (1 = the first; 0: not read
+    from a file), so that results join back to the trace whatever was kept or sorted.
     """
 
     request_id: int
@@ -37,6 +39,7 @@ class Request:
     output_token_ids: np.ndarray | None = None
     continues: "Request | None" = None
     may_be_continued: bool = field(default=True, compare=False, repr=False)
+    trace_line: int = field(default=0, compare=False, repr=False)
 
     def __repr__(self) -> str:
         """The numbers, the optional fields that are set, arrays by their size and the

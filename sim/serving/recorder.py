@@ -154,7 +154,8 @@ class StepLog:
 
 #: The request log's columns an arrival fills from the request's attributes of the same name,
 #: then the replica's (:meth:`RequestLog.on_arrival`).
-_REQUEST_FIELDS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "priority")
+_REQUEST_FIELDS = ("request_id", "trace_line", "arrival_s", "prompt_tokens", "output_tokens",
+                   "priority")
 _ARRIVAL_FIELDS = (*_REQUEST_FIELDS, "replica")
 _arrival_values = attrgetter(*_REQUEST_FIELDS)
 
