@@ -37,7 +37,7 @@ class DecodeRunPlanning:
         instead prefill chunks that use up the token budget (:meth:`_prefill_of_run`). Paged
         layout only; the cache is left as it is."""
         running = self.running
-        if self._external or not running or not self.kv.supports_decode_runs:
+        if self._external or not running or self.holding or not self.kv.supports_decode_runs:
             return None
         decoding, prefill = running, None
         if not decode_run.decodes(running[-1]):
@@ -123,7 +123,8 @@ class DecodeRunPlanning:
         come in step order). If so the run takes it (:meth:`DecodeRun.admit`), and committing
         the run admits it there."""
         if (run is not self._run or run.num_committed or run.prefill is not None
-                or self._host is not None or self.waiting or self._queue_reader is not None
+                or self._host is not None or self.waiting or self.holding
+                or self._queue_reader is not None
                 or not self.kv.always_opens_blocks_in_bulk
                 or not seq.has_private_blocks or seq.num_preemptions
                 or not 0 < step < run.max_steps or step < run.last_admission_step

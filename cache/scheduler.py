@@ -71,6 +71,9 @@ class Scheduler(DecodeRunPlanning):
         self.kv = kv
         self.config = config or SchedulerConfig()
         self.waiting = make_queue(self.config.policy)
+        # vLLM's kv_holding_waiting: admitted requests holding their blocks while a CPU hit
+        # loads; drained before the waiting queue once loaded (the next step), as new ones
+        self.holding = make_queue(self.config.policy)
         self.running: list[RequestState] = []
         self.num_preemptions = 0
         self._last: dict[RequestState, int] = {}
@@ -92,14 +95,14 @@ class Scheduler(DecodeRunPlanning):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.holding)
 
     @property
     def num_running(self) -> int:
         return len(self.running)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
+        return bool(self.running) or bool(self.waiting) or bool(self.holding)
 
     # --- actions -------------------------------------------------------------------------
 
@@ -163,7 +166,8 @@ class Scheduler(DecodeRunPlanning):
     def _usage(self) -> KvUsage:
         kv, pool = self.kv, self.kv.pool
         nxt = self.waiting.peek() if self._external and self.waiting else None
-        tokens, reserved, internal, external = kv.fragmentation(self.running, nxt)
+        seqs = self.running if not self.holding else [*self.running, *self.holding]
+        tokens, reserved, internal, external = kv.fragmentation(seqs, nxt)
         host = self._host
         return KvUsage(pool.num_used_blocks, pool.num_cached_free_blocks, tokens, reserved,
                        internal, external,
@@ -174,6 +178,8 @@ class Scheduler(DecodeRunPlanning):
         the running requests only decode (free blocks only shrink then, and hits only
         shrink), given the token budget the decodes leave. Not so for a request continuing
         one still running: its hit grows with each block of the reply that one generates."""
+        if self.holding:
+            return False        # (admitted at the next step, once loaded)
         if not self.waiting:
             return True
         if len(self.running) >= self.config.max_num_seqs or decode_budget_left <= 0:
@@ -270,8 +276,21 @@ class Scheduler(DecodeRunPlanning):
     # --- waiting requests ----------------------------------------------------------------
 
     def _schedule_waiting(self, scheduled, admitted, budget, threshold) -> None:
-        skipped = []
-        while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
+        """Admit waiting requests in order while seats and budget last: first those holding
+        blocks whose CPU hit has loaded (loads finish by the next step), then new ones; a
+        request whose hit must load takes its blocks now and waits in :attr:`holding`
+        (vLLM's WAITING_FOR_REMOTE_KVS), taking no seat meanwhile."""
+        skipped, loading = [], []
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if self.holding:
+                n = self._resume_loaded(self.holding.peek(), threshold, budget)
+                if n is None:
+                    break
+                scheduled[self.holding.pop()] = n
+                budget -= n
+                continue
+            if not self.waiting:
+                break
             seq = self.waiting.peek()
             hit = self._lookup(seq)
             if hit.deferred:        # the connector cannot tell yet: the next one may go
@@ -283,12 +302,30 @@ class Scheduler(DecodeRunPlanning):
                 break
             self._admit(seq, hit)
             admitted.append(seq)
-            if hit.load_async:    # vLLM's WAITING_FOR_REMOTE_KVS: runs once loaded
+            if hit.load_async:
+                loading.append(seq)
                 continue
             scheduled[seq] = n
             budget -= n
         for seq in reversed(skipped):
             self.waiting.prepend(seq)
+        for seq in loading:
+            self.holding.add(seq)
+
+    def _resume_loaded(self, seq: RequestState, threshold: int, budget: int) -> int | None:
+        """Tokens to schedule for ``seq``, a request of :attr:`holding` whose load is done,
+        joining the running ones as a waiting request would (its blocks so far held; with
+        a full-sequence reserve, the rest must fit); None when it cannot be."""
+        n = self._num_new_tokens(seq, seq.num_computed_tokens, threshold, budget)
+        rid = seq.request_id
+        if n is None or (self.config.reserve_full_sequence and not self.kv.can_allocate(
+                rid, min(len(seq), self.config.max_model_len) - self.kv.num_slots(rid))):
+            return None
+        if self.kv.allocate(rid, seq, n, num_computed_tokens=seq.num_computed_tokens) is None:
+            return None
+        seq.status = RequestStatus.RUNNING
+        self.running.append(seq)
+        return n
 
     def _lookup(self, seq: RequestState) -> CacheHit:
         """Where admitting ``seq`` starts: its swapped-out blocks, or a prefix hit."""
@@ -309,15 +346,18 @@ class Scheduler(DecodeRunPlanning):
         self._start_running(seq, hit)
 
     def _start_running(self, seq: RequestState, hit: CacheHit) -> None:
-        """``seq``, its blocks allocated, joins the running requests."""
+        """``seq``, its blocks allocated, joins the running requests (one whose CPU hit
+        loads first waits in :attr:`holding`)."""
         if self.kv.enable_prefix_caching:   # with caching off vLLM records no prefix stats
             self._record_lookup(seq, hit)
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit.num_tokens
         seq.num_computed_tokens = hit.num_tokens
-        if hit.load_async and hit.num_tokens >= len(seq):
-            # a whole prompt loaded: its last token is computed again, to sample the next one
-            seq.num_computed_tokens = len(seq) - 1
+        if hit.load_async:
+            if hit.num_tokens >= len(seq):
+                # a whole prompt loaded: its last token is computed again, to sample the next
+                seq.num_computed_tokens = len(seq) - 1
+            return          # (it waits in ``holding`` until loaded)
         seq.status = RequestStatus.RUNNING
         self.running.append(seq)
 

@@ -83,6 +83,8 @@ def _observed(make_scheduler, lookups, stores):
     "w6",   # three preemptions while stores are in flight, then the prompts resent
     "w7",   # CPU hits loaded with two seats and a full GPU
     "w8",   # shared prefixes among long prompts, four seats: 81 CPU-hit lookups, 2 preemptions
+    "w9",   # a loading request takes no seat: the one after it runs first, it waits for one
+    "w10",  # a CPU hit refused while a long prompt is prefilled in chunks, admitted after
 ])
 def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
     expected, steps, cached, got = replay(name, monkeypatch)
@@ -94,7 +96,7 @@ def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
 
 def test_the_recordings_have_waits_loads_evictions_and_refusals(monkeypatch):
     """(So that the comparison above can fail.)"""
-    steps = [s for name in ("w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8")
+    steps = [s for name in ("w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10")
              for s in replay(name, monkeypatch)[0]]
     lookups = [x for s in steps for x in s[2]]
     stores = [x for s in steps for x in s[3]]
