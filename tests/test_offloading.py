@@ -303,3 +303,31 @@ def test_a_request_waits_while_its_hit_is_stored_or_loaded_and_the_next_one_goes
         ([(4, 1, 7)], [5]),
         ([(5, 1, 7)], []),
     ]
+
+
+def test_a_request_loading_its_hit_takes_no_seat_and_waits_for_one_once_loaded():
+    """Two seats, 7 running: 3 is admitted to load A from the CPU and takes no seat (vLLM's
+    kv_holding_waiting queue), so 8, behind it, is admitted in the same step; once loaded, 3
+    waits for a seat (both are taken) and takes 7's when 7 finishes, after the running 8."""
+    sched, step, steps = stepper(offloading(gpu=5, cpu=8), max_num_seqs=2)
+    sched.add(sequence(1, A + [1]))
+    step()
+    sched.add(sequence(2, B + [2]))               # evicts 1's blocks from the GPU
+    step()
+    step()
+    sched.add(sequence(7, [9], output=3))
+    step()
+    sched.add(sequence(3, A + [3]))               # A only on the CPU now
+    sched.add(sequence(8, [5], output=4))
+    step()
+    assert [r.request_id for r in sched.running] == [7, 8]
+    assert [r.request_id for r in sched.holding] == [3]
+    step()
+    step()
+    assert [s[:2] for s in steps[3:]] == [
+        ([(7, 1, 0)], [7]),
+        ([(7, 1, 1), (8, 1, 0)], [3, 8]),            # 3 loads, 8 runs
+        ([(7, 1, 2), (8, 1, 1)], []),                # 3 loaded, no seat; 7 finishes
+        ([(8, 1, 2), (3, 1, 8)], []),                # 3 in 7's seat, after 8
+    ]
+    assert steps[4][2] == [(PROMOTE, [(0, 1), (1, 4)])]
