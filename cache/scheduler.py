@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 
 from kvsim.cache.kv_cache_manager import KVCacheManager
 from kvsim.cache.prefix_hit import CacheHit
@@ -200,7 +201,7 @@ class Scheduler(DecodeRunPlanning):
     # --- running requests ----------------------------------------------------------------
 
     def _prefill_threshold(self) -> int:
-        eligible = len(self.running) + len(self.waiting)
+        eligible = len(self.running) + len(self.waiting) + len(self.holding)
         return self.config.long_prefill_token_threshold if eligible > 1 else 0
 
     def _schedule_running(self, scheduled, preempted, threshold) -> int:
@@ -297,8 +298,8 @@ class Scheduler(DecodeRunPlanning):
                 skipped.append(self.waiting.pop())
                 continue
             n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
-            if n is None or not self._can_admit(seq, hit) or self.kv.allocate(
-                    seq.request_id, seq, 0 if hit.load_async else n, hit) is None:
+            if n is None or not self._can_admit(seq, hit) or not self._allocate_admitted(
+                    seq, hit, n, loading):
                 break
             self._admit(seq, hit)
             admitted.append(seq)
@@ -311,6 +312,27 @@ class Scheduler(DecodeRunPlanning):
             self.waiting.prepend(seq)
         for seq in loading:
             self.holding.add(seq)
+
+    def _allocate_admitted(self, seq: RequestState, hit: CacheHit, n: int,
+                           loading: list) -> bool:
+        """Allocate ``seq``'s hit and ``n`` new tokens (none while a CPU hit loads, which
+        must leave the blocks in-flight prefills need: :meth:`_can_load`); False if not."""
+        if hit.load_async:
+            return self._can_load(seq, hit, loading) and self.kv.allocate(
+                seq.request_id, seq, 0, hit) is not None
+        return self.kv.allocate(seq.request_id, seq, n, hit) is not None
+
+    def _can_load(self, seq: RequestState, hit: CacheHit, loading: list) -> bool:
+        """Whether ``seq``'s blocks for a CPU hit to load fit beside what the requests being
+        prefilled or loaded (``loading``: those admitted to load in this step) still need for
+        their whole sequence (vLLM's ``_inflight_prefill_reserved_blocks``: a load holds its
+        blocks without progress and cannot be preempted, so it must not take blocks a
+        prefill counts on). A decoding request needs none: its blocks hold its tokens."""
+        kv, cap = self.kv, self.config.max_model_len
+        reserved = sum(kv.num_blocks_needed(s.request_id, max(
+            0, min(len(s), cap) - kv.num_slots(s.request_id))) for s in chain(
+                self.running, self.holding, loading))
+        return kv.can_allocate(seq.request_id, 0, hit, reserve=reserved)
 
     def _resume_loaded(self, seq: RequestState, threshold: int, budget: int) -> int | None:
         """Tokens to schedule for ``seq``, a request of :attr:`holding` whose load is done,
