@@ -170,12 +170,13 @@ _BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"}
 
 
 def _flag_value_hint(text: str) -> str:
-    """`` (--enable-prefix-caching takes no value: ...)`` when ``text`` (an error) names a
-    word such as ``false`` typed after an on/off flag of the command, as vLLM's command line
-    allows: kvsim read it as an argument (a trace); else ``""``."""
+    """`` (--enable-prefix-caching takes no value: ...)`` after an error (``text``) when a
+    word such as ``false`` was typed after an on/off flag of the command, as vLLM's command
+    line allows: kvsim read it as an argument (the trace, pushing the trace given after it
+    out as an extra argument); else ``""``."""
     argv = sys.argv[1:]
     for before, word in zip(argv, argv[1:]):
-        if word.lower() not in _BOOLEAN_WORDS or word not in text:
+        if word.lower() not in _BOOLEAN_WORDS:
             continue
         flag = next((p for p in _command_params() or () if getattr(p, "is_flag", False)
                      and p.secondary_opts and before in (*p.opts, *p.secondary_opts)), None)

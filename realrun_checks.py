@@ -98,17 +98,19 @@ def bench_completed(location: str, data: dict, n: int) -> np.ndarray:
 def bench_starts(location: str, data: dict, n: int) -> np.ndarray:
     """The requests' start times in seconds: ``start_times``, or all 0 for a result without
     them (an older vLLM) whose requests were all sent at once (``request_rate`` inf, no
-    ``max_concurrency``); otherwise vLLM's client paced them (random gaps, a concurrency
-    limit) and their times are unknown."""
+    ``max_concurrency``, no ramp-up); otherwise vLLM's client paced them (random gaps, a
+    concurrency limit, a ramp-up) and their times are unknown."""
     if data.get("start_times") is not None:
         return np.asarray(bench_list(location, data, "start_times", n), dtype=float)
     rate, limit = data.get("request_rate", "inf"), data.get("max_concurrency")
-    if (rate in ("inf", None) or rate == math.inf) and limit is None:
+    ramp = data.get("ramp_up_strategy")
+    if (rate in ("inf", None) or rate == math.inf) and limit is None and ramp is None:
         return np.zeros(n)
+    paced = f", ramp_up_strategy {_show(ramp)}" if ramp is not None else ""
     raise KvsimError(
         f"missing, and the requests were not all sent at once (request_rate {_show(rate)}, "
-        f"max_concurrency {_show(limit)}): their arrival times are unknown, so they cannot "
-        "be replayed; pass --trace with the requests and their arrival times",
+        f"max_concurrency {_show(limit)}{paced}): their arrival times are unknown, so they "
+        "cannot be replayed; pass --trace with the requests and their arrival times",
         location=location, field="start_times")
 
 

@@ -192,6 +192,8 @@ class Scheduler(DecodeRunPlanning):
         hit = self._lookup(seq)
         if hit.deferred:
             return False        # (it may be admitted once the connector can tell)
+        if hit.load_async:      # (its load takes the hit's blocks only, and no budget)
+            return not (self._can_admit(seq, hit) and self._can_load(seq, hit, ()))
         n = self._num_new_tokens(seq, hit.num_tokens, self._prefill_threshold(),
                                  decode_budget_left)
         if n is None or not self._can_admit(seq, hit):
@@ -287,7 +289,9 @@ class Scheduler(DecodeRunPlanning):
                 n = self._resume_loaded(self.holding.peek(), threshold, budget)
                 if n is None:
                     break
-                scheduled[self.holding.pop()] = n
+                seq = self.holding.pop()
+                admitted.append(seq)        # (vLLM's SCHEDULED: it leaves the queue now)
+                scheduled[seq] = n
                 budget -= n
                 continue
             if not self.waiting:
@@ -297,15 +301,17 @@ class Scheduler(DecodeRunPlanning):
             if hit.deferred:        # the connector cannot tell yet: the next one may go
                 skipped.append(self.waiting.pop())
                 continue
-            n = self._num_new_tokens(seq, hit.num_tokens, threshold, budget)
+            # (a load is scheduled no tokens: no chunking rule can refuse it)
+            n = 0 if hit.load_async else self._num_new_tokens(seq, hit.num_tokens, threshold,
+                                                              budget)
             if n is None or not self._can_admit(seq, hit) or not self._allocate_admitted(
                     seq, hit, n, loading):
                 break
             self._admit(seq, hit)
-            admitted.append(seq)
             if hit.load_async:
                 loading.append(seq)
                 continue
+            admitted.append(seq)
             scheduled[seq] = n
             budget -= n
         for seq in reversed(skipped):

@@ -60,8 +60,9 @@ class BlockTransfer:
 class StepPlan:
     """Everything one engine step computes and copies, in scheduling order.
 
-    ``admitted`` names the requests that joined the running batch this step (new or resumed),
-    ``preempted`` those sent back to waiting.
+    ``admitted`` names the requests that joined the running batch this step (new or resumed;
+    one that loaded a CPU hit first joins when it leaves the holding queue, as vLLM records it
+    SCHEDULED), ``preempted`` those sent back to waiting.
 
     ``block_table(request_id)`` gives a scheduled request's block ids for this step (an
     executor that touches real memory needs them; read them during the step, never change

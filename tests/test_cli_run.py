@@ -133,6 +133,9 @@ def test_vllms_spellings_of_options_work_or_say_how_to_write_them(tmp_path):
     done = kvsim("run", "sample:azure-conv", "--enable-prefix-caching", "false")
     assert (done.returncode, done.stderr) == (
         2, f"kvsim: error: Got unexpected extra argument(s) (false) {hint}")
+    done = kvsim("run", "--enable-prefix-caching", "false", "sample:azure-conv")
+    assert (done.returncode, done.stderr) == (
+        2, f"kvsim: error: Got unexpected extra argument(s) (sample:azure-conv) {hint}")
 
 
 @pytest.mark.parametrize("line, words", [

@@ -276,8 +276,8 @@ def test_the_scheduler_runs_a_cpu_hit_only_after_its_load():
         ([(2, 17, 0)], [2], [(OFFLOAD, [(0, 0), (1, 1)])]),
         # 2's blocks [2, 3, 4, 1, 0] (1's uncached tail went first); its full ones, copied
         ([], [], [(OFFLOAD, [(2, 2), (3, 3), (4, 4), (1, 5)])]),
-        ([], [3], [(PROMOTE, [(0, 0), (1, 1)])]),      # 3 waits while A loads
-        ([(3, 1, 8)], [], []),                         # then computes its last token
+        ([], [], [(PROMOTE, [(0, 0), (1, 1)])]),       # 3 waits while A loads
+        ([(3, 1, 8)], [3], []),                        # then computes its last token
     ]
 
 
@@ -299,9 +299,9 @@ def test_a_request_waits_while_its_hit_is_stored_or_loaded_and_the_next_one_goes
     assert [s[:2] for s in steps] == [
         ([(1, 9, 0)], [1]),
         ([(6, 1, 0)], [6]),
-        ([], [4]),
-        ([(4, 1, 7)], [5]),
-        ([(5, 1, 7)], []),
+        ([], []),                                 # 4 loads A
+        ([(4, 1, 7)], [4]),                       # 4 scheduled; 5 loads A's last block
+        ([(5, 1, 7)], [5]),
     ]
 
 
@@ -326,8 +326,8 @@ def test_a_request_loading_its_hit_takes_no_seat_and_waits_for_one_once_loaded()
     step()
     assert [s[:2] for s in steps[3:]] == [
         ([(7, 1, 0)], [7]),
-        ([(7, 1, 1), (8, 1, 0)], [3, 8]),            # 3 loads, 8 runs
+        ([(7, 1, 1), (8, 1, 0)], [8]),               # 3 loads, 8 runs
         ([(7, 1, 2), (8, 1, 1)], []),                # 3 loaded, no seat; 7 finishes
-        ([(8, 1, 2), (3, 1, 8)], []),                # 3 in 7's seat, after 8
+        ([(8, 1, 2), (3, 1, 8)], [3]),               # 3 in 7's seat, after 8: scheduled
     ]
     assert steps[4][2] == [(PROMOTE, [(0, 1), (1, 4)])]

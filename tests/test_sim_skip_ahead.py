@@ -64,6 +64,12 @@ CASES = {
                           eviction="lfu", offload_write="back"),
     # vLLM's native offloading: runs only while no block waits to be offered again
     "host-tier-native": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200),
+    # (without the full-sequence reserve a load needs only its hit's blocks; four seats: loads
+    # wait for one in the holding queue)
+    "host-tier-native-no-reserve": dict(num_gpu_blocks=300, max_num_seqs=64, num_cpu_blocks=200,
+                                        scheduler_reserve_full_isl=False),
+    "host-tier-native-four-seats": dict(num_gpu_blocks=300, max_num_seqs=4, num_cpu_blocks=200,
+                                        max_num_batched_tokens=256),
     "host-tier-write-through": dict(num_gpu_blocks=400, max_num_seqs=48, num_cpu_blocks=300,
                                     offload_write="through"),
     # (a host pool keyed by priority: each block written through for the request that filled it)

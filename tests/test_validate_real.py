@@ -300,6 +300,7 @@ def test_a_result_without_model_id_needs_model(tmp_path):
     ({}, [0.0] * 4),             # (a result of a vLLM too old to write either)
     ({"request_rate": 3.5, "max_concurrency": None}, None),
     ({"request_rate": "inf", "max_concurrency": 2}, None),
+    ({"request_rate": "inf", "max_concurrency": None, "ramp_up_strategy": "linear"}, None),
 ])
 def test_a_result_without_start_times_replays_only_requests_sent_at_once(
         tmp_path, traffic, starts):
@@ -313,8 +314,10 @@ def test_a_result_without_start_times_replays_only_requests_sent_at_once(
     with pytest.raises(KvsimError) as e:
         read_real_run(path)
     rate = json.dumps(traffic["request_rate"])
+    ramp = (f", ramp_up_strategy {json.dumps(traffic['ramp_up_strategy'])}"
+            if "ramp_up_strategy" in traffic else "")
     assert str(e.value) == (
         f"{path}: field 'start_times': missing, and the requests were not all sent at once "
-        f"(request_rate {rate}, max_concurrency {json.dumps(traffic['max_concurrency'])}): "
-        "their arrival times are unknown, so they cannot be replayed; pass --trace with "
-        "the requests and their arrival times")
+        f"(request_rate {rate}, max_concurrency {json.dumps(traffic['max_concurrency'])}"
+        f"{ramp}): their arrival times are unknown, so they cannot be replayed; pass --trace "
+        "with the requests and their arrival times")

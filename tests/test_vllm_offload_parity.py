@@ -86,6 +86,7 @@ def _observed(make_scheduler, lookups, stores):
     "w9",   # a loading request takes no seat: the one after it runs first, it waits for one
     "w10",  # a CPU hit refused while a long prompt is prefilled in chunks, admitted after
     "w11",  # a load refused while the blocks a chunked prefill still needs are not left free
+    "w12",  # without chunked prefill: a load starts behind a prompt that took the budget
 ])
 def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
     expected, steps, cached, got = replay(name, monkeypatch)
@@ -97,7 +98,7 @@ def test_kvsim_makes_vllms_decisions_with_a_cpu_tier(name, monkeypatch):
 
 def test_the_recordings_have_waits_loads_evictions_and_refusals(monkeypatch):
     """(So that the comparison above can fail.)"""
-    names = [f"w{i}" for i in range(1, 12)]
+    names = [f"w{i}" for i in range(1, 13)]
     steps = [s for name in names for s in replay(name, monkeypatch)[0]]
     lookups = [x for s in steps for x in s[2]]
     stores = [x for s in steps for x in s[3]]
