@@ -62,6 +62,32 @@ class DecodeRunPlanning:
             steps = int(finish.max() if not self.waiting else finish.min()) + 1
         return self._capped_run(decoding, finish, steps, prefill)
 
+    def admission_blocked(self, decode_budget_left: int) -> bool:
+        """True when no waiting request could be admitted this step, and none can be while
+        the running requests only decode (free blocks only shrink then, and hits only
+        shrink), given the token budget the decodes leave. Not so for a request continuing
+        one still running: its hit grows with each block of the reply that one generates."""
+        if self.holding:
+            return False        # (admitted at the next step, once loaded)
+        if not self.waiting:
+            return True
+        if len(self.running) >= self.config.max_num_seqs or decode_budget_left <= 0:
+            return True
+        seq = self.waiting.peek()
+        parent = seq.request.continues
+        if parent is not None and any(r.request is parent for r in self.running):
+            return False
+        hit = self._lookup(seq)
+        if hit.deferred:
+            return False        # (it may be admitted once the connector can tell)
+        if hit.load_async:      # (its load takes the hit's blocks only, and no budget)
+            return not (self._can_admit(seq, hit) and self._can_load(seq, hit, ()))
+        n = self._num_new_tokens(seq, hit.num_tokens, self._prefill_threshold(),
+                                 decode_budget_left)
+        if n is None or not self._can_admit(seq, hit):
+            return True
+        return not self.kv.can_allocate(seq.request_id, n, hit)
+
     def _prefill_of_run(self, seq: RequestState) -> decode_run.PrefillChunks | None:
         """``seq``, the last running request and still prefilling, as the prefill of a run
         (:func:`decode_run.prefill_chunks`); None when its slots are not its computed
