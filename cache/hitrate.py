@@ -44,7 +44,7 @@ class ReplayRequest:
     prompt_tokens: int
     priority: int = 0
     arrival_s: float = 0.0
-    names_content: bool = True      # (a request that does not shares nothing)
+    names_content: bool = True      # (one that does not name its prompt shares nothing)
 
 
 def replay_requests(requests: Iterable, block_size: int) -> list[ReplayRequest]:
