@@ -185,20 +185,22 @@ def _bench_settings(data: dict) -> dict:
     return {"model": model} if isinstance(model, str) and model else {}
 
 
-def _check_model_id(result: str, model: str | None) -> None:
+def _check_model_id(result: str, model: str | None, source: str) -> None:
     """A ``vllm bench serve`` result's ``model_id`` must name a model kvsim knows (catalog,
     Hugging Face cache, a config.json path) when no model is given: another model in its
-    place would make every number of the table wrong."""
+    place would make every number of the table wrong. ``source``: the caller, whose way of
+    giving a model the error names."""
     from kvsim.sim.perf.models import resolve_model
+    give = "--model" if source == "command line" else 'settings={"model": ...}'
     if model is None:
-        raise ConfigError("missing or empty: kvsim cannot tell which model ran; pass --model "
+        raise ConfigError(f"missing or empty: kvsim cannot tell which model ran; pass {give} "
                           "(a catalog name, a Hugging Face id or a config.json)",
                           location=result, field="model_id")
     try:
         resolve_model(model)
     except ConfigError:
         raise ConfigError(f"{model!r} is not a model kvsim knows (catalog, local Hugging Face "
-                          "cache or a config.json path); pass --model with the model that "
+                          f"cache or a config.json path); pass {give} with the model that "
                           "ran (`kvsim models` lists the catalog)",
                           location=result, field="model_id") from None
 
@@ -344,7 +346,7 @@ def validate_real(result: str | os.PathLike, trace: str | os.PathLike | None = N
     if "model" in (settings or {}):
         own.pop("model", None)
     elif real.kind == "vllm bench serve":
-        _check_model_id(str(result), own.get("model"))
+        _check_model_id(str(result), own.get("model"), source)
     run_config(real.label, own, source=str(result))  # (the run's own, then ours)
     chosen = {**real.settings, **(settings or {})}
     run_config(real.label, chosen, source=source)

@@ -286,6 +286,14 @@ def test_a_result_whose_model_kvsim_does_not_know_needs_model(tmp_path):
     assert done.returncode == 0 and "llama-2-7b on 1 x" in done.stdout
 
 
+def test_a_python_caller_is_told_to_name_the_model_in_its_settings(tmp_path):
+    import kvsim
+    path = vllm_result(tmp_path, model_id="/models/Llama-2-7b-hf")
+    with pytest.raises(kvsim.ConfigError, match=r'pass settings=\{"model": \.\.\.\} with'):
+        kvsim.validate_real(path)
+    assert kvsim.validate_real(path, settings={"model": "llama-2-7b"})["before"]
+
+
 def test_a_result_without_model_id_needs_model(tmp_path):
     path = vllm_result(tmp_path)
     done = kvsim("validate-real", path)
