@@ -71,6 +71,7 @@ class Case:
     target: str = ""
     setup: list[list[str]] = field(default_factory=list)  # commands run first, untimed
     inputs: list[str] = field(default_factory=list)        # the trace files it reads
+    env: dict = field(default_factory=dict)   # set for the new version's run of this case
 
 
 def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
@@ -91,6 +92,8 @@ def cases(shared: Path, work: Path, old_million: bool) -> list[Case]:
                           target="<= 1.5x lru"))
     found.append(Case("mooncake-lru", [*run, mooncake, *MOONCAKE, "--eviction", "lru"], None,
                       baseline="mooncake", target="noise: 1.00"))
+    found.append(Case("mooncake-pure", [*run, mooncake, *MOONCAKE], None, baseline="mooncake",
+                      target="dicts / compiled", env={"KVSIM_PURE_PYTHON": "1"}))
     found.append(Case("mooncake-offload", [*run, mooncake, *MOONCAKE,
                                            "--kv-offloading-size", "256"],
                       [*run, mooncake, *MOONCAKE, "--cpu-offload-gb", "64"],
@@ -155,10 +158,11 @@ def measure(argv: list[str], env: dict, out: Path) -> Measure:
 
 
 def measure_pair(first: list[str], second: list[str], env: dict, out_first: Path,
-                 out_second: Path) -> tuple[Measure, Measure]:
+                 out_second: Path, second_env: dict | None = None) -> tuple[Measure, Measure]:
     """Run two commands at the same time (one core each on a 2-core host), so that both see
-    the host at the same speed; each one's own measure."""
-    a, b = start(first, env, out_first), start(second, env, out_second)
+    the host at the same speed; each one's own measure (``second_env``: the second's
+    environment, when not ``env``)."""
+    a, b = start(first, env, out_first), start(second, second_env or env, out_second)
     return finish(*a), finish(*b)
 
 
@@ -302,6 +306,8 @@ def measure_case(case: Case, versions: dict, baseline: list[str] | None, repeat:
             if argv is None:
                 continue
             prefix, env = versions[version]
+            if version == "new":
+                env = {**env, **case.env}
             m = runs[version] = measure(prefix + argv, env, work / f"{case.name}-{version}-{i}")
             cpu += m.cpu_s
             if best[version] is None or (not m.error and m.wall_s < best[version].wall_s):
@@ -325,7 +331,8 @@ def measure_side_by_side(case: Case, version: tuple, baseline: list[str], repeat
     prefix, env = version
     for i in range(repeat):
         base, m = measure_pair(prefix + baseline, prefix + case.new, env,
-                               work / f"{case.name}-baseline-{i}", work / f"{case.name}-new-{i}")
+                               work / f"{case.name}-baseline-{i}", work / f"{case.name}-new-{i}",
+                               {**env, **case.env})
         cpu += base.cpu_s + m.cpu_s
         print(f"# {case.name} baseline {case.baseline} beside it: {base}", file=sys.stderr)
         print(f"# {case.name} new: {m}", file=sys.stderr)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from operator import itemgetter
 
+from kvsim.cache.intmap import IntMap
+
 #: Fewest blocks of a chain of new hashes that the scored pool registers with these bulk
 #: updates rather than block by block (below it the setup costs more than the loop).
 MIN_BULK_CHAIN = 16
@@ -39,6 +41,9 @@ def gather(values, indices: list[int]) -> tuple:
 
 def delete_all(mapping, keys) -> None:
     """``del mapping[k]`` for each of ``keys`` (a loop: faster than ``map`` over
-    ``__delitem__`` too)."""
+    ``__delitem__`` too; a compiled :class:`~kvsim.cache.intmap.IntMap` loops in C)."""
+    if mapping.__class__ is IntMap:
+        mapping.delete_many(keys)
+        return
     for key in keys:
         del mapping[key]

@@ -40,6 +40,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvsim.cache.bulk import delete_all
+from kvsim.cache.intmap import COMPILED, hash_map
 from kvsim.cache.offload_records import NO_IDS, HostBlocks, Offer, RequestAccess
 from kvsim.cache.recency import RecencyOrder
 
@@ -86,7 +87,7 @@ class LRUOffloadingManager:
         if max_tracker_size < 1:
             raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
         self.backend = HostBlocks(num_blocks)
-        self._id_of: dict[int, int] = {}                  # hash -> host block holding it
+        self._id_of: dict[int, int] = hash_map()          # hash -> host block holding it
         self._hash_of = np.zeros(num_blocks, dtype=np.int64)  # (kept when given up: see _held)
         self._held = np.zeros(num_blocks, dtype=bool)
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
@@ -257,7 +258,10 @@ class LRUOffloadingManager:
         if len(victims):
             result.evicted = self._release(victims)
         block_ids = self.backend.take(len(new))
-        self._id_of.update(zip(new, block_ids))
+        if COMPILED:
+            self._id_of.set_many(new, block_ids)
+        else:
+            self._id_of.update(zip(new, block_ids))
         at = np.array(block_ids, dtype=np.int64)
         self._hash_of[at] = new
         self._held[at] = True
@@ -300,6 +304,8 @@ class LRUOffloadingManager:
 
     def _ids(self, block_hashes: Iterable[int]) -> np.ndarray:
         """The host block holding each of ``block_hashes``, -1 where none does."""
+        if COMPILED:
+            return np.array(self._id_of.get_many(block_hashes, -1), dtype=np.int64)
         return np.fromiter(map(self._id_of.get, block_hashes, repeat(-1)), dtype=np.int64)
 
     def _release(self, ids: np.ndarray, evicted: bool = True) -> list[int]:

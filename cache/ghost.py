@@ -10,12 +10,17 @@ Python code run per hash.
 
 from __future__ import annotations
 
+from itertools import repeat
+
+from kvsim.cache.intmap import COMPILED, hash_map
 
 
 class Ghost:
     """A bounded FIFO of hashes with an ``OrderedDict``'s order, membership and length.
 
-    ``live`` is the set of present hashes; ``fifo`` lists hashes in the order they were added,
+    ``live`` holds the present hashes (a set, or a compiled map of them, see
+    :mod:`kvsim.cache.intmap`: ``in``, ``len`` and ``isdisjoint`` alike); ``fifo`` lists
+    hashes in the order they were added,
     ``fifo[head:]`` still to go. A hash taken out (:meth:`discard`) leaves a *stale* entry in
     ``fifo``; ``stale`` counts them per hash. A hash's stale entries are always older than its
     live one (a FIFO), so when its turn comes an entry is stale exactly while ``stale`` counts
@@ -26,7 +31,7 @@ class Ghost:
     slack = 1024            # stale or gone entries kept in ``fifo`` before it is rebuilt
 
     def __init__(self) -> None:
-        self.live: set[int] = set()
+        self.live: set[int] = hash_map() if COMPILED else set()
         self.fifo: list[int] = []
         self.head = 0
         self.stale: dict[int, int] = {}
@@ -47,7 +52,10 @@ class Ghost:
 
     def discard(self, block_hash) -> None:
         """Take a present hash out (its block came back)."""
-        self.live.remove(block_hash)
+        if COMPILED:
+            del self.live[block_hash]
+        else:
+            self.live.remove(block_hash)
         self.stale[block_hash] = self.stale.get(block_hash, 0) + 1
         if len(self.fifo) - self.head > 2 * len(self.live) + self.slack:
             self._rebuild()
@@ -61,22 +69,36 @@ class Ghost:
         ghost is at or over it), and what goes is the oldest present hashes followed by the
         new ones, whenever the drops happen. One at a time otherwise."""
         hashes = list(hashes)
-        live, before = self.live, len(self.live)
-        if live.isdisjoint(hashes):
-            live.update(hashes)
-            if len(live) - before == len(hashes):
-                self.fifo += hashes
-                self._drop(min(len(hashes), max(0, before + len(hashes) - capacity)))
-                return
-            live.difference_update(hashes)      # a hash twice: undone, then one at a time
+        if self._add_new(hashes):
+            self.fifo += hashes
+            self._drop(min(len(hashes), max(0, len(self.live) - capacity)))
+            return
         for block_hash in hashes:
             self._add_one(block_hash, capacity)
 
     # --- internals -----------------------------------------------------------------------
 
+    def _add_new(self, hashes: list) -> bool:
+        """Make all of ``hashes`` present at once when none is yet and none comes twice
+        (True); else change nothing (False)."""
+        live = self.live
+        if COMPILED:
+            return live.add_new(hashes, repeat(None, len(hashes)))
+        if not live.isdisjoint(hashes):
+            return False
+        before = len(live)
+        live.update(hashes)
+        if len(live) - before == len(hashes):
+            return True
+        live.difference_update(hashes)      # a hash twice: undone
+        return False
+
     def _add_one(self, block_hash, capacity: int) -> None:
         if block_hash not in self.live:
-            self.live.add(block_hash)
+            if COMPILED:
+                self.live[block_hash] = None
+            else:
+                self.live.add(block_hash)
             self.fifo.append(block_hash)
         if len(self.live) > capacity:
             self._drop_one()
@@ -89,7 +111,10 @@ class Ghost:
         fifo, head = self.fifo, self.head
         olds = fifo[head:head + n]
         if len(olds) == n and (not self.stale or self.stale.keys().isdisjoint(olds)):
-            self.live.difference_update(olds)       # each the live entry of its hash
+            if COMPILED:                            # each the live entry of its hash
+                self.live.delete_many(olds)
+            else:
+                self.live.difference_update(olds)
             self.head = head + n
             if self.head > self.slack and 2 * self.head > len(fifo):
                 del fifo[:self.head]                       # the gone entries
@@ -106,7 +131,10 @@ class Ghost:
             self.head += 1
             count = stale.get(old)
             if not count:
-                self.live.remove(old)
+                if COMPILED:
+                    del self.live[old]
+                else:
+                    self.live.remove(old)
                 return
             if count == 1:
                 del stale[old]

@@ -1,5 +1,6 @@
 """The prefix index: block hash -> the blocks holding that content (vLLM's
-``BlockHashToBlockMap``), a ``dict`` kept as plain ints while each hash has one holder."""
+``BlockHashToBlockMap``), a map (:func:`kvsim.cache.intmap.hash_map`) kept as plain ints while
+each hash has one holder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from operator import is_not
 from typing import Sequence
 
 from kvsim.cache.bulk import delete_all
+from kvsim.cache.intmap import COMPILED, hash_map
 
 _is_held = partial(is_not, None)        # (a lookup's answer names a block)
 
@@ -22,7 +24,7 @@ class PrefixIndex:
     __slots__ = ("_map", "num_shared_hashes")
 
     def __init__(self) -> None:
-        self._map: dict[int, int | dict[int, None]] = {}
+        self._map: dict[int, int | dict[int, None]] = hash_map()
         self.num_shared_hashes = 0
 
     def __len__(self) -> int:
@@ -36,7 +38,8 @@ class PrefixIndex:
 
     def find_prefix(self, block_hashes) -> list[int]:
         """Blocks holding the leading run of ``block_hashes`` (stops at the first miss)."""
-        found = list(takewhile(_is_held, map(self._map.get, block_hashes)))   # (a C loop)
+        found = (self._map.prefix(block_hashes) if COMPILED else
+                 list(takewhile(_is_held, map(self._map.get, block_hashes))))   # (a C loop)
         if self.num_shared_hashes:
             return [b if b.__class__ is int else next(iter(b)) for b in found]
         return found
@@ -53,27 +56,40 @@ class PrefixIndex:
 
     def insert_new(self, block_hashes: list, block_ids: list[int]) -> None:
         """``insert`` for each pair, where no hash is indexed yet and none is given twice."""
-        self._map.update(zip(block_hashes, block_ids))
+        if COMPILED:
+            self._map.set_many(block_hashes, block_ids)
+        else:
+            self._map.update(zip(block_hashes, block_ids))
 
     def insert_many(self, block_hashes: list, block_ids: list[int]) -> None:
-        """``insert`` for each pair, in one ``dict`` update when every hash is new."""
+        """``insert`` for each pair, in one batch when every hash is new."""
+        if not self._add_new(block_hashes, block_ids):
+            for block_id, block_hash in zip(block_ids, block_hashes):
+                self.insert(block_hash, block_id)
+
+    def _add_new(self, block_hashes: list, block_ids: list[int]) -> bool:
+        """Index each pair at once when no hash is indexed yet nor given twice (True); else
+        change nothing (False)."""
         index = self._map
-        if index.keys().isdisjoint(block_hashes):
-            before = len(index)
-            index.update(zip(block_hashes, block_ids))
-            if len(index) - before == len(block_hashes):
-                return
-            for block_hash in block_hashes:        # a hash twice: undone, then one at a time
-                index.pop(block_hash, None)
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            self.insert(block_hash, block_id)
+        if COMPILED:
+            return index.add_new(block_hashes, block_ids)
+        if not index.keys().isdisjoint(block_hashes):
+            return False
+        before = len(index)
+        index.update(zip(block_hashes, block_ids))
+        if len(index) - before == len(block_hashes):
+            return True
+        for block_hash in block_hashes:        # a hash twice: undone
+            index.pop(block_hash, None)
+        return False
 
     def remove_many(self, block_hashes: Sequence[int], block_ids: list[int]) -> None:
-        """``remove`` for each pair, in one pass of ``dict`` deletions when each hash has a
-        single holder (then it is the block given)."""
+        """``remove`` for each pair, in one pass of deletions when each hash has a single
+        holder (then it is the block given)."""
         index = self._map
-        if not self.num_shared_hashes or set(
-                map(type, map(index.__getitem__, block_hashes))) == {int}:
+        if not self.num_shared_hashes or (
+                index.ints_at(block_hashes) if COMPILED
+                else set(map(type, map(index.__getitem__, block_hashes))) == {int}):
             delete_all(index, block_hashes)
             return
         for block_hash, block_id in zip(block_hashes, block_ids):

@@ -41,9 +41,10 @@ ALLOWED = {
 
 
 def module_files() -> dict[str, Path]:
-    """``kvsim.*`` module name -> file, as setuptools maps the folders (root = ``kvsim``)."""
+    """``kvsim.*`` module name -> file, as setuptools maps the folders (root = ``kvsim``); a
+    C extension (``cache/_intmap.c``) is a module that imports nothing of the package."""
     found = {}
-    for path in ROOT.rglob("*.py"):
+    for path in [*ROOT.rglob("*.py"), *ROOT.rglob("*.c")]:
         parts = path.relative_to(ROOT).with_suffix("").parts
         if parts[0] in ("tests", "bench", "build") or parts[0].startswith("."):
             continue
@@ -58,6 +59,8 @@ def import_graph() -> tuple[set[str], set[tuple[str, str]]]:
     edges = set()
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        if path.suffix == ".c":
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             for target in _targets(node, package, files):
                 if target != name:

@@ -49,13 +49,15 @@ def test_side_by_side_runs_a_variant_beside_its_baseline_and_compares_cpu_second
     cpus = iter([(10.0, 13.0), (20.0, 24.0)])       # (baseline, variant) per repeat
     ran = []
 
-    def fake_pair(first, second, env, out_first, out_second):
+    def fake_pair(first, second, env, out_first, out_second, second_env):
         ran.append((first[-1], second[-1], out_first.name, out_second.name))
+        assert "KVSIM_X" not in env and second_env["KVSIM_X"] == "1"     # the case's own
         base, variant = next(cpus)
         return bench.Measure(base + 1, base, 100.0, "ok"), bench.Measure(variant + 1, variant,
                                                                           100.0, "ok")
     monkeypatch.setattr(bench, "measure_pair", fake_pair)
-    case = bench.Case("mooncake-lfu", ["run", "lfu"], None, baseline="mooncake")
+    case = bench.Case("mooncake-lfu", ["run", "lfu"], None, baseline="mooncake",
+                      env={"KVSIM_X": "1"})
     versions = {"old": ([], {}), "new": ([], {})}
     best, pairs, cpu, walls = bench.measure_case(case, versions, ["run", "lru"], 2, tmp_path,
                                                  side_by_side=True)

@@ -1,0 +1,32 @@
+"""Maps keyed by block hashes: the compiled :class:`IntMap` where it was built, else ``dict``.
+
+The prefix index, the CPU tier's hash -> host block map and the ghost lists of ARC and S3-FIFO
+insert, look up and delete block hashes by the million on a long trace. ``pip install``
+compiles ``cache/_intmap.c`` (a table of 64-bit keys, see its header) when a C compiler is
+there; without one the install goes on and these maps are plain ``dict`` objects: the same
+results, slower. ``KVSIM_PURE_PYTHON=1`` in the environment uses the dicts anyway (the tests
+compare both; ``bench/sim_speed.py`` measures both).
+
+:func:`hash_map` gives a new map; code that takes a faster path with the compiled one checks
+:data:`COMPILED`. Keys are ints of 64 bits (as every block hash is).
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    from kvsim.cache._intmap import IntMap
+except ImportError:         # (not built: no C compiler at install time)
+    IntMap = None
+
+if os.environ.get("KVSIM_PURE_PYTHON"):
+    IntMap = None
+
+#: Whether the maps are the compiled ones.
+COMPILED = IntMap is not None
+
+
+def hash_map():
+    """A new, empty map of block hashes (see the module docstring)."""
+    return IntMap() if COMPILED else {}

@@ -1,0 +1,163 @@
+"""The compiled map of block hashes (cache/_intmap.c) behaves as the ``dict`` it replaces, and
+a simulation gives the same files with it as with plain dicts (``KVSIM_PURE_PYTHON=1``)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kvsim.cache import intmap
+
+IntMap = pytest.importorskip("kvsim.cache._intmap").IntMap
+
+SAMPLE = Path(__file__).resolve().parents[1] / "workloads/samples/mooncake_conversation_300.jsonl"
+BIG = 1 << 80                       # an int past 64 bits: never a key
+
+
+def test_the_cache_uses_the_compiled_map_unless_told_not_to():
+    expected = not os.environ.get("KVSIM_PURE_PYTHON")
+    assert intmap.COMPILED is expected
+    assert isinstance(intmap.hash_map(), IntMap if expected else dict)
+
+
+def test_add_new_puts_every_pair_or_none():
+    m = IntMap()
+    assert m.add_new([10, 11], [0, 1]) is True
+    assert m.add_new([12, 10], [2, 3]) is False          # 10 is here: 12 is not put either
+    assert m.add_new([13, 13], [4, 5]) is False          # 13 twice
+    assert dict(m) == {10: 0, 11: 1}
+
+
+def test_delete_many_stops_at_the_first_missing_key_as_a_loop_of_del():
+    m = IntMap()
+    m.set_many([1, 2, 3], ["a", "b", "c"])
+    with pytest.raises(KeyError):
+        m.delete_many([1, 9, 2])
+    assert dict(m) == {2: "b", 3: "c"}
+
+
+def test_prefix_and_get_many():
+    m = IntMap()
+    m.update(zip([5, 6, 7], [50, 60, 70]))
+    assert m.prefix([5, 6, 8, 7]) == [50, 60]
+    assert m.prefix(iter([8, 5])) == []
+    assert m.get_many([7, 8, "x", BIG], -1) == [70, -1, -1, -1]
+
+
+def test_values_of_any_kind_come_back_equal_and_are_released():
+    m, holder = IntMap(), {3: None, 4: None}
+    values = [0, -1, 2**63 - 1, -2**63, BIG, 1.5, holder, None]
+    m.set_many(range(len(values)), values)
+    assert [m[k] for k in range(len(values))] == values
+    assert m[6] is holder
+    before = sys.getrefcount(holder)
+    del m[6]
+    assert sys.getrefcount(holder) == before - 1
+    assert m.ints_at([0, 1, 2, 3, 4]) and not m.ints_at([0, 5]) and not m.ints_at([0, 99])
+
+
+def test_keys_are_ints_of_64_bits():
+    m = IntMap()
+    for key, error in (("a", TypeError), (BIG, OverflowError), (1.0, TypeError)):
+        with pytest.raises(error):
+            m[key] = 1
+        assert key not in m and m.get(key, "-") == "-" and m.pop(key, "-") == "-"
+        with pytest.raises(KeyError):
+            m[key]
+    assert m.isdisjoint(["a", BIG, 7]) and m.keys().isdisjoint([7])
+    m[-2**63] = m[2**63 - 1] = 0
+    assert sorted(m) == [-2**63, 2**63 - 1] and len(m) == 2 and bool(m)
+    assert repr(IntMap()) == "IntMap({})"
+
+
+keys = st.one_of(st.integers(-3, 40), st.integers(-2**63, 2**63 - 1))
+values = st.one_of(st.integers(-2**70, 2**70), st.none(), st.text(max_size=2))
+
+
+class MapMachine(RuleBasedStateMachine):
+    """Random operations on an IntMap and a dict side by side (tombstones, growth and
+    rebuilds included: the few small keys come back again and again)."""
+
+    def __init__(self):
+        super().__init__()
+        self.m, self.d = IntMap(), {}
+
+    @rule(k=keys, v=values)
+    def put(self, k, v):
+        self.m[k] = v
+        self.d[k] = v
+
+    @rule(k=keys)
+    def delete(self, k):
+        if k in self.d:
+            del self.m[k], self.d[k]
+        else:
+            with pytest.raises(KeyError):
+                del self.m[k]
+
+    @rule(k=keys)
+    def pop(self, k):
+        assert self.m.pop(k, "gone") == self.d.pop(k, "gone")
+
+    @rule(ks=st.lists(keys, max_size=6), v=values)
+    def add_new(self, ks, v):
+        fresh = len(set(ks)) == len(ks) and self.d.keys().isdisjoint(ks)
+        assert self.m.add_new(ks, [v] * len(ks)) is fresh
+        if fresh:
+            self.d.update(dict.fromkeys(ks, v))
+
+    @rule(ks=st.lists(keys, max_size=6))
+    def delete_many(self, ks):
+        present = [k for k in dict.fromkeys(ks) if k in self.d]
+        if present == list(ks):
+            self.m.delete_many(ks)
+            for k in ks:
+                del self.d[k]
+
+    @rule(ks=st.lists(keys, max_size=6))
+    def lookups(self, ks):
+        lead = []
+        for k in ks:
+            if k not in self.d:
+                break
+            lead.append(self.d[k])
+        assert self.m.prefix(ks) == lead
+        assert self.m.get_many(ks, None) == [self.d.get(k) for k in ks]
+        assert self.m.isdisjoint(ks) == self.d.keys().isdisjoint(ks)
+
+    @invariant()
+    def same(self):
+        assert len(self.m) == len(self.d)
+        assert dict(self.m) == self.d
+
+
+TestMapMachine = MapMachine.TestCase
+TestMapMachine.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+
+
+def _run(out: Path, pure: bool, *args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "KVSIM_PURE_PYTHON"}
+    if pure:
+        env["KVSIM_PURE_PYTHON"] = "1"
+    subprocess.run([sys.executable, "-m", "kvsim", "run", str(SAMPLE), "--quiet", "--no-html",
+                    "--out", str(out), *args], check=True, env=env, capture_output=True)
+    summary = json.loads((out / "summary.json").read_text())
+    summary.pop("wall_time_s")
+    return summary
+
+
+@pytest.mark.parametrize("args", [
+    (), ("--eviction", "arc"), ("--eviction", "s3fifo"), ("--kv-offloading-size", "2"),
+], ids=["lru", "arc", "s3fifo", "cpu-tier"])
+def test_a_run_gives_the_same_files_with_plain_dicts(tmp_path, args):
+    small = ("--num-gpu-blocks", "2500")   # (evictions, preemptions, CPU-tier stores and loads)
+    compiled = _run(tmp_path / "compiled", False, *small, *args)
+    pure = _run(tmp_path / "pure", True, *small, *args)
+    assert compiled == pure
+    assert ((tmp_path / "compiled/requests.csv").read_bytes()
+            == (tmp_path / "pure/requests.csv").read_bytes())
