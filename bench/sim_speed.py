@@ -344,6 +344,15 @@ def measure_side_by_side(case: Case, version: tuple, baseline: list[str], repeat
     return best, pairs, cpu, walls
 
 
+def maps_in_use() -> str:
+    """Which maps of block hashes this checkout's runs use (kvsim.cache.intmap)."""
+    code = "from kvsim.cache import intmap; print(intmap.COMPILED)"
+    compiled = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip() == "True"
+    return ("the compiled IntMap" if compiled else
+            "Python dicts (cache/_intmap.c not built, or KVSIM_PURE_PYTHON set): slower")
+
+
 def print_table(rows, old: str, side_by_side: bool = False) -> None:
     head = (f"{'case':<18}{'old s':>9}{'new s':>9}{'ratio':>8}{'old CPU':>9}{'new CPU':>9}"
             f"{'old RSS':>9}{'new RSS':>9}  {'target':<18}same result")
@@ -351,6 +360,7 @@ def print_table(rows, old: str, side_by_side: bool = False) -> None:
                else "new / the LRU run just before it")
     print(f"old = {old}, new = this checkout; seconds are wall, RSS in MB; ratio = old / new "
           f"(for variants: the median of {pairing})")
+    print(f"new's maps of block hashes: {maps_in_use()}")
     print(head)
     for case, best, pairs, _ in rows:
         o, n = best["old"], best["new"]
