@@ -2,16 +2,24 @@
 there is one.
 
 The cache's hot paths update per-block lists (hashes, marks, reference counts) and the prefix
-index for a request's hundreds of blocks at a time. On CPython ``map`` over a bound
-``__setitem__`` or ``__delitem__`` (a slot wrapper) is about three times slower than the plain
-loop, and ``operator.itemgetter`` gathers faster than either.
+index for a request's hundreds of blocks at a time. Where the install compiled
+``cache/_bulk.c`` (as ``cache/_intmap.c``, see :mod:`kvsim.cache.intmap`), list updates and a
+release's reference counts loop in C; the Python loops here do the same otherwise. On CPython
+``map`` over a bound ``__setitem__`` or ``__delitem__`` (a slot wrapper) is about three times
+slower than the plain loop, and ``operator.itemgetter`` gathers faster than either.
 """
 
 from __future__ import annotations
 
 from operator import itemgetter
 
-from kvsim.cache.intmap import IntMap
+from kvsim.cache.intmap import IntMap, PURE_PYTHON
+
+try:
+    from kvsim.cache import _bulk
+except ImportError:         # (not built)
+    _bulk = None
+_c = None if PURE_PYTHON else _bulk
 
 #: Fewest blocks of a chain of new hashes that the scored pool registers with these bulk
 #: updates rather than block by block (below it the setup costs more than the loop).
@@ -21,14 +29,34 @@ MIN_BULK_CHAIN = 16
 def set_all(values: list, indices, value) -> None:
     """``values[i] = value`` for every ``i`` of ``indices`` (a plain loop: ``map`` over
     ``values.__setitem__``, a slot wrapper, is three times slower)."""
+    if _c is not None and _c.set_all(values, indices, value) is None:
+        return
     for i in indices:
         values[i] = value
 
 
 def set_each(values: list, indices, items) -> None:
     """``values[i] = item`` for each pair of ``indices`` and ``items``."""
+    if _c is not None and _c.set_each(values, indices, items) is None:
+        return
     for i, item in zip(indices, items):
         values[i] = item
+
+
+def drop_refs(refs: list, hashes: list, block_ids: list) -> tuple[list[int], list[int]]:
+    """One reference fewer on each block (``refs[b] -= 1``), in order; those now at 0 as
+    ``(with a hash, without)`` (``hashes[b]`` not None or None), each in order."""
+    if _c is not None:
+        found = _c.drop_refs(refs, hashes, block_ids)
+        if found is not NotImplemented:
+            return found
+    cached, uncached = [], []
+    for block_id in block_ids:
+        left = refs[block_id] - 1
+        refs[block_id] = left
+        if not left:
+            (cached if hashes[block_id] is not None else uncached).append(block_id)
+    return cached, uncached
 
 
 def gather(values, indices: list[int]) -> tuple:

@@ -20,7 +20,9 @@ try:
 except ImportError:         # (not built: no C compiler at install time)
     IntMap = None
 
-if os.environ.get("KVSIM_PURE_PYTHON"):
+#: ``KVSIM_PURE_PYTHON`` is set: every compiled part is left unused.
+PURE_PYTHON = bool(os.environ.get("KVSIM_PURE_PYTHON"))
+if PURE_PYTHON:
     IntMap = None
 
 #: Whether the maps are the compiled ones.

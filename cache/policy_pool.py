@@ -15,7 +15,7 @@ from itertools import compress
 from typing import Iterable
 
 from kvsim.cache.block_pool import BlockPool
-from kvsim.cache.bulk import gather, set_all
+from kvsim.cache.bulk import drop_refs, gather, set_all
 
 
 class _Unreachable:
@@ -88,14 +88,9 @@ class PolicyPool(BlockPool):
 
     def _drop_refs(self, ordered_block_ids: Iterable[int]) -> tuple[list[int], list[int]]:
         """Drop one reference from each block; those now free: (cached, uncached), in order."""
-        refs, hashes, released, first = self.ref_counts, self.block_hashes, [], []
-        cached, uncached = released.append, first.append
-        for block_id in ordered_block_ids:
-            left = refs[block_id] - 1
-            refs[block_id] = left
-            if not left:
-                (cached if hashes[block_id] is not None else uncached)(block_id)
-        return released, first
+        ids = ordered_block_ids if ordered_block_ids.__class__ is list else list(
+            ordered_block_ids)
+        return drop_refs(self.ref_counts, self.block_hashes, ids)
 
     def _uncache_many(self, block_ids: list[int]) -> None:
         """Forget the content of free cached blocks a policy evicts (in this order) and take

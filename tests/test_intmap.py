@@ -1,5 +1,6 @@
-"""The compiled map of block hashes (cache/_intmap.c) behaves as the ``dict`` it replaces, and
-a simulation gives the same files with it as with plain dicts (``KVSIM_PURE_PYTHON=1``)."""
+"""The compiled parts (cache/_intmap.c, cache/_bulk.c) behave as the Python they stand in for:
+the map of block hashes as a ``dict``, the list loops as bulk.py's; and a simulation gives the
+same files with them as without (``KVSIM_PURE_PYTHON=1``)."""
 
 import json
 import os
@@ -7,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvsim.cache import intmap
+from kvsim.cache import bulk, intmap
 
 IntMap = pytest.importorskip("kvsim.cache._intmap").IntMap
 
@@ -161,3 +163,48 @@ def test_a_run_gives_the_same_files_with_plain_dicts(tmp_path, args):
     assert compiled == pure
     assert ((tmp_path / "compiled/requests.csv").read_bytes()
             == (tmp_path / "pure/requests.csv").read_bytes())
+
+
+# --- the C loops of kvsim.cache.bulk ---------------------------------------------------------
+
+_bulk = pytest.importorskip("kvsim.cache._bulk")
+
+
+def test_set_all_and_set_each_assign_as_the_loops_do():
+    values = list(range(6))
+    assert _bulk.set_all(values, [0, -1, np.int64(2)], "x") is None
+    assert values == ["x", 1, "x", 3, 4, "x"]
+    assert _bulk.set_each(values, iter([1, 3, 4]), ("a", "b")) is None     # the shorter
+    assert values == ["x", "a", "x", "b", 4, "x"]
+    with pytest.raises(IndexError):
+        _bulk.set_all(values, [1, 6], None)
+    assert values[1] is None                           # those before it assigned, as a loop
+    with pytest.raises(TypeError):
+        _bulk.set_each(values, ["0"], [1])
+    assert _bulk.set_all((1, 2), [0], 0) is NotImplemented      # not a list: bulk.py's loop
+
+
+def test_drop_refs_frees_the_blocks_held_once_split_by_hash():
+    refs, hashes = [1, 2, 1, 1, 0], [11, None, None, 13, None]
+    assert _bulk.drop_refs(refs, hashes, [3, 1, 2, 0]) == ([3, 0], [2])
+    assert refs == [0, 1, 0, 0, 0]
+    untouched = [1, 1]
+    assert _bulk.drop_refs(untouched, [None, None], [0, 5]) is NotImplemented
+    assert _bulk.drop_refs(untouched, [None, None], [0, "1"]) is NotImplemented
+    assert untouched == [1, 1]                         # checked before any change
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=30), data=st.data())
+def test_drop_refs_matches_the_python_loop(counts, data):
+    ids = data.draw(st.lists(st.integers(0, len(counts) - 1), max_size=40))
+    hashes = data.draw(st.lists(st.sampled_from([None, 7]), min_size=len(counts),
+                                max_size=len(counts)))
+    compiled_refs, python_refs = list(counts), list(counts)
+    compiled = bulk.drop_refs(compiled_refs, hashes, ids)
+    saved, bulk._c = bulk._c, None                     # bulk.py's own loop
+    try:
+        python = bulk.drop_refs(python_refs, hashes, ids)
+    finally:
+        bulk._c = saved
+    assert (tuple(compiled), compiled_refs) == (tuple(python), python_refs)
