@@ -25,6 +25,13 @@ static inline Py_ssize_t position(PyObject *index, Py_ssize_t n) {
     return i;
 }
 
+/* Whether ``nargs`` is 3 (else a TypeError naming ``usage``). */
+static int three(Py_ssize_t nargs, const char *usage) {
+    if (nargs == 3) return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes 3 arguments", usage);
+    return 0;
+}
+
 /* A list's item ``i`` becomes ``value`` (a new reference taken). */
 static inline void assign(PyObject *list, Py_ssize_t i, PyObject *value) {
     PyObject *old = PyList_GET_ITEM(list, i);
@@ -34,7 +41,7 @@ static inline void assign(PyObject *list, Py_ssize_t i, PyObject *value) {
 
 /* set_all(values, indices, value): values[i] = value for each i (values a list). */
 static PyObject *set_all(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "set_all(values, indices, value)"); return NULL; }
+    if (!three(nargs, "set_all(values, indices, value)")) return NULL;
     PyObject *values = args[0];
     if (!PyList_CheckExact(values)) Py_RETURN_NOTIMPLEMENTED;
     PyObject *indices = PySequence_Fast(args[1], "set_all: indices must be iterable");
@@ -53,7 +60,7 @@ static PyObject *set_all(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
 /* set_each(values, indices, items): values[i] = item pairwise (stops at the shorter). */
 static PyObject *set_each(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "set_each(values, indices, items)"); return NULL; }
+    if (!three(nargs, "set_each(values, indices, items)")) return NULL;
     PyObject *values = args[0];
     if (!PyList_CheckExact(values)) Py_RETURN_NOTIMPLEMENTED;
     PyObject *indices = PySequence_Fast(args[1], "set_each: indices must be iterable");
@@ -78,7 +85,7 @@ static PyObject *set_each(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
  * is not an int (or out of range): give the ids as a list, so that the caller can run its
  * loop on them. */
 static PyObject *drop_refs(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "drop_refs(refs, hashes, block_ids)"); return NULL; }
+    if (!three(nargs, "drop_refs(refs, hashes, block_ids)")) return NULL;
     PyObject *refs = args[0], *hashes = args[1];
     if (!PyList_CheckExact(refs) || !PyList_CheckExact(hashes)) Py_RETURN_NOTIMPLEMENTED;
     PyObject *ids = PySequence_Fast(args[2], "drop_refs: block ids must be iterable");

@@ -99,6 +99,14 @@ static int as_key(PyObject *obj, int64_t *key) {
     return found;
 }
 
+/* The cell of ``keyobj``'s value: >= 0 when present, -1 when not (or not a key at all), -2
+ * on an error. */
+static inline Py_ssize_t cell_for(const IntMap *m, PyObject *keyobj) {
+    int64_t key;
+    int bad = key_of(keyobj, &key);
+    return bad < 0 ? -2 : bad ? -1 : find(m, key);
+}
+
 static inline int is_native(uint64_t cell) { return cell & 1; }
 
 static inline PyObject *value_at(const IntMap *m, Py_ssize_t i) {     /* a new reference */
@@ -237,21 +245,16 @@ static void IntMap_dealloc(IntMap *m) {
 static Py_ssize_t IntMap_len(IntMap *m) { return m->size; }
 
 static PyObject *IntMap_getitem(IntMap *m, PyObject *keyobj) {
-    int64_t key;
-    int bad = key_of(keyobj, &key);
-    if (bad < 0) return NULL;
-    Py_ssize_t i = bad ? -1 : find(m, key);
-    if (i < 0) return missing(keyobj);
+    Py_ssize_t i = cell_for(m, keyobj);
+    if (i < 0) return i == -2 ? NULL : missing(keyobj);
     return value_at(m, i);
 }
 
 static int IntMap_setitem(IntMap *m, PyObject *keyobj, PyObject *value) {
     int64_t key;
     if (value == NULL) {
-        int bad = key_of(keyobj, &key);
-        if (bad < 0) return -1;
-        Py_ssize_t i = bad ? -1 : find(m, key);
-        if (i < 0) { missing(keyobj); return -1; }
+        Py_ssize_t i = cell_for(m, keyobj);
+        if (i < 0) { if (i == -1) missing(keyobj); return -1; }
         drop(m, i);
         return 0;
     }
@@ -261,10 +264,8 @@ static int IntMap_setitem(IntMap *m, PyObject *keyobj, PyObject *value) {
 }
 
 static int IntMap_contains(IntMap *m, PyObject *keyobj) {
-    int64_t key;
-    int bad = key_of(keyobj, &key);
-    if (bad) return bad < 0 ? -1 : 0;
-    return find(m, key) >= 0;
+    Py_ssize_t i = cell_for(m, keyobj);
+    return i == -2 ? -1 : i >= 0;
 }
 
 static PyObject *IntMap_repr(IntMap *m) {
@@ -291,10 +292,8 @@ static PyObject *IntMap_get(IntMap *m, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
         return NULL;
     }
-    int64_t key;
-    int bad = key_of(args[0], &key);
-    if (bad < 0) return NULL;
-    Py_ssize_t i = bad ? -1 : find(m, key);
+    Py_ssize_t i = cell_for(m, args[0]);
+    if (i == -2) return NULL;
     if (i < 0) return Py_NewRef(nargs == 2 ? args[1] : Py_None);
     return value_at(m, i);
 }
@@ -304,10 +303,8 @@ static PyObject *IntMap_pop(IntMap *m, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
         return NULL;
     }
-    int64_t key;
-    int bad = key_of(args[0], &key);
-    if (bad < 0) return NULL;
-    Py_ssize_t i = bad ? -1 : find(m, key);
+    Py_ssize_t i = cell_for(m, args[0]);
+    if (i == -2) return NULL;
     if (i < 0) return nargs == 2 ? Py_NewRef(args[1]) : missing(args[0]);
     PyObject *v = value_at(m, i);
     if (v != NULL) drop(m, i);
@@ -413,11 +410,9 @@ static PyObject *IntMap_delete_many(IntMap *m, PyObject *arg) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
     PyObject **ks = PySequence_Fast_ITEMS(keys);
     for (Py_ssize_t j = 0; j < n; j++) {
-        int64_t key;
-        int bad = key_of(ks[j], &key);
-        Py_ssize_t i = bad ? -1 : find(m, key);
+        Py_ssize_t i = cell_for(m, ks[j]);
         if (i < 0) {
-            if (bad >= 0) missing(ks[j]);
+            if (i == -1) missing(ks[j]);
             Py_DECREF(keys);
             return NULL;
         }
@@ -435,11 +430,8 @@ static PyObject *IntMap_prefix(IntMap *m, PyObject *arg) {
     PyObject **ks = PySequence_Fast_ITEMS(keys);
     PyObject *out = PyList_New(0);
     for (j = 0; j < n && out != NULL; j++) {
-        int64_t key;
-        int bad = key_of(ks[j], &key);
-        if (bad < 0) Py_CLEAR(out);
-        if (bad) break;
-        Py_ssize_t i = find(m, key);
+        Py_ssize_t i = cell_for(m, ks[j]);
+        if (i == -2) Py_CLEAR(out);
         if (i < 0) break;
         PyObject *v = value_at(m, i);
         if (v == NULL || PyList_Append(out, v) < 0) Py_CLEAR(out);
@@ -458,10 +450,8 @@ static PyObject *IntMap_get_many(IntMap *m, PyObject *const *args, Py_ssize_t na
     PyObject **ks = PySequence_Fast_ITEMS(keys);
     PyObject *out = PyList_New(n);
     for (Py_ssize_t j = 0; j < n && out != NULL; j++) {
-        int64_t key;
-        int bad = key_of(ks[j], &key);
-        Py_ssize_t i = bad ? -1 : find(m, key);
-        PyObject *v = bad < 0 ? NULL : i < 0 ? Py_NewRef(args[1]) : value_at(m, i);
+        Py_ssize_t i = cell_for(m, ks[j]);
+        PyObject *v = i == -2 ? NULL : i < 0 ? Py_NewRef(args[1]) : value_at(m, i);
         if (v == NULL) Py_CLEAR(out);
         else PyList_SET_ITEM(out, j, v);
     }
@@ -476,11 +466,10 @@ static PyObject *IntMap_ints_at(IntMap *m, PyObject *arg) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
     PyObject **ks = PySequence_Fast_ITEMS(keys), *answer = Py_True;
     for (Py_ssize_t j = 0; j < n; j++) {
-        int64_t key;
-        int bad = key_of(ks[j], &key);
-        if (bad < 0) { Py_DECREF(keys); return NULL; }
-        Py_ssize_t i = bad ? -1 : find(m, key);
-        if (i < 0 || !(is_native(m->vals[i]) || PyLong_CheckExact((PyObject *)(uintptr_t)m->vals[i]))) {
+        Py_ssize_t i = cell_for(m, ks[j]);
+        if (i == -2) { Py_DECREF(keys); return NULL; }
+        if (i < 0 || !(is_native(m->vals[i])
+                       || PyLong_CheckExact((PyObject *)(uintptr_t)m->vals[i]))) {
             answer = Py_False;
             break;
         }

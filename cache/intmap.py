@@ -8,7 +8,8 @@ results, slower. ``KVSIM_PURE_PYTHON=1`` in the environment uses the dicts anywa
 compare both; ``bench/sim_speed.py`` measures both).
 
 :func:`hash_map` gives a new map; code that takes a faster path with the compiled one checks
-:data:`COMPILED`. Keys are ints of 64 bits (as every block hash is).
+:data:`COMPILED`. Keys are ints of 64 bits (as every block hash is). After editing a ``.c``
+file, ``pip install -e .`` again rebuilds it (an editable install does not by itself).
 """
 
 from __future__ import annotations
