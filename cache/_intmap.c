@@ -268,8 +268,9 @@ static int IntMap_contains(IntMap *m, PyObject *keyobj) {
     return i == -2 ? -1 : i >= 0;
 }
 
-static PyObject *IntMap_repr(IntMap *m) {
-    PyObject *d = PyDict_New(), *r;
+/* The entries as a new dict. */
+static PyObject *as_dict(IntMap *m) {
+    PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
     for (Py_ssize_t j = 0; j < CAP(m) + 2; j++) {
         if (!live(m, j)) continue;
@@ -280,8 +281,34 @@ static PyObject *IntMap_repr(IntMap *m) {
         }
         Py_DECREF(k); Py_DECREF(v);
     }
+    return d;
+}
+
+static PyObject *IntMap_repr(IntMap *m) {
+    PyObject *d = as_dict(m), *r;
+    if (d == NULL) return NULL;
     r = PyUnicode_FromFormat("IntMap(%R)", d);
     Py_DECREF(d);
+    return r;
+}
+
+static PyTypeObject IntMapType;
+
+/* ``==`` and ``!=`` as a dict's, with a dict or another IntMap. */
+static PyObject *IntMap_richcompare(IntMap *m, PyObject *other, int op) {
+    if ((op != Py_EQ && op != Py_NE)
+            || !(PyDict_Check(other) || PyObject_TypeCheck(other, &IntMapType)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *mine = as_dict(m), *theirs = other, *r;
+    if (mine == NULL) return NULL;
+    if (!PyDict_Check(other)) {
+        theirs = as_dict((IntMap *)other);
+        if (theirs == NULL) { Py_DECREF(mine); return NULL; }
+    } else {
+        Py_INCREF(theirs);
+    }
+    r = PyObject_RichCompare(mine, theirs, op);
+    Py_DECREF(mine); Py_DECREF(theirs);
     return r;
 }
 
@@ -569,6 +596,7 @@ static PyTypeObject IntMapType = {
     .tp_new = IntMap_new,
     .tp_dealloc = (destructor)IntMap_dealloc,
     .tp_repr = (reprfunc)IntMap_repr,
+    .tp_richcompare = (richcmpfunc)IntMap_richcompare,
     .tp_as_mapping = &IntMap_mapping,
     .tp_as_sequence = &IntMap_sequence,
     .tp_iter = (getiterfunc)IntMap_iter,

@@ -1,7 +1,8 @@
 """Maps keyed by block hashes: the compiled :class:`IntMap` where it was built, else ``dict``.
 
 The prefix index, the CPU tier's hash -> host block map and the ghost lists of ARC and S3-FIFO
-insert, look up and delete block hashes by the million on a long trace. ``pip install``
+insert, look up and delete block hashes by the million on a long trace (and the lane pools'
+lanes, block ids, by the hundred at a time). ``pip install``
 compiles ``cache/_intmap.c`` (a table of 64-bit keys, see its header) when a C compiler is
 there; without one the install goes on and these maps are plain ``dict`` objects: the same
 results, slower. ``KVSIM_PURE_PYTHON=1`` in the environment uses the dicts anyway (the tests

@@ -5,7 +5,8 @@ are evicted, a run of hundreds at a time when a long prompt needs room. An ``Ord
 does that at the price of a linked-list node allocated, and later unlinked, per block, and
 ``OrderedDict.update`` takes the generic mapping path. :class:`Lane` keeps the order in two
 flat lists (block ids, release clocks) consumed from a head index, so a run is a slice, and
-membership in a plain dict (``clock_of``: queued block -> its clock), updated in C.
+membership in a map (``clock_of``: queued block -> its clock; :mod:`kvsim.cache.intmap`'s),
+updated in C.
 
 A block leaves the middle of a lane when a prefix hit takes it (or lookahead protects it); its
 entry in the lists is then dropped lazily: clocks are unique per release, so an entry whose
@@ -22,6 +23,7 @@ from operator import itemgetter
 from typing import Iterator, Sequence
 
 from kvsim.cache.bulk import delete_all
+from kvsim.cache.intmap import COMPILED, hash_map
 
 __all__ = ["Lane"]
 
@@ -39,7 +41,7 @@ class Lane:
         self._ids: list[int] = []
         self._clocks: list[int] = []
         self._start = 0             # entries before it are consumed
-        self.clock_of: dict[int, int] = {}      # queued block -> the clock of its live entry
+        self.clock_of: dict[int, int] = hash_map()   # queued block -> its live entry's clock
         self._num_stale = 0         # dropped entries at or after ``_start``
 
     # --- queries -------------------------------------------------------------------------
@@ -78,7 +80,10 @@ class Lane:
         self._cut_front()
         self._ids += block_ids
         self._clocks += clocks
-        self.clock_of.update(zip(block_ids, clocks))
+        if COMPILED:
+            self.clock_of.set_many(block_ids, clocks)
+        else:
+            self.clock_of.update(zip(block_ids, clocks))
 
     def appendleft(self, block_id: int, clock: int) -> None:
         """Queue ``block_id`` at the head (its clock before every queued one)."""

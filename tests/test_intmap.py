@@ -75,6 +75,7 @@ def test_keys_are_ints_of_64_bits():
     m[-2**63] = m[2**63 - 1] = 0
     assert sorted(m) == [-2**63, 2**63 - 1] and len(m) == 2 and bool(m)
     assert repr(IntMap()) == "IntMap({})"
+    assert m == {2**63 - 1: 0, -2**63: 0} and m != {0: 0} and m != IntMap() and m != [0]
 
 
 keys = st.one_of(st.integers(-3, 40), st.integers(-2**63, 2**63 - 1))
@@ -135,7 +136,7 @@ class MapMachine(RuleBasedStateMachine):
     @invariant()
     def same(self):
         assert len(self.m) == len(self.d)
-        assert dict(self.m) == self.d
+        assert dict(self.m) == self.d and self.m == self.d and not self.m != self.d
 
 
 TestMapMachine = MapMachine.TestCase
@@ -154,8 +155,9 @@ def _run(out: Path, pure: bool, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("args", [
-    (), ("--eviction", "arc"), ("--eviction", "s3fifo"), ("--kv-offloading-size", "2"),
-], ids=["lru", "arc", "s3fifo", "cpu-tier"])
+    (), ("--eviction", "arc"), ("--eviction", "s3fifo"), ("--eviction", "lookahead"),
+    ("--kv-offloading-size", "2"),
+], ids=["lru", "arc", "s3fifo", "lookahead", "cpu-tier"])
 def test_a_run_gives_the_same_files_with_plain_dicts(tmp_path, args):
     small = ("--num-gpu-blocks", "2500")   # (evictions, preemptions, CPU-tier stores and loads)
     compiled = _run(tmp_path / "compiled", False, *small, *args)
