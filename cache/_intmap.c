@@ -314,28 +314,30 @@ static PyObject *IntMap_richcompare(IntMap *m, PyObject *other, int op) {
 
 /* --- methods --------------------------------------------------------------------------- */
 
-static PyObject *IntMap_get(IntMap *m, PyObject *const *args, Py_ssize_t nargs) {
+/* get(key, default=None), or with ``pop`` pop(key[, default]): a missing key gives the
+ * default (pop without one: KeyError). */
+static PyObject *get_or_pop(IntMap *m, PyObject *const *args, Py_ssize_t nargs, int pop) {
     if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
+        PyErr_SetString(PyExc_TypeError, pop ? "pop(key[, default])" : "get(key, default=None)");
         return NULL;
     }
     Py_ssize_t i = cell_for(m, args[0]);
     if (i == -2) return NULL;
-    if (i < 0) return Py_NewRef(nargs == 2 ? args[1] : Py_None);
-    return value_at(m, i);
+    if (i < 0) {
+        if (nargs == 2) return Py_NewRef(args[1]);
+        return pop ? missing(args[0]) : Py_NewRef(Py_None);
+    }
+    PyObject *v = value_at(m, i);
+    if (v != NULL && pop) drop(m, i);
+    return v;
+}
+
+static PyObject *IntMap_get(IntMap *m, PyObject *const *args, Py_ssize_t nargs) {
+    return get_or_pop(m, args, nargs, 0);
 }
 
 static PyObject *IntMap_pop(IntMap *m, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
-        return NULL;
-    }
-    Py_ssize_t i = cell_for(m, args[0]);
-    if (i == -2) return NULL;
-    if (i < 0) return nargs == 2 ? Py_NewRef(args[1]) : missing(args[0]);
-    PyObject *v = value_at(m, i);
-    if (v != NULL) drop(m, i);
-    return v;
+    return get_or_pop(m, args, nargs, 1);
 }
 
 /* update(other): m[k] = v for each (k, v) pair of an iterable, or each item of a dict. */
@@ -486,8 +488,8 @@ static PyObject *IntMap_get_many(IntMap *m, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
-/* ints_at(keys): whether every one of ``keys`` is here with an int value (exactly an int). */
-static PyObject *IntMap_ints_at(IntMap *m, PyObject *arg) {
+/* Whether ``holds(m, cell)`` for the cell of every one of ``keys`` (-1: not here). */
+static PyObject *every_key(IntMap *m, PyObject *arg, int (*holds)(const IntMap *, Py_ssize_t)) {
     PyObject *keys = as_seq(arg);
     if (keys == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
@@ -495,29 +497,25 @@ static PyObject *IntMap_ints_at(IntMap *m, PyObject *arg) {
     for (Py_ssize_t j = 0; j < n; j++) {
         Py_ssize_t i = cell_for(m, ks[j]);
         if (i == -2) { Py_DECREF(keys); return NULL; }
-        if (i < 0 || !(is_native(m->vals[i])
-                       || PyLong_CheckExact((PyObject *)(uintptr_t)m->vals[i]))) {
-            answer = Py_False;
-            break;
-        }
+        if (!holds(m, i)) { answer = Py_False; break; }
     }
     Py_DECREF(keys);
     return Py_NewRef(answer);
 }
 
+static int holds_int(const IntMap *m, Py_ssize_t i) {
+    return i >= 0 && (is_native(m->vals[i])
+                      || PyLong_CheckExact((PyObject *)(uintptr_t)m->vals[i]));
+}
+
+static int is_absent(const IntMap *m, Py_ssize_t i) { return i < 0; }
+
+/* ints_at(keys): whether every one of ``keys`` is here with an int value (exactly an int). */
+static PyObject *IntMap_ints_at(IntMap *m, PyObject *arg) { return every_key(m, arg, holds_int); }
+
 /* isdisjoint(keys): whether none of ``keys`` is here. */
 static PyObject *IntMap_isdisjoint(IntMap *m, PyObject *arg) {
-    PyObject *keys = as_seq(arg);
-    if (keys == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    PyObject **ks = PySequence_Fast_ITEMS(keys), *answer = Py_True;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        int found = IntMap_contains(m, ks[j]);
-        if (found < 0) { Py_DECREF(keys); return NULL; }
-        if (found) { answer = Py_False; break; }
-    }
-    Py_DECREF(keys);
-    return Py_NewRef(answer);
+    return every_key(m, arg, is_absent);
 }
 
 static PyObject *IntMap_clear(IntMap *m, PyObject *unused) {

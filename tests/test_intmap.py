@@ -131,6 +131,8 @@ class MapMachine(RuleBasedStateMachine):
             lead.append(self.d[k])
         assert self.m.prefix(ks) == lead
         assert self.m.get_many(ks, None) == [self.d.get(k) for k in ks]
+        assert [self.m.get(k, "-") for k in ks] == [self.d.get(k, "-") for k in ks]
+        assert self.m.ints_at(ks) == all(type(self.d.get(k)) is int for k in ks)
         assert self.m.isdisjoint(ks) == self.d.keys().isdisjoint(ks)
 
     @invariant()
