@@ -54,7 +54,7 @@ class ARCPolicy(QueuePolicy):
 
     def fill_many(self, block_ids, block_hashes):
         b1, b2 = self.b1, self.b2
-        if b1.live.isdisjoint(block_hashes) and b2.live.isdisjoint(block_hashes):
+        if b1.isdisjoint(block_hashes) and b2.isdisjoint(block_hashes):
             if block_ids:                                   # no ghost hit: all into T1
                 self.in_t2[_ids(block_ids)] = False
                 self.num_t1 += len(block_ids)
@@ -110,7 +110,7 @@ class ARCPolicy(QueuePolicy):
     def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
         """Fills with hashes in no ghost list only add to ``num_t1``: they may be reported
         after the victims taken meanwhile, as long as those are picked with them counted."""
-        return self.b1.live.isdisjoint(block_hashes) and self.b2.live.isdisjoint(block_hashes)
+        return self.b1.isdisjoint(block_hashes) and self.b2.isdisjoint(block_hashes)
 
     def victims(self, n, fills_before=None):
         """Runs from one list at a time: from ``T1`` while it is over target (``num_t1`` drops

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from itertools import repeat
 
+from kvsim.cache.bulk import delete_all
 from kvsim.cache.intmap import COMPILED, hash_map
 
 
 class Ghost:
     """A bounded FIFO of hashes with an ``OrderedDict``'s order, membership and length.
 
-    ``live`` holds the present hashes (a set, or a compiled map of them, see
-    :mod:`kvsim.cache.intmap`: ``in``, ``len`` and ``isdisjoint`` alike); ``fifo`` lists
-    hashes in the order they were added,
+    ``live`` holds the present hashes (the keys of a :func:`~kvsim.cache.intmap.hash_map`,
+    their values None); ``fifo`` lists hashes in the order they were added,
     ``fifo[head:]`` still to go. A hash taken out (:meth:`discard`) leaves a *stale* entry in
     ``fifo``; ``stale`` counts them per hash. A hash's stale entries are always older than its
     live one (a FIFO), so when its turn comes an entry is stale exactly while ``stale`` counts
@@ -31,7 +31,7 @@ class Ghost:
     slack = 1024            # stale or gone entries kept in ``fifo`` before it is rebuilt
 
     def __init__(self) -> None:
-        self.live: set[int] = hash_map() if COMPILED else set()
+        self.live: dict[int, None] = hash_map()
         self.fifo: list[int] = []
         self.head = 0
         self.stale: dict[int, int] = {}
@@ -41,6 +41,10 @@ class Ghost:
 
     def __contains__(self, block_hash) -> bool:
         return block_hash in self.live
+
+    def isdisjoint(self, hashes) -> bool:
+        """Whether none of ``hashes`` is present."""
+        return self.live.keys().isdisjoint(hashes)
 
     def __iter__(self):
         pending = dict(self.stale)
@@ -52,10 +56,7 @@ class Ghost:
 
     def discard(self, block_hash) -> None:
         """Take a present hash out (its block came back)."""
-        if COMPILED:
-            del self.live[block_hash]
-        else:
-            self.live.remove(block_hash)
+        del self.live[block_hash]
         self.stale[block_hash] = self.stale.get(block_hash, 0) + 1
         if len(self.fifo) - self.head > 2 * len(self.live) + self.slack:
             self._rebuild()
@@ -84,21 +85,18 @@ class Ghost:
         live = self.live
         if COMPILED:
             return live.add_new(hashes, repeat(None, len(hashes)))
-        if not live.isdisjoint(hashes):
+        if not live.keys().isdisjoint(hashes):
             return False
         before = len(live)
-        live.update(hashes)
+        live.update(dict.fromkeys(hashes))
         if len(live) - before == len(hashes):
             return True
-        live.difference_update(hashes)      # a hash twice: undone
+        delete_all(live, dict.fromkeys(hashes))     # a hash twice: undone
         return False
 
     def _add_one(self, block_hash, capacity: int) -> None:
         if block_hash not in self.live:
-            if COMPILED:
-                self.live[block_hash] = None
-            else:
-                self.live.add(block_hash)
+            self.live[block_hash] = None
             self.fifo.append(block_hash)
         if len(self.live) > capacity:
             self._drop_one()
@@ -111,10 +109,7 @@ class Ghost:
         fifo, head = self.fifo, self.head
         olds = fifo[head:head + n]
         if len(olds) == n and (not self.stale or self.stale.keys().isdisjoint(olds)):
-            if COMPILED:                            # each the live entry of its hash
-                self.live.delete_many(olds)
-            else:
-                self.live.difference_update(olds)
+            delete_all(self.live, olds)             # each the live entry of its hash
             self.head = head + n
             if self.head > self.slack and 2 * self.head > len(fifo):
                 del fifo[:self.head]                       # the gone entries
@@ -131,10 +126,7 @@ class Ghost:
             self.head += 1
             count = stale.get(old)
             if not count:
-                if COMPILED:
-                    del self.live[old]
-                else:
-                    self.live.remove(old)
+                del self.live[old]
                 return
             if count == 1:
                 del stale[old]

@@ -99,7 +99,7 @@ class S3FIFOPolicy(QueuePolicy):
 
     def fill_many(self, block_ids, block_hashes):
         freq, in_main, ghost = self.freq, self.in_main, self.ghost
-        if ghost.live.isdisjoint(block_hashes):   # none came back: all into S
+        if ghost.isdisjoint(block_hashes):   # none came back: all into S
             for block_id in block_ids:
                 freq[block_id] = in_main[block_id] = 0
             self._small += block_ids
@@ -142,7 +142,7 @@ class S3FIFOPolicy(QueuePolicy):
         all of them in it and ``M`` gives every victim (then no victim comes from ``S``)."""
         return (len(self._small) - self._small_head + len(block_hashes) < self.small_capacity
                 and self._main_len > num_new_blocks <= self.num_main_free
-                and self.ghost.live.isdisjoint(block_hashes))
+                and self.ghost.isdisjoint(block_hashes))
 
     def order_fills(self, block_ids: list[int]) -> None:
         """The last blocks to join ``S`` are ``block_ids``, filled in this order."""
