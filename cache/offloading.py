@@ -104,6 +104,19 @@ class OffloadingKVCacheManager(KVCacheManager):
         return not (self._offered or self._flushed or self._loading or self._allocated) \
             and all(last is None for _, last in self._finished)
 
+    def finishes_quietly(self, sequences) -> bool:
+        """Whether these requests, decoding, would offer nothing when they finish (their
+        prompt blocks all offered): a quiet decode run goes on through their finishes, whose
+        recency :meth:`end_schedule` hears when the next step is planned, as one by one."""
+        if not self.enable_prefix_caching:
+            return True
+        state = self._state
+        for seq in sequences:
+            offloads = state.get(seq.request_id)
+            if offloads is not None and offloads.next_stored < offloads.num_prompt_blocks:
+                return False
+        return True
+
     @property
     def allocates_every_step(self) -> bool:
         """Whether every scheduled request must be told its step (an offer waits)."""

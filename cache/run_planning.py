@@ -53,14 +53,15 @@ class DecodeRunPlanning:
         if prefill is None and (budget_left < 0 or not self.admission_blocked(budget_left)):
             return None     # (checked last: a waiting request's prefix lookup costs most)
         finish = decode_run.finish_steps(decoding, self.config.max_model_len)
+        copies = self._copies_in_run(prefill)
         if prefill is not None:     # (it ends with the first finish too; before it, with copies)
             first_finish = int(finish.min()) + (self._host is None) if len(finish) else 1 << 62
             steps = min(prefill.max_steps, first_finish)
-        elif self._host is not None:
+        elif copies or (self._host is not None and not self.kv.finishes_quietly(decoding)):
             steps = int(finish.min())       # (copies are committed step by step, no finishes)
         else:
             steps = int(finish.max() if not self.waiting else finish.min()) + 1
-        return self._capped_run(decoding, finish, steps, prefill)
+        return self._capped_run(decoding, finish, steps, prefill, copies)
 
     def admission_blocked(self, decode_budget_left: int) -> bool:
         """True when no waiting request could be admitted this step, and none can be while
@@ -99,7 +100,8 @@ class DecodeRunPlanning:
             return None
         return prefill
 
-    def _capped_run(self, decoding, finish, steps: int, prefill) -> DecodeRun | None:
+    def _capped_run(self, decoding, finish, steps: int, prefill,
+                    copies: bool) -> DecodeRun | None:
         """A run of at most ``steps`` steps, as many as the free blocks allow (None: < 2)."""
         if steps < 2:
             return None
@@ -112,7 +114,7 @@ class DecodeRunPlanning:
             return None
         self._run = DecodeRun(list(decoding), computed,
                               [s.num_output_tokens for s in decoding], finish, n,
-                              self._copies_in_run(prefill), prefill=prefill)
+                              copies, prefill=prefill)
         return self._run
 
     def _commit_steps(self, run: DecodeRun, num_steps: int, after_step) -> DecodeSteps:

@@ -8,7 +8,9 @@ import simpy
 
 from kvsim.cache import run_commit
 from kvsim.cache.decode_run import DecodeSteps
+from kvsim.cache.cpu_offload import LRUOffloadingManager
 from kvsim.cache.kv_cache_manager import KVCacheManager
+from kvsim.cache.offloading import OffloadingKVCacheManager
 from kvsim.cache.scheduler import Scheduler, SchedulerConfig
 from kvsim.cache.request_state import RequestState
 from kvsim.cache.tiered import HostTier, TieredKVCacheManager
@@ -681,3 +683,41 @@ def test_a_decode_run_admits_a_request_arriving_during_it():
         used.append(stepped.update_from_output().usage.num_used_blocks)
     assert used == facts.kv_used_blocks[3:].tolist()
     assert scheduler.kv.free_queue() == stepped.kv.free_queue()
+
+
+def test_a_quiet_decode_run_with_vllms_cpu_tier_goes_on_through_a_finish():
+    """With vLLM's CPU offloading, once both prompts' blocks are stored (admitted and offered,
+    copied, done: nothing left to copy), a decode run goes on through request 0's finish as
+    with no CPU tier. The finish's recency (its host block becomes the most recent) is heard
+    when the next step is planned: the same host order, GPU queue and counters as one step
+    at a time."""
+    def stored():
+        kv = OffloadingKVCacheManager(20, 16, offload=LRUOffloadingManager(8))
+        scheduler = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=512))
+        for rid, output in ((0, 8), (1, 30)):
+            ids = np.arange(20) + 100 * rid
+            scheduler.add(RequestState(Request(rid, 0.0, 20, output, prompt_token_ids=ids), 16))
+        for _ in range(3):
+            scheduler.schedule()
+            scheduler.update_from_output()
+        return scheduler
+
+    scheduler = stored()
+    host = scheduler.kv.offload
+    assert len(host.blocks) == 2 and scheduler.kv.decodes_quietly
+    run = scheduler.plan_decode_run()
+    assert not run.has_transfers and run.max_steps == 27
+    facts = scheduler.commit_decode_run(run, 27)
+    assert [(step, [s.request_id for s in seqs]) for step, seqs in facts.finished] == \
+        [(4, [0]), (26, [1])]
+    assert facts.host_used_blocks.tolist() == [2] * 27
+    scheduler.kv.end_schedule(())           # (the next step planned hears both finishes)
+
+    stepped = stored()
+    while stepped.has_unfinished():
+        stepped.schedule()
+        stepped.update_from_output()
+    stepped.kv.end_schedule(())
+    assert host.blocks == stepped.kv.offload.blocks
+    assert scheduler.kv.free_queue() == stepped.kv.free_queue()
+    assert scheduler.kv.num_transferred_blocks == stepped.kv.num_transferred_blocks
