@@ -127,6 +127,170 @@ fail:
     return NULL;
 }
 
+/* A list's item ``i`` (borrowed), or NULL with an IndexError when ``i`` is past its end
+ * (the walk below reads lists a callback might shorten). */
+static inline PyObject *item(PyObject *list, Py_ssize_t i) {
+    if (i < PyList_GET_SIZE(list)) return PyList_GET_ITEM(list, i);
+    PyErr_SetString(PyExc_IndexError, "list index out of range");
+    return NULL;
+}
+
+/* ``index`` as a block id of the lists (an int in range), or -1 with an error. */
+static inline Py_ssize_t block_of(PyObject *index, PyObject *list) {
+    Py_ssize_t i = PyLong_CheckExact(index) ? PyLong_AsSsize_t(index) : -1;
+    if (i >= 0 && i < PyList_GET_SIZE(list)) return i;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "block id out of range");
+    return -1;
+}
+
+enum { HASHES, INDEX, EVICTED, SHARED, REFS, HITS, PRIO, PRIORITY, PARENTS, HOLDERS, COUNTS,
+       LIVE, ENTRIES, HEAP, UNREACHABLE, DROP_COPY, CHILD_GONE, PUSH, NUM_CONTEXT };
+
+/* Uncache and take block ``b`` (its id object ``block``): the first half of one turn of
+ * walk_chain; 0, or -1 with an error. */
+static int take_block(PyObject **c, Py_ssize_t b, PyObject *block, PyObject *victims) {
+    PyObject *hash = item(c[HASHES], b);
+    if (hash == NULL) return -1;
+    if (hash != c[UNREACHABLE]) {
+        Py_INCREF(hash);
+        int failed = 0;
+        if (c[EVICTED] != Py_None) {
+            PyObject *pair = PyTuple_Pack(2, block, hash);
+            failed = pair == NULL || PyList_Append(c[EVICTED], pair) < 0;
+            Py_XDECREF(pair);
+        }
+        PyObject *mark = failed ? NULL : item(c[SHARED], b);
+        int shared = mark == NULL ? -1 : PyObject_IsTrue(mark);
+        if (shared > 0) {
+            PyObject *r = PyObject_CallFunctionObjArgs(c[DROP_COPY], block, hash, NULL);
+            failed = r == NULL;
+            Py_XDECREF(r);
+        } else {
+            failed = shared < 0 || PyObject_DelItem(c[INDEX], hash) < 0;
+        }
+        Py_DECREF(hash);
+        if (failed) return -1;
+    }
+    if (item(c[HASHES], b) == NULL || item(c[REFS], b) == NULL || item(c[HITS], b) == NULL)
+        return -1;
+    assign(c[HASHES], b, Py_None);
+    if (PyList_Append(victims, block) < 0) return -1;
+    assign(c[REFS], b, c[NUM_CONTEXT]);          /* (the int 1, kept past the context) */
+    assign(c[HITS], b, c[NUM_CONTEXT + 1]);      /* (the int 0) */
+    if (c[PRIO] != Py_None) {
+        if (item(c[PRIO], b) == NULL) return -1;
+        assign(c[PRIO], b, c[PRIORITY]);
+    }
+    return 0;
+}
+
+/* The cached holder of ``parent`` (the hash of block ``b``'s parent): the holder remembered
+ * for ``b`` while it still holds that hash alone, else the index's answer (a new reference;
+ * Py_None when that is no int: copies, or no block). NULL on an error. */
+static PyObject *holder_of(PyObject **c, Py_ssize_t b, PyObject *parent) {
+    PyObject *found = item(c[HOLDERS], b);
+    if (found == NULL) return NULL;
+    if (found != Py_None) {
+        Py_ssize_t f = block_of(found, c[HASHES]);
+        if (f < 0) return NULL;
+        PyObject *mark = item(c[SHARED], f);
+        int shared = mark == NULL ? -1 : PyObject_IsTrue(mark);
+        if (shared < 0) return NULL;
+        if (PyList_GET_ITEM(c[HASHES], f) == parent && !shared) return Py_NewRef(found);
+    }
+    found = PyObject_CallMethod(c[INDEX], "get", "O", parent);
+    if (found != NULL && !PyLong_CheckExact(found)) Py_SETREF(found, Py_NewRef(Py_None));
+    return found;
+}
+
+/* walk_chain(context, block_id, left, top, victims): the scored pool's eviction walk, as
+ * kvsim.cache.chain_walk.walk_chain does it (see there): returns the victims still wanted. */
+static PyObject *walk_chain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "walk_chain(context, block_id, left, top, victims) takes 5 arguments");
+        return NULL;
+    }
+    PyObject *context = args[0], *top = args[3], *victims = args[4];
+    if (!PyTuple_CheckExact(context) || PyTuple_GET_SIZE(context) != NUM_CONTEXT
+            || !PyList_CheckExact(victims)) {
+        PyErr_SetString(PyExc_TypeError, "walk_chain: a context tuple and a victims list");
+        return NULL;
+    }
+    PyObject *c[NUM_CONTEXT + 2];
+    for (int k = 0; k < NUM_CONTEXT; k++) c[k] = PyTuple_GET_ITEM(context, k);
+    int lists[] = {HASHES, SHARED, REFS, HITS, PARENTS, HOLDERS, COUNTS, LIVE, ENTRIES};
+    for (size_t k = 0; k < sizeof lists / sizeof *lists; k++)
+        if (!PyList_CheckExact(c[lists[k]])) {
+            PyErr_SetString(PyExc_TypeError, "walk_chain: the pool's block lists are lists");
+            return NULL;
+        }
+    if (c[PRIO] != Py_None && !PyList_CheckExact(c[PRIO])) {
+        PyErr_SetString(PyExc_TypeError, "walk_chain: prio is a list or None");
+        return NULL;
+    }
+    long left = PyLong_AsLong(args[2]);
+    if (left == -1 && PyErr_Occurred()) return NULL;
+    PyObject *one = PyLong_FromLong(1), *zero = PyLong_FromLong(0);
+    c[NUM_CONTEXT] = one, c[NUM_CONTEXT + 1] = zero;
+    PyObject *block = Py_NewRef(args[1]), *parent = NULL, *found = NULL, *out = NULL;
+    for (;;) {
+        Py_ssize_t b = block_of(block, c[HASHES]);
+        if (b < 0 || take_block(c, b, block, victims) < 0) goto done;
+        left -= 1;
+        PyObject *chained = item(c[PARENTS], b);
+        if (chained == NULL) goto done;
+        if (chained == Py_None) break;
+        parent = Py_NewRef(chained);
+        found = holder_of(c, b, parent);
+        if (found == NULL) goto done;
+        if (found == Py_None) {
+            PyObject *r = PyObject_CallOneArg(c[CHILD_GONE], parent);
+            if (r == NULL) goto done;
+            Py_DECREF(r);
+            break;
+        }
+        Py_ssize_t f = block_of(found, c[COUNTS]);
+        PyObject *count = f < 0 ? NULL : PyNumber_Subtract(PyList_GET_ITEM(c[COUNTS], f), one);
+        if (count == NULL) goto done;
+        assign(c[COUNTS], f, count);
+        int busy = PyObject_IsTrue(count);
+        Py_DECREF(count);
+        PyObject *ref = busy ? NULL : item(c[REFS], f);
+        if (!busy && ref != NULL) busy = PyObject_IsTrue(ref);
+        else if (!busy) busy = -1;
+        PyObject *live = busy ? NULL : item(c[LIVE], f);
+        if (!busy) busy = live == NULL ? -1 : live != Py_None;
+        if (busy < 0) goto done;
+        if (busy) break;
+        PyObject *entry = item(c[ENTRIES], f);
+        if (entry == NULL) goto done;
+        int first = 0;
+        if (left) {
+            first = top == Py_None ? 1 : PyObject_RichCompareBool(entry, top, Py_LT);
+            if (first < 0) goto done;
+        }
+        if (first) {                    /* the parent is the next victim: walk on to it */
+            Py_SETREF(block, found);
+            found = NULL;
+            Py_CLEAR(parent);
+            continue;
+        }
+        Py_INCREF(entry);
+        assign(c[LIVE], f, entry);
+        PyObject *r = PyObject_CallFunctionObjArgs(c[PUSH], c[HEAP], entry, NULL);
+        Py_DECREF(entry);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+        break;
+    }
+    out = PyLong_FromLong(left);
+done:
+    Py_XDECREF(block); Py_XDECREF(parent); Py_XDECREF(found);
+    Py_DECREF(one); Py_DECREF(zero);
+    return out;
+}
+
 #define FAST(f) ((PyCFunction)(void (*)(void))(f))
 
 static PyMethodDef bulk_methods[] = {
@@ -134,6 +298,8 @@ static PyMethodDef bulk_methods[] = {
     {"set_each", FAST(set_each), METH_FASTCALL, "values[i] = item for each pair"},
     {"drop_refs", FAST(drop_refs), METH_FASTCALL,
      "one reference fewer on each block; the freed ones: (with a hash, without)"},
+    {"walk_chain", FAST(walk_chain), METH_FASTCALL,
+     "the scored pool's eviction walk from a victim up its chain; the victims still wanted"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -26,6 +26,12 @@ _c = None if PURE_PYTHON else _bulk
 MIN_BULK_CHAIN = 16
 
 
+def compiled_loop(name: str):
+    """The compiled loop ``name`` of ``cache/_bulk.c`` (None where it is not built, or the
+    Python paths are asked for): for a module whose Python loop stands beside it."""
+    return getattr(_c, name, None)
+
+
 def set_all(values: list, indices, value) -> None:
     """``values[i] = value`` for every ``i`` of ``indices`` (a plain loop: ``map`` over
     ``values.__setitem__``, a slot wrapper, is three times slower)."""

@@ -63,11 +63,11 @@ class PrefixIndex:
 
     def insert_many(self, block_hashes: list, block_ids: list[int]) -> None:
         """``insert`` for each pair, in one batch when every hash is new."""
-        if not self._add_new(block_hashes, block_ids):
+        if not self.add_new(block_hashes, block_ids):
             for block_id, block_hash in zip(block_ids, block_hashes):
                 self.insert(block_hash, block_id)
 
-    def _add_new(self, block_hashes: list, block_ids: list[int]) -> bool:
+    def add_new(self, block_hashes: list, block_ids: list[int]) -> bool:
         """Index each pair at once when no hash is indexed yet nor given twice (True); else
         change nothing (False)."""
         index = self._map

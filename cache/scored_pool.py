@@ -8,6 +8,7 @@ from heapq import heapify, heappop, heappush
 from typing import Iterable
 
 from kvsim.cache.bulk import MIN_BULK_CHAIN, set_all, set_each
+from kvsim.cache.chain_walk import walker
 from kvsim.cache.policies import heap_entry, unpack_key
 from kvsim.cache.policy_pool import UNREACHABLE, PolicyPool
 from kvsim.cache.private_runs import PrivateRunBlocks, PrivateRuns
@@ -156,9 +157,9 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         parent_hash = hashes[parent] if parent is not None else None
         holder = self.holder(parent_hash) if parent_hash is not None else None
         if (len(block_ids) >= MIN_BULK_CHAIN and not orphans and len(block_ids) == len(block_hashes)
-                and index.keys().isdisjoint(block_hashes)
-                and len(set(block_hashes)) == len(block_hashes)):
-            self._cache_new_chain(list(block_ids), list(block_hashes), parent_hash, holder)
+                and self.index.add_new(block_hashes := list(block_hashes),
+                                       block_ids := list(block_ids))):
+            self._cache_new_chain(block_ids, block_hashes, parent_hash, holder)
             return
         for block_id, block_hash in zip(block_ids, block_hashes):
             hashes[block_id] = block_hash
@@ -176,11 +177,11 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
 
     def _cache_new_chain(self, block_ids: list[int], block_hashes: list, parent_hash,
                          holder) -> None:
-        """:meth:`cache_blocks` for a long chain whose hashes are all new (no orphan
-        waiting): each block holds its own hash and is its child's parent and holder."""
+        """:meth:`cache_blocks` for a long chain whose hashes were all new (no orphan
+        waiting), just indexed: each block holds its own hash and is its child's parent and
+        holder."""
         set_each(self.block_hashes, block_ids, block_hashes)
         self._link_chain(block_ids, [parent_hash, *block_hashes[:-1]], holder)
-        self.index._map.update(zip(block_hashes, block_ids))
 
     def _link_chain(self, block_ids: list[int], parent_hashes: list, holder) -> None:
         """Chain ``block_ids`` (in order): each the cached child of the one before, the first
@@ -291,23 +292,11 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
         heapify(self._heap)
 
     def _evict_many(self, n: int) -> list[int]:
-        """The next ``n`` victims, uncached and taken (one loop: the hottest of a non-LRU
-        simulation).
-
-        A victim's parent, woken when its last cached child goes, is usually the next victim
-        (a released chain goes tail first): while its entry is below the heap's smallest, the
-        inner loop evicts it at once, with no heap work and no live entry. Parents are not
-        reset: only cached blocks are read, and caching sets them."""
-        hashes, index, counts, refs = (self.block_hashes, self.index._map, self.num_children,
-                                       self.ref_counts)
-        live, entries, shared = self._live, self._entry, self._shared
-        parents, holders = self.parent_hashes, self._parent_holder
-        evicted, heap = self.evicted, self._heap
-        victims, left = [], n
-        take = victims.append
-        hits, prio, priority = self.hits, self.prio, self._priority
-        priorities_seen = self.priorities_seen     # else every prio stays 0: no writes
-        runs = self._runs
+        """The next ``n`` victims, uncached and taken: each popped off the heap, then its
+        chain's parents while they come next (:mod:`kvsim.cache.chain_walk`); a finished
+        request's private run that the walk would take block by block, at once."""
+        live, entries, heap, runs = self._live, self._entry, self._heap, self._runs
+        walk, victims, left = walker(self), [], n
         while left:
             block_id = self._next_victim()
             live[block_id] = None       # a parent walked to below has no live entry
@@ -316,42 +305,7 @@ class ScoredBlockPool(PrivateRunBlocks, PolicyPool):
                 block_id, left = self._evict_run(run, left, victims)
                 if block_id is None:
                     continue
-            top = heap[0] if heap else None     # (the heap changes only as the walk ends)
-            while True:
-                block_hash = hashes[block_id]
-                if block_hash is not UNREACHABLE:
-                    if evicted is not None:
-                        evicted.append((block_id, block_hash))
-                    if shared[block_id]:
-                        self._drop_copy(block_id, block_hash)
-                    else:
-                        del index[block_hash]
-                hashes[block_id] = None
-                take(block_id)
-                refs[block_id] = 1
-                hits[block_id] = 0
-                if priorities_seen:
-                    prio[block_id] = priority
-                left -= 1
-                parent_hash = parents[block_id]
-                if parent_hash is None:
-                    break
-                found = holders[block_id]
-                if found is None or hashes[found] is not parent_hash or shared[found]:
-                    found = index.get(parent_hash)     # (the holder may have changed)
-                    if found.__class__ is not int:     # copies, or no block (an orphan)
-                        self._child_gone(parent_hash)
-                        break
-                count = counts[found] = counts[found] - 1
-                if count or refs[found] or live[found] is not None:
-                    break       # other children, held, or queued already
-                entry = entries[found]
-                if left and (top is None or entry < top):
-                    block_id = found
-                    continue
-                live[found] = entry
-                heappush(heap, entry)
-                break
+            left = walk(block_id, left, heap[0] if heap else None, victims)
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         return victims

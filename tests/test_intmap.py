@@ -2,6 +2,7 @@
 the map of block hashes as a ``dict``, the list loops as bulk.py's; and a simulation gives the
 same files with them as without (``KVSIM_PURE_PYTHON=1``)."""
 
+import heapq
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvsim.cache import bulk, intmap
+from kvsim.cache import bulk, chain_walk, intmap
 
 IntMap = pytest.importorskip("kvsim.cache._intmap").IntMap
 
@@ -157,9 +158,9 @@ def _run(out: Path, pure: bool, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("args", [
-    (), ("--eviction", "arc"), ("--eviction", "s3fifo"), ("--eviction", "lookahead"),
-    ("--kv-offloading-size", "2"),
-], ids=["lru", "arc", "s3fifo", "lookahead", "cpu-tier"])
+    (), ("--eviction", "lfu"), ("--eviction", "arc"), ("--eviction", "s3fifo"),
+    ("--eviction", "lookahead"), ("--kv-offloading-size", "2"),
+], ids=["lru", "lfu", "arc", "s3fifo", "lookahead", "cpu-tier"])
 def test_a_run_gives_the_same_files_with_plain_dicts(tmp_path, args):
     small = ("--num-gpu-blocks", "2500")   # (evictions, preemptions, CPU-tier stores and loads)
     compiled = _run(tmp_path / "compiled", False, *small, *args)
@@ -212,3 +213,56 @@ def test_drop_refs_matches_the_python_loop(counts, data):
     finally:
         bulk._c = saved
     assert (tuple(compiled), compiled_refs) == (tuple(python), python_refs)
+
+
+# --- the scored pool's eviction walk (kvsim.cache.chain_walk) ---------------------------------
+
+WALKS = [pytest.param(chain_walk.walk_chain, id="python"),
+         pytest.param(_bulk.walk_chain, id="compiled")]
+
+
+def chain_of_three(top=None, shared_parent=False):
+    """Free cached blocks 0 <- 1 <- 2 (hashes 10, 11, 12; keys 5, 6, 7), a chain released
+    tail first: block 2 is the victim the heap gave. With ``shared_parent`` block 1's content
+    is held by another block too (the index has copies of 11)."""
+    calls = []
+    index = intmap.hash_map()
+    index.update({10: 0, 11: {1, 3} if shared_parent else 1, 12: 2})
+    context = (
+        [10, 11, 12, None], index, [], [False, shared_parent, False, shared_parent],
+        [0, 0, 0, 1], [0, 2, 0, 0], None, 0, [None, 10, 11, None], [None, 0, 1, None],
+        [1, 1, 0, 0], [None] * 4, [5, 6, 7, None], [], object(),
+        lambda *a: calls.append(("drop_copy", *a)), lambda h: calls.append(("child_gone", h)),
+        heapq.heappush)
+    return context, calls
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_the_walk_takes_each_parent_its_victim_leaves_childless_and_first(walk):
+    context, calls = chain_of_three()
+    victims = []
+    assert walk(context, 2, 3, None, victims) == 0
+    hashes, index, evicted, _, refs, hits, *_ = context
+    assert victims == [2, 1, 0] and evicted == [(2, 12), (1, 11), (0, 10)]
+    assert len(index) == 0 and hashes == [None] * 4
+    assert refs == [1, 1, 1, 1] and hits == [0] * 4 and context[10] == [0, 0, 0, 0]
+    assert calls == [] and context[13] == []
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_the_walk_queues_a_parent_keyed_after_the_heaps_smallest(walk):
+    context, _ = chain_of_three()
+    victims = []
+    assert walk(context, 2, 3, 6, victims) == 2      # block 1's key 6 is not below 6
+    assert victims == [2] and context[11] == [None, 6, None, None] and context[13] == [6]
+    assert walk(context, 1, 1, None, victims) == 0   # one wanted: block 0 is queued
+    assert victims == [2, 1] and context[11][0] == 5 and context[13] == [5, 6]
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_the_walk_leaves_a_parent_with_copies_to_the_pool(walk):
+    context, calls = chain_of_three(shared_parent=True)
+    victims = []
+    assert walk(context, 2, 3, None, victims) == 2
+    assert victims == [2] and calls == [("child_gone", 11)]
+    assert context[10] == [1, 1, 0, 0]                # (the pool's callback counts it)
