@@ -64,6 +64,8 @@ class StoreResult:
     hashes: list[int] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+    #: which of the offered hashes are ``hashes`` (None: all of them, or not known)
+    stored_mask: list[bool] | None = None
 
     @property
     def stored(self) -> list[tuple[int, int]]:
@@ -269,6 +271,8 @@ class LRUOffloadingManager:
         self._insert(new, at)
         offer.stored_at = at
         result.hashes, result.block_ids = new, block_ids
+        if offer.held is not None and self.counts is None:
+            result.stored_mask = (~offer.held).tolist()
         return result
 
     def _count_offers(self, block_hashes: Sequence[int]) -> None:

@@ -5,6 +5,7 @@ host block ids (:class:`HostBlocks`), an offer sorted out against the hashes hel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Sequence
 
 import numpy as np
@@ -90,7 +91,7 @@ class Offer:
         self.ids, self.held_ids = ids, ids[held]
         self.ready = held.copy()
         self.ready[held] = ref[self.held_ids] >= 0
-        self.new = [h for h, known in zip(self.hashes, held.tolist()) if not known]
+        self.new = list(compress(self.hashes, (~held).tolist()))
 
     def host_ids(self, lookup) -> np.ndarray:
         """Where each hash is now (-1: nowhere), ``lookup(hashes)`` asked only when the

@@ -29,7 +29,7 @@ Pure bookkeeping: the copies are pairs the step plan carries, charged by the cos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -340,6 +340,8 @@ def _copy_pairs(gpu_blocks: list[int], hashes: Sequence[int], result):
     hosts = result.block_ids
     if len(hosts) == len(gpu_blocks):      # every block's hash new (and in order)
         return list(zip(gpu_blocks, hosts)), hosts
+    if result.stored_mask is not None:     # (the hashes not held, in order)
+        return list(zip(compress(gpu_blocks, result.stored_mask), hosts)), hosts
     host_of = dict(zip(result.hashes, hosts))
     pairs = [(b, host_of[h]) for b, h in zip(gpu_blocks, hashes) if h in host_of]
     return pairs, [host for _, host in pairs]
