@@ -291,6 +291,85 @@ done:
     return out;
 }
 
+/* --- S3-FIFO's scans of a queue (kvsim.cache.s3fifo) ---------------------------------------
+ * A queue is a list of block ids; a block is free when its reference count (``refs``, a list
+ * of ints) is 0 and evictable when its frequency (``freq``, a bytearray) is 0 too. Each scan
+ * returns NotImplemented, having read nothing, when the arguments are not of these types (the
+ * Python scan beside it then runs), and raises as indexing would on a bad id. */
+
+/* Whether queue entry ``j`` is free (and, with ``freq``, never hit): 1, 0, or -1 on an error. */
+static inline int passes(PyObject *refs, PyObject *freq, PyObject *ids, Py_ssize_t j) {
+    PyObject *block = PyList_GET_ITEM(ids, j);
+    Py_ssize_t b = PyLong_CheckExact(block) ? PyLong_AsSsize_t(block) : -1;
+    if (b < 0 || b >= PyList_GET_SIZE(refs)
+            || (freq != NULL && b >= PyByteArray_GET_SIZE(freq))) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "block id out of range");
+        return -1;
+    }
+    int held = PyObject_IsTrue(PyList_GET_ITEM(refs, b));
+    if (held != 0) return held < 0 ? -1 : 0;
+    return freq == NULL || PyByteArray_AS_STRING(freq)[b] == 0;
+}
+
+/* Parse (refs, freq, ids, start[, most]) with ``freq`` optional (None): 1, 0 (not these
+ * types: NotImplemented) or -1 (an error). */
+static int queue_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage,
+                      PyObject **freq, Py_ssize_t *start, Py_ssize_t *most) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+        return -1;
+    }
+    *freq = args[1] == Py_None ? NULL : args[1];
+    if (!PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2])
+            || (*freq != NULL && !PyByteArray_CheckExact(*freq)))
+        return 0;
+    *start = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
+    if (*start == -1 && PyErr_Occurred()) return -1;
+    if (*start < 0) *start = 0;
+    *most = PY_SSIZE_T_MAX;
+    if (want == 5) {
+        *most = PyNumber_AsSsize_t(args[4], PyExc_OverflowError);
+        if (*most == -1 && PyErr_Occurred()) return -1;
+    }
+    return 1;
+}
+
+/* first_passing(refs, freq, ids, start): the index of the first entry from ``start`` that is
+ * free (and never hit, unless ``freq`` is None); len(ids) if none is. */
+static PyObject *first_passing(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *freq;
+    Py_ssize_t start, most;
+    int ok = queue_args(args, nargs, 4, "first_passing(refs, freq, ids, start)", &freq, &start,
+                        &most);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    PyObject *refs = args[0], *ids = args[2];
+    Py_ssize_t j = start;
+    for (; j < PyList_GET_SIZE(ids); j++) {
+        int found = passes(refs, freq, ids, j);
+        if (found < 0) return NULL;
+        if (found) break;
+    }
+    return PyLong_FromSsize_t(j < PyList_GET_SIZE(ids) ? j : PyList_GET_SIZE(ids));
+}
+
+/* num_passing(refs, freq, ids, start, most): how many entries from ``start`` on, ``most`` at
+ * most, pass in a row (free and never hit). */
+static PyObject *num_passing(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *freq;
+    Py_ssize_t start, most;
+    int ok = queue_args(args, nargs, 5, "num_passing(refs, freq, ids, start, most)", &freq,
+                        &start, &most);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    PyObject *refs = args[0], *ids = args[2];
+    Py_ssize_t n = 0;
+    for (Py_ssize_t j = start; n < most && j < PyList_GET_SIZE(ids); j++, n++) {
+        int found = passes(refs, freq, ids, j);
+        if (found < 0) return NULL;
+        if (!found) break;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
 #define FAST(f) ((PyCFunction)(void (*)(void))(f))
 
 static PyMethodDef bulk_methods[] = {
@@ -298,6 +377,10 @@ static PyMethodDef bulk_methods[] = {
     {"set_each", FAST(set_each), METH_FASTCALL, "values[i] = item for each pair"},
     {"drop_refs", FAST(drop_refs), METH_FASTCALL,
      "one reference fewer on each block; the freed ones: (with a hash, without)"},
+    {"first_passing", FAST(first_passing), METH_FASTCALL,
+     "index of the first free (never hit) block of a queue from start; len if none"},
+    {"num_passing", FAST(num_passing), METH_FASTCALL,
+     "how many blocks of a queue from start, most at most, are free (never hit) in a row"},
     {"walk_chain", FAST(walk_chain), METH_FASTCALL,
      "the scored pool's eviction walk from a victim up its chain; the victims still wanted"},
     {NULL, NULL, 0, NULL}

@@ -11,9 +11,10 @@ order:
   free blocks (kept by ``release_many``/``acquire_many`` through ``_run_of``). The CLOCK hand
   is at the head run. Passing a block moves it to the tail; moving a whole run is the same,
   so a run whose blocks are all held (most of ``M``: the requests hitting them are running)
-  is passed in O(1); in other runs the hand jumps from free block to free block (in C:
-  ``operator.indexOf`` over the reference counts), and the blocks passed before a victim go to
-  the tail as a run of their own.
+  is passed in O(1); in other runs the hand jumps from free block to free block (a scan in C:
+  ``cache/_bulk.c``'s where the install compiled it, else ``operator.indexOf`` over the
+  reference counts), and the blocks passed before a victim go to the tail as a run of their
+  own.
 
 The result is the victims, queue orders and counts of the textbook one-block-at-a-time form
 (``tests/queue_reference.py``), with Python code run per free block met, not per block passed.
@@ -25,9 +26,12 @@ from collections import deque
 from itertools import chain, compress, groupby, takewhile
 from operator import countOf, indexOf, itemgetter, not_, or_
 
-from kvsim.cache.bulk import gather, set_all
+from kvsim.cache.bulk import compiled_loop, gather, set_all
 from kvsim.cache.ghost import Ghost
 from kvsim.cache.queue_pool import QueuePolicy
+
+_first_passing = compiled_loop("first_passing")
+_num_passing = compiled_loop("num_passing")
 
 
 class _Run:
@@ -245,8 +249,8 @@ class S3FIFOPolicy(QueuePolicy):
 
     def _visit(self, run: _Run, need: int, out: list[int]) -> None:
         """The hand goes through the head run until ``need`` more victims are in ``out`` or
-        it leaves the run: it jumps from free block to free block (``indexOf`` over the
-        reference counts, which no step here changes) and takes a stretch of free blocks of
+        it leaves the run: it jumps from free block to free block (:func:`next_free`; no
+        step here changes a reference count) and takes a stretch of free blocks of
         frequency 0 at once; a free block of frequency > 0 loses one and stays. The blocks
         passed before a victim go to the tail as a run of their own, or, when fewer blocks
         follow the victims, the run keeps them and goes to the tail while those that follow
@@ -254,9 +258,9 @@ class S3FIFOPolicy(QueuePolicy):
         Longer than most functions: one loop keeps the hot path's locals."""
         refs, freq = self.pool.ref_counts, self.freq
         ids, start = run.ids, run.off
-        frees, scan, kept = map(refs.__getitem__, tail(ids, start)), start, 0
+        scan, kept = start, 0
         while need and run.free > kept:      # free blocks ahead of the hand in this run
-            i = scan + indexOf(frees, 0)
+            i = next_free(refs, ids, scan)
             block_id = ids[i]
             if freq[block_id]:
                 freq[block_id] -= 1
@@ -266,7 +270,6 @@ class S3FIFOPolicy(QueuePolicy):
             end = i + 1
             if need > 1:
                 end += evictable(refs, freq, ids, end, need - 1)
-                frees = map(refs.__getitem__, tail(ids, end))
             out += ids[i:end]
             need -= end - i
             if i > start:                    # blocks passed before the victims
@@ -297,9 +300,23 @@ class S3FIFOPolicy(QueuePolicy):
         runs.append(run)
 
 
+def next_free(refs: list[int], ids: list[int], start: int) -> int:
+    """The index of the first free block in ``ids[start:]`` (there is one): a compiled scan,
+    or ``indexOf`` over the reference counts."""
+    if _first_passing is not None:
+        found = _first_passing(refs, None, ids, start)
+        if found is not NotImplemented:
+            return found
+    return start + indexOf(map(refs.__getitem__, tail(ids, start)), 0)
+
+
 def first_evictable(refs: list[int], freq: bytearray, ids: list[int], start: int) -> int:
     """The index of the first free block of frequency 0 in ``ids[start:]`` (``len(ids)`` if
-    none), looked for in windows that double (``gather`` and ``indexOf``, in C)."""
+    none): a compiled scan, or one in windows that double (``gather`` and ``indexOf``)."""
+    if _first_passing is not None:
+        found = _first_passing(refs, freq, ids, start)
+        if found is not NotImplemented:
+            return found
     window = 32
     while start < len(ids):
         part = ids[start:start + window]
@@ -313,7 +330,11 @@ def first_evictable(refs: list[int], freq: bytearray, ids: list[int], start: int
 
 def evictable(refs: list[int], freq: bytearray, ids: list[int], start: int, most: int) -> int:
     """How many blocks from ``ids[start]`` on, ``most`` at most, are in a row free and of
-    frequency 0 (in C: ``refs | freq`` is 0 only for those)."""
+    frequency 0 (a compiled scan, or ``refs | freq``, 0 only for those, over a window)."""
+    if _num_passing is not None:
+        found = _num_passing(refs, freq, ids, start, most)
+        if found is not NotImplemented:
+            return found
     window = ids[start:start + most]
     if len(window) < 2:
         return 1 if window and not (refs[window[0]] or freq[window[0]]) else 0

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvsim.cache import bulk, chain_walk, intmap
+from kvsim.cache import bulk, chain_walk, intmap, s3fifo
 
 IntMap = pytest.importorskip("kvsim.cache._intmap").IntMap
 
@@ -266,3 +266,45 @@ def test_the_walk_leaves_a_parent_with_copies_to_the_pool(walk):
     assert walk(context, 2, 3, None, victims) == 2
     assert victims == [2] and calls == [("child_gone", 11)]
     assert context[10] == [1, 1, 0, 0]                # (the pool's callback counts it)
+
+
+# --- S3-FIFO's queue scans (kvsim.cache.s3fifo) ----------------------------------------------
+
+def test_the_queue_scans_find_free_blocks_never_hit():
+    refs, freq = [0, 1, 0, 0], bytearray([0, 0, 2, 0])
+    queue = [1, 2, 0, 3, 0, 1]                # held, hit, free, free, free, held
+    assert _bulk.first_passing(refs, freq, queue, 0) == 2
+    assert _bulk.first_passing(refs, None, queue, 0) == 1       # (free only: 2 is free)
+    assert _bulk.first_passing(refs, freq, queue, 5) == 6       # none: the length
+    assert _bulk.num_passing(refs, freq, queue, 2, 10) == 3
+    assert _bulk.num_passing(refs, freq, queue, 2, 2) == 2
+    assert _bulk.num_passing(refs, freq, queue, 1, 10) == 0
+    assert _bulk.first_passing(tuple(refs), freq, queue, 0) is NotImplemented
+    with pytest.raises(IndexError):
+        _bulk.first_passing(refs, freq, [1, 9], 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_queue_scans_match_their_python(data):
+    n = data.draw(st.integers(1, 10))
+    refs = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    freq = bytearray(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    queue = data.draw(st.lists(st.integers(0, n - 1), max_size=80))
+    start = data.draw(st.integers(0, len(queue)))
+    most = data.draw(st.integers(0, 90))
+
+    def scans():
+        found = [s3fifo.first_evictable(refs, freq, queue, start),
+                 s3fifo.evictable(refs, freq, queue, start, most)]
+        if 0 in [refs[b] for b in queue[start:]]:
+            found.append(s3fifo.next_free(refs, queue, start))
+        return found
+
+    compiled = scans()
+    saved = s3fifo._first_passing, s3fifo._num_passing
+    s3fifo._first_passing = s3fifo._num_passing = None        # the Python scans
+    try:
+        assert scans() == compiled
+    finally:
+        s3fifo._first_passing, s3fifo._num_passing = saved
