@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
-from kvsim.cache.bulk import gather, set_all
+from kvsim.cache.bulk import gather, set_all, set_each
 from kvsim.cache.policy_pool import PolicyPool
 
 
@@ -170,9 +170,7 @@ class QueuePool(PolicyPool):
         if len(block_ids) != len(block_hashes):        # zip's pairs
             n = min(len(block_ids), len(block_hashes))
             block_ids, block_hashes = block_ids[:n], block_hashes[:n]
-        hashes = self.block_hashes
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            hashes[block_id] = block_hash
+        set_each(self.block_hashes, block_ids, block_hashes)
         self.index.insert_many(block_hashes, block_ids)
         self.policy.fill_many(block_ids, block_hashes)
 
