@@ -12,6 +12,8 @@ host tier step by step, the chunk too, with each step's copies
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from kvsim.cache.decode_run import DecodeRun, DecodeSteps
@@ -332,15 +334,17 @@ def _allocate_steps_with_copies(kv, run: DecodeRun, events: np.ndarray, first: i
     used, idle, host_used = (np.empty(n, dtype=np.int64) for _ in range(3))
     transfers = []
     end_schedule = getattr(kv, "end_schedule", None)
+    held = getattr(kv, "demotions_held", nullcontext)     # (a step's demotions at once)
     scheduled = [s.request_id for s in run.requests]
     if run.prefill is not None:
         scheduled.append(run.prefill.seq.request_id)
     for j, requests in enumerate(_by_step(events)):
         kv.begin_step()
-        for i in requests:
-            _open_or_fill(kv, run, i, first + j)
-        if run.prefill is not None:
-            _allocate_chunk(kv, run.prefill, first + j)
+        with held():
+            for i in requests:
+                _open_or_fill(kv, run, i, first + j)
+            if run.prefill is not None:
+                _allocate_chunk(kv, run.prefill, first + j)
         if end_schedule is not None:
             end_schedule(scheduled)
         used[j], idle[j] = pool.num_used_blocks, pool.num_cached_free_blocks

@@ -25,6 +25,7 @@ reads or writes changes hands.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from itertools import groupby
 from operator import itemgetter
 from typing import Sequence
@@ -70,6 +71,7 @@ class TieredKVCacheManager(KVCacheManager):
         # (GPU block, hash, the request that filled it, its priority) to write
         self._pending_writes: list[tuple[int, int, object, int]] = []
         self._swapped: dict[object, tuple[list[int], int]] = {}   # id -> (host ids, tokens)
+        self._holding_demotions = False
 
     # --- lookup --------------------------------------------------------------------------
 
@@ -104,7 +106,7 @@ class TieredKVCacheManager(KVCacheManager):
                                       num_computed_tokens)
         if new_blocks is None:
             return None
-        if self.pool.evicted:
+        if self.pool.evicted and not self._holding_demotions:
             self._demote(self.pool.evicted)
         if host_ids or swapped:
             self._bring_in(request_id, host_ids, new_blocks[:len(host_ids)], swapped)
@@ -144,6 +146,24 @@ class TieredKVCacheManager(KVCacheManager):
         return CacheHit(gpu, num_tokens, host_ids[len(gpu):], swapped=True)
 
     # --- copies for the step plan --------------------------------------------------------
+
+    @contextmanager
+    def demotions_held(self):
+        """Within it, the blocks the allocations evict are demoted together when it ends:
+        one store into the host, which takes them as it would one at a time, and the same
+        copies in the same order (for a decode run's step: its allocations touch the host
+        only by demoting). Not where the host keys blocks by the request each store is for
+        (a scored host pool): there each allocation demotes its own."""
+        if self._host_scored or self._holding_demotions:
+            yield
+            return
+        self._holding_demotions = True
+        try:
+            yield
+        finally:
+            self._holding_demotions = False
+        if self.pool.evicted:
+            self._demote(self.pool.evicted)
 
     def begin_step(self) -> None:
         """A new step starts: write through the blocks the last step filled, each stored for

@@ -37,6 +37,25 @@ def test_an_evicted_cached_block_is_demoted_tail_first_before_its_block_is_reuse
     assert m.num_transferred_blocks[OFFLOAD] == 2
 
 
+def test_demotions_held_over_a_decode_step_are_the_copies_made_one_at_a_time():
+    """Two allocations each evict one of a's cached blocks: held, both are demoted when the
+    step's allocations are done, as one store; the host and the copies are as without."""
+    def two_evictions(m):
+        m.allocate("a", A, 8)
+        m.free("a")
+        m.allocate("b", B[:4], 4)
+        m.allocate("c", C[:4], 4)
+    one_by_one, held = tiered(), tiered()
+    two_evictions(one_by_one)
+    with held.demotions_held():
+        two_evictions(held)
+        assert len(held.pool.evicted) == 2 and copies(held) == []     # (not yet)
+    assert copies(held) == copies(one_by_one) == [(OFFLOAD, [(1, 0), (0, 1)])]
+    assert held.lookup(A + [0]).host_block_ids == one_by_one.lookup(A + [0]).host_block_ids \
+        == [1, 0]
+    assert held.num_transferred_blocks == one_by_one.num_transferred_blocks
+
+
 def test_a_lookup_continues_into_the_host_and_allocation_promotes_into_new_blocks():
     m = tiered(gpu=3)
     m.allocate("a", A, 8)
