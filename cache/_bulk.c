@@ -146,6 +146,9 @@ static inline Py_ssize_t block_of(PyObject *index, PyObject *list) {
 enum { HASHES, INDEX, EVICTED, SHARED, REFS, HITS, PRIO, PRIORITY, PARENTS, HOLDERS, COUNTS,
        LIVE, ENTRIES, HEAP, UNREACHABLE, DROP_COPY, CHILD_GONE, PUSH, NUM_CONTEXT };
 
+/* The ints 0 and 1, made at import (what the walk writes into reference and hit counts). */
+static PyObject *ZERO, *ONE;
+
 /* Uncache and take block ``b`` (its id object ``block``): the first half of one turn of
  * walk_chain; 0, or -1 with an error. */
 static int take_block(PyObject **c, Py_ssize_t b, PyObject *block, PyObject *victims) {
@@ -175,8 +178,8 @@ static int take_block(PyObject **c, Py_ssize_t b, PyObject *block, PyObject *vic
         return -1;
     assign(c[HASHES], b, Py_None);
     if (PyList_Append(victims, block) < 0) return -1;
-    assign(c[REFS], b, c[NUM_CONTEXT]);          /* (the int 1, kept past the context) */
-    assign(c[HITS], b, c[NUM_CONTEXT + 1]);      /* (the int 0) */
+    assign(c[REFS], b, ONE);
+    assign(c[HITS], b, ZERO);
     if (c[PRIO] != Py_None) {
         if (item(c[PRIO], b) == NULL) return -1;
         assign(c[PRIO], b, c[PRIORITY]);
@@ -217,7 +220,7 @@ static PyObject *walk_chain(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "walk_chain: a context tuple and a victims list");
         return NULL;
     }
-    PyObject *c[NUM_CONTEXT + 2];
+    PyObject *c[NUM_CONTEXT];
     for (int k = 0; k < NUM_CONTEXT; k++) c[k] = PyTuple_GET_ITEM(context, k);
     int lists[] = {HASHES, SHARED, REFS, HITS, PARENTS, HOLDERS, COUNTS, LIVE, ENTRIES};
     for (size_t k = 0; k < sizeof lists / sizeof *lists; k++)
@@ -231,8 +234,6 @@ static PyObject *walk_chain(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     }
     long left = PyLong_AsLong(args[2]);
     if (left == -1 && PyErr_Occurred()) return NULL;
-    PyObject *one = PyLong_FromLong(1), *zero = PyLong_FromLong(0);
-    c[NUM_CONTEXT] = one, c[NUM_CONTEXT + 1] = zero;
     PyObject *block = Py_NewRef(args[1]), *parent = NULL, *found = NULL, *out = NULL;
     for (;;) {
         Py_ssize_t b = block_of(block, c[HASHES]);
@@ -251,7 +252,7 @@ static PyObject *walk_chain(PyObject *mod, PyObject *const *args, Py_ssize_t nar
             break;
         }
         Py_ssize_t f = block_of(found, c[COUNTS]);
-        PyObject *count = f < 0 ? NULL : PyNumber_Subtract(PyList_GET_ITEM(c[COUNTS], f), one);
+        PyObject *count = f < 0 ? NULL : PyNumber_Subtract(PyList_GET_ITEM(c[COUNTS], f), ONE);
         if (count == NULL) goto done;
         assign(c[COUNTS], f, count);
         int busy = PyObject_IsTrue(count);
@@ -287,7 +288,6 @@ static PyObject *walk_chain(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     out = PyLong_FromLong(left);
 done:
     Py_XDECREF(block); Py_XDECREF(parent); Py_XDECREF(found);
-    Py_DECREF(one); Py_DECREF(zero);
     return out;
 }
 
@@ -295,7 +295,7 @@ done:
  * A queue is a list of block ids; a block is free when its reference count (``refs``, a list
  * of ints) is 0 and evictable when its frequency (``freq``, a bytearray) is 0 too. Each scan
  * returns NotImplemented, having read nothing, when the arguments are not of these types (the
- * Python scan beside it then runs), and raises as indexing would on a bad id. */
+ * Python scan beside it then runs), and an IndexError on a block id out of range. */
 
 /* Whether queue entry ``j`` is free (and, with ``freq``, never hit): 1, 0, or -1 on an error. */
 static inline int passes(PyObject *refs, PyObject *freq, PyObject *ids, Py_ssize_t j) {
@@ -391,4 +391,9 @@ static struct PyModuleDef bulk_module = {
     bulk_methods,
 };
 
-PyMODINIT_FUNC PyInit__bulk(void) { return PyModule_Create(&bulk_module); }
+PyMODINIT_FUNC PyInit__bulk(void) {
+    ZERO = PyLong_FromLong(0);
+    ONE = PyLong_FromLong(1);
+    if (ZERO == NULL || ONE == NULL) return NULL;
+    return PyModule_Create(&bulk_module);
+}

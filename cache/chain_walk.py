@@ -47,7 +47,9 @@ def walk_chain(context: tuple, block_id: int, left: int, top, victims: list[int]
     entry, None if empty) and victims are still wanted (``left``); a parent left eligible
     but keyed later is queued. Returns the victims still wanted. A parent's holder is read
     from the link kept when the block was cached, or from the index when that block no longer
-    holds the hash alone. Longer than most functions: one loop keeps the hot path's locals."""
+    holds the hash alone (parent links are not reset when a block goes: only cached blocks
+    are read, and caching sets them). Longer than most functions: one loop keeps the hot
+    path's locals."""
     (hashes, index, evicted, shared, refs, hits, prio, priority, parents, holders, counts,
      live, entries, heap, unreachable, drop_copy, child_gone, push) = context
     while True:
