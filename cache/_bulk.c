@@ -1,15 +1,18 @@
-/* C loops for kvsim.cache.bulk: element-wise updates of a Python list by a batch of indices,
- * and the policy pools' release of a request's blocks. Each does exactly what the Python
- * version beside it in bulk.py / policy_pool.py does (which runs when this module is not
- * built); a target that is not a list is left to it (NotImplemented, before reading the
- * indices), and so is a release that meets a block id or count that is not an int.
+/* C loops of kvsim.cache: element-wise updates of a Python list (or bytearray) by a batch of
+ * indices (bulk.py), the policy pools' release of a request's blocks (policy_pool.py), the
+ * scored pool's eviction walk (chain_walk.py) and S3-FIFO's queue scans (s3fifo.py). Each
+ * does exactly what the Python beside it does (which runs when this module is not built, or
+ * with KVSIM_PURE_PYTHON=1). A target of another type is left to it (NotImplemented, before
+ * reading the indices), and so is a release that meets a block id or count that is not an
+ * int; the walk, whose context the pool builds, raises TypeError instead.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* ``index`` (an int, or anything with ``__index__``) as a position in a list of ``n`` items
- * (negative from the end), or -1 with the error a list assignment raises. */
-static inline Py_ssize_t position(PyObject *index, Py_ssize_t n) {
+/* ``index`` (an int, or anything with ``__index__``) as a position in a list (or bytearray,
+ * ``what``) of ``n`` items (negative from the end), or -1 with the error its assignment
+ * raises. */
+static inline Py_ssize_t position(PyObject *index, Py_ssize_t n, const char *what) {
     if (!PyIndex_Check(index)) {
         PyErr_Format(PyExc_TypeError, "list indices must be integers or slices, not %.200s",
                      Py_TYPE(index)->tp_name);
@@ -19,7 +22,7 @@ static inline Py_ssize_t position(PyObject *index, Py_ssize_t n) {
     if (i == -1 && PyErr_Occurred()) return -1;
     if (i < 0) i += n;
     if (i < 0 || i >= n) {
-        PyErr_SetString(PyExc_IndexError, "list assignment index out of range");
+        PyErr_Format(PyExc_IndexError, "%s index out of range", what);
         return -1;
     }
     return i;
@@ -39,17 +42,39 @@ static inline void assign(PyObject *list, Py_ssize_t i, PyObject *value) {
     Py_DECREF(old);
 }
 
-/* set_all(values, indices, value): values[i] = value for each i (values a list). */
+/* set_all on a bytearray: each byte at ``indices`` becomes ``byte`` (0-255). */
+static PyObject *set_all_bytes(PyObject *values, PyObject *indices_given, char byte) {
+    PyObject *indices = PySequence_Fast(indices_given, "set_all: indices must be iterable");
+    if (indices == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
+    PyObject **items = PySequence_Fast_ITEMS(indices);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t i = position(items[j], PyByteArray_GET_SIZE(values), "bytearray");
+        if (i < 0) { Py_DECREF(indices); return NULL; }
+        PyByteArray_AS_STRING(values)[i] = byte;
+    }
+    Py_DECREF(indices);
+    Py_RETURN_NONE;
+}
+
+/* set_all(values, indices, value): values[i] = value for each i (values a list, or a
+ * bytearray and value an int of 0-255: else NotImplemented, for the loop's own error). */
 static PyObject *set_all(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (!three(nargs, "set_all(values, indices, value)")) return NULL;
     PyObject *values = args[0];
+    if (PyByteArray_CheckExact(values)) {
+        Py_ssize_t byte = PyIndex_Check(args[2]) ? PyNumber_AsSsize_t(args[2], NULL) : -1;
+        if (byte == -1 && PyErr_Occurred()) return NULL;
+        if (byte < 0 || byte > 255) Py_RETURN_NOTIMPLEMENTED;
+        return set_all_bytes(values, args[1], (char)byte);
+    }
     if (!PyList_CheckExact(values)) Py_RETURN_NOTIMPLEMENTED;
     PyObject *indices = PySequence_Fast(args[1], "set_all: indices must be iterable");
     if (indices == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
     PyObject **items = PySequence_Fast_ITEMS(indices);
     for (Py_ssize_t j = 0; j < n; j++) {
-        Py_ssize_t i = position(items[j], PyList_GET_SIZE(values));
+        Py_ssize_t i = position(items[j], PyList_GET_SIZE(values), "list assignment");
         if (i < 0) { Py_DECREF(indices); return NULL; }     /* (as the loop: those before
                                                                    it assigned) */
         assign(values, i, args[2]);
@@ -71,7 +96,7 @@ static PyObject *set_each(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     if (PySequence_Fast_GET_SIZE(news) < n) n = PySequence_Fast_GET_SIZE(news);
     PyObject **is = PySequence_Fast_ITEMS(indices), **vs = PySequence_Fast_ITEMS(news);
     for (Py_ssize_t j = 0; j < n; j++) {
-        Py_ssize_t i = position(is[j], PyList_GET_SIZE(values));
+        Py_ssize_t i = position(is[j], PyList_GET_SIZE(values), "list assignment");
         if (i < 0) { Py_DECREF(indices); Py_DECREF(news); return NULL; }
         assign(values, i, vs[j]);
     }

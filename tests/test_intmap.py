@@ -189,6 +189,19 @@ def test_set_all_and_set_each_assign_as_the_loops_do():
     assert _bulk.set_all((1, 2), [0], 0) is NotImplemented      # not a list: bulk.py's loop
 
 
+def test_set_all_sets_bytes_as_the_loop_does():
+    marks = bytearray(5)
+    assert _bulk.set_all(marks, [0, -1, np.int64(2)], True) is None
+    assert marks == bytearray([1, 0, 1, 0, 1])
+    with pytest.raises(IndexError, match="bytearray index out of range"):
+        _bulk.set_all(marks, [1, 5], 7)
+    assert marks[1] == 7                               # those before it assigned, as a loop
+    assert _bulk.set_all(marks, [0], 256) is NotImplemented     # the loop raises its own error
+    with pytest.raises(ValueError):
+        bulk.set_all(marks, [0], 256)
+    bulk.set_all(marks, [], "x")                       # (nothing to assign: no error either way)
+
+
 def test_drop_refs_frees_the_blocks_held_once_split_by_hash():
     refs, hashes = [1, 2, 1, 1, 0], [11, None, None, 13, None]
     assert _bulk.drop_refs(refs, hashes, [3, 1, 2, 0]) == ([3, 0], [2])
