@@ -3,10 +3,11 @@ there is one.
 
 The cache's hot paths update per-block lists (hashes, marks, reference counts) and the prefix
 index for a request's hundreds of blocks at a time. Where the install compiled
-``cache/_bulk.c`` (as ``cache/_intmap.c``, see :mod:`kvsim.cache.intmap`), list (and bytearray) updates and a
-release's reference counts loop in C; the Python loops here do the same otherwise. On CPython
-``map`` over a bound ``__setitem__`` or ``__delitem__`` (a slot wrapper) is about three times
-slower than the plain loop, and ``operator.itemgetter`` gathers faster than either.
+``cache/_bulk.c`` (as ``cache/_intmap.c``, see :mod:`kvsim.cache.intmap`), list (and
+bytearray) updates and a release's reference counts loop in C; the Python loops here do the
+same otherwise. On CPython ``map`` over a bound ``__setitem__`` or ``__delitem__`` (a slot
+wrapper) is about three times slower than the plain loop, and ``operator.itemgetter``
+gathers faster than either.
 """
 
 from __future__ import annotations
