@@ -13,7 +13,7 @@ from __future__ import annotations
 from itertools import repeat
 
 from kvsim.cache.bulk import delete_all
-from kvsim.cache.intmap import COMPILED, hash_map
+from kvsim.cache.intmap import add_new, hash_map
 
 
 class Ghost:
@@ -82,17 +82,7 @@ class Ghost:
     def _add_new(self, hashes: list) -> bool:
         """Make all of ``hashes`` present at once when none is yet and none comes twice
         (True); else change nothing (False)."""
-        live = self.live
-        if COMPILED:
-            return live.add_new(hashes, repeat(None, len(hashes)))
-        if not live.keys().isdisjoint(hashes):
-            return False
-        before = len(live)
-        live.update(dict.fromkeys(hashes))
-        if len(live) - before == len(hashes):
-            return True
-        delete_all(live, dict.fromkeys(hashes))     # a hash twice: undone
-        return False
+        return add_new(self.live, hashes, repeat(None, len(hashes)))
 
     def _add_one(self, block_hash, capacity: int) -> None:
         if block_hash not in self.live:

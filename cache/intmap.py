@@ -8,9 +8,10 @@ there; without one the install goes on and these maps are plain ``dict`` objects
 results, slower. ``KVSIM_PURE_PYTHON=1`` in the environment uses the dicts anyway (the tests
 compare both; ``bench/sim_speed.py`` measures both).
 
-:func:`hash_map` gives a new map; code that takes a faster path with the compiled one checks
-:data:`COMPILED`. Keys are ints of 64 bits (as every block hash is). After editing a ``.c``
-file, ``pip install -e .`` again rebuilds it (an editable install does not by itself).
+:func:`hash_map` gives a new map, :func:`add_new` fills one with new keys at once; code that
+takes a faster path with the compiled one checks :data:`COMPILED`. Keys are ints of 64 bits
+(as every block hash is). After editing a ``.c`` file, ``pip install -e .`` again rebuilds it
+(an editable install does not by itself).
 """
 
 from __future__ import annotations
@@ -34,3 +35,19 @@ COMPILED = IntMap is not None
 def hash_map():
     """A new, empty map of block hashes (see the module docstring)."""
     return IntMap() if COMPILED else {}
+
+
+def add_new(mapping, keys: list, values) -> bool:
+    """Put each pair of ``keys`` and ``values`` into ``mapping`` (a :func:`hash_map`) at once
+    when no key is there yet nor given twice (True); else change nothing (False)."""
+    if COMPILED:
+        return mapping.add_new(keys, values)
+    if not mapping.keys().isdisjoint(keys):
+        return False
+    before = len(mapping)
+    mapping.update(zip(keys, values))
+    if len(mapping) - before == len(keys):
+        return True
+    for key in keys:                    # a key twice: undone
+        mapping.pop(key, None)
+    return False

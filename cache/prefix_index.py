@@ -10,7 +10,7 @@ from operator import is_not
 from typing import Sequence
 
 from kvsim.cache.bulk import delete_all
-from kvsim.cache.intmap import COMPILED, hash_map
+from kvsim.cache.intmap import COMPILED, add_new, hash_map
 
 _is_held = partial(is_not, None)        # (a lookup's answer names a block)
 
@@ -70,18 +70,7 @@ class PrefixIndex:
     def add_new(self, block_hashes: list, block_ids: list[int]) -> bool:
         """Index each pair at once when no hash is indexed yet nor given twice (True); else
         change nothing (False)."""
-        index = self._map
-        if COMPILED:
-            return index.add_new(block_hashes, block_ids)
-        if not index.keys().isdisjoint(block_hashes):
-            return False
-        before = len(index)
-        index.update(zip(block_hashes, block_ids))
-        if len(index) - before == len(block_hashes):
-            return True
-        for block_hash in block_hashes:        # a hash twice: undone
-            index.pop(block_hash, None)
-        return False
+        return add_new(self._map, block_hashes, block_ids)
 
     def remove_many(self, block_hashes: Sequence[int], block_ids: list[int]) -> None:
         """``remove`` for each pair, in one pass of deletions when each hash has a single
