@@ -7,7 +7,8 @@
  * bits is stored as a number (read back as an equal int) and any other value as an object
  * reference. It behaves as the subset of ``dict`` the
  * cache uses, plus batch methods that loop in C (``add_new``, ``set_many``, ``delete_many``,
- * ``prefix``, ``get_many``, ``ints_at``, ``isdisjoint``).
+ * ``count_up``, ``count_down``, ``prefix``, ``get_many``, ``ints_at``, ``isdisjoint``). A
+ * second type, ``Ghost``, is a bounded FIFO of such keys (ARC's and S3-FIFO's ghost lists).
  *
  * Keys must be ints of 64 bits (TypeError / OverflowError otherwise; ``in`` and ``get`` simply
  * miss). Iteration order is the table's, not insertion order: nothing in the cache iterates a
@@ -431,6 +432,65 @@ static PyObject *IntMap_add_new(IntMap *m, PyObject *const *args, Py_ssize_t nar
     return Py_NewRef(fresh ? Py_True : Py_False);
 }
 
+/* The number in value cell ``i`` (an int stored as a number), or -1 with TypeError set. */
+static inline int64_t count_at(const IntMap *m, Py_ssize_t i) {
+    if (is_native(m->vals[i])) return (int64_t)m->vals[i] >> 1;
+    PyErr_SetString(PyExc_TypeError, "IntMap counts are ints of 62 bits");
+    return -1;
+}
+
+/* count_up(keys): m[k] = m.get(k, 0) + 1 for each, in order. */
+static PyObject *IntMap_count_up(IntMap *m, PyObject *arg) {
+    PyObject *keys = as_seq(arg);
+    if (keys == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    PyObject **ks = PySequence_Fast_ITEMS(keys);
+    int failed = make_room(m, n) < 0;
+    for (Py_ssize_t j = 0; j < n && !failed; j++) {
+        int64_t key, count;
+        Py_ssize_t spot = 0, i;
+        if (as_key(ks[j], &key) < 0) { failed = 1; break; }
+        i = probe(m, key, &spot);
+        if (i < 0) {
+            if (spot < CAP(m)) {
+                if (m->keys[spot] == EMPTY_KEY) m->used++;
+                m->keys[spot] = key;
+            }
+            m->vals[spot] = ((uint64_t)1 << 1) | 1;
+            m->size++;
+        } else if ((count = count_at(m, i)) < 0 || count >= NATIVE_MAX) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "count too large");
+            failed = 1;
+        } else {
+            m->vals[i] = ((uint64_t)(count + 1) << 1) | 1;
+        }
+    }
+    Py_DECREF(keys);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* count_down(keys): for each, in order, m[k] -= 1, deleted at 0 (KeyError at a missing key,
+ * those before it counted down). */
+static PyObject *IntMap_count_down(IntMap *m, PyObject *arg) {
+    PyObject *keys = as_seq(arg);
+    if (keys == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    PyObject **ks = PySequence_Fast_ITEMS(keys);
+    int failed = 0;
+    for (Py_ssize_t j = 0; j < n && !failed; j++) {
+        Py_ssize_t i = cell_for(m, ks[j]);
+        int64_t count;
+        if (i < 0) { if (i == -1) missing(ks[j]); failed = 1; }
+        else if ((count = count_at(m, i)) < 0) failed = 1;
+        else if (count <= 1) drop(m, i);
+        else m->vals[i] = ((uint64_t)(count - 1) << 1) | 1;
+    }
+    Py_DECREF(keys);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* delete_many(keys): del m[k] for each, in order (KeyError at the first missing one, those
  * before it deleted, as a loop of ``del`` would). */
 static PyObject *IntMap_delete_many(IntMap *m, PyObject *arg) {
@@ -565,6 +625,9 @@ static PyMethodDef IntMap_methods[] = {
     {"add_new", FAST(IntMap_add_new), METH_FASTCALL,
      "m[k] = v pairwise if no key is here and none comes twice (True); else nothing (False)"},
     {"delete_many", (PyCFunction)IntMap_delete_many, METH_O, "del m[k] for each of keys"},
+    {"count_up", (PyCFunction)IntMap_count_up, METH_O, "m[k] = m.get(k, 0) + 1 for each of keys"},
+    {"count_down", (PyCFunction)IntMap_count_down, METH_O,
+     "m[k] -= 1 for each of keys, deleted at 0"},
     {"prefix", (PyCFunction)IntMap_prefix, METH_O,
      "the values of the leading keys present, up to the first missing one"},
     {"get_many", FAST(IntMap_get_many), METH_FASTCALL, "[m.get(k, default) for k in keys]"},
@@ -601,18 +664,224 @@ static PyTypeObject IntMapType = {
     .tp_methods = IntMap_methods,
 };
 
+/* --- Ghost ------------------------------------------------------------------------------- */
+
+/* A ghost list: a bounded FIFO of hashes with an OrderedDict's order, membership and length
+ * (see kvsim.cache.ghost). ``live`` maps each present hash to the position of its entry in
+ * ``fifo`` (a number); ``fifo[head:tail]`` lists the hashes in the order they were added, at
+ * positions ``base + index``. A hash taken out (``discard``) leaves a stale entry behind: an
+ * entry is live exactly while ``live`` maps its hash to its own position. */
+typedef struct {
+    PyObject_HEAD
+    IntMap *live;
+    int64_t *fifo;
+    Py_ssize_t head, tail, room;
+    int64_t base;
+    Py_ssize_t slack;       /* stale entries kept before ``fifo`` is rebuilt without them */
+} Ghost;
+
+static inline uint64_t number_cell(int64_t v) { return ((uint64_t)v << 1) | 1; }
+
+static inline int entry_is_live(const Ghost *g, Py_ssize_t j) {
+    Py_ssize_t i = find(g->live, g->fifo[j]);
+    return i >= 0 && g->live->vals[i] == number_cell(g->base + j);
+}
+
+/* ``fifo`` without its gone and stale entries (each live hash given its new position). */
+static void ghost_rebuild(Ghost *g) {
+    IntMap *m = g->live;
+    Py_ssize_t w = 0;
+    int64_t base = g->base + g->tail;       /* fresh positions: none equals an old one */
+    for (Py_ssize_t j = g->head; j < g->tail; j++) {
+        Py_ssize_t i = find(m, g->fifo[j]);
+        if (i < 0 || m->vals[i] != number_cell(g->base + j)) continue;
+        m->vals[i] = number_cell(base + w);
+        g->fifo[w++] = g->fifo[j];
+    }
+    g->base = base;
+    g->head = 0;
+    g->tail = w;
+}
+
+/* Room in ``fifo`` for ``n`` more entries. */
+static int ghost_room(Ghost *g, Py_ssize_t n) {
+    if (g->tail + n <= g->room) return 0;
+    if (g->head) {                          /* the gone entries first */
+        memmove(g->fifo, g->fifo + g->head, (size_t)(g->tail - g->head) * sizeof(int64_t));
+        g->base += g->head;
+        g->tail -= g->head;
+        g->head = 0;
+        if (g->tail + n <= g->room) return 0;
+    }
+    Py_ssize_t room = g->room * 2 > g->tail + n ? g->room * 2 : g->tail + n;
+    int64_t *fifo = PyMem_Realloc(g->fifo, (size_t)room * sizeof(int64_t));
+    if (fifo == NULL) { PyErr_NoMemory(); return -1; }
+    g->fifo = fifo;
+    g->room = room;
+    return 0;
+}
+
+/* Drop the oldest present hash (stale entries before it go too). */
+static void ghost_drop_oldest(Ghost *g) {
+    while (g->head < g->tail) {
+        Py_ssize_t j = g->head++;
+        Py_ssize_t i = find(g->live, g->fifo[j]);
+        if (i >= 0 && g->live->vals[i] == number_cell(g->base + j)) { drop(g->live, i); return; }
+    }
+}
+
+static void ghost_tidy(Ghost *g) {
+    if (g->tail - g->head > 2 * g->live->size + g->slack) ghost_rebuild(g);
+}
+
+static PyObject *Ghost_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"slack", NULL};
+    Py_ssize_t slack = 1024;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:Ghost", names, &slack)) return NULL;
+    Ghost *g = (Ghost *)type->tp_alloc(type, 0);
+    if (g == NULL) return NULL;
+    g->live = (IntMap *)IntMap_new(&IntMapType, NULL, NULL);
+    g->fifo = PyMem_Malloc(16 * sizeof(int64_t));
+    if (g->live == NULL || g->fifo == NULL) { Py_DECREF(g); return PyErr_NoMemory(); }
+    g->head = g->tail = 0;
+    g->room = 16;
+    g->base = 0;
+    g->slack = slack < 0 ? 0 : slack;
+    return (PyObject *)g;
+}
+
+static void Ghost_dealloc(Ghost *g) {
+    Py_XDECREF(g->live);
+    PyMem_Free(g->fifo);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static Py_ssize_t Ghost_len(Ghost *g) { return g->live->size; }
+
+static int Ghost_contains(Ghost *g, PyObject *keyobj) { return IntMap_contains(g->live, keyobj); }
+
+/* add(hashes, capacity): for each hash in turn, ``ghost[h] = None`` (one present keeps its
+ * place), then, with more than ``capacity`` present, the oldest goes. */
+static PyObject *Ghost_add(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "add(hashes, capacity)"); return NULL; }
+    Py_ssize_t capacity = PyLong_AsSsize_t(args[1]);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    PyObject *hashes = as_seq(args[0]);
+    if (hashes == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    PyObject **hs = PySequence_Fast_ITEMS(hashes);
+    IntMap *m = g->live;
+    int failed = make_room(m, n) < 0 || ghost_room(g, n) < 0;
+    for (Py_ssize_t j = 0; j < n && !failed; j++) {
+        int64_t key;
+        Py_ssize_t spot = 0;
+        if (as_key(hs[j], &key) < 0) { failed = 1; break; }
+        if (probe(m, key, &spot) < 0) {
+            if (spot < CAP(m)) {
+                if (m->keys[spot] == EMPTY_KEY) m->used++;
+                m->keys[spot] = key;
+            }
+            m->vals[spot] = number_cell(g->base + g->tail);
+            m->size++;
+            g->fifo[g->tail++] = key;
+        }
+        if (m->size > capacity) ghost_drop_oldest(g);
+    }
+    Py_DECREF(hashes);
+    if (failed) return NULL;
+    ghost_tidy(g);
+    Py_RETURN_NONE;
+}
+
+/* discard(hash): take a present hash out (KeyError if it is not). */
+static PyObject *Ghost_discard(Ghost *g, PyObject *keyobj) {
+    Py_ssize_t i = cell_for(g->live, keyobj);
+    if (i < 0) return i == -2 ? NULL : missing(keyobj);
+    drop(g->live, i);
+    ghost_tidy(g);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ghost_isdisjoint(Ghost *g, PyObject *arg) { return IntMap_isdisjoint(g->live, arg); }
+
+/* first_present(hashes, start): the first index from ``start`` whose hash is here, or
+ * ``len(hashes)``. */
+static PyObject *Ghost_first_present(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "first_present(hashes, start)"); return NULL; }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    PyObject *hashes = as_seq(args[0]);
+    if (hashes == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes), j;
+    PyObject **hs = PySequence_Fast_ITEMS(hashes);
+    for (j = start < 0 ? 0 : start; j < n; j++) {
+        Py_ssize_t i = cell_for(g->live, hs[j]);
+        if (i == -2) { Py_DECREF(hashes); return NULL; }
+        if (i >= 0) break;
+    }
+    Py_DECREF(hashes);
+    return PyLong_FromSsize_t(j < n ? j : n);
+}
+
+/* The present hashes, oldest first, as a list. */
+static PyObject *ghost_order(Ghost *g) {
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t j = g->head; j < g->tail && out != NULL; j++) {
+        if (!entry_is_live(g, j)) continue;
+        PyObject *k = PyLong_FromLongLong(g->fifo[j]);
+        if (k == NULL || PyList_Append(out, k) < 0) Py_CLEAR(out);
+        Py_XDECREF(k);
+    }
+    return out;
+}
+
+static PyObject *Ghost_iter(Ghost *g) {
+    PyObject *order = ghost_order(g);
+    if (order == NULL) return NULL;
+    PyObject *it = PyObject_GetIter(order);
+    Py_DECREF(order);
+    return it;
+}
+
+static PyMethodDef Ghost_methods[] = {
+    {"add", FAST(Ghost_add), METH_FASTCALL,
+     "for each hash: ghost[h] = None, then the oldest goes while more than capacity"},
+    {"discard", (PyCFunction)Ghost_discard, METH_O, "take a present hash out"},
+    {"isdisjoint", (PyCFunction)Ghost_isdisjoint, METH_O, "none of the hashes given is here"},
+    {"first_present", FAST(Ghost_first_present), METH_FASTCALL,
+     "the first index from start whose hash is here, or len(hashes)"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PySequenceMethods Ghost_sequence = {
+    .sq_length = (lenfunc)Ghost_len,
+    .sq_contains = (objobjproc)Ghost_contains,
+};
+
+static PyTypeObject GhostType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvsim.cache._intmap.Ghost",
+    .tp_doc = "A bounded FIFO of 64-bit hashes with an OrderedDict's order and membership.",
+    .tp_basicsize = sizeof(Ghost),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Ghost_new,
+    .tp_dealloc = (destructor)Ghost_dealloc,
+    .tp_as_sequence = &Ghost_sequence,
+    .tp_iter = (getiterfunc)Ghost_iter,
+    .tp_methods = Ghost_methods,
+};
+
 static struct PyModuleDef intmap_module = {
-    PyModuleDef_HEAD_INIT, "_intmap", "IntMap: a dict of 64-bit int keys (see the C source).",
+    PyModuleDef_HEAD_INIT, "_intmap", "IntMap, a dict of 64-bit int keys, and Ghost, a bounded FIFO of them (see the C source).",
     -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__intmap(void) {
-    if (PyType_Ready(&IntMapType) < 0) return NULL;
+    if (PyType_Ready(&IntMapType) < 0 || PyType_Ready(&GhostType) < 0) return NULL;
     PyObject *mod = PyModule_Create(&intmap_module);
     if (mod == NULL) return NULL;
-    Py_INCREF(&IntMapType);
-    if (PyModule_AddObject(mod, "IntMap", (PyObject *)&IntMapType) < 0) {
-        Py_DECREF(&IntMapType);
+    if (PyModule_AddObjectRef(mod, "IntMap", (PyObject *)&IntMapType) < 0
+            || PyModule_AddObjectRef(mod, "Ghost", (PyObject *)&GhostType) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -7,7 +7,7 @@ import numpy as np
 
 from kvsim.cache.bulk import gather
 from kvsim.cache.free_queue import FreeQueue
-from kvsim.cache.ghost import Ghost
+from kvsim.cache.ghost import Ghost, ghost_list
 from kvsim.cache.queue_pool import QueuePolicy
 
 
@@ -46,21 +46,31 @@ class ARCPolicy(QueuePolicy):
     def reset(self) -> None:
         self.t1 = FreeQueue(self.capacity, filled=False)     # free T1 blocks, oldest first
         self.t2 = FreeQueue(self.capacity, filled=False)
-        self.b1 = Ghost()                                    # ghost hashes, oldest first
-        self.b2 = Ghost()
+        self.b1 = ghost_list()                                    # ghost hashes, oldest first
+        self.b2 = ghost_list()
         self.in_t2 = np.zeros(self.capacity, dtype=bool)
         self.num_t1 = self.num_t2 = 0
         self.target_t1 = 0
 
     def fill_many(self, block_ids, block_hashes):
+        """The fills between two ghost hits join ``T1`` at once; each hit goes by :meth:`_fill`
+        (it moves the target, so the order of hits counts)."""
         b1, b2 = self.b1, self.b2
-        if b1.isdisjoint(block_hashes) and b2.isdisjoint(block_hashes):
-            if block_ids:                                   # no ghost hit: all into T1
-                self.in_t2[_ids(block_ids)] = False
-                self.num_t1 += len(block_ids)
-            return
-        for block_id, block_hash in zip(block_ids, block_hashes):
-            self._fill(block_id, block_hash)
+        n, start = min(len(block_ids), len(block_hashes)), 0
+        next1, next2 = b1.first_present(block_hashes, 0), b2.first_present(block_hashes, 0)
+        while True:
+            k = min(next1, next2, n)
+            if k > start:
+                self.in_t2[_ids(block_ids[start:k])] = False
+                self.num_t1 += k - start
+            if k == n:
+                return
+            self._fill(block_ids[k], block_hashes[k])
+            start = k + 1
+            if next1 == k:          # (a hit changes its own list only: B1 first, as _fill)
+                next1 = b1.first_present(block_hashes, start)
+            if next2 < start:
+                next2 = b2.first_present(block_hashes, start)
 
     def _fill(self, block_id, block_hash):
         b1, b2 = self.b1, self.b2

@@ -5,7 +5,9 @@ hash is added at the end (one already present keeps its place), the oldest goes 
 are too many, and a hash whose block comes back is taken out. :class:`Ghost` has exactly that
 behaviour at less cost: a ghost is touched for every evicted block, and its hashes are spread
 over a large table, so what counts is the number of dictionary operations per hash and the
-Python code run per hash.
+Python code run per hash. Where ``cache/_intmap.c`` was built, :func:`ghost_list` gives its
+``Ghost`` instead (the same behaviour, each batch one C loop: a hash table of positions and a
+FIFO of 64-bit hashes, no int objects); :class:`Ghost` here is what runs without it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from __future__ import annotations
 from itertools import repeat
 
 from kvsim.cache.bulk import delete_all
-from kvsim.cache.intmap import add_new, hash_map
+from kvsim.cache.intmap import COMPILED, CompiledGhost, add_new, hash_map
+
+
+def ghost_list():
+    """A new, empty ghost list: the compiled one where it was built, else a :class:`Ghost`."""
+    return CompiledGhost() if COMPILED else Ghost()
 
 
 class Ghost:
@@ -45,6 +52,14 @@ class Ghost:
     def isdisjoint(self, hashes) -> bool:
         """Whether none of ``hashes`` is present."""
         return self.live.keys().isdisjoint(hashes)
+
+    def first_present(self, hashes: list, start: int) -> int:
+        """The first index from ``start`` whose hash is present, or ``len(hashes)``."""
+        live = self.live
+        for j in range(start, len(hashes)):
+            if hashes[j] in live:
+                return j
+        return len(hashes)
 
     def __iter__(self):
         pending = dict(self.stale)

@@ -25,10 +25,10 @@ calls :meth:`LookaheadPolicy.enqueue`) only the second part acts.
 
 from __future__ import annotations
 
-from collections import Counter
 from itertools import islice, takewhile
 from typing import Callable, Sequence
 
+from kvsim.cache.intmap import count_down, count_up, hash_map
 from kvsim.cache.policies import KEY_PART_BITS, CachePolicy
 
 
@@ -144,53 +144,31 @@ class LookaheadPolicy(CachePolicy):
 
 
 class WantedHashes:
-    """The hashes the tracked lookups reach, each counted once per lookup (a multiset): ``once``
-    holds every hash counted at least once (a set: membership and bulk updates run in C),
-    ``more`` how many times more (a Counter, for the few hashes several queued lookups share,
-    such as a system prompt)."""
+    """The hashes the tracked lookups reach, each counted once per lookup (a multiset):
+    ``counts`` maps each to how many lookups reach it (a :func:`~kvsim.cache.intmap.hash_map`,
+    counted up and down a lookup at a time in one C loop where it is compiled)."""
 
-    __slots__ = ("once", "more")
+    __slots__ = ("counts",)
 
     def __init__(self) -> None:
-        self.once: set[int] = set()
-        self.more: Counter = Counter()
+        self.counts = hash_map()
 
     def __contains__(self, block_hash) -> bool:
-        return block_hash in self.once
+        return block_hash in self.counts
 
     def __bool__(self) -> bool:
-        return bool(self.once)
+        return bool(len(self.counts))
 
     def __len__(self) -> int:
-        return len(self.once)
-
-    def counts(self) -> dict[int, int]:
-        """Each hash and how many lookups reach it."""
-        return {h: 1 + self.more.get(h, 0) for h in self.once}
+        return len(self.counts)
 
     def add(self, hashes: list[int]) -> None:
         """Count one more lookup reaching each of ``hashes`` (distinct)."""
-        once = self.once
-        if not once.isdisjoint(hashes):
-            self.more.update(once.intersection(hashes))
-        once.update(hashes)
+        count_up(self.counts, hashes)
 
     def remove(self, hashes: list[int]) -> None:
         """Count one lookup fewer reaching each of ``hashes`` (distinct, each counted)."""
-        more = self.more
-        if not more:
-            self.once.difference_update(hashes)
-            return
-        shared = list(filter(more.__contains__, hashes))
-        drop = more.pop         # dict's (Counter's ``del`` is written in Python)
-        for block_hash in shared:
-            left = more[block_hash] - 1
-            if left:
-                more[block_hash] = left
-            else:
-                drop(block_hash)
-        self.once.difference_update(hashes)
-        self.once.update(shared)
+        count_down(self.counts, hashes)
 
 
 class _Waiter:

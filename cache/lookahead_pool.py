@@ -110,7 +110,7 @@ class LookaheadPool(LanePool):
         time), and block ids are prefix identities, so the wanted hashes (closed under chain
         parents: a lookup reaches a prefix) are the release's last blocks: found by bisection,
         not looked up one by one."""
-        wanted, hashes = self.policy.wanted.once, self.block_hashes
+        wanted, hashes = self.policy.wanted.counts, self.block_hashes
         first = bisect_left(block_ids, True, key=lambda b: hashes[b] in wanted) if wanted \
             else len(block_ids)
         self._queue(block_ids[:first], range(clock, clock + first))

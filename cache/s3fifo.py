@@ -27,7 +27,7 @@ from itertools import chain, compress, groupby, takewhile
 from operator import countOf, indexOf, itemgetter, not_, or_
 
 from kvsim.cache.bulk import compiled_loop, gather, set_all
-from kvsim.cache.ghost import Ghost
+from kvsim.cache.ghost import ghost_list
 from kvsim.cache.queue_pool import QueuePolicy
 
 _first_passing = compiled_loop("first_passing")
@@ -80,7 +80,7 @@ class S3FIFOPolicy(QueuePolicy):
         self._runs: deque[_Run] = deque()    # M, from the hand
         self._run_of: list[_Run | None] = [None] * self.capacity
         self._main_len = 0
-        self.ghost = Ghost()
+        self.ghost = ghost_list()
         self.freq = bytearray(self.capacity)          # bytes, not lists: a smaller footprint
         self.in_main = bytearray(self.capacity)       # in the CPU caches (1 or 0)
         self.num_main_free = 0          # free blocks in M: none -> skip its scan (O(1))

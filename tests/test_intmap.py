@@ -36,6 +36,20 @@ def test_add_new_puts_every_pair_or_none():
     assert dict(m) == {10: 0, 11: 1}
 
 
+@pytest.mark.parametrize("make", [IntMap, dict], ids=["compiled", "dict"])
+def test_count_up_and_down_keep_a_multiset(make, monkeypatch):
+    monkeypatch.setattr(intmap, "COMPILED", make is IntMap)
+    m = make()
+    intmap.count_up(m, [5, 0, 5, 1])
+    intmap.count_up(m, [1, -7])
+    assert m == {5: 2, 0: 1, 1: 2, -7: 1}
+    intmap.count_down(m, [5, 0, 1])
+    assert m == {5: 1, 1: 1, -7: 1}             # 0 went at zero
+    with pytest.raises(KeyError):
+        intmap.count_down(m, [-7, 0])           # -7 counted down, then 0 is missing
+    assert m == {5: 1, 1: 1}
+
+
 def test_delete_many_stops_at_the_first_missing_key_as_a_loop_of_del():
     m = IntMap()
     m.set_many([1, 2, 3], ["a", "b", "c"])

@@ -23,9 +23,9 @@ def test_a_block_a_queued_request_will_look_up_is_evicted_last():
     clock = pool.key_of(a)[1]
     assert pool.key_of(a) == pool.policy.key(pool, a, 1, clock) == (1, clock, 1)
     assert put(pool, 4) == b                 # LRU would take a, the oldest
-    assert pool.index.get(1) == a and pool.policy.wanted.counts() == {1: 1}   # 99 is not cached
+    assert pool.index.get(1) == a and pool.policy.wanted.counts == {1: 1}   # 99 is not cached
     pool.policy.dequeue("r")
-    assert pool.policy.wanted.counts() == {}
+    assert pool.policy.wanted.counts == {}
 
 
 def test_a_queued_lookup_reaches_blocks_cached_while_it_waits():
@@ -33,17 +33,17 @@ def test_a_queued_lookup_reaches_blocks_cached_while_it_waits():
     a = put(pool, 1)
     pool.policy.enqueue("r", [1, 2, 3, 4])   # its lookup would hit [1] now
     pool.policy.enqueue("s", [1, 2, 5])
-    assert pool.policy.wanted.counts() == {1: 2}
+    assert pool.policy.wanted.counts == {1: 2}
     b, c = pool.get_new_blocks(2)            # another request fills 2 and 3 after 1
     pool.cache_blocks([b, c], [2, 3], 1, a)
-    assert pool.policy.wanted.counts() == {1: 2, 2: 2, 3: 1}    # s still stops before 5
+    assert pool.policy.wanted.counts == {1: 2, 2: 2, 3: 1}    # s still stops before 5
     pool.free_blocks([c, b])
     d = put(pool, 9)
     assert put(pool, 10) == d                # 1, 2 and 3 are protected: the unwanted 9 goes
     pool.policy.dequeue("r")
-    assert pool.policy.wanted.counts() == {1: 1, 2: 1}
+    assert pool.policy.wanted.counts == {1: 1, 2: 1}
     pool.policy.dequeue("s")
-    assert pool.policy.wanted.counts() == {} and pool.policy._blocked == {}
+    assert pool.policy.wanted.counts == {} and pool.policy._blocked == {}
 
 
 def test_a_request_is_queued_once_at_a_time():
@@ -53,7 +53,7 @@ def test_a_request_is_queued_once_at_a_time():
         policy.enqueue("r", [1])
     policy.dequeue("r")
     policy.enqueue("r", [1])                 # again after admission (a preemption)
-    assert policy.queued == ["r"] and policy.wanted.counts() == {1: 1}   # no pool: every hash counts
+    assert policy.queued == ["r"] and policy.wanted.counts == {1: 1}   # no pool: every hash counts
 
 
 def test_protection_yields_when_every_free_block_is_protected():
@@ -117,7 +117,7 @@ def test_the_scheduler_tells_lookahead_who_waits_and_who_was_admitted():
     sched.add(first)
     sched.add(second)
     policy = kv.pool.policy
-    assert policy.queued == [0, 1] and policy.wanted.counts() == {}    # nothing cached to reach yet
+    assert policy.queued == [0, 1] and policy.wanted.counts == {}    # nothing cached to reach yet
     sched.schedule()                              # the budget admits the first only
     assert policy.queued == [1]
 
@@ -132,13 +132,13 @@ def test_only_the_head_of_the_queue_is_tracked_and_a_lookup_is_read_when_it_move
         return lambda: read.append(hashes) or hashes
     pool.policy.enqueue("r", lookup([1]))
     pool.policy.enqueue("s", lookup([2]))                 # behind the window: not read yet
-    assert (read, pool.policy.wanted.counts(), pool.policy.queued) == ([[1]], {1: 1}, ["r", "s"])
+    assert (read, pool.policy.wanted.counts, pool.policy.queued) == ([[1]], {1: 1}, ["r", "s"])
     pool.policy.enqueue("p", [2, 9], front=True)           # preempted: tracked at once
-    assert pool.policy.wanted.counts() == {1: 1, 2: 1}
+    assert pool.policy.wanted.counts == {1: 1, 2: 1}
     pool.policy.dequeue("r")                               # s still waits: p fills the window
-    assert read == [[1]] and pool.policy.wanted.counts() == {2: 1}
+    assert read == [[1]] and pool.policy.wanted.counts == {2: 1}
     pool.policy.dequeue("p")                               # now s moves up
-    assert read == [[1], [2]] and pool.policy.wanted.counts() == {2: 1}
+    assert read == [[1], [2]] and pool.policy.wanted.counts == {2: 1}
     pool.policy.enqueue("t", [1])
     pool.policy.dequeue("t")                               # admitted before it moved up
     assert pool.policy.queued == ["s"]
@@ -170,5 +170,5 @@ def test_wanted_hashes_count_like_a_counter_under_random_lookups():
                 wanted.add(hashes)
                 ref.update(hashes)
             expected = {h: c for h, c in ref.items() if c}
-            assert wanted.counts() == expected and set(wanted.once) == set(expected)
+            assert wanted.counts == expected and len(wanted) == len(expected)
             assert all((h in wanted) == (h in expected) for h in range(30))

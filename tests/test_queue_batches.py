@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.cache.ghost import Ghost
+from kvsim.cache.intmap import CompiledGhost
 
 from queue_reference import RefARCPolicy, RefQueuePool, RefS3FIFOPolicy
 from pool_stories import put, use
@@ -215,38 +216,55 @@ def ordered_add(ghost, hashes, capacity):
             ghost.popitem(last=False)
 
 
-def test_ghost_keeps_a_present_hash_in_place_and_sends_a_returning_one_to_the_end():
-    g = Ghost()
+GHOST_KINDS = ["python"] + (["compiled"] if CompiledGhost is not None else [])
+
+
+def new_ghost(kind, slack=1024):
+    """An empty ghost list of ``kind`` that rebuilds its FIFO past ``slack`` stale entries (the
+    Python one reads its class's ``slack``: set by the caller)."""
+    return Ghost() if kind == "python" else CompiledGhost(slack=slack)
+
+
+@pytest.mark.parametrize("kind", GHOST_KINDS)
+def test_ghost_keeps_a_present_hash_in_place_and_sends_a_returning_one_to_the_end(kind):
+    g = new_ghost(kind)
     g.add([1, 2, 3], 3)
     g.add([2, 4], 3)                  # 2 stays second; 4 drops 1
     assert list(g) == [2, 3, 4] and len(g) == 3 and 1 not in g
+    assert g.first_present([7, 1, 4, 2], 0) == 2 and g.first_present([7, 1, 4, 2], 3) == 3
+    assert g.first_present([7, 1], 0) == 2 and g.isdisjoint([7, 1]) and not g.isdisjoint([1, 3])
     g.discard(3)
     g.add([3], 3)
     assert list(g) == [2, 4, 3]
     # over a smaller capacity each addition drops one: 2, then 4, then (5 being present) 3
     g.add([5, 6, 5], 2)
     assert list(g) == [5, 6]
+    with pytest.raises(KeyError):
+        g.discard(3)
 
 
-def test_ghost_matches_an_ordered_dict_under_random_use():
+@pytest.mark.parametrize("kind", GHOST_KINDS)
+def test_ghost_matches_an_ordered_dict_under_random_use(kind, monkeypatch):
     for seed in range(300):
         rng = random.Random(seed)
-        old_slack, Ghost.slack = Ghost.slack, rng.choice([0, 2, 1024])
-        try:
-            g, ref, cap = Ghost(), OrderedDict(), rng.randint(0, 20)
-            for _ in range(150):
-                if rng.random() < 0.7 or not ref:
-                    hashes = [rng.randrange(40) for _ in range(rng.randint(0, 10))]
-                    c = cap if rng.random() < 0.9 else rng.randint(-3, 30)
-                    g.add(hashes, c)
-                    ordered_add(ref, hashes, c)
-                else:
-                    h = rng.choice(list(ref))
-                    g.discard(h)
-                    del ref[h]
-                assert list(g) == list(ref) and len(g) == len(ref), seed
-        finally:
-            Ghost.slack = old_slack
+        slack = rng.choice([0, 2, 1024])
+        monkeypatch.setattr(Ghost, "slack", slack)
+        g, ref, cap = new_ghost(kind, slack), OrderedDict(), rng.randint(0, 20)
+        for _ in range(150):
+            if rng.random() < 0.7 or not ref:
+                hashes = [rng.randrange(-3, 40) for _ in range(rng.randint(0, 10))]
+                start = rng.randint(0, len(hashes))
+                found = next((j for j in range(start, len(hashes)) if hashes[j] in ref),
+                             len(hashes))
+                assert g.first_present(hashes, start) == found, seed
+                c = cap if rng.random() < 0.9 else rng.randint(-3, 30)
+                g.add(hashes, c)
+                ordered_add(ref, hashes, c)
+            else:
+                h = rng.choice(list(ref))
+                g.discard(h)
+                del ref[h]
+            assert list(g) == list(ref) and len(g) == len(ref), seed
 
 
 def test_gather_and_set_all():
