@@ -103,12 +103,11 @@ class S3FIFOPolicy(QueuePolicy):
 
     def fill_many(self, block_ids, block_hashes):
         freq, in_main, ghost = self.freq, self.in_main, self.ghost
+        set_all(freq, block_ids, 0)
         if ghost.isdisjoint(block_hashes):   # none came back: all into S
-            for block_id in block_ids:
-                freq[block_id] = in_main[block_id] = 0
+            set_all(in_main, block_ids, 0)
             self._small += block_ids
             return
-        set_all(freq, block_ids, 0)
         into_main = []
         for block_id, block_hash in zip(block_ids, block_hashes):
             back = block_hash in ghost
@@ -227,9 +226,8 @@ class S3FIFOPolicy(QueuePolicy):
             self.num_main_free += free
 
     def _new_run(self, block_ids: list[int], free: int) -> _Run:
-        run, run_of = _Run(block_ids, free), self._run_of
-        for block_id in block_ids:
-            run_of[block_id] = run
+        run = _Run(block_ids, free)
+        set_all(self._run_of, block_ids, run)
         return run
 
     def _from_main(self, k: int) -> list[int]:
