@@ -42,7 +42,7 @@ import numpy as np
 from kvsim.cache.bulk import delete_all
 from kvsim.cache.intmap import COMPILED, hash_map
 from kvsim.cache.offload_records import NO_IDS, HostBlocks, Offer, RequestAccess
-from kvsim.cache.recency import RecencyOrder
+from kvsim.cache.recency import recency_order
 
 @dataclass(slots=True)
 class HostBlock:
@@ -77,7 +77,7 @@ class LRUOffloadingManager:
 
     The host blocks' state lives in arrays indexed by host block id (the hash each holds and
     vLLM's ``ref_cnt``), found by hash through one ``dict``; the recency order is a
-    :class:`~kvsim.cache.recency.RecencyOrder` of host ids (vLLM's ranks). Subclasses keep
+    :func:`~kvsim.cache.recency.recency_order` of host ids (vLLM's ranks). Subclasses keep
     another order (ARC) through the policy hooks at the end."""
 
     policy = "lru"
@@ -93,7 +93,7 @@ class LRUOffloadingManager:
         self._hash_of = np.zeros(num_blocks, dtype=np.int64)  # (kept when given up: see _held)
         self._held = np.zeros(num_blocks, dtype=bool)
         self._ref = np.zeros(num_blocks, dtype=np.int32)  # of held blocks: vLLM's ref_cnt
-        self._recency = RecencyOrder(num_blocks)
+        self._recency = recency_order(num_blocks)
         self._num_evictable = 0                           # held blocks with ref_cnt 0
         self._access: dict[object, RequestAccess] = {}
         self.store_threshold = store_threshold
@@ -328,12 +328,11 @@ class LRUOffloadingManager:
     def _victims(self, n: int, offered: np.ndarray) -> np.ndarray | None:
         """The ``n`` least recently used blocks with ``ref_cnt`` 0, not ``offered``; None if
         fewer are."""
-        ref = self._ref
         if not len(offered):
-            return self._recency.first(n, lambda ids: ref[ids] == 0)
-        offered_mark = np.zeros(len(ref), dtype=bool)
+            return self._recency.first_free(n, self._ref)
+        offered_mark = np.zeros(len(self._ref), dtype=bool)
         offered_mark[offered] = True
-        return self._recency.first(n, lambda ids: (ref[ids] == 0) & ~offered_mark[ids])
+        return self._recency.first_free(n, self._ref, offered_mark)
 
     def _insert(self, hashes: list[int], ids: np.ndarray) -> None:
         """New blocks, just reserved: the most recent, the last of them most of all."""

@@ -18,11 +18,25 @@ head than its valid candidates cover.
 Same order and same answers as the :class:`~kvsim.cache.free_queue.FreeQueue` operations it
 replaces (:meth:`extend`, :meth:`move_many_to_end`, :meth:`remove`, :meth:`first`,
 :meth:`ids`); ids go in and come out as ``int64`` arrays.
+
+Where ``cache/_recency.c`` was built, :func:`recency_order` gives a :class:`CompiledRecency`
+instead: the same order as a doubly linked list in two arrays (each change a few writes per
+block, the victims found by walking from the head, in C), for the operations the CPU tier
+uses (:meth:`RecencyOrder.first_free` for :meth:`RecencyOrder.first`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from kvsim.cache.intmap import PURE_PYTHON
+
+try:
+    from kvsim.cache._recency import RecencyList
+except ImportError:         # (not built: no C compiler at install time)
+    RecencyList = None
+if PURE_PYTHON:
+    RecencyList = None
 
 _NOT_QUEUED = -1
 _NONE = np.zeros(0, dtype=np.int64)
@@ -141,6 +155,14 @@ class RecencyOrder:
             self._rebuild(k)
             rebuilt, k = True, 2 * k
 
+    def first_free(self, n: int, ref: np.ndarray, offered: np.ndarray | None = None
+                   ) -> np.ndarray | None:
+        """:meth:`first` with the CPU tier's test: ``ref[b] == 0`` and, with ``offered`` (a
+        bool per block), not ``offered[b]``."""
+        if offered is None:
+            return self.first(n, lambda ids: ref[ids] == 0)
+        return self.first(n, lambda ids: (ref[ids] == 0) & ~offered[ids])
+
     def oldest(self, eligible, eligible_one) -> int | None:
         """``first(1, eligible)`` as an int (None when no block is eligible), with
         ``eligible_one`` the same test of one id: the first few candidates are read one at a
@@ -191,3 +213,41 @@ class RecencyOrder:
             queued, stamps = queued[oldest], stamps[oldest]
         order = np.argsort(stamps)
         self._candidates, self._stamps, self._pos = queued[order], stamps[order], 0
+
+
+def recency_order(num_blocks: int):
+    """A new, empty recency order of ``num_blocks`` blocks: a :class:`CompiledRecency` where
+    ``cache/_recency.c`` was built, else a :class:`RecencyOrder`."""
+    return RecencyOrder(num_blocks) if RecencyList is None else CompiledRecency(num_blocks)
+
+
+class CompiledRecency:
+    """:class:`RecencyOrder`'s operations of the CPU tier on the compiled linked list."""
+
+    __slots__ = ("_list",)
+
+    def __init__(self, num_blocks: int):
+        self._list = RecencyList(num_blocks)
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._list
+
+    def ids(self) -> np.ndarray:
+        return np.frombuffer(self._list.ids(), dtype=np.int64)
+
+    def extend(self, block_ids: np.ndarray) -> None:
+        self._list.extend(np.ascontiguousarray(block_ids, dtype=np.int64))
+
+    def move_many_to_end(self, block_ids: np.ndarray) -> None:
+        self._list.move_many_to_end(np.ascontiguousarray(block_ids, dtype=np.int64))
+
+    def remove(self, block_ids: np.ndarray) -> None:
+        self._list.remove(np.ascontiguousarray(block_ids, dtype=np.int64))
+
+    def first_free(self, n: int, ref: np.ndarray, offered: np.ndarray | None = None
+                   ) -> np.ndarray | None:
+        found = self._list.first(n, ref, offered)
+        return None if found is None else np.frombuffer(found, dtype=np.int64)

@@ -153,3 +153,108 @@ class AgainstALinkedList(RuleBasedStateMachine):
 
 
 TestAgainstALinkedList = AgainstALinkedList.TestCase
+
+
+ORDERS = [RecencyOrder] + ([recency.CompiledRecency] if recency.RecencyList is not None else [])
+
+
+@pytest.mark.parametrize("make", ORDERS)
+def test_the_cpu_tier_takes_the_oldest_blocks_in_no_use_and_not_offered(make):
+    order = make(6)
+    order.extend(ids(3, 1, 4, 5))
+    order.move_many_to_end(ids(1, 3))                 # a finished request's: 3 the newest
+    ref = np.array([0, 0, 0, 0, -1, 0], dtype=np.int32)   # 4 is being stored
+    offered = np.zeros(6, dtype=bool)
+    offered[1] = True                                 # held, and offered again by the store
+    assert order.first_free(2, ref).tolist() == [5, 1]
+    assert order.first_free(2, ref, offered).tolist() == [5, 3]
+    assert order.first_free(3, ref, offered) is None
+    assert order.first_free(0, ref).tolist() == []
+    order.remove(ids(5))
+    assert order.ids().tolist() == [4, 1, 3] and len(order) == 3
+    assert 1 in order and 5 not in order
+
+
+@pytest.mark.parametrize("make", ORDERS)
+def test_the_cpu_tiers_order_refuses_a_block_queued_twice_or_not_there(make):
+    order = make(3)
+    order.extend(ids(1))
+    for change, block_ids in ((order.extend, ids(1)), (order.move_many_to_end, ids(0)),
+                              (order.remove, ids(2))):
+        with pytest.raises(ValueError):
+            change(block_ids)
+    assert order.ids().tolist() == [1] and len(order) == 1
+
+
+@pytest.mark.skipif(recency.RecencyList is None, reason="cache/_recency.c not built")
+def test_the_compiled_list_checks_its_arguments():
+    order = recency.CompiledRecency(3)
+    with pytest.raises(IndexError):
+        order.extend(ids(3))
+    with pytest.raises(ValueError):
+        order.extend(ids(2, 2))                       # (2 was linked once: it stays)
+    assert order.ids().tolist() == [2]
+    with pytest.raises(TypeError):
+        order.first_free(1, np.zeros(3, dtype=np.int64))  # ref_cnt is int32
+    with pytest.raises(ValueError):
+        order.first_free(1, np.zeros(2, dtype=np.int32))  # too short for the blocks
+
+
+@settings(max_examples=60, stateful_step_count=40)
+class CompiledAgainstALinkedList(RuleBasedStateMachine):
+    """The compiled list, every operation the CPU tier uses in any order, against an
+    ``OrderedDict`` (vLLM's list)."""
+
+    NUM_BLOCKS = 12
+
+    def __init__(self):
+        super().__init__()
+        self.order = recency.CompiledRecency(self.NUM_BLOCKS)
+        self.model: OrderedDict[int, None] = OrderedDict()
+
+    @precondition(lambda self: len(self.model) < 12)
+    @rule(data=st.data())
+    def extend(self, data):
+        absent = [b for b in range(self.NUM_BLOCKS) if b not in self.model]
+        chosen = data.draw(st.lists(st.sampled_from(absent), min_size=1, unique=True))
+        self.order.extend(np.array(chosen, dtype=np.int64))
+        self.model.update(dict.fromkeys(chosen))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data):
+        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1, unique=True))
+        self.order.remove(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            del self.model[block_id]
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def move_many_to_end(self, data):
+        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1))
+        self.order.move_many_to_end(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            self.model.move_to_end(block_id)
+
+    @rule(n=st.integers(0, 14), busy=st.sets(st.integers(0, 11)),
+          offered=st.one_of(st.none(), st.sets(st.integers(0, 11))))
+    def first_free(self, n, busy, offered):
+        ref = np.zeros(self.NUM_BLOCKS, dtype=np.int32)
+        ref[list(busy)] = 1
+        mark = None
+        if offered is not None:
+            mark = np.zeros(self.NUM_BLOCKS, dtype=bool)
+            mark[list(offered)] = True
+        eligible = [b for b in self.model if b not in busy and b not in (offered or ())]
+        found = self.order.first_free(n, ref, mark)
+        assert (found is None) if n > len(eligible) else found.tolist() == eligible[:n]
+
+    @invariant()
+    def same_order(self):
+        assert self.order.ids().tolist() == list(self.model)
+        assert len(self.order) == len(self.model)
+
+
+TestCompiledAgainstALinkedList = pytest.mark.skipif(
+    recency.RecencyList is None, reason="cache/_recency.c not built")(
+        CompiledAgainstALinkedList.TestCase)
