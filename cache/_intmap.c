@@ -7,7 +7,8 @@
  * bits is stored as a number (read back as an equal int) and any other value as an object
  * reference. It behaves as the subset of ``dict`` the
  * cache uses, plus batch methods that loop in C (``add_new``, ``set_many``, ``delete_many``,
- * ``count_up``, ``count_down``, ``prefix``, ``get_many``, ``ints_at``, ``isdisjoint``). A
+ * ``count_up``, ``count_down``, ``prefix``, ``get_many``, ``ints_at``, ``isdisjoint``,
+ * ``run_end``). A
  * second type, ``Ghost``, is a bounded FIFO of such keys (ARC's and S3-FIFO's ghost lists).
  *
  * Keys must be ints of 64 bits (TypeError / OverflowError otherwise; ``in`` and ``get`` simply
@@ -491,6 +492,44 @@ static PyObject *IntMap_count_down(IntMap *m, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* run_end(keys, start, stop): the first index from ``start`` (before ``stop``) whose key is
+ * here, or came earlier from ``start`` on; ``stop`` when none (the end of a run of new,
+ * distinct keys). The keys seen are kept in a table of this call's own. */
+static PyObject *IntMap_run_end(IntMap *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "run_end(keys, start, stop)"); return NULL; }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]), j;
+    if ((start == -1 || stop == -1) && PyErr_Occurred()) return NULL;
+    PyObject *keys = as_seq(args[0]);
+    if (keys == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    PyObject **ks = PySequence_Fast_ITEMS(keys);
+    if (stop > n) stop = n;
+    if (start < 0) start = 0;
+    Py_ssize_t cap = 8;
+    while (cap < 2 * (stop - start)) cap <<= 1;
+    int shift = 64;
+    for (Py_ssize_t c = cap; c > 1; c >>= 1) shift--;
+    int64_t *seen = PyMem_Malloc((size_t)cap * sizeof(int64_t));
+    uint8_t *used = PyMem_Calloc((size_t)cap, 1);
+    if (seen == NULL || used == NULL) {
+        PyMem_Free(seen); PyMem_Free(used); Py_DECREF(keys);
+        return PyErr_NoMemory();
+    }
+    for (j = start; j < stop; j++) {
+        int64_t key;
+        if (as_key(ks[j], &key) < 0) break;
+        if (find(m, key) >= 0) break;
+        Py_ssize_t i = (Py_ssize_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> shift);
+        while (used[i] && seen[i] != key) i = (i + 1) & (cap - 1);
+        if (used[i]) break;                 /* seen before in this run */
+        used[i] = 1;
+        seen[i] = key;
+    }
+    PyMem_Free(seen); PyMem_Free(used); Py_DECREF(keys);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(j < stop ? j : stop);
+}
+
 /* delete_many(keys): del m[k] for each, in order (KeyError at the first missing one, those
  * before it deleted, as a loop of ``del`` would). */
 static PyObject *IntMap_delete_many(IntMap *m, PyObject *arg) {
@@ -625,6 +664,8 @@ static PyMethodDef IntMap_methods[] = {
     {"add_new", FAST(IntMap_add_new), METH_FASTCALL,
      "m[k] = v pairwise if no key is here and none comes twice (True); else nothing (False)"},
     {"delete_many", (PyCFunction)IntMap_delete_many, METH_O, "del m[k] for each of keys"},
+    {"run_end", FAST(IntMap_run_end), METH_FASTCALL,
+     "the first index from start whose key is here or came before from start; stop if none"},
     {"count_up", (PyCFunction)IntMap_count_up, METH_O, "m[k] = m.get(k, 0) + 1 for each of keys"},
     {"count_down", (PyCFunction)IntMap_count_down, METH_O,
      "m[k] -= 1 for each of keys, deleted at 0"},

@@ -27,6 +27,7 @@ from operator import not_
 from typing import Sequence
 
 from kvsim.cache.eviction import make_pool
+from kvsim.cache.intmap import COMPILED
 
 
 class HostTier:
@@ -111,6 +112,8 @@ class HostTier:
             misses = map(not_, map(held, islice(block_hashes, at, None)))
             return next(compress(count(at), misses), len(block_hashes)), True
         limit = min(len(block_hashes), at + self.pool.num_free_blocks)
+        if COMPILED:
+            return self.pool.index._map.run_end(block_hashes, at, limit), False
         end = next(compress(count(at), map(held, islice(block_hashes, at, limit))), limit)
         if len(set(block_hashes[at:end])) < end - at:      # a hash twice: the run ends there
             seen: set[int] = set()

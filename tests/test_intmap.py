@@ -50,6 +50,35 @@ def test_count_up_and_down_keep_a_multiset(make, monkeypatch):
     assert m == {5: 1, 1: 1}
 
 
+def _run_end(held, keys, start, stop):
+    """run_end as the host tier's Python scans it."""
+    seen = set()
+    for i in range(start, min(stop, len(keys))):
+        if keys[i] in held or keys[i] in seen:
+            return i
+        seen.add(keys[i])
+    return min(stop, len(keys))
+
+
+def test_run_end_stops_at_a_held_key_or_a_repeat():
+    m = IntMap()
+    m[5] = 0
+    assert m.run_end([1, 2, 3, 5, 6], 0, 5) == 3          # 5 is held
+    assert m.run_end([1, 2, 1, 5], 0, 4) == 2             # 1 again
+    assert m.run_end([1, 2, 1, 5], 1, 4) == 3             # from 2: 1 once, then 5
+    assert m.run_end([0, 1, 0], 0, 9) == 2 and m.run_end([], 0, 0) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(held=st.sets(st.integers(-3, 30), max_size=8), keys=st.lists(st.integers(-3, 30)),
+       start=st.integers(0, 12), stop=st.integers(0, 40))
+def test_run_end_is_the_host_tiers_scan(held, keys, start, stop):
+    m = IntMap()
+    m.update((k, 0) for k in held)
+    start = min(start, len(keys), stop)
+    assert m.run_end(keys, start, stop) == _run_end(held, keys, start, stop)
+
+
 def test_delete_many_stops_at_the_first_missing_key_as_a_loop_of_del():
     m = IntMap()
     m.set_many([1, 2, 3], ["a", "b", "c"])
