@@ -92,6 +92,7 @@ class BlockPool:
         self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
         # what a block holds: nothing, content in the index, or content nothing can reach
         self._content = np.zeros(num_blocks, dtype=np.int8)
+        self._held_unreachable = False      # whether any block was ever given the last
         self._free = FreeQueue(num_blocks)
         # whether every free block holding nothing is ahead of every free cached one in the
         # queue (freed empty blocks go to its head, cached ones to its tail), so that taking
@@ -166,14 +167,15 @@ class BlockPool:
                         content: np.ndarray | None = None) -> None:
         """Evict the ``num_evicted`` cached blocks among ``block_ids``: given their marks
         (``content``), those marked; else all of them."""
-        if self.index._map and content is None:
+        if content is None and self._held_unreachable and self.index._map:
             content = self._content[block_ids]
         self._content[block_ids] = 0
         self.num_cached_free_blocks -= num_evicted
         self.num_evictions += num_evicted
         if not self.index._map:      # (nothing is indexed: every cached block is unreachable)
             return
-        indexed = block_ids[content == _INDEXED].tolist()
+        # (no marks: all cached, and none unreachable in a pool that never held one)
+        indexed = (block_ids if content is None else block_ids[content == _INDEXED]).tolist()
         if indexed:
             hashes = self.block_hashes
             found = gather(hashes, indexed)
@@ -239,6 +241,7 @@ class BlockPool:
         the first of them filled (LRU needs neither)."""
         if block_ids:
             self._content[_array(block_ids)] = _UNREACHABLE
+            self._held_unreachable = True
 
     def chain_mark(self, parent: int | None):
         """What a pool remembers of a chain's state for the blocks registered next after held
