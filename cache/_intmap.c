@@ -864,6 +864,27 @@ static PyObject *Ghost_first_present(Ghost *g, PyObject *const *args, Py_ssize_t
     return PyLong_FromSsize_t(j < n ? j : n);
 }
 
+/* take_run(hashes, start, stop): take out the hashes from ``start`` (before ``stop``) while
+ * each is present (one given twice is not, the second time); where that stopped. */
+static PyObject *Ghost_take_run(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "take_run(hashes, start, stop)"); return NULL; }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]), j;
+    if ((start == -1 || stop == -1) && PyErr_Occurred()) return NULL;
+    PyObject *hashes = as_seq(args[0]);
+    if (hashes == NULL) return NULL;
+    PyObject **hs = PySequence_Fast_ITEMS(hashes);
+    if (stop > PySequence_Fast_GET_SIZE(hashes)) stop = PySequence_Fast_GET_SIZE(hashes);
+    for (j = start < 0 ? 0 : start; j < stop; j++) {
+        Py_ssize_t i = cell_for(g->live, hs[j]);
+        if (i < 0) break;
+        drop(g->live, i);
+    }
+    Py_DECREF(hashes);
+    if (PyErr_Occurred()) return NULL;
+    ghost_tidy(g);
+    return PyLong_FromSsize_t(j);
+}
+
 /* The present hashes, oldest first, as a list. */
 static PyObject *ghost_order(Ghost *g) {
     PyObject *out = PyList_New(0);
@@ -889,6 +910,8 @@ static PyMethodDef Ghost_methods[] = {
      "for each hash: ghost[h] = None, then the oldest goes while more than capacity"},
     {"discard", (PyCFunction)Ghost_discard, METH_O, "take a present hash out"},
     {"isdisjoint", (PyCFunction)Ghost_isdisjoint, METH_O, "none of the hashes given is here"},
+    {"take_run", FAST(Ghost_take_run), METH_FASTCALL,
+     "take out the hashes from start while each is present; where that stopped"},
     {"first_present", FAST(Ghost_first_present), METH_FASTCALL,
      "the first index from start whose hash is here, or len(hashes)"},
     {NULL, NULL, 0, NULL}

@@ -53,8 +53,8 @@ class ARCPolicy(QueuePolicy):
         self.target_t1 = 0
 
     def fill_many(self, block_ids, block_hashes):
-        """The fills between two ghost hits join ``T1`` at once; each hit goes by :meth:`_fill`
-        (it moves the target, so the order of hits counts)."""
+        """The fills between ghost hits join ``T1`` at once; a run of hits in one ghost list
+        joins ``T2`` at once, the target moved for each hit in turn (:meth:`_adapt`)."""
         b1, b2 = self.b1, self.b2
         n, start = min(len(block_ids), len(block_hashes)), 0
         next1, next2 = b1.first_present(block_hashes, 0), b2.first_present(block_hashes, 0)
@@ -65,27 +65,26 @@ class ARCPolicy(QueuePolicy):
                 self.num_t1 += k - start
             if k == n:
                 return
-            self._fill(block_ids[k], block_hashes[k])
-            start = k + 1
-            if next1 == k:          # (a hit changes its own list only: B1 first, as _fill)
+            if k == next1:          # (a hash in both lists counts as in B1)
+                start = b1.take_run(block_hashes, k, n)
+                self._adapt(start - k, b1, b2, 1)
                 next1 = b1.first_present(block_hashes, start)
+            else:
+                start = b2.take_run(block_hashes, k, next1)
+                self._adapt(start - k, b2, b1, -1)
             if next2 < start:
                 next2 = b2.first_present(block_hashes, start)
+            self.in_t2[_ids(block_ids[k:start])] = True
+            self.num_t2 += start - k
 
-    def _fill(self, block_id, block_hash):
-        b1, b2 = self.b1, self.b2
-        if block_hash in b1:
-            self.target_t1 = min(self.capacity, self.target_t1 + max(1, len(b2) // len(b1)))
-            b1.discard(block_hash)
-        elif block_hash in b2:
-            self.target_t1 = max(0, self.target_t1 - max(1, len(b1) // len(b2)))
-            b2.discard(block_hash)
-        else:
-            self.in_t2[block_id] = False
-            self.num_t1 += 1
-            return
-        self.in_t2[block_id] = True
-        self.num_t2 += 1
+    def _adapt(self, num_hits: int, hit: Ghost, other: Ghost, sign: int) -> None:
+        """ARC's target after ``num_hits`` hashes were found in ghost list ``hit`` (and taken
+        out of it), one at a time: each moves it by ``max(1, len(other) // len(hit))`` (with
+        the hash still in ``hit``), up in B1 (``sign`` 1), down in B2, within ``[0, c]``."""
+        target, num_other, capacity = self.target_t1, len(other), self.capacity
+        for size in range(len(hit) + num_hits, len(hit), -1):
+            target += sign * max(1, num_other // size)
+        self.target_t1 = min(capacity, target) if sign > 0 else max(0, target)
 
     def hit_many(self, block_ids):
         if not block_ids:

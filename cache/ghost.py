@@ -61,6 +61,16 @@ class Ghost:
                 return j
         return len(hashes)
 
+    def take_run(self, hashes: list, start: int, stop: int) -> int:
+        """Take out the hashes from ``start`` (before ``stop``) while each is present (one
+        given twice is not, the second time); returns where that stopped."""
+        live = self.live
+        for j in range(start, min(stop, len(hashes))):
+            if hashes[j] not in live:
+                return j
+            self.discard(hashes[j])
+        return max(start, min(stop, len(hashes)))
+
     def __iter__(self):
         pending = dict(self.stale)
         for block_hash in self.fifo[self.head:]:

@@ -241,6 +241,7 @@ def test_ghost_keeps_a_present_hash_in_place_and_sends_a_returning_one_to_the_en
     assert list(g) == [5, 6]
     with pytest.raises(KeyError):
         g.discard(3)
+    assert g.take_run([9, 6, 5, 6], 1, 4) == 3 and list(g) == []    # 6 and 5; then 6 is gone
 
 
 @pytest.mark.parametrize("kind", GHOST_KINDS)
@@ -260,10 +261,18 @@ def test_ghost_matches_an_ordered_dict_under_random_use(kind, monkeypatch):
                 c = cap if rng.random() < 0.9 else rng.randint(-3, 30)
                 g.add(hashes, c)
                 ordered_add(ref, hashes, c)
-            else:
+            elif rng.random() < 0.5:
                 h = rng.choice(list(ref))
                 g.discard(h)
                 del ref[h]
+            else:                       # a run of present hashes from some point on
+                hashes = rng.sample(list(ref), rng.randint(1, len(ref))) + [rng.randrange(40)]
+                start, stop = rng.randint(0, 2), rng.randint(0, len(hashes) + 1)
+                end = start
+                while end < min(stop, len(hashes)) and hashes[end] in ref:
+                    del ref[hashes[end]]
+                    end += 1
+                assert g.take_run(hashes, start, stop) == max(start, end), seed
             assert list(g) == list(ref) and len(g) == len(ref), seed
 
 
