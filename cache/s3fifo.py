@@ -172,7 +172,7 @@ class S3FIFOPolicy(QueuePolicy):
             if self.num_main_free:
                 out += self._from_main(min(n - len(out), self.num_main_free))
                 continue
-            got = self._from_small(1)
+            got = self._from_small(n - len(out), main_full=True)
             if got:
                 out += got
             elif not self.num_main_free:
@@ -183,10 +183,11 @@ class S3FIFOPolicy(QueuePolicy):
         return (len(self._small) - self._small_head >= self.small_capacity
                 or not self._main_len)
 
-    def _from_small(self, n: int) -> list[int]:
+    def _from_small(self, n: int, main_full: bool = False) -> list[int]:
         """Scan ``S`` from its oldest block: a free block of frequency 0 goes (its hash to
         ``G``), the blocks before it move to ``M``; again while ``S`` comes first and fewer
-        than ``n`` went. Empty if every block moved (``S`` is empty then)."""
+        than ``n`` went, or, ``main_full`` (``M`` has no free block, ``S`` not first), while
+        ``M`` still has none. Empty if every block moved (``S`` is empty then)."""
         small, head, refs, freq = self._small, self._small_head, self.pool.ref_counts, self.freq
         out = []
         while True:
@@ -196,16 +197,10 @@ class S3FIFOPolicy(QueuePolicy):
             if end == len(small):
                 self._small, self._small_head = [], 0
                 break
-            # the ones right after it too, while S keeps its share (or M stays empty)
-            most = n - len(out) - 1
-            if self._main_len:
-                most = min(most, len(small) - end - self.small_capacity)
-            head = end + 1
-            if most > 0:
-                head += evictable(refs, freq, small, head, most)
+            head = end + 1 + self._evictable_after(small, end + 1, n - len(out) - 1, main_full)
             out += small[end:head]
             self._small_head = head
-            if len(out) == n or not self._small_first():
+            if len(out) == n or (self.num_main_free if main_full else not self._small_first()):
                 if head > 1024 and 2 * head > len(small):
                     del small[:head]
                     self._small_head = 0
@@ -213,6 +208,17 @@ class S3FIFOPolicy(QueuePolicy):
         self.ghost.add(gather(self.pool.block_hashes, out),
                        self.capacity - self.small_capacity)
         return out
+
+    def _evictable_after(self, small: list[int], start: int, most: int, main_full: bool) -> int:
+        """How many of ``S``'s blocks from ``start`` go right after a victim, ``most`` at most:
+        those free and of frequency 0, while ``S`` keeps its share (or ``M`` stays empty), or,
+        ``main_full``, while no promotion gives ``M`` a free block (there is none between)."""
+        if main_full:
+            if self.num_main_free:
+                return 0
+        elif self._main_len:
+            most = min(most, len(small) - start + 1 - self.small_capacity)
+        return evictable(self.pool.ref_counts, self.freq, small, start, most) if most > 0 else 0
 
     def _promote(self, block_ids: list[int]) -> None:
         set_all(self.in_main, block_ids, True)

@@ -147,6 +147,22 @@ def test_s3fifo_victims_leave_s_at_its_share_then_a_main_without_free_blocks_han
     assert state(new) == state(ref)
 
 
+def test_s3fifo_victims_from_s_while_m_has_no_free_block_stop_when_a_promotion_gives_it_one():
+    new, ref = pools("s3fifo", 12)   # S's share: 1 block
+    for pool in (new, ref):
+        take(pool, [100, 101, 102])  # blocks 0..2, held
+        for h in range(9):
+            put(pool, h)             # blocks 3..11, free
+        assert put(pool, 50) == 3    # S promotes 0..2 (held) to M, evicts 3, which takes 50
+        use(pool, 1)                 # block 4: frequency 1
+        pool.policy.small_capacity = 100     # S under its share, M without a free block
+    # 4 moves to M (free), 5 goes; then M has a free block: the clock passes 0..2, takes
+    # 4's hit and comes back to take 4 (not 6, the next one S would give)
+    got = new.policy.victims(3)
+    assert got == [ref.policy.victim() for _ in range(3)] == [5, 4, 6]
+    assert state(new) == state(ref)
+
+
 # --- S3-FIFO's runs: exact orders -------------------------------------------------------------
 
 def test_s3fifo_main_runs_move_whole_split_and_cut_as_the_clock_does():
