@@ -843,12 +843,17 @@ static PyObject *Ghost_discard(Ghost *g, PyObject *keyobj) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Ghost_isdisjoint(Ghost *g, PyObject *arg) { return IntMap_isdisjoint(g->live, arg); }
+static PyObject *Ghost_isdisjoint(Ghost *g, PyObject *arg) {
+    return IntMap_isdisjoint(g->live, arg);
+}
 
 /* first_present(hashes, start): the first index from ``start`` whose hash is here, or
  * ``len(hashes)``. */
 static PyObject *Ghost_first_present(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "first_present(hashes, start)"); return NULL; }
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first_present(hashes, start)");
+        return NULL;
+    }
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred()) return NULL;
     PyObject *hashes = as_seq(args[0]);
@@ -867,7 +872,10 @@ static PyObject *Ghost_first_present(Ghost *g, PyObject *const *args, Py_ssize_t
 /* take_run(hashes, start, stop): take out the hashes from ``start`` (before ``stop``) while
  * each is present (one given twice is not, the second time); where that stopped. */
 static PyObject *Ghost_take_run(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "take_run(hashes, start, stop)"); return NULL; }
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "take_run(hashes, start, stop)");
+        return NULL;
+    }
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]), j;
     if ((start == -1 || stop == -1) && PyErr_Occurred()) return NULL;
     PyObject *hashes = as_seq(args[0]);
@@ -936,7 +944,8 @@ static PyTypeObject GhostType = {
 };
 
 static struct PyModuleDef intmap_module = {
-    PyModuleDef_HEAD_INIT, "_intmap", "IntMap, a dict of 64-bit int keys, and Ghost, a bounded FIFO of them (see the C source).",
+    PyModuleDef_HEAD_INIT, "_intmap",
+    "IntMap, a dict of 64-bit int keys, and Ghost, a bounded FIFO of them (see the C source).",
     -1, NULL,
 };
 

@@ -46,7 +46,7 @@ class ARCPolicy(QueuePolicy):
     def reset(self) -> None:
         self.t1 = FreeQueue(self.capacity, filled=False)     # free T1 blocks, oldest first
         self.t2 = FreeQueue(self.capacity, filled=False)
-        self.b1 = ghost_list()                                    # ghost hashes, oldest first
+        self.b1 = ghost_list()                               # ghost hashes, oldest first
         self.b2 = ghost_list()
         self.in_t2 = np.zeros(self.capacity, dtype=bool)
         self.num_t1 = self.num_t2 = 0

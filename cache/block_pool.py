@@ -92,7 +92,7 @@ class BlockPool:
         self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
         # what a block holds: nothing, content in the index, or content nothing can reach
         self._content = np.zeros(num_blocks, dtype=np.int8)
-        self._held_unreachable = False      # whether any block was ever given the last
+        self._held_unreachable = False      # whether a block ever held content nothing reaches
         self._free = FreeQueue(num_blocks)
         # whether every free block holding nothing is ahead of every free cached one in the
         # queue (freed empty blocks go to its head, cached ones to its tail), so that taking

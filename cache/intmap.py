@@ -2,12 +2,11 @@
 
 The prefix index, the CPU tier's hash -> host block map and the ghost lists of ARC and S3-FIFO
 (:class:`CompiledGhost`, see :mod:`kvsim.cache.ghost`) insert, look up and delete block hashes
-by the million on a long trace (and the lane pools'
-lanes, block ids, by the hundred at a time). ``pip install``
-compiles ``cache/_intmap.c`` (a table of 64-bit keys, see its header) when a C compiler is
-there; without one the install goes on and these maps are plain ``dict`` objects: the same
-results, slower. ``KVSIM_PURE_PYTHON=1`` in the environment uses the dicts anyway (the tests
-compare both; ``bench/sim_speed.py`` measures both).
+by the million on a long trace (and the lane pools' lanes, block ids, by the hundred at a
+time). ``pip install`` compiles ``cache/_intmap.c`` (a table of 64-bit keys, see its header)
+when a C compiler is there; without one the install goes on and these maps are plain ``dict``
+objects: the same results, slower. ``KVSIM_PURE_PYTHON=1`` in the environment uses the dicts
+anyway (the tests compare both; ``bench/sim_speed.py`` measures both).
 
 :func:`hash_map` gives a new map, :func:`add_new` fills one with new keys at once,
 :func:`count_up` and :func:`count_down` keep it as a multiset (key -> count); code that
