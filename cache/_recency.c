@@ -107,42 +107,37 @@ static int RecencyList_contains(RecencyList *r, PyObject *obj) {
     return b >= 0 && b < r->num_blocks && r->queued[b];
 }
 
-/* extend(ids): blocks not queued become the most recent, the last of them most of all. */
-static PyObject *RecencyList_extend(RecencyList *r, PyObject *arg) {
+/* The blocks of ``arg`` join the tail in this order (``queue`` 1: extend, none queued) or
+ * leave the list (0: remove, each queued). */
+static PyObject *queue_or_drop(RecencyList *r, PyObject *arg, int queue) {
     Py_buffer view;
-    if (get_ids(r, arg, &view, 0, "a block to add is queued already") < 0) return NULL;
+    const char *refused = queue ? "a block to add is queued already"
+                                : "a block to remove is not queued";
+    if (get_ids(r, arg, &view, !queue, refused) < 0) return NULL;
     const int64_t *ids = view.buf;
     Py_ssize_t n = view.len / 8, j;
-    for (j = 0; j < n && !r->queued[ids[j]]; j++) {
-        r->queued[ids[j]] = 1;
-        link_last(r, (int32_t)ids[j]);
+    for (j = 0; j < n && r->queued[ids[j]] != queue; j++) {
+        r->queued[ids[j]] = (uint8_t)queue;
+        if (queue) link_last(r, (int32_t)ids[j]);
+        else unlink_block(r, (int32_t)ids[j]);
     }
-    r->len += j;
+    r->len += queue ? j : -j;
     PyBuffer_Release(&view);
     if (j < n) {
-        PyErr_SetString(PyExc_ValueError, "a block to add comes twice");
+        PyErr_SetString(PyExc_ValueError, "a block comes twice");
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
+/* extend(ids): blocks not queued become the most recent, the last of them most of all. */
+static PyObject *RecencyList_extend(RecencyList *r, PyObject *arg) {
+    return queue_or_drop(r, arg, 1);
+}
+
 /* remove(ids): drop queued blocks (distinct). */
 static PyObject *RecencyList_remove(RecencyList *r, PyObject *arg) {
-    Py_buffer view;
-    if (get_ids(r, arg, &view, 1, "a block to remove is not queued") < 0) return NULL;
-    const int64_t *ids = view.buf;
-    Py_ssize_t n = view.len / 8, j;
-    for (j = 0; j < n && r->queued[ids[j]]; j++) {
-        r->queued[ids[j]] = 0;
-        unlink_block(r, (int32_t)ids[j]);
-    }
-    r->len -= j;
-    PyBuffer_Release(&view);
-    if (j < n) {
-        PyErr_SetString(PyExc_ValueError, "a block to remove comes twice");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return queue_or_drop(r, arg, 0);
 }
 
 /* move_many_to_end(ids): queued blocks become the most recent, in this order. */

@@ -72,21 +72,19 @@ def test_adding_a_queued_block_or_moving_one_that_is_not_there_is_refused():
     assert order.ids().tolist() == [1] and len(order) == 1
 
 
-@settings(max_examples=60, stateful_step_count=40)
-class AgainstALinkedList(RuleBasedStateMachine):
-    """Every operation, in any order, gives what an ``OrderedDict`` (vLLM's list) gives, with
-    candidate lists small enough to be rebuilt often."""
+class CpuTierOperations(RuleBasedStateMachine):
+    """The operations the CPU tier uses, in any order, give what an ``OrderedDict`` (vLLM's
+    list) gives; a subclass makes the order (:meth:`make_order`) and may add operations."""
 
     NUM_BLOCKS = 12
 
     def __init__(self):
         super().__init__()
-        self._min, recency.MIN_CANDIDATES = recency.MIN_CANDIDATES, 2
-        self.order = RecencyOrder(self.NUM_BLOCKS)
+        self.order = self.make_order(self.NUM_BLOCKS)
         self.model: OrderedDict[int, None] = OrderedDict()
 
-    def teardown(self):
-        recency.MIN_CANDIDATES = self._min
+    def make_order(self, num_blocks: int):
+        raise NotImplementedError
 
     @precondition(lambda self: len(self.model) < 12)
     @rule(data=st.data())
@@ -104,6 +102,48 @@ class AgainstALinkedList(RuleBasedStateMachine):
         for block_id in chosen:
             del self.model[block_id]
 
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def move_many_to_end(self, data):
+        chosen = self._some_queued(data)
+        self.order.move_many_to_end(np.array(chosen, dtype=np.int64))
+        for block_id in chosen:
+            self.model.move_to_end(block_id)
+
+    def _some_queued(self, data) -> list[int]:
+        return data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1, unique=True))
+
+    @rule(n=st.integers(0, 14), busy=st.sets(st.integers(0, 11)),
+          offered=st.one_of(st.none(), st.sets(st.integers(0, 11))))
+    def first_free(self, n, busy, offered):
+        ref = np.zeros(self.NUM_BLOCKS, dtype=np.int32)
+        ref[list(busy)] = 1
+        mark = None
+        if offered is not None:
+            mark = np.zeros(self.NUM_BLOCKS, dtype=bool)
+            mark[list(offered)] = True
+        eligible = [b for b in self.model if b not in busy and b not in (offered or ())]
+        found = self.order.first_free(n, ref, mark)
+        assert (found is None) if n > len(eligible) else found.tolist() == eligible[:n]
+
+    @invariant()
+    def same_order(self):
+        assert self.order.ids().tolist() == list(self.model)
+        assert len(self.order) == len(self.model)
+
+
+@settings(max_examples=60, stateful_step_count=40)
+class AgainstALinkedList(CpuTierOperations):
+    """:class:`RecencyOrder`, with candidate lists small enough to be rebuilt often, and its
+    other operations."""
+
+    def make_order(self, num_blocks: int):
+        self._min, recency.MIN_CANDIDATES = recency.MIN_CANDIDATES, 2
+        return RecencyOrder(num_blocks)
+
+    def teardown(self):
+        recency.MIN_CANDIDATES = self._min
+
     @precondition(lambda self: len(self.model) < 12)
     @rule(data=st.data())
     def append(self, data):
@@ -118,17 +158,6 @@ class AgainstALinkedList(RuleBasedStateMachine):
         block_id = data.draw(st.sampled_from(list(self.model)))
         self.order.discard(block_id)
         del self.model[block_id]
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data())
-    def move_many_to_end(self, data):
-        chosen = self._some_queued(data)
-        self.order.move_many_to_end(np.array(chosen, dtype=np.int64))
-        for block_id in chosen:
-            self.model.move_to_end(block_id)
-
-    def _some_queued(self, data) -> list[int]:
-        return data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1, unique=True))
 
     @rule(n=st.integers(0, 14), barred=st.sets(st.integers(0, 11)), partial=st.booleans())
     def first(self, n, barred, partial):
@@ -145,11 +174,6 @@ class AgainstALinkedList(RuleBasedStateMachine):
         found = self.order.oldest(lambda b: ~np.isin(b, list(barred)),
                                   lambda b: b not in barred)
         assert found == (eligible[0] if eligible else None)
-
-    @invariant()
-    def same_order(self):
-        assert self.order.ids().tolist() == list(self.model)
-        assert len(self.order) == len(self.model)
 
 
 TestAgainstALinkedList = AgainstALinkedList.TestCase
@@ -201,58 +225,11 @@ def test_the_compiled_list_checks_its_arguments():
 
 
 @settings(max_examples=60, stateful_step_count=40)
-class CompiledAgainstALinkedList(RuleBasedStateMachine):
-    """The compiled list, every operation the CPU tier uses in any order, against an
-    ``OrderedDict`` (vLLM's list)."""
+class CompiledAgainstALinkedList(CpuTierOperations):
+    """The compiled list (:class:`~kvsim.cache.recency.CompiledRecency`)."""
 
-    NUM_BLOCKS = 12
-
-    def __init__(self):
-        super().__init__()
-        self.order = recency.CompiledRecency(self.NUM_BLOCKS)
-        self.model: OrderedDict[int, None] = OrderedDict()
-
-    @precondition(lambda self: len(self.model) < 12)
-    @rule(data=st.data())
-    def extend(self, data):
-        absent = [b for b in range(self.NUM_BLOCKS) if b not in self.model]
-        chosen = data.draw(st.lists(st.sampled_from(absent), min_size=1, unique=True))
-        self.order.extend(np.array(chosen, dtype=np.int64))
-        self.model.update(dict.fromkeys(chosen))
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data())
-    def remove(self, data):
-        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1, unique=True))
-        self.order.remove(np.array(chosen, dtype=np.int64))
-        for block_id in chosen:
-            del self.model[block_id]
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data())
-    def move_many_to_end(self, data):
-        chosen = data.draw(st.lists(st.sampled_from(list(self.model)), min_size=1))
-        self.order.move_many_to_end(np.array(chosen, dtype=np.int64))
-        for block_id in chosen:
-            self.model.move_to_end(block_id)
-
-    @rule(n=st.integers(0, 14), busy=st.sets(st.integers(0, 11)),
-          offered=st.one_of(st.none(), st.sets(st.integers(0, 11))))
-    def first_free(self, n, busy, offered):
-        ref = np.zeros(self.NUM_BLOCKS, dtype=np.int32)
-        ref[list(busy)] = 1
-        mark = None
-        if offered is not None:
-            mark = np.zeros(self.NUM_BLOCKS, dtype=bool)
-            mark[list(offered)] = True
-        eligible = [b for b in self.model if b not in busy and b not in (offered or ())]
-        found = self.order.first_free(n, ref, mark)
-        assert (found is None) if n > len(eligible) else found.tolist() == eligible[:n]
-
-    @invariant()
-    def same_order(self):
-        assert self.order.ids().tolist() == list(self.model)
-        assert len(self.order) == len(self.model)
+    def make_order(self, num_blocks: int):
+        return recency.CompiledRecency(num_blocks)
 
 
 TestCompiledAgainstALinkedList = pytest.mark.skipif(
