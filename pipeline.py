@@ -24,7 +24,8 @@ from kvsim.reports.frames import run_files
 from kvsim.reports.outdir import OutputDir
 from kvsim.run_notes import (TraceScan, beyond_context_note, fell_behind, fell_behind_note,
                              long_prompt_note, median_queue_s, oversized_pool_note,
-                             profile_note, scan_trace, unnamed_content_note)
+                             profile_note, scan_trace, uncompiled_note,
+                             unnamed_content_note)
 from kvsim.sim.serving import results
 from kvsim.sim.config import RunConfig, located, setting_names
 from kvsim.sim.serving.runner import default_executor, resolve_deployment, simulate
@@ -292,7 +293,8 @@ def run_job_frames(job: RunJob, quiet: bool = True, progress: bool | None = None
 def _notes_before(config, deployment, scan: TraceScan) -> list[str]:
     """What a run says before it starts: a pool larger than its GPUs, a max_model_len past
     the model's context, where step times come from (a bad profile raises its error first),
-    prompts too long, trace rows left out, a trace that names no prompt's content."""
+    prompts too long, trace rows left out, a trace that names no prompt's content, a long
+    trace run without the cache's compiled parts."""
     notes = [oversized_pool_note(config)]
     if deployment.max_model_len > (deployment.model_max_len or math.inf):
         notes.append(beyond_context_note(config, deployment))
@@ -306,6 +308,7 @@ def _notes_before(config, deployment, scan: TraceScan) -> list[str]:
                      f"run and {'are' if total != 1 else 'is'} left out: "
                      f"{left_out_text(scan.left_out)}")
     notes.append(unnamed_content_note(scan, config))
+    notes.append(uncompiled_note(scan))
     return [note for note in notes if note]
 
 

@@ -1,7 +1,8 @@
 """The notes a run prints for the person at the terminal (on stderr, one line each), from one
 pass over the trace before the run (:class:`TraceScan`) and from its result: prompts longer
 than the deployment takes, a ``--max-model-len`` past the model's context, where step times
-come from, and a deployment that fell behind its arrivals."""
+come from, a cache running without its compiled parts, and a deployment that fell behind its
+arrivals."""
 
 from __future__ import annotations
 
@@ -100,6 +101,22 @@ def long_prompt_note(scan: TraceScan, config: RunConfig, deployment) -> str:
     advice = long_prompt_advice(deployment.max_model_len_limit,
                                 config.num_gpu_blocks is not None)
     return f"{share} {fit} and will be rejected; {advice}"
+
+
+def uncompiled_note(scan: TraceScan) -> str | None:
+    """One line, for a trace long enough to feel it, when the install built none of the
+    cache's C files and ``KVSIM_PURE_PYTHON`` does not ask for that; else None."""
+    from kvsim.cache import bulk, intmap, recency
+    built = intmap.IntMap is not None or bulk._c is not None or recency.RecencyList is not None
+    if built or intmap.PURE_PYTHON or scan.num_requests < UNCOMPILED_NOTE_REQUESTS:
+        return None
+    return ("the cache's C parts were not built (no C compiler at install): it runs in "
+            "Python, the same results about 10-45 % slower on long traces; `pip install -e .` "
+            "with a C compiler builds them")
+
+
+#: Fewest requests for which :func:`uncompiled_note` speaks (a short run loses little).
+UNCOMPILED_NOTE_REQUESTS = 1000
 
 
 def oversized_pool_note(config: RunConfig) -> str | None:

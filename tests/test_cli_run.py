@@ -548,6 +548,23 @@ def test_the_truncate_note_counts_prompt_and_output_past_the_length_when_no_prom
                     "4,150: truncating them (--long-prompt truncate)")
 
 
+def test_a_long_run_without_the_compiled_parts_says_so_once(monkeypatch):
+    from kvsim import run_notes
+    from kvsim.cache import bulk, intmap, recency
+    long, short = (run_notes.TraceScan(num_requests=n, span_s=60.0, num_long=0,
+                                       longest_prompt=100) for n in (12_031, 300))
+    for module, name in ((intmap, "IntMap"), (bulk, "_c"), (recency, "RecencyList")):
+        monkeypatch.setattr(module, name, None)
+    monkeypatch.setattr(intmap, "PURE_PYTHON", False)
+    assert run_notes.uncompiled_note(long).startswith("the cache's C parts were not built")
+    assert run_notes.uncompiled_note(short) is None          # a short run loses little
+    monkeypatch.setattr(intmap, "PURE_PYTHON", True)         # asked for on purpose
+    assert run_notes.uncompiled_note(long) is None
+    monkeypatch.setattr(intmap, "PURE_PYTHON", False)
+    monkeypatch.setattr(recency, "RecencyList", object)     # one of them built
+    assert run_notes.uncompiled_note(long) is None
+
+
 def test_format_names_take_any_case(tmp_path):
     done = kvsim("run", "sample:azure-conv", "--format", "AZURE", "--limit", "3", "-q",
                  "--no-html", "--out", str(tmp_path / "o"))
