@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.cache.bulk import gather
+from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.free_queue import FreeQueue
 from kvsim.cache.ghost import Ghost, ghost_list
 from kvsim.cache.queue_pool import QueuePolicy
@@ -48,7 +48,8 @@ class ARCPolicy(QueuePolicy):
         self.t2 = FreeQueue(self.capacity, filled=False)
         self.b1 = ghost_list()                               # ghost hashes, oldest first
         self.b2 = ghost_list()
-        self.in_t2 = np.zeros(self.capacity, dtype=bool)
+        self._t2_marks = bytearray(self.capacity)    # whether a block is in T2 (C loops set it)
+        self.in_t2 = np.frombuffer(self._t2_marks, dtype=bool)     # (the same bytes)
         self.num_t1 = self.num_t2 = 0
         self.target_t1 = 0
 
@@ -61,7 +62,7 @@ class ARCPolicy(QueuePolicy):
         while True:
             k = min(next1, next2, n)
             if k > start:
-                self.in_t2[_ids(block_ids[start:k])] = False
+                set_all(self._t2_marks, block_ids[start:k], 0)
                 self.num_t1 += k - start
             if k == n:
                 return
@@ -74,7 +75,7 @@ class ARCPolicy(QueuePolicy):
                 self._adapt(start - k, b2, b1, -1)
             if next2 < start:
                 next2 = b2.first_present(block_hashes, start)
-            self.in_t2[_ids(block_ids[k:start])] = True
+            set_all(self._t2_marks, block_ids[k:start], 1)
             self.num_t2 += start - k
 
     def _adapt(self, num_hits: int, hit: Ghost, other: Ghost, sign: int) -> None:
