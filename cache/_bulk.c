@@ -1,5 +1,6 @@
 /* C loops of kvsim.cache: element-wise updates of a Python list (or bytearray) by a batch of
- * indices (bulk.py), the policy pools' release of a request's blocks (policy_pool.py), the
+ * indices and a batch's pairs without a marker (bulk.py), the policy pools' release of a
+ * request's blocks (policy_pool.py), the
  * scored pool's eviction walk (chain_walk.py) and S3-FIFO's queue scans (s3fifo.py). Each
  * does exactly what the Python beside it does (which runs when this module is not built, or
  * with KVSIM_PURE_PYTHON=1). A target of another type is left to it (NotImplemented, before
@@ -395,6 +396,34 @@ static PyObject *num_passing(PyObject *mod, PyObject *const *args, Py_ssize_t na
     return PyLong_FromSsize_t(n);
 }
 
+/* without_marked(marker, ids, values): the pairs of ``ids`` and ``values`` whose value is not
+ * ``marker`` (by identity), as (ids, values), two lists; None when no value is ``marker``. */
+static PyObject *without_marked(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (!three(nargs, "without_marked(marker, ids, values)")) return NULL;
+    PyObject *marker = args[0], *kept = NULL, *kept_values = NULL, *out = NULL;
+    PyObject *ids = PySequence_Fast(args[1], "without_marked: ids must be iterable");
+    if (ids == NULL) return NULL;
+    PyObject *values = PySequence_Fast(args[2], "without_marked: values must be iterable");
+    if (values == NULL) { Py_DECREF(ids); return NULL; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids), j = 0;
+    if (PySequence_Fast_GET_SIZE(values) < n) n = PySequence_Fast_GET_SIZE(values);
+    PyObject **is = PySequence_Fast_ITEMS(ids), **vs = PySequence_Fast_ITEMS(values);
+    while (j < n && vs[j] != marker) j++;
+    if (j == n) { out = Py_NewRef(Py_None); goto done; }
+    kept = PyList_New(0);
+    kept_values = PyList_New(0);
+    if (kept == NULL || kept_values == NULL) goto done;
+    for (j = 0; j < n; j++) {
+        if (vs[j] == marker) continue;
+        if (PyList_Append(kept, is[j]) < 0 || PyList_Append(kept_values, vs[j]) < 0) goto done;
+    }
+    out = PyTuple_Pack(2, kept, kept_values);
+done:
+    Py_XDECREF(kept); Py_XDECREF(kept_values);
+    Py_DECREF(ids); Py_DECREF(values);
+    return out;
+}
+
 #define FAST(f) ((PyCFunction)(void (*)(void))(f))
 
 static PyMethodDef bulk_methods[] = {
@@ -406,6 +435,8 @@ static PyMethodDef bulk_methods[] = {
      "index of the first free (never hit) block of a queue from start; len if none"},
     {"num_passing", FAST(num_passing), METH_FASTCALL,
      "how many blocks of a queue from start, most at most, are free (never hit) in a row"},
+    {"without_marked", FAST(without_marked), METH_FASTCALL,
+     "(ids, values) of the pairs whose value is not the marker; None if none is"},
     {"walk_chain", FAST(walk_chain), METH_FASTCALL,
      "the scored pool's eviction walk from a victim up its chain; the victims still wanted"},
     {NULL, NULL, 0, NULL}

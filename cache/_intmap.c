@@ -711,19 +711,25 @@ static PyTypeObject IntMapType = {
  * (see kvsim.cache.ghost). ``live`` maps each present hash to the position of its entry in
  * ``fifo`` (a number); ``fifo[head:tail]`` lists the hashes in the order they were added, at
  * positions ``base + index``. A hash taken out (``discard``) leaves a stale entry behind: an
- * entry is live exactly while ``live`` maps its hash to its own position. */
+ * entry is live exactly while ``live`` maps its hash to its own position. An *anonymous*
+ * entry (the object ``anonymous`` given instead of a hash: content no lookup can reach) has
+ * no hash: it takes a place and counts until it is the oldest and goes (``anon`` marks it). */
 typedef struct {
     PyObject_HEAD
     IntMap *live;
     int64_t *fifo;
+    char *anon;
     Py_ssize_t head, tail, room;
     int64_t base;
     Py_ssize_t slack;       /* stale entries kept before ``fifo`` is rebuilt without them */
+    Py_ssize_t num_anon;    /* anonymous entries present */
+    PyObject *anonymous;
 } Ghost;
 
 static inline uint64_t number_cell(int64_t v) { return ((uint64_t)v << 1) | 1; }
 
 static inline int entry_is_live(const Ghost *g, Py_ssize_t j) {
+    if (g->anon[j]) return 1;
     Py_ssize_t i = find(g->live, g->fifo[j]);
     return i >= 0 && g->live->vals[i] == number_cell(g->base + j);
 }
@@ -734,9 +740,12 @@ static void ghost_rebuild(Ghost *g) {
     Py_ssize_t w = 0;
     int64_t base = g->base + g->tail;       /* fresh positions: none equals an old one */
     for (Py_ssize_t j = g->head; j < g->tail; j++) {
-        Py_ssize_t i = find(m, g->fifo[j]);
-        if (i < 0 || m->vals[i] != number_cell(g->base + j)) continue;
-        m->vals[i] = number_cell(base + w);
+        if (!g->anon[j]) {
+            Py_ssize_t i = find(m, g->fifo[j]);
+            if (i < 0 || m->vals[i] != number_cell(g->base + j)) continue;
+            m->vals[i] = number_cell(base + w);
+        }
+        g->anon[w] = g->anon[j];
         g->fifo[w++] = g->fifo[j];
     }
     g->base = base;
@@ -749,6 +758,7 @@ static int ghost_room(Ghost *g, Py_ssize_t n) {
     if (g->tail + n <= g->room) return 0;
     if (g->head) {                          /* the gone entries first */
         memmove(g->fifo, g->fifo + g->head, (size_t)(g->tail - g->head) * sizeof(int64_t));
+        memmove(g->anon, g->anon + g->head, (size_t)(g->tail - g->head));
         g->base += g->head;
         g->tail -= g->head;
         g->head = 0;
@@ -758,6 +768,9 @@ static int ghost_room(Ghost *g, Py_ssize_t n) {
     int64_t *fifo = PyMem_Realloc(g->fifo, (size_t)room * sizeof(int64_t));
     if (fifo == NULL) { PyErr_NoMemory(); return -1; }
     g->fifo = fifo;
+    char *anon = PyMem_Realloc(g->anon, (size_t)room);
+    if (anon == NULL) { PyErr_NoMemory(); return -1; }
+    g->anon = anon;
     g->room = room;
     return 0;
 }
@@ -766,24 +779,34 @@ static int ghost_room(Ghost *g, Py_ssize_t n) {
 static void ghost_drop_oldest(Ghost *g) {
     while (g->head < g->tail) {
         Py_ssize_t j = g->head++;
+        if (g->anon[j]) { g->num_anon--; return; }
         Py_ssize_t i = find(g->live, g->fifo[j]);
         if (i >= 0 && g->live->vals[i] == number_cell(g->base + j)) { drop(g->live, i); return; }
     }
 }
 
 static void ghost_tidy(Ghost *g) {
-    if (g->tail - g->head > 2 * g->live->size + g->slack) ghost_rebuild(g);
+    if (g->tail - g->head > 2 * (g->live->size + g->num_anon) + g->slack) ghost_rebuild(g);
 }
 
 static PyObject *Ghost_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"slack", NULL};
+    static char *names[] = {"slack", "anonymous", NULL};
     Py_ssize_t slack = 1024;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:Ghost", names, &slack)) return NULL;
+    PyObject *anonymous = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nO:Ghost", names, &slack, &anonymous))
+        return NULL;
     Ghost *g = (Ghost *)type->tp_alloc(type, 0);
     if (g == NULL) return NULL;
     g->live = (IntMap *)IntMap_new(&IntMapType, NULL, NULL);
     g->fifo = PyMem_Malloc(16 * sizeof(int64_t));
-    if (g->live == NULL || g->fifo == NULL) { Py_DECREF(g); return PyErr_NoMemory(); }
+    g->anon = PyMem_Malloc(16);
+    Py_INCREF(anonymous);
+    g->anonymous = anonymous;
+    g->num_anon = 0;
+    if (g->live == NULL || g->fifo == NULL || g->anon == NULL) {
+        Py_DECREF(g);
+        return PyErr_NoMemory();
+    }
     g->head = g->tail = 0;
     g->room = 16;
     g->base = 0;
@@ -793,16 +816,19 @@ static PyObject *Ghost_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void Ghost_dealloc(Ghost *g) {
     Py_XDECREF(g->live);
+    Py_XDECREF(g->anonymous);
     PyMem_Free(g->fifo);
+    PyMem_Free(g->anon);
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
 
-static Py_ssize_t Ghost_len(Ghost *g) { return g->live->size; }
+static Py_ssize_t Ghost_len(Ghost *g) { return g->live->size + g->num_anon; }
 
 static int Ghost_contains(Ghost *g, PyObject *keyobj) { return IntMap_contains(g->live, keyobj); }
 
 /* add(hashes, capacity): for each hash in turn, ``ghost[h] = None`` (one present keeps its
- * place), then, with more than ``capacity`` present, the oldest goes. */
+ * place; the anonymous object: a new anonymous entry), then, with more than ``capacity``
+ * present, the oldest goes. */
 static PyObject *Ghost_add(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "add(hashes, capacity)"); return NULL; }
     Py_ssize_t capacity = PyLong_AsSsize_t(args[1]);
@@ -816,17 +842,24 @@ static PyObject *Ghost_add(Ghost *g, PyObject *const *args, Py_ssize_t nargs) {
     for (Py_ssize_t j = 0; j < n && !failed; j++) {
         int64_t key;
         Py_ssize_t spot = 0;
-        if (as_key(hs[j], &key) < 0) { failed = 1; break; }
-        if (probe(m, key, &spot) < 0) {
-            if (spot < CAP(m)) {
-                if (m->keys[spot] == EMPTY_KEY) m->used++;
-                m->keys[spot] = key;
+        if (hs[j] == g->anonymous) {
+            g->anon[g->tail] = 1;
+            g->fifo[g->tail++] = 0;
+            g->num_anon++;
+        } else {
+            if (as_key(hs[j], &key) < 0) { failed = 1; break; }
+            if (probe(m, key, &spot) < 0) {
+                if (spot < CAP(m)) {
+                    if (m->keys[spot] == EMPTY_KEY) m->used++;
+                    m->keys[spot] = key;
+                }
+                m->vals[spot] = number_cell(g->base + g->tail);
+                m->size++;
+                g->anon[g->tail] = 0;
+                g->fifo[g->tail++] = key;
             }
-            m->vals[spot] = number_cell(g->base + g->tail);
-            m->size++;
-            g->fifo[g->tail++] = key;
         }
-        if (m->size > capacity) ghost_drop_oldest(g);
+        if (m->size + g->num_anon > capacity) ghost_drop_oldest(g);
     }
     Py_DECREF(hashes);
     if (failed) return NULL;
@@ -898,7 +931,7 @@ static PyObject *ghost_order(Ghost *g) {
     PyObject *out = PyList_New(0);
     for (Py_ssize_t j = g->head; j < g->tail && out != NULL; j++) {
         if (!entry_is_live(g, j)) continue;
-        PyObject *k = PyLong_FromLongLong(g->fifo[j]);
+        PyObject *k = g->anon[j] ? Py_NewRef(g->anonymous) : PyLong_FromLongLong(g->fifo[j]);
         if (k == NULL || PyList_Append(out, k) < 0) Py_CLEAR(out);
         Py_XDECREF(k);
     }

@@ -37,6 +37,7 @@ class ARCPolicy(QueuePolicy):
 
     name = "arc"
     takes_late_fills = True
+    hears_private_fills = True
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -78,6 +79,10 @@ class ARCPolicy(QueuePolicy):
             set_all(self._t2_marks, block_ids[k:start], 1)
             self.num_t2 += start - k
 
+    def fill_private(self, block_ids):
+        set_all(self._t2_marks, block_ids, 0)
+        self.num_t1 += len(block_ids)
+
     def _adapt(self, num_hits: int, hit: Ghost, other: Ghost, sign: int) -> None:
         """ARC's target after ``num_hits`` hashes were found in ghost list ``hit`` (and taken
         out of it), one at a time: each moves it by ``max(1, len(other) // len(hit))`` (with
@@ -117,7 +122,8 @@ class ARCPolicy(QueuePolicy):
         """Whether the next victim comes from ``T1``."""
         return bool(self.t1) and (self.num_t1 > self.target_t1 or not self.t2)
 
-    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int,
+                        num_private: int = 0) -> bool:
         """Fills with hashes in no ghost list only add to ``num_t1``: they may be reported
         after the victims taken meanwhile, as long as those are picked with them counted."""
         return self.b1.isdisjoint(block_hashes) and self.b2.isdisjoint(block_hashes)

@@ -12,6 +12,7 @@ gathers faster than either.
 
 from __future__ import annotations
 
+from itertools import compress
 from operator import itemgetter
 
 from kvsim.cache.intmap import IntMap, PURE_PYTHON
@@ -72,6 +73,17 @@ def gather(values, indices: list[int]) -> tuple:
     if len(indices) > 1:
         return itemgetter(*indices)(values)
     return (values[indices[0]],) if indices else ()
+
+
+def without_marked(marker, ids: list, values) -> tuple[list, list] | None:
+    """``(ids, values)`` of the pairs of ``ids`` and ``values`` whose value is not ``marker``
+    (by identity), two lists; None when no value is ``marker``."""
+    if _c is not None:
+        return _c.without_marked(marker, ids, values)
+    if not any(value is marker for value in values):
+        return None
+    kept = [value is not marker for value in values]
+    return list(compress(ids, kept)), list(compress(values, kept))
 
 
 def delete_all(mapping, keys) -> None:

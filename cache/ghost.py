@@ -8,6 +8,11 @@ over a large table, so what counts is the number of dictionary operations per ha
 Python code run per hash. Where ``cache/_intmap.c`` was built, :func:`ghost_list` gives its
 ``Ghost`` instead (the same behaviour, each batch one C loop: a hash table of positions and a
 FIFO of 64-bit hashes, no int objects); :class:`Ghost` here is what runs without it.
+
+An evicted block whose content no lookup can reach (``UNREACHABLE``: a finished request's
+private blocks) leaves an *anonymous* entry: it has no hash, so nothing can find it or take
+it out, but it takes its place in the FIFO and counts until it is the oldest and goes, as the
+block's unique hash would have.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from itertools import repeat
 
 from kvsim.cache.bulk import delete_all
 from kvsim.cache.intmap import COMPILED, CompiledGhost, add_new, hash_map
+from kvsim.cache.policy_pool import UNREACHABLE
 
 
 def ghost_list():
-    """A new, empty ghost list: the compiled one where it was built, else a :class:`Ghost`."""
-    return CompiledGhost() if COMPILED else Ghost()
+    """A new, empty ghost list: the compiled one where it was built, else a :class:`Ghost`;
+    ``UNREACHABLE`` given as a hash adds an anonymous entry."""
+    return CompiledGhost(anonymous=UNREACHABLE) if COMPILED else Ghost()
 
 
 class Ghost:
@@ -31,10 +38,11 @@ class Ghost:
     ``fifo[head:]`` still to go. A hash taken out (:meth:`discard`) leaves a *stale* entry in
     ``fifo``; ``stale`` counts them per hash. A hash's stale entries are always older than its
     live one (a FIFO), so when its turn comes an entry is stale exactly while ``stale`` counts
-    one for its hash: no position is stored per hash (a set, not a dict of ints).
+    one for its hash: no position is stored per hash (a set, not a dict of ints). An
+    anonymous entry (``UNREACHABLE`` in ``fifo``) is never stale; ``num_anon`` counts them.
     """
 
-    __slots__ = ("live", "fifo", "head", "stale")
+    __slots__ = ("live", "fifo", "head", "stale", "num_anon")
     slack = 1024            # stale or gone entries kept in ``fifo`` before it is rebuilt
 
     def __init__(self) -> None:
@@ -42,9 +50,10 @@ class Ghost:
         self.fifo: list[int] = []
         self.head = 0
         self.stale: dict[int, int] = {}
+        self.num_anon = 0
 
     def __len__(self) -> int:
-        return len(self.live)
+        return len(self.live) + self.num_anon
 
     def __contains__(self, block_hash) -> bool:
         return block_hash in self.live
@@ -74,7 +83,9 @@ class Ghost:
     def __iter__(self):
         pending = dict(self.stale)
         for block_hash in self.fifo[self.head:]:
-            if pending.get(block_hash):
+            if block_hash is UNREACHABLE:
+                yield block_hash
+            elif pending.get(block_hash):
                 pending[block_hash] -= 1
             else:
                 yield block_hash
@@ -83,7 +94,7 @@ class Ghost:
         """Take a present hash out (its block came back)."""
         del self.live[block_hash]
         self.stale[block_hash] = self.stale.get(block_hash, 0) + 1
-        if len(self.fifo) - self.head > 2 * len(self.live) + self.slack:
+        if len(self.fifo) - self.head > 2 * len(self) + self.slack:
             self._rebuild()
 
     def add(self, hashes, capacity: int) -> None:
@@ -95,9 +106,9 @@ class Ghost:
         ghost is at or over it), and what goes is the oldest present hashes followed by the
         new ones, whenever the drops happen. One at a time otherwise."""
         hashes = list(hashes)
-        if self._add_new(hashes):
+        if UNREACHABLE not in hashes and self._add_new(hashes):
             self.fifo += hashes
-            self._drop(min(len(hashes), max(0, len(self.live) - capacity)))
+            self._drop(min(len(hashes), max(0, len(self) - capacity)))
             return
         for block_hash in hashes:
             self._add_one(block_hash, capacity)
@@ -110,10 +121,13 @@ class Ghost:
         return add_new(self.live, hashes, repeat(None, len(hashes)))
 
     def _add_one(self, block_hash, capacity: int) -> None:
-        if block_hash not in self.live:
+        if block_hash is UNREACHABLE:
+            self.fifo.append(block_hash)
+            self.num_anon += 1
+        elif block_hash not in self.live:
             self.live[block_hash] = None
             self.fifo.append(block_hash)
-        if len(self.live) > capacity:
+        if len(self.live) + self.num_anon > capacity:
             self._drop_one()
 
     def _drop(self, n: int) -> None:
@@ -123,7 +137,8 @@ class Ghost:
             return
         fifo, head = self.fifo, self.head
         olds = fifo[head:head + n]
-        if len(olds) == n and (not self.stale or self.stale.keys().isdisjoint(olds)):
+        if len(olds) == n and (not self.stale or self.stale.keys().isdisjoint(olds)) and (
+                not self.num_anon or UNREACHABLE not in olds):
             delete_all(self.live, olds)             # each the live entry of its hash
             self.head = head + n
             if self.head > self.slack and 2 * self.head > len(fifo):
@@ -139,6 +154,9 @@ class Ghost:
         while True:
             old = fifo[self.head]
             self.head += 1
+            if old is UNREACHABLE:
+                self.num_anon -= 1
+                return
             count = stale.get(old)
             if not count:
                 del self.live[old]

@@ -5,26 +5,8 @@ A request's prompt is given either as token ids (hashed here, per full block, ch
 :class:`BlockHashSource` that already knows its block ids (traces carry per-block prefix ids,
 never per-token lists). Both give the same semantics.
 
-A sequence whose block ids are private to it (``has_private_blocks``: a length-only request)
-costs no prefix-cache work that cannot pay off: its first lookup is a miss without computing its
-ids (nothing holds them before it ran), and with ``defer_private_blocks`` its full blocks are
-registered in the prefix index only when it frees them, or as soon as any other sequence uses
-the index (a request continuing it could look them up). A finished one that nothing can
-continue (``unreachable_when_finished``) does not even compute its ids: its blocks are cached
-as content no lookup can reach (:meth:`BlockPool.cache_unreachable`). The same holds for the
-tail of a sequence whose first ``num_shared_blocks`` blocks alone may be hit by another request
-(:mod:`kvsim.workloads.sharing`): its later blocks are registered only if it is preempted, and
-become unreachable content when it finishes. Nothing observable changes: hits, the free queue's
-order and the cached-block counts are those of registering every block as it fills.
-
-Of the non-LRU pools, ``lfu``'s and the lanes of ``hybrid``, ``priority`` and ``lookahead`` skip
-private blocks too (``caches_unreachable``), keeping their chains as registering them would have.
-As the lanes' policies read a block's chain (is it a reused one?), there a chain's first two
-blocks are registered as they fill, the private ones get the mark registering would have given
-(:meth:`BlockPool.chain_mark`, read when the first of them filled), and a length-only request's
-blocks are registered as they fill. The other pools (``arc``, ``s3fifo``, ``belady``) register
-every block. vLLM's CPU offloading (:mod:`kvsim.cache.offloading`) skips private blocks too:
-it offers every full block to the CPU under the request's own ids, registered or not.
+Blocks only their own request can hit skip the prefix-cache work that cannot pay off
+(:mod:`kvsim.cache.private_blocks`); nothing observable changes.
 """
 
 from __future__ import annotations
@@ -36,6 +18,7 @@ from kvsim.workloads.identity import ROOT_HASH, hash_token_blocks
 from kvsim.cache.eviction import make_pool
 from kvsim.cache.prefix_hit import CacheHit, PrefixCacheStats
 from kvsim.cache.request_state import RequestStatus
+from kvsim.cache.private_blocks import ALL, PrivateBlocks
 from kvsim.cache.run_blocks import DecodeRunBlocks
 
 
@@ -43,7 +26,7 @@ class _RequestBlocks:
     """One request's block table and how much of it is hashed."""
 
     __slots__ = ("block_ids", "num_slots", "num_cached", "hashes", "deferred", "private",
-                 "chain_mark", "at_cap")
+                 "chain_mark", "at_cap", "num_filled")
 
     def __init__(self) -> None:
         self.block_ids: list[int] = []
@@ -54,9 +37,10 @@ class _RequestBlocks:
         self.private = None       # the sequence whose blocks after its shared ones wait
         self.chain_mark = None    # the pool's chain_mark when its first private block filled
         self.at_cap = False       # its shared blocks are registered: no more while it runs
+        self.num_filled = ALL     # full blocks a pool that hears private fills heard of
 
 
-class KVCacheManager(DecodeRunBlocks):
+class KVCacheManager(DecodeRunBlocks, PrivateBlocks):
     """Allocate, share, look up and free KV blocks for requests (and, through
     :class:`~kvsim.cache.run_blocks.DecodeRunBlocks`, for decode runs).
 
@@ -91,6 +75,8 @@ class KVCacheManager(DecodeRunBlocks):
         self._defer = (defer_private_blocks and enable_prefix_caching
                        and self.pool.caches_unreachable)
         self._num_always_registered = self.pool.num_always_registered
+        # a queue pool's policy hears a private block fill, without its id (ARC's, S3-FIFO's)
+        self._hears_fills = self._defer and getattr(self.pool, "hears_private_fills", False)
         self._deferred: dict[object, _RequestBlocks] = {}   # entries whose registration waits
 
     # --- queries -------------------------------------------------------------------------
@@ -125,12 +111,6 @@ class KVCacheManager(DecodeRunBlocks):
         """Tokens ``request_id`` holds KV slots for (0 when it holds no blocks)."""
         entry = self._requests.get(request_id)
         return entry.num_slots if entry else 0
-
-    @property
-    def skips_private_blocks(self) -> bool:
-        """Whether blocks only their own request can hit (``num_shared_blocks``) skip the
-        prefix index while it runs (see the module docstring)."""
-        return self._defer
 
     def has_request(self, request_id) -> bool:
         return request_id in self._requests
@@ -234,9 +214,12 @@ class KVCacheManager(DecodeRunBlocks):
             if slots <= len(entry.block_ids) * self.block_size:
                 entry.num_slots = slots
                 if (self.enable_prefix_caching and slots // self.block_size > entry.num_cached
-                        and entry.deferred is None and not entry.at_cap):
+                        and entry.deferred is None):
                     n = len(tokens)
-                    self._cache_full_blocks(entry, tokens, slots if slots < n else n)
+                    if not entry.at_cap:
+                        self._cache_full_blocks(entry, tokens, slots if slots < n else n)
+                    elif slots // self.block_size > entry.num_filled:
+                        self._fill_privately(entry, (slots if slots < n else n) // self.block_size)
                 return []
         held, slots = (len(entry.block_ids), entry.num_slots) if entry else (0, 0)
         if num_computed_tokens is not None and entry is not None:
@@ -272,7 +255,8 @@ class KVCacheManager(DecodeRunBlocks):
             slots = seq.num_computed_tokens
             if slots == entry.num_slots:
                 continue
-            if (fast and (entry.deferred is not None or entry.at_cap)
+            if (fast and (entry.deferred is not None
+                          or (entry.at_cap and slots // bs <= entry.num_filled))
                     and (cap is None or slots <= cap) and slots <= len(entry.block_ids) * bs):
                 entry.num_slots = slots
             else:
@@ -292,11 +276,6 @@ class KVCacheManager(DecodeRunBlocks):
                 self._register(entry, seq, reachable=seq.status is not RequestStatus.FINISHED)
             self.pool.free_blocks(reversed(entry.block_ids))
 
-    def is_registration_deferred(self, request_id) -> bool:
-        """Whether ``request_id``'s full blocks wait to be registered (see the module doc)."""
-        entry = self._requests.get(request_id)
-        return entry is not None and entry.deferred is not None
-
     def reset_prefix_cache(self) -> bool:
         """Forget all cached content; only possible while no block is in use."""
         return self.pool.reset_prefix_cache()
@@ -305,35 +284,9 @@ class KVCacheManager(DecodeRunBlocks):
 
     def _new_entry(self, request_id, tokens) -> _RequestBlocks:
         entry = self._requests[request_id] = _RequestBlocks()
-        if (self._defer and getattr(tokens, "has_private_blocks", False)
-                and not self._num_always_registered):
-            entry.deferred = tokens
-            self._deferred[request_id] = entry
-        elif self._defer and getattr(tokens, "num_shared_blocks", None) is not None:
-            entry.private = tokens
+        if self._defer:
+            self._defer_registration(request_id, entry, tokens)
         return entry
-
-    def _register(self, entry: _RequestBlocks, seq, reachable: bool = True) -> None:
-        """Register the full blocks of ``seq`` that ``entry`` left unregistered (deferred, or
-        private after its shared ones), as allocating them would have; not ``reachable`` (a
-        finished request no other can hit): as cached content no lookup can reach, queued
-        and counted alike, without computing their ids or indexing them."""
-        n = len(seq)
-        num_tokens = entry.num_slots if entry.num_slots < n else n
-        if reachable:
-            self._cache_full_blocks(entry, seq, num_tokens)
-        else:
-            start = entry.num_cached
-            self.pool.cache_unreachable(entry.block_ids[start:num_tokens // self.block_size],
-                                        entry.block_ids[start - 1] if start else None,
-                                        entry.chain_mark)
-
-    def _register_deferred(self) -> None:
-        """Another sequence uses the prefix index: register every deferred block first."""
-        for entry in self._deferred.values():
-            seq, entry.deferred = entry.deferred, None
-            self._register(entry, seq)
-        self._deferred.clear()
 
     def _adopt(self, entry: _RequestBlocks, hit: CacheHit) -> None:
         if entry.block_ids:
@@ -349,7 +302,7 @@ class KVCacheManager(DecodeRunBlocks):
         num_full, capped = num_tokens // self.block_size, False
         if entry.private is not None:
             cap = self._registration_cap(entry, tokens)
-            num_full, capped = min(num_full, cap), num_full > cap
+            filled, num_full, capped = num_full, min(num_full, cap), num_full > cap
         if num_full > entry.num_cached:
             self._cache_blocks(entry, tokens, num_full)
         if capped:          # its first private block is full
@@ -357,14 +310,8 @@ class KVCacheManager(DecodeRunBlocks):
                 entry.chain_mark = self.pool.chain_mark(entry.block_ids[num_full - 1]
                                                         if num_full else None)
             entry.at_cap = True
-
-    def _registration_cap(self, entry: _RequestBlocks, tokens) -> int:
-        """Blocks of a sequence with private blocks registered as they fill: its shared ones
-        (and the pool's ``num_always_registered``), or more once it had to register them."""
-        cap = tokens.num_shared_blocks
-        if cap < self._num_always_registered:
-            cap = self._num_always_registered
-        return cap if cap > entry.num_cached else entry.num_cached
+            if self._hears_fills:
+                self._fill_privately(entry, filled)
 
     def _cache_blocks(self, entry: _RequestBlocks, tokens, num_full: int) -> None:
         """Register the request's blocks from ``num_cached`` to ``num_full``."""

@@ -11,11 +11,10 @@ first, as vLLM), free *cached* blocks belong to the policy's own structure, coun
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import compress
 from typing import Iterable
 
 from kvsim.cache.block_pool import BlockPool
-from kvsim.cache.bulk import drop_refs, gather, set_all
+from kvsim.cache.bulk import drop_refs, gather, set_all, without_marked
 
 
 class _Unreachable:
@@ -95,18 +94,20 @@ class PolicyPool(BlockPool):
     def _uncache_many(self, block_ids: list[int]) -> None:
         """Forget the content of free cached blocks a policy evicts (in this order) and take
         them, each with one reference (:meth:`BlockPool._evict` for a policy pool's lists)."""
+        self._forget_hashes(block_ids)
+        set_all(self.ref_counts, block_ids, 1)
+
+    def _forget_hashes(self, block_ids: list[int]) -> None:
+        """Evicted cached blocks: out of the index (those it holds), their hashes gone."""
         hashes = self.block_hashes
-        found = gather(hashes, block_ids)
-        if self.caches_unreachable and UNREACHABLE in found:
-            kept = [h is not UNREACHABLE for h in found]
-            indexed, found = list(compress(block_ids, kept)), tuple(compress(found, kept))
-        else:
-            indexed = block_ids
+        found, indexed = gather(hashes, block_ids), block_ids
+        kept = self.caches_unreachable and without_marked(UNREACHABLE, block_ids, found)
+        if kept:
+            indexed, found = kept
         if self.evicted is not None:
             self.evicted.extend(zip(indexed, found))
         self.index.remove_many(found, indexed)
         set_all(hashes, block_ids, None)
-        set_all(self.ref_counts, block_ids, 1)
 
     def _prepend(self, block_ids: list[int]) -> None:
         """Put free unhashed blocks at the head, the first of them first."""

@@ -12,7 +12,12 @@ probation queue and main queue. :class:`QueuePool` runs such a :class:`QueuePoli
   filled (``fill_many``), looked up and taken again (``hit_many``), released
   (``release_many``) and taken while free (``acquire_many``), and picks the free cached blocks
   to evict (``victims``);
-- ghost lists (hashes of evicted blocks, no KV) are the policy's own, bounded by the pool size.
+- ghost lists (hashes of evicted blocks, no KV) are the policy's own, bounded by the pool size;
+- a policy that ``hears_private_fills`` is told of blocks only their own request can reach
+  when they fill (``fill_private``), without their hashes: a request's private tail (see
+  :mod:`kvsim.workloads.sharing`) costs no hashing and no index work, and once the request
+  finished its blocks are content no lookup can reach (``UNREACHABLE``), which leaves an
+  anonymous ghost entry when evicted (:mod:`kvsim.cache.ghost`).
 
 Requests hold hundreds to thousands of blocks, so every hook takes a request's batch: one
 Python call per batch, bulk work in C where it can (``map`` over bound methods, ``dict``
@@ -30,8 +35,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable
 
-from kvsim.cache.bulk import gather, set_all, set_each
-from kvsim.cache.policy_pool import PolicyPool
+from kvsim.cache.bulk import set_all, set_each
+from kvsim.cache.policy_pool import UNREACHABLE, PolicyPool
 
 
 class QueuePolicy:
@@ -48,6 +53,7 @@ class QueuePolicy:
     pool_class = "queue"
     takes_late_fills = False
     orders_fills = False
+    hears_private_fills = False
 
     def attach(self, pool: "QueuePool") -> None:
         self.pool = pool
@@ -57,6 +63,11 @@ class QueuePolicy:
 
     def fill_many(self, block_ids: list[int], block_hashes: list[int]) -> None:
         """Held, uncached blocks got these hashes (pairwise, in chain order)."""
+        raise NotImplementedError
+
+    def fill_private(self, block_ids: list[int]) -> None:
+        """Held, uncached blocks filled with content only their request can reach (in
+        order): as ``fill_many`` with hashes in no ghost list (``hears_private_fills``)."""
         raise NotImplementedError
 
     def hit_many(self, block_ids: list[int]) -> None:
@@ -77,9 +88,11 @@ class QueuePolicy:
         not reported yet, before the ``k``-th victim is taken."""
         raise NotImplementedError
 
-    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
-        """Whether blocks filled with these new, distinct hashes may be reported after the
-        (at most ``num_new_blocks``) blocks taken meanwhile."""
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int,
+                        num_private: int = 0) -> bool:
+        """Whether blocks filled with these new, distinct hashes (and ``num_private``
+        private blocks, see :meth:`fill_private`) may be reported after the (at most
+        ``num_new_blocks``) blocks taken meanwhile."""
         return False
 
     def order_fills(self, block_ids: list[int]) -> None:
@@ -106,17 +119,20 @@ class QueuePool(PolicyPool):
         policy.attach(self)
         if policy.takes_late_fills:
             self.opens_in_bulk = "new_fills"
+        self.hears_private_fills = self.caches_unreachable = policy.hears_private_fills
 
     @property
     def orders_fills(self) -> bool:
         return self.policy.orders_fills
 
-    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
-        """Whether blocks filled with these distinct hashes may be registered after the (at
-        most ``num_new_blocks``) blocks taken meanwhile (:meth:`get_new_blocks` told how many
-        came before each): no block holds any of them and the policy allows it."""
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int,
+                        num_private: int = 0) -> bool:
+        """Whether blocks filled with these distinct hashes (and ``num_private`` private
+        blocks) may be registered after the (at most ``num_new_blocks``) blocks taken
+        meanwhile (:meth:`get_new_blocks` told how many came before each): no block holds
+        any of them and the policy allows it."""
         return self.index._map.keys().isdisjoint(block_hashes) and (
-            self.policy.takes_new_fills(block_hashes, num_new_blocks))
+            self.policy.takes_new_fills(block_hashes, num_new_blocks, num_private))
 
     def order_fills(self, block_ids: list[int]) -> None:
         """The blocks just registered late were filled in this order."""
@@ -174,6 +190,23 @@ class QueuePool(PolicyPool):
         self.index.insert_many(block_hashes, block_ids)
         self.policy.fill_many(block_ids, block_hashes)
 
+    def fill_private(self, block_ids: list[int]) -> None:
+        """Held blocks filled with content only their request can reach (not indexed: see
+        the module docstring); the policy hears of it now."""
+        self.policy.fill_private(block_ids)
+
+    def register_filled(self, block_ids: list[int], block_hashes: list[int]) -> None:
+        """Index held blocks whose fill the policy heard of (:meth:`fill_private`): their
+        request was preempted and may look them up."""
+        set_each(self.block_hashes, block_ids, block_hashes)
+        self.index.insert_many(block_hashes, block_ids)
+
+    def cache_unreachable(self, block_ids: list[int], parent: int | None = None,
+                          chain_mark=None) -> None:
+        """Held blocks whose fill the policy heard of (:meth:`fill_private`) became content
+        no lookup can reach: cached, in no index."""
+        set_all(self.block_hashes, block_ids, UNREACHABLE)
+
     def reset_prefix_cache(self) -> bool:
         if not self.can_reset():
             return False
@@ -189,11 +222,7 @@ class QueuePool(PolicyPool):
     def _evict_many(self, n: int, fills_before: list[int] | None = None) -> list[int]:
         """The policy's next ``n`` victims, uncached."""
         victims = self.policy.victims(n, fills_before)
-        found = gather(self.block_hashes, victims)
-        if self.evicted is not None:
-            self.evicted.extend(zip(victims, found))
-        self.index.remove_many(found, victims)
-        set_all(self.block_hashes, victims, None)
+        self._forget_hashes(victims)
         self.num_cached_free_blocks -= n
         self.num_evictions += n
         return victims

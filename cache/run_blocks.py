@@ -75,13 +75,19 @@ class DecodeRunBlocks:
         changes nothing)."""
         if not self.enable_prefix_caching:
             return True
-        found, num_new, bs = [], 0, self.block_size
+        found, num_new, num_private, bs = [], 0, 0, self.block_size
         for seq, n in zip(sequences, num_tokens):
             entry = self._requests[seq.request_id]
             num_new += max(0, -(-n // bs) - len(entry.block_ids))
-            if n // bs > entry.num_cached:
-                found += seq.block_hashes(entry.num_cached, n // bs)
-        return len(set(found)) == len(found) and self.pool.takes_new_fills(found, num_new)
+            end = n // bs
+            if entry.private is not None:       # (its private blocks: new, no hash asked)
+                cap = self._registration_cap(entry, seq)
+                num_private += max(0, end - max(cap, entry.num_filled))
+                end = min(end, cap)
+            if end > entry.num_cached:
+                found += seq.block_hashes(entry.num_cached, end)
+        return len(set(found)) == len(found) and self.pool.takes_new_fills(found, num_new,
+                                                                           num_private)
 
     def open_blocks(self, sequences: Sequence, fills_before: list[int] | None = None
                     ) -> list[int]:

@@ -67,6 +67,7 @@ class S3FIFOPolicy(QueuePolicy):
     small_share = 0.1
     takes_late_fills = True
     orders_fills = True
+    hears_private_fills = True
 
     def attach(self, pool) -> None:
         super().attach(pool)
@@ -117,6 +118,11 @@ class S3FIFOPolicy(QueuePolicy):
             (into_main if back else self._small).append(block_id)
         self._append_main(into_main, 0)          # filled blocks are held
 
+    def fill_private(self, block_ids):
+        set_all(self.freq, block_ids, 0)
+        set_all(self.in_main, block_ids, 0)
+        self._small += block_ids
+
     def hit_many(self, block_ids):
         freq, top = self.freq, self.max_freq
         for block_id in block_ids:
@@ -139,11 +145,13 @@ class S3FIFOPolicy(QueuePolicy):
             run.free += step * countOf(group, run)
         return len(in_main)
 
-    def takes_new_fills(self, block_hashes: list, num_new_blocks: int) -> bool:
+    def takes_new_fills(self, block_hashes: list, num_new_blocks: int,
+                        num_private: int = 0) -> bool:
         """Fills reported late (:meth:`order_fills` puts them in ``S`` in the order they came)
         change no victim while no ghost holds their hashes, ``S`` stays under its share with
         all of them in it and ``M`` gives every victim (then no victim comes from ``S``)."""
-        return (len(self._small) - self._small_head + len(block_hashes) < self.small_capacity
+        num_fills = len(block_hashes) + num_private
+        return (len(self._small) - self._small_head + num_fills < self.small_capacity
                 and self._main_len > num_new_blocks <= self.num_main_free
                 and self.ghost.isdisjoint(block_hashes))
 

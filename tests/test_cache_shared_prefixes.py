@@ -184,6 +184,11 @@ def test_lfu_counts_the_cached_children_of_private_blocks_outside_the_index():
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="lookahead"),
     dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", kv_offloading_size=1),
     dict(num_gpu_blocks=1000, max_num_seqs=8, kv_offloading_size=16, eviction="lfu"),  # CPU hits
+    dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="arc"),
+    dict(num_gpu_blocks=700, max_model_len=10000, long_prompt="truncate", eviction="s3fifo"),
+    dict(num_gpu_blocks=2000, max_num_seqs=8, eviction="arc"),
+    dict(num_gpu_blocks=2000, max_num_seqs=8, eviction="s3fifo"),
+    dict(num_gpu_blocks=1000, max_num_seqs=8, kv_offloading_size=16, eviction="arc"),
 ])
 def test_a_mooncake_run_with_preemptions_is_unchanged(settings):
     """The bundled Mooncake sample on tight pools (preemptions, truncated prompts): the same
@@ -220,12 +225,12 @@ def test_a_request_computes_its_private_blocks_ids_only_when_they_are_asked_for(
 
 
 @pytest.mark.parametrize("settings", [
-    dict(eviction="belady"), dict(eviction="arc"), dict(eviction="s3fifo"),
-    dict(kv_offloading_size=1, offload_write="back"), dict(kv_offloading_size=1, eviction="arc"),
+    dict(eviction="belady"), dict(kv_offloading_size=1, offload_write="back"),
+    dict(kv_offloading_size=1, offload_write="back", eviction="arc"),
 ])
 def test_a_manager_that_registers_every_block_is_given_no_shared_counts(settings):
-    """Only the plain manager and vLLM's CPU offloading, with LRU, LFU or FIFO lanes (hybrid,
-    priority, lookahead), skip private blocks; the others never ask."""
+    """Only the plain manager and vLLM's CPU offloading, with LRU, LFU, FIFO lanes (hybrid,
+    priority, lookahead), ARC or S3-FIFO, skip private blocks; the others never ask."""
     from kvsim.sim.config import RunConfig
     from kvsim.sim.serving.runner import simulate
 

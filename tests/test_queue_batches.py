@@ -18,6 +18,7 @@ from kvsim.cache.bulk import gather, set_all
 from kvsim.cache.eviction import make_policy, make_pool
 from kvsim.cache.ghost import Ghost
 from kvsim.cache.intmap import CompiledGhost
+from kvsim.cache.policy_pool import UNREACHABLE
 
 from queue_reference import RefARCPolicy, RefQueuePool, RefS3FIFOPolicy
 from pool_stories import put, use
@@ -30,16 +31,24 @@ def pools(name, n):
     return make_pool(n, policy=make_policy(name)), RefQueuePool(n, policy=REFERENCE[name]())
 
 
-def state(pool):
-    """Everything observable of a queue pool and its policy, comparable across versions."""
+def state(pool, anonymous=frozenset(), unregistered=frozenset()):
+    """Everything observable of a queue pool and its policy, comparable across versions.
+    ``anonymous``: hashes of private blocks the pool was never told (the reference pool
+    registered them), ``unregistered``: blocks holding them, held: both read "P", as
+    ``UNREACHABLE`` does."""
+    def named(h):
+        return "P" if h is UNREACHABLE or h in anonymous else h
     p = pool.policy
-    common = (pool.free_queue(), list(pool.ref_counts), list(pool.block_hashes),
-              dict(pool.index._map), pool.num_cached_free_blocks, pool.num_evictions)
+    hashes = ["P" if b in unregistered else named(h) for b, h in enumerate(pool.block_hashes)]
+    index = {h: b for h, b in dict(pool.index._map).items() if h not in anonymous}
+    common = (pool.free_queue(), list(pool.ref_counts), hashes, index,
+              pool.num_cached_free_blocks, pool.num_evictions)
     if p.name == "arc":
-        return common + (list(p.t1), list(p.t2), list(p.b1), list(p.b2), len(p.b1), len(p.b2),
-                         [bool(x) for x in p.in_t2], p.num_t1, p.num_t2, p.target_t1)
-    return common + (list(p.small), list(p.main), list(p.ghost), len(p.ghost), list(p.freq),
-                     [bool(x) for x in p.in_main], p.num_main_free)
+        return common + (list(p.t1), list(p.t2), [*map(named, p.b1)], [*map(named, p.b2)],
+                         len(p.b1), len(p.b2), [bool(x) for x in p.in_t2], p.num_t1,
+                         p.num_t2, p.target_t1)
+    return common + (list(p.small), list(p.main), [*map(named, p.ghost)], len(p.ghost),
+                     list(p.freq), [bool(x) for x in p.in_main], p.num_main_free)
 
 
 def take(pool, hashes):
@@ -238,7 +247,7 @@ GHOST_KINDS = ["python"] + (["compiled"] if CompiledGhost is not None else [])
 def new_ghost(kind, slack=1024):
     """An empty ghost list of ``kind`` that rebuilds its FIFO past ``slack`` stale entries (the
     Python one reads its class's ``slack``: set by the caller)."""
-    return Ghost() if kind == "python" else CompiledGhost(slack=slack)
+    return Ghost() if kind == "python" else CompiledGhost(slack=slack, anonymous=UNREACHABLE)
 
 
 @pytest.mark.parametrize("kind", GHOST_KINDS)
@@ -261,35 +270,50 @@ def test_ghost_keeps_a_present_hash_in_place_and_sends_a_returning_one_to_the_en
 
 
 @pytest.mark.parametrize("kind", GHOST_KINDS)
+def test_ghost_an_evicted_unreachable_block_takes_a_place_until_it_is_the_oldest(kind):
+    g = new_ghost(kind)
+    g.add([1, UNREACHABLE, 2, UNREACHABLE], 3)      # 1 goes: three are present
+    assert list(g) == [UNREACHABLE, 2, UNREACHABLE] and len(g) == 3
+    g.discard(2)
+    g.add([3, 4], 3)                                # the older anonymous entry goes
+    assert list(g) == [UNREACHABLE, 3, 4] and g.first_present([4, 3], 0) == 0
+
+
+@pytest.mark.parametrize("kind", GHOST_KINDS)
 def test_ghost_matches_an_ordered_dict_under_random_use(kind, monkeypatch):
+    """Anonymous entries (``UNREACHABLE`` added) are unique keys of the dict."""
     for seed in range(300):
         rng = random.Random(seed)
         slack = rng.choice([0, 2, 1024])
         monkeypatch.setattr(Ghost, "slack", slack)
         g, ref, cap = new_ghost(kind, slack), OrderedDict(), rng.randint(0, 20)
+        anonymous = rng.choice([0, 0.2, 0.9])
         for _ in range(150):
-            if rng.random() < 0.7 or not ref:
+            present = [h for h in ref if isinstance(h, int)]
+            if rng.random() < 0.7 or not present:
                 hashes = [rng.randrange(-3, 40) for _ in range(rng.randint(0, 10))]
                 start = rng.randint(0, len(hashes))
                 found = next((j for j in range(start, len(hashes)) if hashes[j] in ref),
                              len(hashes))
                 assert g.first_present(hashes, start) == found, seed
                 c = cap if rng.random() < 0.9 else rng.randint(-3, 30)
+                hashes = [UNREACHABLE if rng.random() < anonymous else h for h in hashes]
                 g.add(hashes, c)
-                ordered_add(ref, hashes, c)
+                ordered_add(ref, [object() if h is UNREACHABLE else h for h in hashes], c)
             elif rng.random() < 0.5:
-                h = rng.choice(list(ref))
+                h = rng.choice(present)
                 g.discard(h)
                 del ref[h]
             else:                       # a run of present hashes from some point on
-                hashes = rng.sample(list(ref), rng.randint(1, len(ref))) + [rng.randrange(40)]
+                hashes = rng.sample(present, rng.randint(1, len(present))) + [rng.randrange(40)]
                 start, stop = rng.randint(0, 2), rng.randint(0, len(hashes) + 1)
                 end = start
                 while end < min(stop, len(hashes)) and hashes[end] in ref:
                     del ref[hashes[end]]
                     end += 1
                 assert g.take_run(hashes, start, stop) == max(start, end), seed
-            assert list(g) == list(ref) and len(g) == len(ref), seed
+            named = [h if isinstance(h, int) else UNREACHABLE for h in ref]
+            assert list(g) == named and len(g) == len(ref), seed
 
 
 def test_gather_and_set_all():
@@ -300,16 +324,34 @@ def test_gather_and_set_all():
     assert values == [10, 0, 12, 0]
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_without_marked_keeps_the_pairs_whose_value_is_not_the_marker(compiled, monkeypatch):
+    from kvsim.cache import bulk
+    if not compiled:
+        monkeypatch.setattr(bulk, "_c", None)
+    found = (7, UNREACHABLE, 9, UNREACHABLE)
+    assert bulk.without_marked(UNREACHABLE, [3, 1, 4, 2], found) == ([3, 4], [7, 9])
+    assert bulk.without_marked(UNREACHABLE, [3, 4], (7, 9)) is None
+    assert bulk.without_marked(UNREACHABLE, [5], (UNREACHABLE,)) == ([], [])
+
+
 # --- random operations through both pools -----------------------------------------------------
 
 class BatchedVsReference(RuleBasedStateMachine):
     """The same requests through a batched pool and a reference pool: same block ids back,
-    same state after every step (several blocks per call, repeated hashes, shared blocks)."""
+    same state after every step (several blocks per call, repeated hashes, shared blocks).
+    A private request's blocks: the batched pool hears them filled without their hashes,
+    the reference registers unique ones; when it ends they become unreachable content
+    (finished) or are registered (preempted)."""
 
     def __init__(self):
         super().__init__()
         self.new = self.ref = None
         self.held: list[list[int]] = []
+        self.private: list[tuple[list[int], list[int]]] = []
+        self.anonymous: set[int] = set()
+        self.unregistered: set[int] = set()
+        self.next_private = 1000
 
     @precondition(lambda self: self.new is None)
     @rule(name=st.sampled_from(["arc", "s3fifo"]), n=st.integers(1, 40),
@@ -331,6 +373,33 @@ class BatchedVsReference(RuleBasedStateMachine):
         self.new.cache_blocks(block_ids[:len(hashes)], hashes)
         self.ref.cache_blocks(block_ids[:len(hashes)], hashes)
         self.held.append(block_ids)
+
+    @precondition(lambda self: self.new is not None and self.new.num_free_blocks > 0)
+    @rule(data=st.data())
+    def allocate_private(self, data):
+        k = data.draw(st.integers(1, self.new.num_free_blocks))
+        block_ids = self.new.get_new_blocks(k)
+        assert block_ids == self.ref.get_new_blocks(k)
+        hashes = list(range(self.next_private, self.next_private + k))
+        self.next_private += k
+        self.new.fill_private(block_ids)
+        self.ref.cache_blocks(block_ids, hashes)
+        self.private.append((block_ids, hashes))
+        self.anonymous.update(hashes)
+        self.unregistered.update(block_ids)
+
+    @precondition(lambda self: self.new is not None and self.private)
+    @rule(data=st.data(), finished=st.booleans())
+    def release_private(self, data, finished):
+        block_ids, hashes = self.private.pop(data.draw(st.integers(0, len(self.private) - 1)))
+        if finished:
+            self.new.cache_unreachable(block_ids)
+        else:
+            self.new.register_filled(block_ids, hashes)
+            self.anonymous.difference_update(hashes)
+        self.unregistered.difference_update(block_ids)
+        self.new.free_blocks(block_ids[::-1])
+        self.ref.free_blocks(block_ids[::-1])
 
     @precondition(lambda self: self.new is not None)
     @rule(hashes=st.lists(st.integers(0, 60), min_size=1, max_size=8), twice=st.booleans())
@@ -356,7 +425,7 @@ class BatchedVsReference(RuleBasedStateMachine):
     def put_cached(self, block_hash):
         assert self.new.put_cached(block_hash) == self.ref.put_cached(block_hash)
 
-    @precondition(lambda self: self.new is not None and not self.held)
+    @precondition(lambda self: self.new is not None and not self.held and not self.private)
     @rule()
     def reset(self):
         assert self.new.reset_prefix_cache() == self.ref.reset_prefix_cache()
@@ -364,8 +433,11 @@ class BatchedVsReference(RuleBasedStateMachine):
     @invariant()
     def same_state(self):
         if self.new is not None:
-            assert state(self.new) == state(self.ref)
-            assert self.new.evicted == self.ref.evicted
+            assert (state(self.new, self.anonymous, self.unregistered)
+                    == state(self.ref, self.anonymous, self.unregistered))
+            if self.new.evicted is not None:
+                assert self.new.evicted == [e for e in self.ref.evicted
+                                            if e[1] not in self.anonymous]
             if self.new.policy.name == "s3fifo":
                 s3, refs = self.new.policy, self.new.ref_counts
                 assert s3._main_len == len(s3.main)
