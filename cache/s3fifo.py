@@ -23,14 +23,15 @@ The result is the victims, queue orders and counts of the textbook one-block-at-
 from __future__ import annotations
 
 from collections import deque
-from itertools import chain, compress, groupby, takewhile
-from operator import countOf, indexOf, itemgetter, not_, or_
+from itertools import chain, compress, count, groupby, takewhile
+from operator import attrgetter, countOf, indexOf, itemgetter, not_, or_
 
 from kvsim.cache.bulk import compiled_loop, gather, set_all
 from kvsim.cache.ghost import ghost_list
 from kvsim.cache.queue_pool import QueuePolicy
 
 _first_passing = compiled_loop("first_passing")
+_free_of = attrgetter("free")
 _num_passing = compiled_loop("num_passing")
 
 
@@ -251,10 +252,10 @@ class S3FIFOPolicy(QueuePolicy):
         runs, out = self._runs, []
         while len(out) < k:
             run = runs[0]
-            if run.free:
-                self._visit(run, k - len(out), out)
-            else:
-                runs.rotate(-1)
+            if not run.free:        # the hand passes the runs all held at once
+                runs.rotate(-next(compress(count(), map(_free_of, runs))))
+                run = runs[0]
+            self._visit(run, k - len(out), out)
         self._main_len -= k
         self.num_main_free -= k
         return out
