@@ -75,12 +75,17 @@ class DecodeRunBlocks:
         changes nothing)."""
         if not self.enable_prefix_caching:
             return True
-        found, num_new, num_private, bs = [], 0, 0, self.block_size
+        found, num_new, num_private, bs, entries = [], 0, 0, self.block_size, self._requests
         for seq, n in zip(sequences, num_tokens):
-            entry = self._requests[seq.request_id]
-            num_new += max(0, -(-n // bs) - len(entry.block_ids))
-            end = n // bs
-            if entry.private is not None:       # (its private blocks: new, no hash asked)
+            entry = entries[seq.request_id]
+            new, end = -(-n // bs) - len(entry.block_ids), n // bs
+            if new > 0:
+                num_new += new
+            if entry.at_cap and entry.private is not None:   # (it fills private blocks only:
+                if end > entry.num_filled:                  # new, no hash asked)
+                    num_private += end - entry.num_filled
+                continue
+            if entry.private is not None:
                 cap = self._registration_cap(entry, seq)
                 num_private += max(0, end - max(cap, entry.num_filled))
                 end = min(end, cap)
