@@ -149,12 +149,27 @@ class S3FIFOPolicy(QueuePolicy):
     def takes_new_fills(self, block_hashes: list, num_new_blocks: int,
                         num_private: int = 0) -> bool:
         """Fills reported late (:meth:`order_fills` puts them in ``S`` in the order they came)
-        change no victim while no ghost holds their hashes, ``S`` stays under its share with
-        all of them in it and ``M`` gives every victim (then no victim comes from ``S``)."""
+        change no victim while no ghost holds their hashes and either ``S`` stays under its
+        share with all of them in it and ``M`` gives every victim (then no victim comes from
+        ``S``), or ``S`` gives every victim, at its share or over before each without them
+        (:meth:`_small_gives`: then it is with them too, and its scan never reaches them)."""
         num_fills = len(block_hashes) + num_private
-        return (len(self._small) - self._small_head + num_fills < self.small_capacity
-                and self._main_len > num_new_blocks <= self.num_main_free
-                and self.ghost.isdisjoint(block_hashes))
+        return ((len(self._small) - self._small_head + num_fills < self.small_capacity
+                 and self._main_len > num_new_blocks <= self.num_main_free)
+                or self._small_gives(num_new_blocks)) and self.ghost.isdisjoint(block_hashes)
+
+    def _small_gives(self, n: int) -> bool:
+        """Whether the next ``n`` victims all come from ``S`` while it holds its share before
+        each (its oldest free block of frequency 0 goes, the blocks before it move to
+        ``M``), nothing joining it meanwhile."""
+        small, at, refs, freq = self._small, self._small_head, self.pool.ref_counts, self.freq
+        for _ in range(n):
+            if len(small) - at < self.small_capacity:
+                return False
+            at = first_evictable(refs, freq, small, at) + 1
+            if at > len(small):
+                return False
+        return True
 
     def order_fills(self, block_ids: list[int]) -> None:
         """The last blocks to join ``S`` are ``block_ids``, filled in this order."""

@@ -119,6 +119,29 @@ def test_s3fifo_takes_late_fills_only_while_s_stays_under_its_share_and_m_gives_
     assert not pool.takes_new_fills([9], 1)                 # it would go to M
 
 
+def test_s3fifo_takes_late_fills_while_s_gives_every_victim_at_its_share_or_over():
+    """S (its share set to 2) holds 0 (held), 1, 2, 3 (free); M is empty. The next two victims
+    come from S, which holds its share or more before each (0 moves to M and 1 goes, leaving
+    2 and 3; then 2 goes): fills joining S's tail meanwhile change neither. Before a third, S
+    would hold one block only."""
+    late, now = (make_pool(8, policy=make_policy("s3fifo")) for _ in range(2))
+    for pool in (late, now):
+        take(pool, [100])                           # block 0, held
+        for h in (1, 2, 3):
+            put(pool, h)                            # blocks 1..3, free
+        pool.policy.small_capacity = 2
+        assert pool.get_new_blocks(4) == [4, 5, 6, 7]       # the unhashed ones, held
+    assert late.policy._small_gives(2) and late.takes_new_fills([7, 8], 2, num_private=5)
+    assert not late.policy._small_gives(3) and not late.takes_new_fills([7], 3)
+    assert late.get_new_blocks(2, fills_before=[1, 2]) == [1, 2]
+    late.cache_blocks([4, 5], [200, 201])
+    now.cache_blocks([4], [200])
+    assert now.get_new_blocks(1) == [1]
+    now.cache_blocks([5], [201])
+    assert now.get_new_blocks(1) == [2]
+    assert state(late) == state(now) and late.policy.small == [3, 4, 5]
+
+
 def test_s3fifo_orders_the_late_fills_as_they_came():
     pool = make_pool(40, policy=make_policy("s3fifo"))
     s3 = pool.policy
