@@ -396,6 +396,29 @@ static PyObject *num_passing(PyObject *mod, PyObject *const *args, Py_ssize_t na
     return PyLong_FromSsize_t(n);
 }
 
+/* marked(marks, ids): the ids whose byte in ``marks`` (a bytearray) is not 0, in order, as a
+ * list; NotImplemented when ``marks`` is not a bytearray. */
+static PyObject *marked(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "marked(marks, ids) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *marks = args[0];
+    if (!PyByteArray_CheckExact(marks)) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *ids = PySequence_Fast(args[1], "marked: ids must be iterable");
+    if (ids == NULL) return NULL;
+    PyObject *out = PyList_New(0);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    PyObject **items = PySequence_Fast_ITEMS(ids);
+    for (Py_ssize_t j = 0; j < n && out != NULL; j++) {
+        Py_ssize_t i = position(items[j], PyByteArray_GET_SIZE(marks), "bytearray");
+        if (i < 0 || (PyByteArray_AS_STRING(marks)[i] && PyList_Append(out, items[j]) < 0))
+            Py_CLEAR(out);
+    }
+    Py_DECREF(ids);
+    return out;
+}
+
 /* without_marked(marker, ids, values): the pairs of ``ids`` and ``values`` whose value is not
  * ``marker`` (by identity), as (ids, values), two lists; None when no value is ``marker``. */
 static PyObject *without_marked(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
@@ -435,6 +458,7 @@ static PyMethodDef bulk_methods[] = {
      "index of the first free (never hit) block of a queue from start; len if none"},
     {"num_passing", FAST(num_passing), METH_FASTCALL,
      "how many blocks of a queue from start, most at most, are free (never hit) in a row"},
+    {"marked", FAST(marked), METH_FASTCALL, "the ids whose byte in marks is not 0"},
     {"without_marked", FAST(without_marked), METH_FASTCALL,
      "(ids, values) of the pairs whose value is not the marker; None if none is"},
     {"walk_chain", FAST(walk_chain), METH_FASTCALL,

@@ -75,6 +75,15 @@ def gather(values, indices: list[int]) -> tuple:
     return (values[indices[0]],) if indices else ()
 
 
+def marked(marks: bytearray, ids: list[int]) -> list[int]:
+    """The ids whose byte in ``marks`` is not 0, in order."""
+    if _c is not None:
+        found = _c.marked(marks, ids)
+        if found is not NotImplemented:
+            return found
+    return list(compress(ids, gather(marks, ids)))
+
+
 def without_marked(marker, ids: list, values) -> tuple[list, list] | None:
     """``(ids, values)`` of the pairs of ``ids`` and ``values`` whose value is not ``marker``
     (by identity), two lists; None when no value is ``marker``."""

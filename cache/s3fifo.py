@@ -26,7 +26,7 @@ from collections import deque
 from itertools import chain, compress, count, groupby, takewhile
 from operator import attrgetter, countOf, indexOf, itemgetter, not_, or_
 
-from kvsim.cache.bulk import compiled_loop, gather, set_all
+from kvsim.cache.bulk import compiled_loop, gather, marked, set_all
 from kvsim.cache.ghost import ghost_list
 from kvsim.cache.queue_pool import QueuePolicy
 
@@ -141,7 +141,7 @@ class S3FIFOPolicy(QueuePolicy):
     def _count_free(self, block_ids: list[int], step: int) -> int:
         """Add ``step`` to the free count of the run of each of ``block_ids`` in ``M`` (a
         request's blocks sit mostly in a few runs: one Python step per group); how many."""
-        in_main = list(compress(block_ids, gather(self.in_main, block_ids)))
+        in_main = marked(self.in_main, block_ids)
         for run, group in groupby(gather(self._run_of, in_main)):
             run.free += step * countOf(group, run)
         return len(in_main)

@@ -348,6 +348,17 @@ def test_gather_and_set_all():
 
 
 @pytest.mark.parametrize("compiled", [True, False])
+def test_marked_gives_the_ids_whose_mark_is_set_in_order(compiled, monkeypatch):
+    from kvsim.cache import bulk
+    if not compiled:
+        monkeypatch.setattr(bulk, "_c", None)
+    marks = bytearray([0, 1, 0, 2])
+    assert bulk.marked(marks, [3, 2, 1, 0, 3]) == [3, 1, 3] and bulk.marked(marks, []) == []
+    with pytest.raises(IndexError):
+        bulk.marked(marks, [4])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
 def test_without_marked_keeps_the_pairs_whose_value_is_not_the_marker(compiled, monkeypatch):
     from kvsim.cache import bulk
     if not compiled:
