@@ -34,6 +34,10 @@ def compiled_loop(name: str):
     return getattr(_c, name, None)
 
 
+_marked = compiled_loop("marked")           # (None from a build older than the loop too)
+_without_marked = compiled_loop("without_marked")
+
+
 def set_all(values: list, indices, value) -> None:
     """``values[i] = value`` for every ``i`` of ``indices`` (a plain loop: ``map`` over
     ``values.__setitem__``, a slot wrapper, is three times slower)."""
@@ -77,8 +81,8 @@ def gather(values, indices: list[int]) -> tuple:
 
 def marked(marks: bytearray, ids: list[int]) -> list[int]:
     """The ids whose byte in ``marks`` is not 0, in order."""
-    if _c is not None:
-        found = _c.marked(marks, ids)
+    if _marked is not None:
+        found = _marked(marks, ids)
         if found is not NotImplemented:
             return found
     return list(compress(ids, gather(marks, ids)))
@@ -87,8 +91,8 @@ def marked(marks: bytearray, ids: list[int]) -> list[int]:
 def without_marked(marker, ids: list, values) -> tuple[list, list] | None:
     """``(ids, values)`` of the pairs of ``ids`` and ``values`` whose value is not ``marker``
     (by identity), two lists; None when no value is ``marker``."""
-    if _c is not None:
-        return _c.without_marked(marker, ids, values)
+    if _without_marked is not None:
+        return _without_marked(marker, ids, values)
     if not any(value is marker for value in values):
         return None
     kept = [value is not marker for value in values]

@@ -349,9 +349,10 @@ def test_gather_and_set_all():
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_marked_gives_the_ids_whose_mark_is_set_in_order(compiled, monkeypatch):
+    """(Python: as where ``_bulk`` was not built, or built before it had the loop.)"""
     from kvsim.cache import bulk
     if not compiled:
-        monkeypatch.setattr(bulk, "_c", None)
+        monkeypatch.setattr(bulk, "_marked", None)
     marks = bytearray([0, 1, 0, 2])
     assert bulk.marked(marks, [3, 2, 1, 0, 3]) == [3, 1, 3] and bulk.marked(marks, []) == []
     with pytest.raises(IndexError):
@@ -362,7 +363,7 @@ def test_marked_gives_the_ids_whose_mark_is_set_in_order(compiled, monkeypatch):
 def test_without_marked_keeps_the_pairs_whose_value_is_not_the_marker(compiled, monkeypatch):
     from kvsim.cache import bulk
     if not compiled:
-        monkeypatch.setattr(bulk, "_c", None)
+        monkeypatch.setattr(bulk, "_without_marked", None)
     found = (7, UNREACHABLE, 9, UNREACHABLE)
     assert bulk.without_marked(UNREACHABLE, [3, 1, 4, 2], found) == ([3, 4], [7, 9])
     assert bulk.without_marked(UNREACHABLE, [3, 4], (7, 9)) is None
