@@ -25,9 +25,20 @@ from kvsim.cache.policy_pool import UNREACHABLE
 
 
 def ghost_list():
-    """A new, empty ghost list: the compiled one where it was built, else a :class:`Ghost`;
-    ``UNREACHABLE`` given as a hash adds an anonymous entry."""
-    return CompiledGhost(anonymous=UNREACHABLE) if COMPILED else Ghost()
+    """A new, empty ghost list: the compiled one where it was built (and knows anonymous
+    entries: not a build older than them), else a :class:`Ghost`; ``UNREACHABLE`` given as
+    a hash adds an anonymous entry."""
+    return CompiledGhost(anonymous=UNREACHABLE) if _COMPILED_ANONYMOUS else Ghost()
+
+
+def _compiled_knows_anonymous() -> bool:
+    try:
+        return COMPILED and CompiledGhost(anonymous=UNREACHABLE) is not None
+    except TypeError:
+        return False
+
+
+_COMPILED_ANONYMOUS = _compiled_knows_anonymous()
 
 
 class Ghost:
